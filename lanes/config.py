@@ -1,0 +1,97 @@
+"""Per-agent policy: queue mode, caps, dedupe, budgets and limits.
+
+A config lives in the log (`ConfigApplied`), so replay decides with the config that was in
+force; a change applies to requests that arrive after it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from lanes.requests import Kind, WireModel
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+class Mode(StrEnum):
+    """What an arriving reasoning request does when the agent is idle or busy."""
+
+    FOLLOWUP = "followup"
+    QUEUE = "queue"
+    INTERRUPT = "interrupt"
+    COLLECT = "collect"
+    STEER = "steer"
+    STEER_BACKLOG = "steer-backlog"
+
+
+class DropPolicy(StrEnum):
+    """What happens over the cap: drop the oldest, refuse the newest, or fold into a summary."""
+
+    OLD = "old"
+    NEW = "new"
+    SUMMARIZE = "summarize"
+
+
+class DedupeStrategy(StrEnum):
+    """Which field identifies a redelivery (the requestId is always idempotent)."""
+
+    MESSAGE_ID = "messageId"
+    DEDUPE_KEY = "dedupeKey"
+    NONE = "none"
+
+
+DEFAULT_DEDUPE: dict[Kind, DedupeStrategy] = {
+    Kind.USER_CONTROL: DedupeStrategy.NONE,
+    Kind.HOOK_TRIGGER: DedupeStrategy.DEDUPE_KEY,
+    Kind.SCHEDULED_AUDIT: DedupeStrategy.DEDUPE_KEY,
+    Kind.SYSTEM_ALERT: DedupeStrategy.DEDUPE_KEY,
+    Kind.AGENT_CALL: DedupeStrategy.NONE,
+}
+
+
+class Budgets(WireModel):
+    """Run budgets. ``None`` means unlimited; cooldown follows a run whose outcome is no trade."""
+
+    max_runs_per_hour: int | None = Field(default=None, ge=1)
+    max_runs_per_day: int | None = Field(default=None, ge=1)
+    no_trade_cooldown_ms: int = Field(default=0, ge=0)
+
+
+class AgentConfig(WireModel):
+    """Everything that decides how one agent's lanes behave."""
+
+    mode: Mode = Mode.STEER_BACKLOG
+    debounce_ms: int = Field(default=2_000, ge=0)
+    collect_max_wait_ms: int | None = Field(default=None, ge=0)
+    """A collect window never stays open longer than this after its first request
+    (default: five debounce periods), so a steady trickle cannot starve the run."""
+    cap: int = Field(default=50, ge=1, le=100_000)
+    drop_policy: DropPolicy = DropPolicy.OLD
+    dedupe: dict[Kind, DedupeStrategy] = Field(default_factory=lambda: dict(DEFAULT_DEDUPE))
+    dedupe_window_ms: int = Field(default=600_000, ge=0)
+    idempotency_window_ms: int = Field(default=DAY_MS, ge=0)
+    idempotency_max: int = Field(default=100_000, ge=1)
+    """How many request ids (and dedupe keys) are remembered at most, oldest forgotten first."""
+    budgets: Budgets = Field(default_factory=Budgets)
+    max_call_depth: int = Field(default=3, ge=0)
+    max_calls_per_run: int = Field(default=10, ge=0)
+    run_timeout_ms: int = Field(default=120_000, ge=1)
+    halt_on_alerts: tuple[str, ...] = ()
+    """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
+
+    @model_validator(mode="after")
+    def _complete_dedupe(self) -> AgentConfig:
+        missing = {k: v for k, v in DEFAULT_DEDUPE.items() if k not in self.dedupe}
+        if missing:
+            self.dedupe.update(missing)
+        return self
+
+    @property
+    def collect_deadline_ms(self) -> int:
+        """The longest a collect window stays open after its first request."""
+        if self.collect_max_wait_ms is not None:
+            return self.collect_max_wait_ms
+        return 5 * self.debounce_ms

@@ -1,0 +1,492 @@
+"""``decide(state, input) -> decisions``: what an agent makes of one input.
+
+`decide` is deterministic: the same state and input give the same decisions, always. It
+advances ``state`` by evolving it through the input and then through each decision as the
+decision is made (later decisions of the same input see the earlier ones), so afterwards
+``state`` equals the fold of [input, *decisions]. An input that decides nothing leaves the
+state exactly as it was, and need not be recorded.
+
+If `decide` raises (a bug, never bad input: refusals are decisions), ``state`` may be
+half-advanced; the caller rebuilds it from the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from lanes.config import DropPolicy, Mode
+from lanes.events import (
+    AbortReason,
+    AgentCallDispatched,
+    AgentCallRejected,
+    BrokerReport,
+    BrokerReportIgnored,
+    ConfigApplied,
+    ConfigChanged,
+    ControlApplied,
+    Decision,
+    FallbackApplied,
+    Input,
+    OperatorAction,
+    OperatorApplied,
+    OperatorCommand,
+    OperatorRejected,
+    OrderAccepted,
+    OrderCancelRequested,
+    OrderClosed,
+    OrderFilled,
+    OrderIntent,
+    OrderRejected,
+    RequestDeduped,
+    RequestDropped,
+    RequestQueued,
+    RequestReceived,
+    RequestRejected,
+    RequestRepeated,
+    RequestSummarized,
+    Restarted,
+    RunAborted,
+    RunCompleted,
+    RunErrored,
+    RunFailed,
+    RunFinished,
+    RunResultIgnored,
+    RunsResumed,
+    RunsSuppressed,
+    RunStarted,
+    RunSteerability,
+    RunSteered,
+    SteerabilityChanged,
+    TimerElapsed,
+    TradingState,
+)
+from lanes.evolve import evolve
+from lanes.requests import AgentRequest, ControlAction, Kind, Priority
+from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key
+from lanes.state import AgentState
+from lanes.tables import ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
+
+Emit = Callable[[Decision], None]
+In = TypeVar("In")
+_DECIDERS: dict[type[Any], Callable[[AgentState, Any, Emit], None]] = {}
+
+
+def _on(cls: type[In]) -> Callable[[Callable[[AgentState, In, Emit], None]], Any]:
+    def register(fn: Callable[[AgentState, In, Emit], None]) -> Any:
+        _DECIDERS[cls] = fn
+        return fn
+
+    return register
+
+
+def decide(state: AgentState, event: Input) -> list[Decision]:
+    """Decide what ``event`` means for this agent, advancing ``state`` as described above."""
+    decider = _DECIDERS[type(event)]
+    now, version = state.now, state.version
+    evolve(state, event)
+    decisions: list[Decision] = []
+
+    def emit(decision: Decision) -> None:
+        evolve(state, decision)
+        decisions.append(decision)
+
+    decider(state, event, emit)
+    if not decisions:
+        state.now, state.version = now, version
+    return decisions
+
+
+def next_due(state: AgentState) -> int | None:
+    """When a `TimerElapsed` input next has something to decide, if ever."""
+    run = state.active
+    if run is not None:
+        return run.deadline
+    if not state.pending or state.trading is TradingState.HALTED:
+        return None
+    due = state.collect_due
+    if state.pending[0].mode is Mode.COLLECT and due is not None and due > state.now:
+        return due
+    if state.suppressed is not None:
+        return state.suppressed[1]
+    return None
+
+
+# ----------------------------------------------------------------------- the run engine
+
+
+def _start_next(state: AgentState, emit: Emit) -> None:
+    """Start the next run if the lane is idle and nothing holds it back."""
+    if state.active is not None or not state.pending or state.trading is TradingState.HALTED:
+        return
+    head = state.pending[0]
+    due = state.collect_due
+    if head.mode is Mode.COLLECT and due is not None and state.now < due:
+        return
+    block = budget_block(state)
+    if block is not None:
+        if state.suppressed != (block.reason, block.until):
+            emit(RunsSuppressed(reason=block.reason, until=block.until, detail=block.detail))
+        return
+    if state.suppressed is not None:
+        emit(RunsResumed())
+    batch = state.pending[: batch_size(state.pending)]
+    emit(
+        RunStarted(
+            run_id=f"{state.agent_id}-r{state.run_seq + 1}",
+            request_ids=tuple(p.request.request_id for p in batch),
+            depth=max(p.request.depth for p in batch),
+            deadline=state.now + state.config.run_timeout_ms,
+            summary=state.summary,
+        )
+    )
+
+
+def _can_start_now(state: AgentState) -> str | None:
+    """Why a new run could not start right now (ignoring the active run), or None."""
+    if state.trading is TradingState.HALTED:
+        return "agent is HALTED"
+    block = budget_block(state)
+    if block is not None:
+        return f"runs suppressed until {block.until} ({block.detail})"
+    return None
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def _control_action(request: AgentRequest, state: AgentState) -> ControlAction | None:
+    if request.kind is Kind.SYSTEM_ALERT:
+        halts = state.config.halt_on_alerts
+        if halts and ("*" in halts or request.payload.get("code") in halts):
+            return ControlAction.EMERGENCY_STOP
+        return None
+    return request.action
+
+
+@_on(RequestReceived)
+def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
+    request = event.request
+    request_id = request.request_id
+    first = state.seen.get(request_id)
+    if first is not None:
+        emit(RequestRepeated(request_id=request_id, first_decision=first[0]))
+        return
+    if request.agent_id != state.agent_id:
+        emit(
+            RequestRejected(
+                request_id=request_id,
+                reason=f"request is for agent {request.agent_id!r}, not {state.agent_id!r}",
+            )
+        )
+        return
+    action = _control_action(request, state)
+    if action is not None:
+        _control(state, request, action, emit)
+        return
+    config = state.config
+    if request.depth > config.max_call_depth:
+        emit(
+            RequestRejected(
+                request_id=request_id,
+                reason=f"agent_call depth {request.depth} exceeds the limit of "
+                f"{config.max_call_depth}",
+            )
+        )
+        return
+    key = dedupe_key(request, config)
+    if key is not None:
+        original = state.pending_keys.get(key)
+        if original is None:
+            recent = state.recent_keys.get(key)
+            if recent is not None and state.now - recent[1] <= config.dedupe_window_ms:
+                original = recent[0]
+        if original is not None:
+            emit(RequestDeduped(request_id=request_id, duplicate_of=original, key=key))
+            return
+    _reason(state, request, emit)
+
+
+def _reason(state: AgentState, request: AgentRequest, emit: Emit) -> None:
+    """The reasoning lane: what the agent's mode does with an accepted request."""
+    mode = state.config.mode
+    run = state.active
+    if run is None:
+        if _enqueue(state, request, mode, emit):
+            _start_next(state, emit)
+        return
+    if mode in (Mode.STEER, Mode.STEER_BACKLOG) and run.steerable:
+        emit(RunSteered(run_id=run.run_id, request_id=request.request_id))
+        return
+    if mode is Mode.INTERRUPT or mode is Mode.STEER:
+        preempt = request.priority is Priority.HIGH
+        why = "only high priority interrupts"
+        if preempt:
+            blocked = _can_start_now(state)
+            if blocked is not None:
+                preempt, why = False, blocked
+        elif mode is Mode.STEER:
+            why = "the active run cannot take a steer and only high priority interrupts"
+        if not preempt:
+            emit(
+                FallbackApplied(
+                    request_id=request.request_id, mode=mode, reason=f"{why}: follows up"
+                )
+            )
+            _enqueue(state, request, Mode.FOLLOWUP, emit)
+            return
+        if _enqueue(state, request, mode, emit):
+            emit(RunAborted(run_id=run.run_id, reason=AbortReason.INTERRUPT, by=request.request_id))
+            _start_next(state, emit)
+        return
+    _enqueue(state, request, mode, emit)
+
+
+def _enqueue(state: AgentState, request: AgentRequest, mode: Mode, emit: Emit) -> bool:
+    """Queue the received request, dropping by the cap policy; True if it was queued."""
+    config = state.config
+    request_id = request.request_id
+    while len(state.pending) >= config.cap:
+        victim = cap_victim(state.pending, request, config.drop_policy)
+        if victim is None:
+            emit(
+                RequestRejected(
+                    request_id=request_id,
+                    reason=f"queue full: cap {config.cap} reached and every pending request is "
+                    "high priority; retry later",
+                )
+            )
+            return False
+        reason = (
+            f"cap {config.cap} reached, policy {config.drop_policy.value}: "
+            f"dropped {'the incoming' if victim.index is None else 'a pending'} "
+            f"{victim.priority.value}-priority request"
+        )
+        dropped_id = (
+            request_id if victim.index is None else (state.pending[victim.index].request.request_id)
+        )
+        if config.drop_policy is DropPolicy.SUMMARIZE:
+            emit(RequestSummarized(request_id=dropped_id, reason=reason))
+        else:
+            emit(RequestDropped(request_id=dropped_id, reason=reason))
+        if victim.index is None:
+            return False
+    emit(RequestQueued(request_id=request_id, mode=mode))
+    return True
+
+
+# ------------------------------------------------------------------------- control lane
+
+
+def _control(state: AgentState, request: AgentRequest, action: ControlAction, emit: Emit) -> None:
+    request_id = request.request_id
+    before = state.trading
+    after = TRADING_TRANSITIONS.get((before, action))
+    if after is None:
+        emit(RequestRejected(request_id=request_id, reason=refusal(before, action)))
+        return
+    if action is ControlAction.CANCEL_ORDER:
+        order_id = str(request.payload["orderId"])
+        if order_id not in state.orders:
+            emit(
+                RequestRejected(
+                    request_id=request_id,
+                    reason=f"order {order_id!r} is not open; nothing to cancel",
+                )
+            )
+            return
+        targets = [order_id]
+    elif action in (ControlAction.CANCEL_ALL, ControlAction.EMERGENCY_STOP):
+        targets = list(state.orders)
+    else:
+        targets = []
+    emit(ControlApplied(request_id=request_id, action=action, from_state=before, to_state=after))
+    run = state.active
+    if action is ControlAction.EMERGENCY_STOP and run is not None:
+        emit(RunAborted(run_id=run.run_id, reason=AbortReason.EMERGENCY_STOP, by=request_id))
+    for order_id in targets:
+        if not state.orders[order_id].cancel_requested:
+            emit(OrderCancelRequested(order_id=order_id, by=request_id))
+    if action is ControlAction.RESUME:
+        _start_next(state, emit)
+
+
+# --------------------------------------------------------------------------------- runs
+
+
+@_on(TimerElapsed)
+def _timer(state: AgentState, event: TimerElapsed, emit: Emit) -> None:
+    run = state.active
+    if run is not None and state.now >= run.deadline:
+        emit(RunAborted(run_id=run.run_id, reason=AbortReason.TIMEOUT))
+    _start_next(state, emit)
+
+
+@_on(RunSteerability)
+def _steerability(state: AgentState, event: RunSteerability, emit: Emit) -> None:
+    run = state.active
+    if run is not None and run.run_id == event.run_id and run.steerable != event.steerable:
+        emit(SteerabilityChanged(run_id=run.run_id, steerable=event.steerable))
+
+
+def _not_active(state: AgentState, run_id: str) -> str | None:
+    run = state.active
+    if run is not None and run.run_id == run_id:
+        return None
+    active = "none" if run is None else run.run_id
+    return f"run {run_id} is not the active run (active: {active})"
+
+
+@_on(RunFinished)
+def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
+    stale = _not_active(state, event.run_id)
+    if stale is not None:
+        emit(RunResultIgnored(run_id=event.run_id, reason=stale))
+        return
+    run = state.active
+    assert run is not None
+    emit(RunCompleted(run_id=run.run_id, outcome=event.outcome, usage=event.usage))
+    for number, intent in enumerate(event.orders, start=1):
+        reason = _order_refusal(state, intent)
+        if reason is None:
+            emit(
+                OrderAccepted(order_id=f"{run.run_id}-o{number}", run_id=run.run_id, intent=intent)
+            )
+        else:
+            emit(OrderRejected(run_id=run.run_id, intent=intent, reason=reason))
+    config = state.config
+    for number, call in enumerate(event.calls, start=1):
+        depth = run.depth + 1
+        if number > config.max_calls_per_run:
+            why = f"fan-out limit of {config.max_calls_per_run} calls per run reached"
+        elif depth > config.max_call_depth:
+            why = f"call depth {depth} exceeds the limit of {config.max_call_depth}"
+        else:
+            emit(
+                AgentCallDispatched(
+                    call_id=f"{run.run_id}-c{number}",
+                    run_id=run.run_id,
+                    target=call.agent_id,
+                    depth=depth,
+                    priority=call.priority,
+                    payload=call.payload,
+                )
+            )
+            continue
+        emit(AgentCallRejected(run_id=run.run_id, target=call.agent_id, reason=why))
+    _start_next(state, emit)
+
+
+def _order_refusal(state: AgentState, intent: OrderIntent) -> str | None:
+    """Why the trading gate refuses this intent now, or None to accept it."""
+    rule = ORDER_REFUSALS[state.trading]
+    if rule != "reduce-only":
+        return rule
+    position = state.positions.get(intent.symbol, 0.0)
+    reducing_side = "sell" if position > 0 else "buy"
+    if position == 0 or intent.side != reducing_side:
+        return (
+            f"agent is REDUCING: only orders that reduce the {intent.symbol} position "
+            f"({position:g}) are allowed"
+        )
+    reserved = sum(
+        o.intent.qty - o.filled_qty
+        for o in state.orders.values()
+        if o.intent.symbol == intent.symbol and o.intent.side == reducing_side
+    )
+    available = abs(position) - reserved
+    if intent.qty > available:
+        return (
+            f"agent is REDUCING: {intent.side} {intent.qty:g} {intent.symbol} would exceed the "
+            f"reducible position ({available:g} left after open orders)"
+        )
+    return None
+
+
+@_on(RunErrored)
+def _errored(state: AgentState, event: RunErrored, emit: Emit) -> None:
+    stale = _not_active(state, event.run_id)
+    if stale is not None:
+        emit(RunResultIgnored(run_id=event.run_id, reason=stale))
+        return
+    emit(RunFailed(run_id=event.run_id, error=event.error))
+    _start_next(state, emit)
+
+
+@_on(Restarted)
+def _restarted(state: AgentState, event: Restarted, emit: Emit) -> None:
+    run = state.active
+    if run is not None:
+        emit(RunAborted(run_id=run.run_id, reason=AbortReason.RESTART, requeued=True))
+    _start_next(state, emit)
+
+
+# ------------------------------------------------------------------- operator and config
+
+
+@_on(OperatorCommand)
+def _operator(state: AgentState, event: OperatorCommand, emit: Emit) -> None:
+    run = state.active
+    action, principal = event.action, event.principal
+    if action is OperatorAction.ABORT_RUN:
+        stale = _not_active(state, event.run_id or "(none)")
+        if stale is not None:
+            emit(
+                OperatorRejected(
+                    action=action, principal=principal, reason=stale, run_id=event.run_id
+                )
+            )
+            return
+    detail = ""
+    if action is OperatorAction.CLEAR_QUEUE:
+        detail = f"{len(state.pending)} pending requests dropped"
+    elif run is None:
+        detail = "the lane was already idle"
+    emit(
+        OperatorApplied(
+            action=action,
+            principal=principal,
+            run_id=None if run is None else run.run_id,
+            detail=detail,
+        )
+    )
+    if action is OperatorAction.CLEAR_QUEUE:
+        for entry in list(state.pending):
+            emit(
+                RequestDropped(
+                    request_id=entry.request.request_id, reason=f"queue cleared by {principal}"
+                )
+            )
+        return
+    if run is not None:
+        reason = AbortReason.RELEASE if action is OperatorAction.RELEASE else AbortReason.OPERATOR
+        emit(RunAborted(run_id=run.run_id, reason=reason, by=principal))
+    _start_next(state, emit)
+
+
+@_on(ConfigChanged)
+def _config(state: AgentState, event: ConfigChanged, emit: Emit) -> None:
+    # The first event of a stream is its first config: record it even if it is the default.
+    if event.config != state.config or state.version == 1:
+        emit(ConfigApplied(config=event.config, principal=event.principal))
+        _start_next(state, emit)
+
+
+@_on(BrokerReport)
+def _broker(state: AgentState, event: BrokerReport, emit: Emit) -> None:
+    order = state.orders.get(event.order_id)
+    if order is None:
+        emit(
+            BrokerReportIgnored(
+                order_id=event.order_id, reason=f"order {event.order_id!r} is not open"
+            )
+        )
+        return
+    status = event.status
+    if status == "cancelled" or status == "rejected":
+        emit(OrderClosed(order_id=order.order_id, status=status, reason=event.reason))
+        return
+    if event.filled_qty > 0:
+        emit(OrderFilled(order_id=order.order_id, qty=event.filled_qty, price=event.price))
+    if status == "filled":
+        emit(OrderClosed(order_id=order.order_id, status="filled"))

@@ -1,0 +1,509 @@
+"""Every event in an agent's stream: inputs (facts from outside) and decisions.
+
+Inputs carry their time (``at``, ms since the epoch); decisions happen at the time of the
+input that caused them, which is the state's ``now`` when they are evolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field
+
+from lanes.config import AgentConfig, Mode
+from lanes.requests import AgentRequest, ControlAction, Priority, WireModel
+
+
+class TradingState(StrEnum):
+    """Whether the agent may run and trade (see `lanes.tables.TRADING_TRANSITIONS`)."""
+
+    ACTIVE = "ACTIVE"
+    REDUCING = "REDUCING"
+    HALTED = "HALTED"
+
+
+class Outcome(StrEnum):
+    """What a completed run came to."""
+
+    TRADE = "trade"
+    NO_TRADE = "no_trade"
+
+
+class AbortReason(StrEnum):
+    """Why a run was aborted; only ``restart`` puts its requests back in the queue."""
+
+    INTERRUPT = "interrupt"
+    EMERGENCY_STOP = "emergency_stop"
+    TIMEOUT = "timeout"
+    RELEASE = "release"
+    RESTART = "restart"
+    OPERATOR = "operator"
+
+
+class OperatorAction(StrEnum):
+    """Operator commands on a lane (from the HTTP API), each recorded with its principal."""
+
+    RELEASE = "release"
+    ABORT_RUN = "abort_run"
+    CLEAR_QUEUE = "clear_queue"
+
+
+class Usage(WireModel):
+    """Token usage of one run."""
+
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+
+
+class OrderIntent(WireModel):
+    """An order a run wants placed; the trading gate accepts or rejects it."""
+
+    symbol: str = Field(min_length=1, max_length=32)
+    side: Literal["buy", "sell"]
+    qty: float = Field(gt=0)
+    order_type: Literal["market", "limit"] = "market"
+    limit_price: float | None = Field(default=None, gt=0)
+
+
+class CallIntent(WireModel):
+    """A sub-agent call a run wants made."""
+
+    agent_id: str
+    priority: Priority = Priority.NORMAL
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class Summary(WireModel):
+    """Requests folded away by a ``summarize`` cap, handed to the next run."""
+
+    count: int
+    request_ids: tuple[str, ...]
+    """The first `SUMMARY_IDS` ids; ``count`` says how many there were in all."""
+    first_at: int
+    last_at: int
+
+
+SUMMARY_IDS = 50
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceived:
+    """A request arrived for this agent."""
+
+    at: int
+    request: AgentRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerElapsed:
+    """Time reached ``at``: debounce windows, run deadlines and budget windows fall due."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSteerability:
+    """The runner says whether the active run can take a steer now."""
+
+    at: int
+    run_id: str
+    steerable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished:
+    """A run returned a result."""
+
+    at: int
+    run_id: str
+    outcome: Outcome
+    usage: Usage = field(default_factory=Usage)
+    orders: tuple[OrderIntent, ...] = ()
+    calls: tuple[CallIntent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunErrored:
+    """A run raised or its reasoner failed."""
+
+    at: int
+    run_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorCommand:
+    """An operator acts on the lane: release it, abort a run, or clear the queue."""
+
+    at: int
+    action: OperatorAction
+    principal: str
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigChanged:
+    """A new config for this agent (applies to requests arriving from now on)."""
+
+    at: int
+    config: AgentConfig
+    principal: str = "config"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerReport:
+    """The broker reports on an order."""
+
+    at: int
+    order_id: str
+    status: Literal["filled", "partially_filled", "cancelled", "rejected"]
+    filled_qty: float = 0.0
+    price: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restarted:
+    """The gateway started again; whatever was running when it stopped did not finish."""
+
+    at: int
+
+
+Input = (
+    RequestReceived
+    | TimerElapsed
+    | RunSteerability
+    | RunFinished
+    | RunErrored
+    | OperatorCommand
+    | ConfigChanged
+    | BrokerReport
+    | Restarted
+)
+INPUT_TYPES: tuple[type[Input], ...] = (
+    RequestReceived,
+    TimerElapsed,
+    RunSteerability,
+    RunFinished,
+    RunErrored,
+    OperatorCommand,
+    ConfigChanged,
+    BrokerReport,
+    Restarted,
+)
+
+# ------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestQueued:
+    """The received request was accepted into the pending list."""
+
+    request_id: str
+    mode: Mode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestDeduped:
+    """The received request repeats one accepted earlier (pending or within the window)."""
+
+    request_id: str
+    duplicate_of: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRepeated:
+    """A requestId seen before was submitted again; its first decision stands."""
+
+    request_id: str
+    first_decision: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRejected:
+    """The received request was refused; ``reason`` says why and what to do."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestDropped:
+    """A request (the received one, or a pending one) was dropped."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSummarized:
+    """A request was folded into the summary handed to the next run."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FallbackApplied:
+    """The request's mode could not do what it asked; it follows up instead."""
+
+    request_id: str
+    mode: Mode
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlApplied:
+    """A control-lane request took effect (``from_state`` to ``to_state``)."""
+
+    request_id: str
+    action: ControlAction
+    from_state: TradingState
+    to_state: TradingState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted:
+    """A reasoning run started with these pending requests (a prefix of the list)."""
+
+    run_id: str
+    request_ids: tuple[str, ...]
+    depth: int
+    deadline: int
+    summary: Summary | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSteered:
+    """The received request was injected into the active run."""
+
+    run_id: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SteerabilityChanged:
+    """The active run can (or can no longer) take steers."""
+
+    run_id: str
+    steerable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCompleted:
+    """The active run finished with a result."""
+
+    run_id: str
+    outcome: Outcome
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFailed:
+    """The active run failed."""
+
+    run_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunAborted:
+    """The active run was aborted; with ``requeued`` its requests went back to the head."""
+
+    run_id: str
+    reason: AbortReason
+    requeued: bool = False
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResultIgnored:
+    """A result or error arrived for a run that is no longer active."""
+
+    run_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunsSuppressed:
+    """Runs are held back by a budget until ``until``; requests are still accepted."""
+
+    reason: Literal["hourly", "daily", "cooldown"]
+    until: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunsResumed:
+    """The budget allows runs again."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderAccepted:
+    """The trading gate accepted an order intent of a run."""
+
+    order_id: str
+    run_id: str
+    intent: OrderIntent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderRejected:
+    """The trading gate rejected an order intent of a run."""
+
+    run_id: str
+    intent: OrderIntent
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderCancelRequested:
+    """An open order is to be cancelled."""
+
+    order_id: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderFilled:
+    """Part or all of an order was filled."""
+
+    order_id: str
+    qty: float
+    price: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderClosed:
+    """An order is no longer open."""
+
+    order_id: str
+    status: Literal["filled", "cancelled", "rejected"]
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerReportIgnored:
+    """A broker report named an order that is not open."""
+
+    order_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentCallDispatched:
+    """A sub-agent call of a run goes out as an ``agent_call`` request to ``target``."""
+
+    call_id: str
+    run_id: str
+    target: str
+    depth: int
+    priority: Priority
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentCallRejected:
+    """A sub-agent call of a run was refused."""
+
+    run_id: str
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigApplied:
+    """This agent's config from now on."""
+
+    config: AgentConfig
+    principal: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorApplied:
+    """An operator command took effect."""
+
+    action: OperatorAction
+    principal: str
+    run_id: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorRejected:
+    """An operator command was refused."""
+
+    action: OperatorAction
+    principal: str
+    reason: str
+    run_id: str | None = None
+
+
+Decision = (
+    RequestQueued
+    | RequestDeduped
+    | RequestRepeated
+    | RequestRejected
+    | RequestDropped
+    | RequestSummarized
+    | FallbackApplied
+    | ControlApplied
+    | RunStarted
+    | RunSteered
+    | SteerabilityChanged
+    | RunCompleted
+    | RunFailed
+    | RunAborted
+    | RunResultIgnored
+    | RunsSuppressed
+    | RunsResumed
+    | OrderAccepted
+    | OrderRejected
+    | OrderCancelRequested
+    | OrderFilled
+    | OrderClosed
+    | BrokerReportIgnored
+    | AgentCallDispatched
+    | AgentCallRejected
+    | ConfigApplied
+    | OperatorApplied
+    | OperatorRejected
+)
+DECISION_TYPES: tuple[type[Decision], ...] = (
+    RequestQueued,
+    RequestDeduped,
+    RequestRepeated,
+    RequestRejected,
+    RequestDropped,
+    RequestSummarized,
+    FallbackApplied,
+    ControlApplied,
+    RunStarted,
+    RunSteered,
+    SteerabilityChanged,
+    RunCompleted,
+    RunFailed,
+    RunAborted,
+    RunResultIgnored,
+    RunsSuppressed,
+    RunsResumed,
+    OrderAccepted,
+    OrderRejected,
+    OrderCancelRequested,
+    OrderFilled,
+    OrderClosed,
+    BrokerReportIgnored,
+    AgentCallDispatched,
+    AgentCallRejected,
+    ConfigApplied,
+    OperatorApplied,
+    OperatorRejected,
+)
+
+Event = Input | Decision

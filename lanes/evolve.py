@@ -1,0 +1,450 @@
+"""``evolve(state, event)``: the one place an agent's state changes.
+
+Folding an agent's events through `evolve` from an empty `AgentState` gives back exactly the
+live state. An event that is not legal in the current state raises `IllegalTransition` and
+leaves the state unchanged: every check comes before the first change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from lanes.config import DAY_MS, Mode
+from lanes.events import (
+    SUMMARY_IDS,
+    AgentCallDispatched,
+    AgentCallRejected,
+    BrokerReport,
+    BrokerReportIgnored,
+    ConfigApplied,
+    ConfigChanged,
+    ControlApplied,
+    Event,
+    FallbackApplied,
+    OperatorApplied,
+    OperatorCommand,
+    OperatorRejected,
+    OrderAccepted,
+    OrderCancelRequested,
+    OrderClosed,
+    OrderFilled,
+    OrderRejected,
+    Outcome,
+    RequestDeduped,
+    RequestDropped,
+    RequestQueued,
+    RequestReceived,
+    RequestRejected,
+    RequestRepeated,
+    RequestSummarized,
+    Restarted,
+    RunAborted,
+    RunCompleted,
+    RunErrored,
+    RunFailed,
+    RunFinished,
+    RunResultIgnored,
+    RunsResumed,
+    RunsSuppressed,
+    RunStarted,
+    RunSteerability,
+    RunSteered,
+    SteerabilityChanged,
+    Summary,
+    TimerElapsed,
+)
+from lanes.requests import AgentRequest
+from lanes.rules import dedupe_key, insert_index
+from lanes.state import ActiveRun, AgentState, OpenOrder, Pending
+from lanes.tables import LANE_TRANSITIONS
+
+
+class IllegalTransition(Exception):
+    """An event that cannot apply to the current state (a corrupt or foreign log)."""
+
+
+E = TypeVar("E")
+_HANDLERS: dict[type[Any], Callable[[AgentState, Any], None]] = {}
+
+
+def _on(
+    cls: type[E],
+) -> Callable[[Callable[[AgentState, E], None]], Callable[[AgentState, E], None]]:
+    def register(fn: Callable[[AgentState, E], None]) -> Callable[[AgentState, E], None]:
+        _HANDLERS[cls] = fn
+        return fn
+
+    return register
+
+
+def evolve(state: AgentState, event: Event) -> AgentState:
+    """Apply one event to ``state`` in place and return it."""
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        raise IllegalTransition(f"unknown event type {type(event).__name__}")
+    handler(state, event)
+    state.version += 1
+    return state
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _run(state: AgentState, run_id: str, event_type: str) -> ActiveRun:
+    run = state.active
+    if (state.lane, event_type) not in LANE_TRANSITIONS:
+        raise IllegalTransition(f"{event_type} while the lane is {state.lane.value}")
+    if run is None or run.run_id != run_id:
+        raise IllegalTransition(f"{event_type} for {run_id}, which is not the active run")
+    return run
+
+
+def _take_staged(state: AgentState, request_id: str, decision: str) -> AgentRequest:
+    """The request just received, now decided: remember its first decision."""
+    request = state.staged
+    if request is None or request.request_id != request_id:
+        raise IllegalTransition(f"no received request {request_id} awaits a decision")
+    state.staged = None
+    state.seen[request_id] = (decision, state.now)
+    return request
+
+
+def _is_staged(state: AgentState, request_id: str) -> bool:
+    return state.staged is not None and state.staged.request_id == request_id
+
+
+def _remember_key(state: AgentState, request: AgentRequest) -> str | None:
+    key = dedupe_key(request, state.config)
+    if key is not None:
+        state.recent_keys.pop(key, None)
+        state.recent_keys[key] = (request.request_id, state.now)
+    return key
+
+
+def _forget_pending(state: AgentState, entry: Pending) -> None:
+    key = entry.key
+    if key is not None and state.pending_keys.get(key) == entry.request.request_id:
+        del state.pending_keys[key]
+
+
+def _index_of(state: AgentState, request_id: str) -> int:
+    for index, entry in enumerate(state.pending):
+        if entry.request.request_id == request_id:
+            return index
+    raise IllegalTransition(f"request {request_id} is not pending")
+
+
+def _prune(entries: dict[str, tuple[str, int]], horizon: int, limit: int) -> None:
+    """Forget entries older than ``horizon`` and all but the newest ``limit`` (oldest first)."""
+    while entries:
+        first = next(iter(entries))
+        if entries[first][1] >= horizon and len(entries) <= limit:
+            return
+        del entries[first]
+
+
+def _advance(state: AgentState, at: int) -> None:
+    state.now = max(state.now, at)
+
+
+# ------------------------------------------------------------------------------- inputs
+
+
+@_on(RequestReceived)
+def _received(state: AgentState, event: RequestReceived) -> None:
+    if state.staged is not None:
+        raise IllegalTransition(f"request {state.staged.request_id} was never decided")
+    _advance(state, event.at)
+    config = state.config
+    _prune(state.seen, state.now - config.idempotency_window_ms, config.idempotency_max)
+    _prune(state.recent_keys, state.now - config.dedupe_window_ms, config.idempotency_max)
+    state.staged = event.request
+    state.counters.received += 1
+
+
+def _input(state: AgentState, event: Any) -> None:
+    _advance(state, event.at)
+
+
+for _cls in (
+    TimerElapsed,
+    RunSteerability,
+    RunFinished,
+    RunErrored,
+    OperatorCommand,
+    ConfigChanged,
+    BrokerReport,
+    Restarted,
+):
+    _HANDLERS[_cls] = _input
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@_on(RequestQueued)
+def _queued(state: AgentState, event: RequestQueued) -> None:
+    request = _take_staged(state, event.request_id, "accepted")
+    key = _remember_key(state, request)
+    entry = Pending(request, state.now, event.mode, key)
+    state.pending.insert(insert_index(state.pending, request, event.mode), entry)
+    if key is not None:
+        state.pending_keys[key] = request.request_id
+    if event.mode is Mode.COLLECT:
+        config = state.config
+        if state.collect_first is None:
+            state.collect_first = state.now
+        state.collect_due = min(
+            state.now + config.debounce_ms, state.collect_first + config.collect_deadline_ms
+        )
+    state.counters.accepted += 1
+
+
+@_on(RequestDeduped)
+def _deduped(state: AgentState, event: RequestDeduped) -> None:
+    _take_staged(state, event.request_id, "deduped")
+    state.counters.dedupes += 1
+
+
+@_on(RequestRepeated)
+def _repeated(state: AgentState, event: RequestRepeated) -> None:
+    if not _is_staged(state, event.request_id):
+        raise IllegalTransition(f"no received request {event.request_id} awaits a decision")
+    state.staged = None
+    state.counters.repeats += 1
+
+
+@_on(RequestRejected)
+def _rejected(state: AgentState, event: RequestRejected) -> None:
+    _take_staged(state, event.request_id, "rejected")
+    state.counters.rejected += 1
+
+
+def _remove_pending(state: AgentState, request_id: str) -> Pending:
+    entry = state.pending.pop(_index_of(state, request_id))
+    _forget_pending(state, entry)
+    if not state.pending:
+        state.collect_first = state.collect_due = None
+    return entry
+
+
+@_on(RequestDropped)
+def _dropped(state: AgentState, event: RequestDropped) -> None:
+    if _is_staged(state, event.request_id):
+        _remember_key(state, _take_staged(state, event.request_id, "dropped"))
+    else:
+        _remove_pending(state, event.request_id)
+    state.counters.drops += 1
+
+
+@_on(RequestSummarized)
+def _summarized(state: AgentState, event: RequestSummarized) -> None:
+    if _is_staged(state, event.request_id):
+        _remember_key(state, _take_staged(state, event.request_id, "dropped"))
+        at = state.now
+    else:
+        at = _remove_pending(state, event.request_id).at
+    summary = state.summary
+    if summary is None:
+        state.summary = Summary(count=1, request_ids=(event.request_id,), first_at=at, last_at=at)
+    else:
+        ids = summary.request_ids
+        state.summary = Summary(
+            count=summary.count + 1,
+            request_ids=(*ids, event.request_id) if len(ids) < SUMMARY_IDS else ids,
+            first_at=min(summary.first_at, at),
+            last_at=max(summary.last_at, at),
+        )
+    state.counters.summarized += 1
+
+
+@_on(FallbackApplied)
+def _fallback(state: AgentState, event: FallbackApplied) -> None:
+    state.counters.fallbacks += 1
+
+
+@_on(ControlApplied)
+def _control(state: AgentState, event: ControlApplied) -> None:
+    if state.trading is not event.from_state:
+        raise IllegalTransition(
+            f"{event.action.value} from {event.from_state.value}, but the agent is "
+            f"{state.trading.value}"
+        )
+    _take_staged(state, event.request_id, "accepted")
+    state.trading = event.to_state
+    state.counters.controls += 1
+
+
+# -------------------------------------------------------------------------------- runs
+
+
+@_on(RunStarted)
+def _started(state: AgentState, event: RunStarted) -> None:
+    if (state.lane, "RunStarted") not in LANE_TRANSITIONS:
+        raise IllegalTransition(f"run {event.run_id} started while {state.active}")
+    count = len(event.request_ids)
+    batch = state.pending[:count]
+    if tuple(p.request.request_id for p in batch) != event.request_ids:
+        raise IllegalTransition(f"run {event.run_id} does not start with the head of the queue")
+    del state.pending[:count]
+    for entry in batch:
+        _forget_pending(state, entry)
+    if not state.pending or any(p.mode is Mode.COLLECT for p in batch):
+        state.collect_first = state.collect_due = None
+    state.run_seq += 1
+    state.active = ActiveRun(
+        run_id=event.run_id,
+        requests=batch,
+        started_at=state.now,
+        deadline=event.deadline,
+        depth=event.depth,
+    )
+    starts = state.run_starts
+    starts.append(state.now)
+    while starts[0] <= state.now - DAY_MS:
+        starts.popleft()
+    state.summary = None
+    state.counters.runs += 1
+
+
+@_on(RunSteered)
+def _steered(state: AgentState, event: RunSteered) -> None:
+    run = _run(state, event.run_id, "RunSteered")
+    request = _take_staged(state, event.request_id, "accepted")
+    key = _remember_key(state, request)
+    run.requests.append(Pending(request, state.now, state.config.mode, key))
+    run.steers += 1
+    state.counters.accepted += 1
+    state.counters.steers += 1
+
+
+@_on(SteerabilityChanged)
+def _steerability(state: AgentState, event: SteerabilityChanged) -> None:
+    _run(state, event.run_id, "SteerabilityChanged").steerable = event.steerable
+
+
+@_on(RunCompleted)
+def _completed(state: AgentState, event: RunCompleted) -> None:
+    _run(state, event.run_id, "RunCompleted")
+    state.active = None
+    cooldown = state.config.budgets.no_trade_cooldown_ms
+    if event.outcome is Outcome.NO_TRADE and cooldown:
+        state.cooldown_until = state.now + cooldown
+    counters = state.counters
+    counters.completed += 1
+    counters.input_tokens += event.usage.input_tokens
+    counters.output_tokens += event.usage.output_tokens
+
+
+@_on(RunFailed)
+def _failed(state: AgentState, event: RunFailed) -> None:
+    _run(state, event.run_id, "RunFailed")
+    state.active = None
+    state.counters.failed += 1
+
+
+@_on(RunAborted)
+def _aborted(state: AgentState, event: RunAborted) -> None:
+    run = _run(state, event.run_id, "RunAborted")
+    state.active = None
+    if event.requeued:
+        state.pending[0:0] = run.requests
+        for entry in run.requests:
+            if entry.key is not None:
+                state.pending_keys[entry.key] = entry.request.request_id
+    state.counters.aborts += 1
+
+
+@_on(RunResultIgnored)
+def _ignored(state: AgentState, event: RunResultIgnored) -> None:
+    """Nothing changes: the result came too late."""
+
+
+@_on(RunsSuppressed)
+def _suppressed(state: AgentState, event: RunsSuppressed) -> None:
+    state.suppressed = (event.reason, event.until)
+    state.counters.suppressions += 1
+
+
+@_on(RunsResumed)
+def _resumed(state: AgentState, event: RunsResumed) -> None:
+    state.suppressed = None
+
+
+# ------------------------------------------------------------------------------ orders
+
+
+def _order(state: AgentState, order_id: str) -> OpenOrder:
+    order = state.orders.get(order_id)
+    if order is None:
+        raise IllegalTransition(f"order {order_id} is not open")
+    return order
+
+
+@_on(OrderAccepted)
+def _order_accepted(state: AgentState, event: OrderAccepted) -> None:
+    if event.order_id in state.orders:
+        raise IllegalTransition(f"order {event.order_id} is already open")
+    state.orders[event.order_id] = OpenOrder(event.order_id, event.run_id, event.intent)
+    state.counters.orders_accepted += 1
+
+
+@_on(OrderRejected)
+def _order_rejected(state: AgentState, event: OrderRejected) -> None:
+    state.counters.orders_rejected += 1
+
+
+@_on(OrderCancelRequested)
+def _cancel_requested(state: AgentState, event: OrderCancelRequested) -> None:
+    order = _order(state, event.order_id)
+    state.orders[event.order_id] = replace(order, cancel_requested=True)
+
+
+@_on(OrderFilled)
+def _filled(state: AgentState, event: OrderFilled) -> None:
+    order = _order(state, event.order_id)
+    symbol = order.intent.symbol
+    signed = event.qty if order.intent.side == "buy" else -event.qty
+    state.positions[symbol] = state.positions.get(symbol, 0.0) + signed
+    state.orders[event.order_id] = replace(order, filled_qty=order.filled_qty + event.qty)
+
+
+@_on(OrderClosed)
+def _closed(state: AgentState, event: OrderClosed) -> None:
+    _order(state, event.order_id)
+    del state.orders[event.order_id]
+
+
+@_on(BrokerReportIgnored)
+def _report_ignored(state: AgentState, event: BrokerReportIgnored) -> None:
+    """Nothing changes: the order is unknown or closed."""
+
+
+# ---------------------------------------------------------------- calls, config, operator
+
+
+@_on(AgentCallDispatched)
+def _call_dispatched(state: AgentState, event: AgentCallDispatched) -> None:
+    state.counters.calls_dispatched += 1
+
+
+@_on(AgentCallRejected)
+def _call_rejected(state: AgentState, event: AgentCallRejected) -> None:
+    state.counters.calls_rejected += 1
+
+
+@_on(ConfigApplied)
+def _config(state: AgentState, event: ConfigApplied) -> None:
+    state.config = event.config
+
+
+@_on(OperatorApplied)
+def _operator_applied(state: AgentState, event: OperatorApplied) -> None:
+    """Recorded for audit; the effects are the events that follow it."""
+
+
+@_on(OperatorRejected)
+def _operator_rejected(state: AgentState, event: OperatorRejected) -> None:
+    """Recorded for audit."""

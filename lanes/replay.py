@@ -1,0 +1,147 @@
+"""Replay (fold the log back into states) and verify (re-decide the inputs, compare)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lanes.decide import decide
+from lanes.events import (
+    INPUT_TYPES,
+    ControlApplied,
+    Decision,
+    Event,
+    RequestDeduped,
+    RequestDropped,
+    RequestQueued,
+    RequestReceived,
+    RequestRejected,
+    RequestSummarized,
+    RunAborted,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    RunSteered,
+)
+from lanes.evolve import evolve
+from lanes.state import AgentState
+
+PROVIDER_PREFIX = "provider:"
+"""Streams of the provider gate; they are not agents."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One event of the log with where it sits: global position and stream."""
+
+    position: int
+    stream: str
+    event: Event
+
+
+def is_agent_stream(stream: str) -> bool:
+    """Whether a stream holds an agent's events."""
+    return not stream.startswith(PROVIDER_PREFIX)
+
+
+def replay(
+    entries: Iterable[Entry], states: dict[str, AgentState] | None = None
+) -> dict[str, AgentState]:
+    """Fold every agent's events into its state (continuing ``states`` if given)."""
+    states = {} if states is None else states
+    for entry in entries:
+        stream = entry.stream
+        if not is_agent_stream(stream):
+            continue
+        state = states.get(stream)
+        if state is None:
+            state = states[stream] = AgentState(agent_id=stream)
+        evolve(state, entry.event)
+    return states
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first place where re-deciding the recorded inputs disagrees with the log."""
+
+    position: int
+    stream: str
+    input: Event | None
+    recorded: Event | None
+    redecided: Decision | None
+
+    def describe(self) -> str:
+        """One paragraph a person can act on."""
+        return (
+            f"divergence at position {self.position} in stream {self.stream!r}:\n"
+            f"  input:      {self.input!r}\n"
+            f"  recorded:   {self.recorded!r}\n"
+            f"  re-decided: {self.redecided!r}"
+        )
+
+
+def verify(entries: Iterable[Entry]) -> Divergence | None:
+    """Re-run `decide` over every recorded input; the first disagreement, or None."""
+    states: dict[str, AgentState] = {}
+    expected: dict[str, deque[Decision]] = {}
+    inputs: dict[str, Event] = {}
+    last: dict[str, int] = {}
+    for entry in entries:
+        stream, event = entry.stream, entry.event
+        if not is_agent_stream(stream):
+            continue
+        queue = expected.setdefault(stream, deque())
+        last[stream] = entry.position
+        if isinstance(event, INPUT_TYPES):
+            if queue:
+                return Divergence(entry.position, stream, inputs[stream], event, queue[0])
+            state = states.get(stream)
+            if state is None:
+                state = states[stream] = AgentState(agent_id=stream)
+            inputs[stream] = event
+            queue.extend(decide(state, event))
+            continue
+        redecided = queue.popleft() if queue else None
+        if redecided != event:
+            return Divergence(entry.position, stream, inputs.get(stream), event, redecided)
+    for stream, queue in expected.items():
+        if queue:
+            return Divergence(last[stream] + 1, stream, inputs[stream], None, queue[0])
+    return None
+
+
+def request_outcomes(entries: Iterable[Entry]) -> dict[str, str]:
+    """Where each request ended: ran, running, pending, deduped, dropped, summarized,
+    aborted or rejected. Control-lane requests that took effect count as ran."""
+    outcome: dict[str, str] = {}
+    runs: dict[str, list[str]] = {}
+    for entry in entries:
+        event = entry.event
+        if isinstance(event, RequestReceived):
+            outcome.setdefault(event.request.request_id, "received")
+        elif isinstance(event, RequestQueued):
+            outcome[event.request_id] = "pending"
+        elif isinstance(event, ControlApplied):
+            outcome[event.request_id] = "ran"
+        elif isinstance(event, RequestDeduped):
+            outcome[event.request_id] = "deduped"
+        elif isinstance(event, RequestRejected):
+            outcome[event.request_id] = "rejected"
+        elif isinstance(event, RequestDropped):
+            outcome[event.request_id] = "dropped"
+        elif isinstance(event, RequestSummarized):
+            outcome[event.request_id] = "summarized"
+        elif isinstance(event, RunStarted):
+            runs[event.run_id] = list(event.request_ids)
+            outcome.update(dict.fromkeys(event.request_ids, "running"))
+        elif isinstance(event, RunSteered):
+            runs[event.run_id].append(event.request_id)
+            outcome[event.request_id] = "running"
+        elif isinstance(event, RunCompleted | RunFailed):
+            outcome.update(dict.fromkeys(runs[event.run_id], "ran"))
+        elif isinstance(event, RunAborted):
+            outcome.update(
+                dict.fromkeys(runs[event.run_id], "pending" if event.requeued else "aborted")
+            )
+    return outcome

@@ -1,0 +1,162 @@
+"""The AgentRequest: what arrives at an agent, validated strictly at the edge."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
+
+AGENT_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+"""Agent ids: short, no spaces, no colons (``provider:...`` streams never collide)."""
+
+
+class Kind(StrEnum):
+    """What kind of request this is; decides the default dedupe strategy."""
+
+    USER_CONTROL = "user_control"
+    HOOK_TRIGGER = "hook_trigger"
+    SCHEDULED_AUDIT = "scheduled_audit"
+    SYSTEM_ALERT = "system_alert"
+    AGENT_CALL = "agent_call"
+
+
+class Priority(StrEnum):
+    """Orders the pending list, decides preemption (only high) and drops (low first)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+RANK: dict[Priority, int] = {Priority.HIGH: 2, Priority.NORMAL: 1, Priority.LOW: 0}
+
+
+class ControlAction(StrEnum):
+    """Actions of the control lane: applied on arrival, never behind a run."""
+
+    EMERGENCY_STOP = "emergency_stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL_ORDER = "cancel_order"
+    CANCEL_ALL = "cancel_all"
+
+
+class WireModel(BaseModel):
+    """Base of every wire model: camelCase on the wire, unknown fields rejected, frozen."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class AgentRequest(WireModel):
+    """One request for one agent. ``payload`` is free-form except where its kind says.
+
+    A ``user_control`` payload names either an ``action`` (control lane) or a ``message``
+    (reasoning lane); ``cancel_order`` needs an ``orderId``. An ``agent_call`` payload may
+    carry ``depth`` (an integer >= 1, default 1).
+    """
+
+    request_id: str = Field(min_length=1, max_length=128)
+    created_at: AwareDatetime
+    agent_id: str = Field(pattern=AGENT_ID_PATTERN)
+    kind: Kind
+    priority: Priority = Priority.NORMAL
+    dedupe_key: str | None = Field(default=None, min_length=1, max_length=512)
+    message_id: str | None = Field(default=None, min_length=1, max_length=256)
+    source: str | None = Field(default=None, max_length=256)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_fits_kind(cls, payload: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        kind = info.data.get("kind")
+        if kind == Kind.USER_CONTROL:
+            action = payload.get("action")
+            if action is None:
+                if not isinstance(payload.get("message"), str):
+                    raise ValueError(
+                        "a user_control payload needs an 'action' "
+                        f"({', '.join(a.value for a in ControlAction)}) or a 'message' string"
+                    )
+            elif action not in ControlAction.__members__.values():
+                raise ValueError(
+                    f"unknown action {action!r}; expected one of "
+                    f"{', '.join(a.value for a in ControlAction)}"
+                )
+            elif action == ControlAction.CANCEL_ORDER and not isinstance(
+                payload.get("orderId"), str
+            ):
+                raise ValueError("cancel_order needs an 'orderId' string")
+        elif kind == Kind.AGENT_CALL and "depth" in payload:
+            depth = payload["depth"]
+            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+                raise ValueError("'depth' must be an integer >= 1")
+        return payload
+
+    @property
+    def action(self) -> ControlAction | None:
+        """The control action this request names, if any."""
+        if self.kind is Kind.USER_CONTROL and "action" in self.payload:
+            return ControlAction(self.payload["action"])
+        return None
+
+    @property
+    def depth(self) -> int:
+        """Sub-agent call depth: 0 for requests that are not agent calls."""
+        if self.kind is Kind.AGENT_CALL:
+            return int(self.payload.get("depth", 1))
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One thing wrong with a request: the field (dotted path) and what was wrong."""
+
+    field: str
+    message: str
+
+
+class InvalidRequest(ValueError):
+    """A request failed validation; ``errors`` names each offending field."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{e.field}: {e.message}" for e in errors))
+
+    @classmethod
+    def from_validation_error(cls, error: ValidationError) -> InvalidRequest:
+        """Turn pydantic's error list into field-named errors (wire names, dotted)."""
+        errors = []
+        for item in error.errors(include_url=False):
+            field = ".".join(str(part) for part in item["loc"]) or "(request)"
+            message = item["msg"]
+            if item["type"] == "extra_forbidden":
+                message = "unknown field; remove it"
+            errors.append(FieldError(field, message))
+        return cls(errors)
+
+
+def parse_request(data: Mapping[str, Any]) -> AgentRequest:
+    """Validate a wire request (camelCase keys); raise `InvalidRequest` naming the fields."""
+    try:
+        return AgentRequest.model_validate(data)
+    except ValidationError as error:
+        raise InvalidRequest.from_validation_error(error) from None

@@ -1,0 +1,132 @@
+"""Policy rules shared by `decide` and `evolve`: dedupe keys, queue order, caps, budgets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from lanes.config import DAY_MS, HOUR_MS, AgentConfig, DedupeStrategy, DropPolicy, Mode
+from lanes.requests import RANK, AgentRequest, Priority
+from lanes.state import AgentState, Pending
+
+
+def dedupe_key(request: AgentRequest, config: AgentConfig) -> str | None:
+    """The key a redelivery of ``request`` would share, or None if it is not deduped."""
+    strategy = config.dedupe[request.kind]
+    if strategy is DedupeStrategy.DEDUPE_KEY and request.dedupe_key is not None:
+        return "k:" + request.dedupe_key
+    if strategy is DedupeStrategy.MESSAGE_ID and request.message_id is not None:
+        return "m:" + request.message_id
+    return None
+
+
+def insert_index(pending: Sequence[Pending], request: AgentRequest, mode: Mode) -> int:
+    """Where an arriving request goes: ``queue`` mode at the end (strict arrival order),
+    every other mode after the last request of the same or a higher priority."""
+    index = len(pending)
+    if mode is Mode.QUEUE:
+        return index
+    rank = RANK[request.priority]
+    while index > 0 and RANK[pending[index - 1].request.priority] < rank:
+        index -= 1
+    return index
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """The request a cap drops: a pending one (by index) or the incoming one (index None)."""
+
+    index: int | None
+    priority: Priority
+
+
+def cap_victim(
+    pending: Sequence[Pending], incoming: AgentRequest, policy: DropPolicy
+) -> Victim | None:
+    """Which request to drop when the queue is full, or None if all are high priority.
+
+    ``low`` goes first, then ``normal``; ``high`` is never dropped by a cap. Within the
+    lowest class present, ``new`` drops the newest and ``old``/``summarize`` the oldest.
+    The incoming request is the newest of all.
+    """
+    lowest: int | None = None
+    for entry in pending:
+        rank = RANK[entry.request.priority]
+        if rank < RANK[Priority.HIGH] and (lowest is None or rank < lowest):
+            lowest = rank
+    incoming_rank = RANK[incoming.priority]
+    if incoming_rank < RANK[Priority.HIGH] and (lowest is None or incoming_rank < lowest):
+        return Victim(None, incoming.priority)
+    if lowest is None:
+        return None
+    if policy is DropPolicy.NEW:
+        if incoming_rank == lowest:
+            return Victim(None, incoming.priority)
+        indexes = range(len(pending) - 1, -1, -1)
+    else:
+        indexes = range(len(pending))
+    for index in indexes:
+        if RANK[pending[index].request.priority] == lowest:
+            return Victim(index, pending[index].request.priority)
+    raise AssertionError("unreachable: a request of the lowest rank exists")
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetBlock:
+    """Why runs cannot start now, and when they can again."""
+
+    reason: Literal["hourly", "daily", "cooldown"]
+    until: int
+    detail: str
+
+
+def _window_block(starts: Sequence[int], now: int, limit: int | None, span: int) -> int | None:
+    """When the window frees a run, if ``limit`` runs already started within ``span``."""
+    if limit is None or len(starts) < limit:
+        return None
+    # The limit-th most recent start must have left the window before another may start.
+    edge = starts[len(starts) - limit]
+    return edge + span if edge > now - span else None
+
+
+def budget_block(state: AgentState) -> BudgetBlock | None:
+    """The budget that holds runs back at ``state.now``, the one that frees last."""
+    budgets = state.config.budgets
+    now = state.now
+    blocks: list[BudgetBlock] = []
+    if now < state.cooldown_until:
+        blocks.append(
+            BudgetBlock(
+                "cooldown",
+                state.cooldown_until,
+                f"cooling down {budgets.no_trade_cooldown_ms} ms after a no-trade run",
+            )
+        )
+    hour = _window_block(state.run_starts, now, budgets.max_runs_per_hour, HOUR_MS)
+    if hour is not None:
+        blocks.append(
+            BudgetBlock(
+                "hourly",
+                hour,
+                f"{budgets.max_runs_per_hour}/{budgets.max_runs_per_hour} runs this hour",
+            )
+        )
+    day = _window_block(state.run_starts, now, budgets.max_runs_per_day, DAY_MS)
+    if day is not None:
+        blocks.append(
+            BudgetBlock(
+                "daily", day, f"{budgets.max_runs_per_day}/{budgets.max_runs_per_day} runs today"
+            )
+        )
+    return max(blocks, key=lambda b: b.until, default=None)
+
+
+def batch_size(pending: Sequence[Pending]) -> int:
+    """How many pending requests the next run takes: the collect prefix, or just the head."""
+    if not pending or pending[0].mode is not Mode.COLLECT:
+        return min(1, len(pending))
+    size = 0
+    while size < len(pending) and pending[size].mode is Mode.COLLECT:
+        size += 1
+    return size

@@ -1,0 +1,176 @@
+"""An agent's state: only ever a fold of its events (see `lanes.evolve`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from lanes.config import DAY_MS, HOUR_MS, AgentConfig, Mode
+from lanes.events import OrderIntent, Summary, TradingState
+from lanes.requests import AgentRequest
+from lanes.tables import LaneState
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A request waiting in the reasoning lane, with its arrival time and arrival mode."""
+
+    request: AgentRequest
+    at: int
+    mode: Mode
+    key: str | None = None
+    """The dedupe key it holds, as computed under the config it arrived with."""
+
+
+@dataclass(slots=True)
+class ActiveRun:
+    """The reasoning run in progress."""
+
+    run_id: str
+    requests: list[Pending]
+    started_at: int
+    deadline: int
+    depth: int
+    steerable: bool = False
+    steers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenOrder:
+    """An order accepted by the gate and not yet closed."""
+
+    order_id: str
+    run_id: str
+    intent: OrderIntent
+    filled_qty: float = 0.0
+    cancel_requested: bool = False
+
+
+@dataclass(slots=True)
+class Counters:
+    """Running totals for observability; all derived from the log."""
+
+    received: int = 0
+    accepted: int = 0
+    repeats: int = 0
+    dedupes: int = 0
+    drops: int = 0
+    summarized: int = 0
+    rejected: int = 0
+    fallbacks: int = 0
+    controls: int = 0
+    runs: int = 0
+    completed: int = 0
+    failed: int = 0
+    aborts: int = 0
+    steers: int = 0
+    suppressions: int = 0
+    orders_accepted: int = 0
+    orders_rejected: int = 0
+    calls_dispatched: int = 0
+    calls_rejected: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class AgentState:
+    """One agent's two lanes. Mutable, but only `lanes.evolve.evolve` changes it."""
+
+    agent_id: str
+    config: AgentConfig = field(default_factory=AgentConfig)
+    version: int = 0
+    """How many events of the stream have been folded in (the stream version)."""
+    now: int = 0
+    """The time of the latest input."""
+    trading: TradingState = TradingState.ACTIVE
+    staged: AgentRequest | None = None
+    """The request just received and not yet decided (between an input and its decision)."""
+    pending: list[Pending] = field(default_factory=list)
+    active: ActiveRun | None = None
+    run_seq: int = 0
+    collect_first: int | None = None
+    collect_due: int | None = None
+    summary: Summary | None = None
+    run_starts: deque[int] = field(default_factory=deque)
+    """Start times of runs in the last day, oldest first (budget windows)."""
+    cooldown_until: int = 0
+    suppressed: tuple[str, int] | None = None
+    recent_keys: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Dedupe key -> (request id, accepted at), oldest first."""
+    pending_keys: dict[str, str] = field(default_factory=dict)
+    """Dedupe key -> id of the pending request that holds it."""
+    seen: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Request id -> (first decision, at), oldest first: resubmissions are idempotent."""
+    orders: dict[str, OpenOrder] = field(default_factory=dict)
+    positions: dict[str, float] = field(default_factory=dict)
+    counters: Counters = field(default_factory=Counters)
+
+    @property
+    def lane(self) -> LaneState:
+        """The reasoning lane's state."""
+        return LaneState.IDLE if self.active is None else LaneState.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """The active run as an observer sees it."""
+
+    run_id: str
+    request_ids: tuple[str, ...]
+    started_at: int
+    duration_ms: int
+    deadline: int
+    steerable: bool
+    steers: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    """What an operator wants to know about an agent, at time ``now``."""
+
+    agent_id: str
+    trading: TradingState
+    lane: LaneState
+    mode: Mode
+    pending: int
+    oldest_pending_age_ms: int | None
+    active_run: RunView | None
+    runs_last_hour: int
+    runs_last_day: int
+    cooldown_remaining_ms: int
+    suppressed_until: int | None
+    open_orders: int
+    counters: Counters
+
+
+def status(state: AgentState, now: int) -> AgentStatus:
+    """Observability derived from the state alone (no counters kept elsewhere)."""
+    run = state.active
+    view = None
+    if run is not None:
+        view = RunView(
+            run_id=run.run_id,
+            request_ids=tuple(p.request.request_id for p in run.requests),
+            started_at=run.started_at,
+            duration_ms=max(0, now - run.started_at),
+            deadline=run.deadline,
+            steerable=run.steerable,
+            steers=run.steers,
+        )
+    oldest = min((p.at for p in state.pending), default=None)
+    return AgentStatus(
+        agent_id=state.agent_id,
+        trading=state.trading,
+        lane=state.lane,
+        mode=state.config.mode,
+        pending=len(state.pending),
+        oldest_pending_age_ms=None if oldest is None else max(0, now - oldest),
+        active_run=view,
+        runs_last_hour=sum(1 for t in state.run_starts if t > now - HOUR_MS),
+        runs_last_day=sum(1 for t in state.run_starts if t > now - DAY_MS),
+        cooldown_remaining_ms=max(0, state.cooldown_until - now),
+        suppressed_until=None if state.suppressed is None else state.suppressed[1],
+        open_orders=len(state.orders),
+        counters=replace(state.counters),
+    )

@@ -1,0 +1,121 @@
+"""The event store port: what the rest of the gateway may ask of an event log.
+
+Rows are opaque to the store: a type name and a JSON text. The store never interprets them.
+Every adapter (memory, SQLite, later PostgreSQL) passes the contract suite in
+``tests/store/contract.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append: a unique id, a type name and its JSON-encoded data."""
+
+    event_id: str
+    type: str
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """An event as committed: global position (gap-free), stream and version within it."""
+
+    position: int
+    stream: str
+    version: int
+    event_id: str
+    type: str
+    data: str
+    recorded_at: int
+    """Milliseconds since the Unix epoch, from the store's clock at commit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One atomic append to a stream: all events land together, or none do.
+
+    ``expected_version`` is the stream's version before this append (0 for a new stream);
+    ``None`` skips the optimistic concurrency check.
+    """
+
+    stream: str
+    events: Sequence[NewEvent]
+    expected_version: int | None
+
+
+class StoreError(Exception):
+    """The store could not do what was asked; nothing of the failed append was written."""
+
+
+class ConcurrencyError(StoreError):
+    """The stream was not at the expected version: someone else appended first."""
+
+    def __init__(self, stream: str, expected: int | None, actual: int) -> None:
+        super().__init__(
+            f"stream {stream!r} is at version {actual}, append expected {expected}; "
+            "re-read the stream and decide again"
+        )
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+
+
+class DuplicateEventError(StoreError):
+    """Some, but not all, of an append's event ids already exist (or exist elsewhere)."""
+
+
+class StoreClosedError(StoreError):
+    """The store is closed (or closing) and takes no more appends."""
+
+
+class EventStore(Protocol):
+    """An append-only log of events with a gap-free global position.
+
+    Appends are group-committed: ``append`` enqueues synchronously (so appends are ordered
+    exactly as called) and returns a future that resolves to the recorded events only after
+    the commit that holds them. Re-appending events whose ids are all already recorded in
+    the same stream is idempotent: the future resolves to the original records.
+    """
+
+    async def open(self) -> None:
+        """Prepare the store (migrations, caches) and start its writer."""
+
+    async def close(self) -> None:
+        """Finish the commit in flight and every append already enqueued, then stop."""
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        """Enqueue one atomic append; the future resolves after its commit."""
+
+    def append_many(
+        self, appends: Sequence[Append]
+    ) -> list[asyncio.Future[list[RecordedEvent]]]:
+        """Enqueue several appends in order; each succeeds or fails on its own."""
+
+    async def read(
+        self, after: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """Events with position > ``after`` in position order, at most ``limit``."""
+
+    async def read_stream(
+        self, stream: str, after_version: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """One stream's events with version > ``after_version`` in version order."""
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+
+    async def stream_versions(self) -> dict[str, int]:
+        """Every stream with its current version."""
+
+    def follow(self, after: int = 0) -> AsyncIterator[RecordedEvent]:
+        """Every committed event after ``after``, then each new one as it commits.
+
+        No gaps and no duplicates, however the backlog and live commits interleave; a slow
+        follower never makes the store buffer without bound (it catches up by reading).
+        """

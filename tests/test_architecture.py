@@ -1,0 +1,61 @@
+"""The layering holds: lanes/ is pure, store/ alone talks to the database."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPURE_MODULES = {
+    "asyncio", "sqlalchemy", "aiosqlite", "sqlite3", "alembic", "starlette", "websockets",
+    "uvicorn", "httpx", "anthropic", "openai", "socket", "threading", "subprocess", "time",
+    "random", "secrets", "uuid", "os", "io", "pathlib", "gateway", "store",
+}
+CLOCK_CALLS = {("datetime", "now"), ("datetime", "utcnow"), ("date", "today"),
+               ("datetime", "today")}
+DATABASE_MODULES = {"sqlalchemy", "aiosqlite", "sqlite3", "alembic"}
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def imported_roots(tree: ast.AST) -> set[str]:
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("path", python_files("lanes"), ids=lambda p: p.name)
+def test_lanes_imports_nothing_impure(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    assert imported_roots(tree) & IMPURE_MODULES == set()
+
+
+@pytest.mark.parametrize("path", python_files("lanes"), ids=lambda p: p.name)
+def test_lanes_never_reads_a_clock_or_does_io(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                assert (func.value.id, func.attr) not in CLOCK_CALLS, f"clock read in {path}"
+            if isinstance(func, ast.Name):
+                assert func.id not in {"open", "print", "input"}, f"I/O in {path}"
+
+
+def test_the_purity_check_can_fail() -> None:
+    tree = ast.parse("import asyncio\nfrom sqlalchemy import select\n")
+    assert imported_roots(tree) & IMPURE_MODULES == {"asyncio", "sqlalchemy"}
+
+
+@pytest.mark.parametrize("package", ["lanes", "gateway"])
+def test_only_store_talks_to_the_database(package: str) -> None:
+    for path in python_files(package):
+        assert imported_roots(ast.parse(path.read_text())) & DATABASE_MODULES == set(), path
