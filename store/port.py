@@ -8,23 +8,28 @@ Every adapter (memory, SQLite, later PostgreSQL) passes the contract suite in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class NewEvent:
-    """An event to append: a unique id, a type name and its JSON-encoded data."""
+class NewEvent(NamedTuple):
+    """An event to append: a unique id, a type name and its JSON-encoded data.
+
+    Named tuples, not dataclasses: millions are built on the hot path, and a tuple is built
+    several times faster than a frozen dataclass while being just as immutable.
+    """
 
     event_id: str
     type: str
     data: str
 
 
-@dataclass(frozen=True, slots=True)
-class RecordedEvent:
-    """An event as committed: global position (gap-free), stream and version within it."""
+class RecordedEvent(NamedTuple):
+    """An event as committed: global position (gap-free), stream and version within it.
+
+    The field order is the column order of the ``events`` table.
+    """
 
     position: int
     stream: str
@@ -90,7 +95,11 @@ class EventStore(Protocol):
         """Finish the commit in flight and every append already enqueued, then stop."""
 
     def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
-        """Enqueue one atomic append; the future resolves after its commit."""
+        """Enqueue one atomic append; the future resolves after its commit.
+
+        A malformed append (no events, bad names, negative version) raises ``ValueError``
+        at once; on a closed store the future fails with `StoreClosedError`.
+        """
 
     def append_many(
         self, appends: Sequence[Append]
@@ -113,9 +122,11 @@ class EventStore(Protocol):
     async def stream_versions(self) -> dict[str, int]:
         """Every stream with its current version."""
 
-    def follow(self, after: int = 0) -> AsyncIterator[RecordedEvent]:
+    def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
         """Every committed event after ``after``, then each new one as it commits.
 
         No gaps and no duplicates, however the backlog and live commits interleave; a slow
-        follower never makes the store buffer without bound (it catches up by reading).
+        follower never makes the store buffer without bound (it catches up by reading). It
+        ends once the store is closed and everything committed was yielded; close it (for
+        example with ``contextlib.aclosing``) when done.
         """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanes import AgentConfig, Mode
+from lanes import AgentConfig, Budgets, Mode
 from lanes.events import AbortReason, FallbackApplied, RunAborted, RunStarted, RunSteered
 from tests.lanes.harness import Bench, types
 
@@ -81,10 +81,11 @@ def test_an_interrupt_never_jumps_ahead_of_an_earlier_high_request() -> None:
 
 
 def test_interrupt_falls_back_when_the_budget_would_not_let_a_new_run_start() -> None:
-    bench = busy(Mode.INTERRUPT, budgets={"maxRunsPerHour": 1})
+    bench = busy(Mode.INTERRUPT, budgets=Budgets(max_runs_per_hour=1))
     decisions = bench.send(priority="high")
     assert types(decisions) == ["FallbackApplied", "RequestQueued"]
-    assert "runs suppressed" in decisions[0].reason  # type: ignore[union-attr]
+    assert isinstance(decisions[0], FallbackApplied)
+    assert "runs suppressed" in decisions[0].reason
 
 
 @pytest.mark.parametrize("mode", [Mode.STEER, Mode.STEER_BACKLOG])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanes import AgentConfig, Mode, status
+from lanes import AgentConfig, Budgets, Mode, status
 from lanes.config import HOUR_MS, DropPolicy
 from lanes.events import (
     AbortReason,
@@ -12,6 +12,7 @@ from lanes.events import (
     AgentCallRejected,
     BrokerReport,
     CallIntent,
+    Decision,
     OperatorAction,
     OperatorCommand,
     OrderAccepted,
@@ -118,7 +119,7 @@ def test_an_incoming_low_request_is_the_one_dropped_when_it_is_the_lowest() -> N
 
 
 def test_hourly_budget_suppresses_runs_with_an_alert_and_a_timer_resumes_them() -> None:
-    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets={"maxRunsPerHour": 2}))
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets=Budgets(max_runs_per_hour=2)))
     bench.send()
     bench.finish()
     bench.advance(60_000)
@@ -140,7 +141,7 @@ def test_hourly_budget_suppresses_runs_with_an_alert_and_a_timer_resumes_them() 
 
 
 def test_daily_budget_holds_runs_until_the_oldest_run_leaves_the_day() -> None:
-    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets={"maxRunsPerDay": 1}))
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets=Budgets(max_runs_per_day=1)))
     bench.send()
     bench.finish()
     decisions = bench.send()
@@ -148,7 +149,7 @@ def test_daily_budget_holds_runs_until_the_oldest_run_leaves_the_day() -> None:
 
 
 def test_no_trade_outcome_starts_a_cooldown() -> None:
-    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets={"noTradeCooldownMs": 30_000}))
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets=Budgets(no_trade_cooldown_ms=30_000)))
     bench.send()
     bench.send()
     decisions = bench.finish("no_trade")
@@ -159,7 +160,7 @@ def test_no_trade_outcome_starts_a_cooldown() -> None:
 
 
 def test_a_trade_outcome_has_no_cooldown() -> None:
-    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets={"noTradeCooldownMs": 30_000}))
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, budgets=Budgets(no_trade_cooldown_ms=30_000)))
     bench.send()
     bench.send()
     assert types(bench.finish("trade")) == ["RunCompleted", "RunStarted"]
@@ -295,10 +296,10 @@ def test_reducing_agent_accepts_only_orders_that_reduce_the_position() -> None:
     bench.control("pause")
     bench.send()
     decisions = bench.finish(orders=(intent("buy"), intent("sell", 1.5), intent("sell", 1.0)))
-    gate = [d for d in decisions if isinstance(d, OrderAccepted | OrderRejected)]
+    gate: list[Decision] = [d for d in decisions if isinstance(d, OrderAccepted | OrderRejected)]
     assert types(gate) == ["OrderRejected", "OrderAccepted", "OrderRejected"]
-    assert "only orders that reduce" in gate[0].reason  # type: ignore[union-attr]
-    assert "0.5 left after open orders" in gate[2].reason  # type: ignore[union-attr]
+    assert isinstance(gate[0], OrderRejected) and "only orders that reduce" in gate[0].reason
+    assert isinstance(gate[2], OrderRejected) and "0.5 left after open" in gate[2].reason
 
 
 def test_emergency_stop_cancels_open_orders_and_cancels_pass_while_halted() -> None:
@@ -310,7 +311,8 @@ def test_emergency_stop_cancels_open_orders_and_cancels_pass_while_halted() -> N
     assert types(bench.control("cancel_all")) == ["ControlApplied"]  # already requested
     decisions = bench.control("cancel_order", orderId="nope")
     assert types(decisions) == ["RequestRejected"]
-    assert "'nope' is not open" in decisions[0].reason  # type: ignore[union-attr]
+    assert isinstance(decisions[0], RequestRejected)
+    assert "'nope' is not open" in decisions[0].reason
 
 
 def test_a_configured_system_alert_halts_the_agent() -> None:

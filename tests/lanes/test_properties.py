@@ -24,6 +24,7 @@ from lanes.events import (
     Restarted,
     RunAborted,
     RunStarted,
+    RunSteered,
     TradingState,
 )
 from lanes.requests import RANK, Priority
@@ -81,7 +82,9 @@ actions = st.one_of(
     st.tuples(st.just("steerable"), st.just(True)),
     st.tuples(st.just("control"), st.sampled_from(
         ["emergency_stop", "pause", "resume", "cancel_all", "cancel_order"])),
-    st.tuples(st.just("advance"), st.sampled_from([1, 400, 2_500, 60_000, 600_000, HOUR_MS, DAY_MS])),
+    st.tuples(
+        st.just("advance"), st.sampled_from([1, 400, 2_500, 60_000, 600_000, HOUR_MS, DAY_MS])
+    ),
     st.tuples(st.just("finish"), st.fixed_dictionaries({
         "outcome": st.sampled_from(["trade", "no_trade"]),
         "orders": st.lists(st.tuples(st.sampled_from(["buy", "sell"]),
@@ -168,6 +171,8 @@ def check_invariants(bench: Bench) -> None:
     queued_order: dict[str, int] = {}
     starts: list[int] = []
     overflow = 0
+    requeued: set[str] = set()  # put back at the head by a restart, by design
+    run_requests: dict[str, list[str]] = {}
     state = AgentState(agent_id=bench.agent)
     for entry in log:
         event = entry.event
@@ -178,6 +183,9 @@ def check_invariants(bench: Bench) -> None:
         elif isinstance(event, RunStarted):
             assert state.trading is not TradingState.HALTED, "a run started while HALTED"
             starts.append(state.now)
+            run_requests[event.run_id] = list(event.request_ids)
+        elif isinstance(event, RunSteered):
+            run_requests[event.run_id].append(event.request_id)
         elif isinstance(event, RunAborted) and event.reason is AbortReason.INTERRUPT:
             assert event.by is not None and priority[event.by] is Priority.HIGH
         elif isinstance(event, RequestDropped | RequestSummarized) and "cap" in event.reason:
@@ -187,6 +195,7 @@ def check_invariants(bench: Bench) -> None:
         # interrupted run back over it (they are never lost), and the next arrival trims it.
         if isinstance(event, RunAborted) and event.requeued:
             overflow = max(0, len(state.pending) - config.cap)
+            requeued.update(run_requests[event.run_id])
         elif isinstance(event, RequestQueued):
             overflow = 0
         elif isinstance(event, RunStarted | RequestDropped | RequestSummarized):
@@ -195,7 +204,8 @@ def check_invariants(bench: Bench) -> None:
         # FIFO within a priority class (strict arrival order in queue mode).
         for rank in (2, 1, 0):
             order = [queued_order[p.request.request_id] for p in state.pending
-                     if RANK[p.request.priority] == rank or config.mode is Mode.QUEUE]
+                     if (RANK[p.request.priority] == rank or config.mode is Mode.QUEUE)
+                     and p.request.request_id not in requeued]
             assert order == sorted(order), "pending list out of arrival order"
 
     # No budget window is ever exceeded.

@@ -1,0 +1,1 @@
+"""Benchmarks: each module measures one thing and returns rows for the report."""

@@ -1,0 +1,89 @@
+"""The ``gateway`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.report import status_table
+from lanes import Entry, replay, status, verify
+from lanes.codec import decode
+from store import SqliteEventStore, migrate
+
+
+async def _entries(db: Path) -> list[Entry]:
+    store = SqliteEventStore(db)
+    await store.open()
+    try:
+        return [Entry(r.position, r.stream, decode(r.type, r.data)) for r in await store.read()]
+    finally:
+        await store.close()
+
+
+async def _replay(db: Path, agent: str | None, at: int | None) -> int:
+    entries = [e for e in await _entries(db) if at is None or e.position <= at]
+    states = replay(entries)
+    if agent is not None and agent not in states:
+        print(f"gateway: no agent {agent!r} in {db}", file=sys.stderr)
+        return 2
+    chosen = [states[agent]] if agent else [states[a] for a in sorted(states)]
+    now = max((s.now for s in chosen), default=0)
+    for line in status_table(status(s, now) for s in chosen):
+        print(line)
+    for state in chosen:
+        if state.pending:
+            print(f"\n{state.agent_id} pending:")
+            for p in state.pending:
+                print(f"  {p.request.request_id:<16} {p.request.kind.value:<16} "
+                      f"{p.request.priority.value:<7} {p.mode.value:<14} {p.request.dedupe_key}")
+    return 0
+
+
+async def _verify(db: Path) -> int:
+    entries = await _entries(db)
+    divergence = verify(entries)
+    if divergence is None:
+        print(f"verify: {len(entries)} events re-decided, no divergence")
+        return 0
+    print(divergence.describe())
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gateway`` console script."""
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="run a scripted scenario on an embedded SQLite log")
+    demo.add_argument("--db", type=Path, default=Path("gateway-demo.db"))
+    demo.add_argument("--pace", type=float, default=1.0, help="time scale of the scenario")
+    mig = commands.add_parser("migrate", help="create or upgrade the event log schema")
+    mig.add_argument("--db", type=Path, required=True)
+    rep = commands.add_parser("replay", help="fold a log and print every agent's state")
+    rep.add_argument("db", type=Path)
+    rep.add_argument("--agent")
+    rep.add_argument("--at", type=int, help="stop at this log position")
+    ver = commands.add_parser("verify", help="re-decide every recorded input and compare")
+    ver.add_argument("db", type=Path)
+    args = parser.parse_args(argv)
+    if args.command in ("replay", "verify") and not args.db.exists():
+        print(f"gateway: no event log at {args.db}", file=sys.stderr)
+        return 2
+
+    if args.command == "demo":
+        from gateway.demo import run_demo
+
+        return asyncio.run(run_demo(args.db, args.pace))
+    if args.command == "migrate":
+        asyncio.run(migrate(args.db))
+        print(f"migrated {args.db}")
+        return 0
+    if args.command == "replay":
+        return asyncio.run(_replay(args.db, args.agent, args.at))
+    return asyncio.run(_verify(args.db))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Clocks: the system clock in production, a fake one that tests advance by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Timer(Protocol):
+    """A scheduled callback that can be cancelled."""
+
+    def cancel(self) -> None:
+        """Do not run the callback (no-op if it already ran)."""
+
+
+class Clock(Protocol):
+    """Where the runtime reads time and schedules timers; `lanes` never reads it."""
+
+    def now_ms(self) -> int:
+        """Milliseconds since the Unix epoch."""
+
+    def call_at(self, when_ms: int, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` once the clock reaches ``when_ms``."""
+
+    async def sleep(self, ms: float) -> None:
+        """Wait ``ms`` milliseconds of this clock's time."""
+
+
+class SystemClock:
+    """Wall-clock time with timers on the running event loop."""
+
+    def now_ms(self) -> int:
+        """Milliseconds since the Unix epoch."""
+        return time.time_ns() // 1_000_000
+
+    def call_at(self, when_ms: int, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` on the loop when wall time reaches ``when_ms``."""
+        delay = max(0.0, (when_ms - self.now_ms()) / 1000)
+        return asyncio.get_running_loop().call_later(delay, callback)
+
+    async def sleep(self, ms: float) -> None:
+        """Sleep on the event loop."""
+        await asyncio.sleep(ms / 1000)
+
+
+class _FakeTimer:
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    """A clock that moves only when `advance` is called; timers fire in time order."""
+
+    def __init__(self, start_ms: int = 1_771_297_800_000) -> None:
+        self._now = start_ms
+        self._timers: list[tuple[int, int, _FakeTimer]] = []
+        self._seq = itertools.count()
+
+    def now_ms(self) -> int:
+        """The fake time."""
+        return self._now
+
+    def call_at(self, when_ms: int, callback: Callable[[], None]) -> Timer:
+        """Schedule ``callback`` for fake time ``when_ms``."""
+        timer = _FakeTimer(callback)
+        heapq.heappush(self._timers, (when_ms, next(self._seq), timer))
+        return timer
+
+    async def sleep(self, ms: float) -> None:
+        """Wait until the fake time has been advanced by ``ms``."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        self.call_at(self._now + int(ms), wake)
+        await future
+
+    def advance(self, ms: int) -> None:
+        """Move time forward, running each due timer at its own time, in order."""
+        target = self._now + ms
+        while self._timers and self._timers[0][0] <= target:
+            when, _, timer = heapq.heappop(self._timers)
+            self._now = max(self._now, when)
+            if not timer.cancelled:
+                timer.callback()
+        self._now = target
+
+    @property
+    def next_timer(self) -> int | None:
+        """When the next live timer is due, if any."""
+        live = [when for when, _, timer in self._timers if not timer.cancelled]
+        return min(live, default=None)

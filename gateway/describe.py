@@ -1,0 +1,91 @@
+"""One readable line per event, for the demo, the CLI and people reading logs."""
+
+from __future__ import annotations
+
+from lanes.events import (
+    AgentCallDispatched,
+    AgentCallRejected,
+    ConfigApplied,
+    ConfigChanged,
+    ControlApplied,
+    Event,
+    FallbackApplied,
+    OperatorApplied,
+    OperatorCommand,
+    OperatorRejected,
+    OrderAccepted,
+    OrderRejected,
+    RequestDeduped,
+    RequestDropped,
+    RequestQueued,
+    RequestReceived,
+    RequestRejected,
+    RequestRepeated,
+    RequestSummarized,
+    RunAborted,
+    RunCompleted,
+    RunErrored,
+    RunFailed,
+    RunFinished,
+    RunsSuppressed,
+    RunStarted,
+    RunSteerability,
+    RunSteered,
+    SteerabilityChanged,
+)
+
+
+def describe(event: Event) -> str:
+    """What the event says, in a few words."""
+    match event:
+        case RequestReceived(request=r):
+            what = r.payload.get("action") or r.payload.get("message") or r.dedupe_key or ""
+            return f"{r.request_id} {r.kind.value}/{r.priority.value} {what}".rstrip()
+        case RequestQueued(request_id=rid, mode=mode):
+            return f"{rid} queued ({mode.value})"
+        case RequestDeduped(request_id=rid, duplicate_of=original):
+            return f"{rid} is a duplicate of {original}"
+        case RequestRepeated(request_id=rid, first_decision=first):
+            return f"{rid} seen before: {first}"
+        case RequestRejected(request_id=rid, reason=reason) | RequestDropped(
+            request_id=rid, reason=reason
+        ) | RequestSummarized(request_id=rid, reason=reason):
+            return f"{rid}: {reason}"
+        case FallbackApplied(request_id=rid, reason=reason):
+            return f"{rid}: {reason}"
+        case ControlApplied(action=action, from_state=before, to_state=after):
+            return f"{action.value}: {before.value} -> {after.value}"
+        case RunStarted(run_id=run_id, request_ids=ids, summary=summary):
+            extra = f" + summary of {summary.count}" if summary else ""
+            return f"{run_id} with {', '.join(ids)}{extra}"
+        case RunSteered(run_id=run_id, request_id=rid):
+            return f"{rid} steered into {run_id}"
+        case RunFinished(run_id=run_id, outcome=outcome, orders=orders):
+            return f"{run_id} returned {outcome.value}, {len(orders)} order(s)"
+        case RunCompleted(run_id=run_id, outcome=outcome, usage=usage):
+            return f"{run_id} {outcome.value} ({usage.input_tokens}+{usage.output_tokens} tokens)"
+        case RunErrored(run_id=run_id, error=error) | RunFailed(run_id=run_id, error=error):
+            return f"{run_id}: {error}"
+        case RunAborted(run_id=run_id, reason=reason, requeued=requeued):
+            return f"{run_id} aborted: {reason.value}{' (requeued)' if requeued else ''}"
+        case RunSteerability(run_id=run_id, steerable=flag) | SteerabilityChanged(
+            run_id=run_id, steerable=flag
+        ):
+            return f"{run_id} {'can' if flag else 'cannot'} take steers"
+        case RunsSuppressed(reason=reason, detail=detail):
+            return f"runs suppressed ({reason}): {detail}"
+        case OrderAccepted(order_id=oid, intent=i):
+            return f"{oid} {i.side} {i.qty:g} {i.symbol}"
+        case OrderRejected(intent=i, reason=reason):
+            return f"{i.side} {i.qty:g} {i.symbol}: {reason}"
+        case AgentCallDispatched(call_id=cid, target=target, depth=depth):
+            return f"{cid} -> {target} (depth {depth})"
+        case AgentCallRejected(target=target, reason=reason):
+            return f"call to {target}: {reason}"
+        case ConfigChanged(principal=who) | ConfigApplied(principal=who):
+            return f"by {who}"
+        case OperatorCommand(action=action, principal=who) | OperatorApplied(
+            action=action, principal=who
+        ) | OperatorRejected(action=action, principal=who):
+            return f"{action.value} by {who}"
+    return ""

@@ -1,0 +1,463 @@
+"""The runtime: feeds inputs through `lanes.decide`, appends, and acts after the commit.
+
+One input at a time per agent (everything that decides runs synchronously on the loop), so
+an agent's events are appended in the order they were decided. A caller is answered only
+after the commit that holds its decision. Effects follow one rule: *stop early, start
+late* — an aborted run is cancelled as soon as the abort is decided (never wait to stop
+trading), while runs start and calls go out only after their decision is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from gateway.clock import Clock, SystemClock, Timer
+from gateway.errors import AgentUnavailable, NotRunning, StorageFailed, UnknownAgent
+from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner
+from gateway.tasks import spawn
+from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
+from lanes import replay as fold
+from lanes import status as agent_status
+from lanes.codec import decode, encode
+from lanes.events import (
+    AgentCallDispatched,
+    ConfigChanged,
+    ControlApplied,
+    Decision,
+    Input,
+    OperatorAction,
+    OperatorCommand,
+    RequestDeduped,
+    RequestDropped,
+    RequestQueued,
+    RequestReceived,
+    RequestRejected,
+    RequestRepeated,
+    RequestSummarized,
+    Restarted,
+    RunAborted,
+    RunErrored,
+    RunFinished,
+    RunStarted,
+    RunSteerability,
+    RunSteered,
+    TimerElapsed,
+)
+from lanes.requests import Kind
+from lanes.state import ActiveRun
+from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
+
+log = logging.getLogger("gateway.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The answer to a submission, given only after its decision is committed."""
+
+    request_id: str
+    decision: str
+    """``accepted``, ``deduped``, ``dropped`` or ``rejected``."""
+    position: int
+    """Log position of the event that holds the decision."""
+    reason: str | None = None
+    repeated: bool = False
+    """True when the requestId was seen before: this is its first decision again."""
+
+
+@dataclass(slots=True)
+class _Agent:
+    state: AgentState
+    timer: Timer | None = None
+    timer_due: int | None = None
+    run: asyncio.Task[None] | None = None
+    context: RunContext | None = None
+    recovering: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    decisions: list[Decision]
+    future: asyncio.Future[list[RecordedEvent]] | None
+
+
+class EventIds:
+    """Unique event ids without a syscall each: a random prefix per process and a counter."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(6).hex()
+        self._counter = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
+
+
+class Engine:
+    """Every agent's lanes, live, over an event store."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        agents: Mapping[str, AgentConfig],
+        *,
+        clock: Clock | None = None,
+        reasoners: Callable[[str], Reasoner] | None = None,
+    ) -> None:
+        """``reasoners`` gives each agent's reasoner (default: one shared simulation)."""
+        self.store = store
+        self.clock: Clock = clock or SystemClock()
+        self._configs = dict(agents)
+        if reasoners is None:
+            shared = SimulatedReasoner()
+            reasoners = lambda _agent_id: shared  # noqa: E731
+        self._reasoners = reasoners
+        self._agents: dict[str, _Agent] = {}
+        self._ids = EventIds()
+        self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
+        self._rebuilds: set[asyncio.Task[None]] = set()
+        self._running = False
+
+    # ------------------------------------------------------------------- life cycle
+
+    async def start(self, *, principal: str = "config") -> None:
+        """Rebuild every agent from the log, apply the configs, abort runs cut off by a
+        restart (their requests go back to the head of the queue), and start timers."""
+        await self.store.open()
+        records = await self.store.read()
+        states = fold(Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
+        for agent_id in {*states, *self._configs}:
+            state = states.get(agent_id) or AgentState(agent_id=agent_id)
+            self._agents[agent_id] = _Agent(state)
+        self._running = True
+        now = self.clock.now_ms()
+        for agent_id, config in self._configs.items():
+            self._feed(
+                self._agents[agent_id], ConfigChanged(at=now, config=config, principal=principal)
+            )
+        for agent in self._agents.values():
+            if agent.state.active is not None:
+                self._feed(agent, Restarted(at=now))
+            self._schedule(agent)
+        await self.flush()
+
+    async def stop(self) -> None:
+        """Stop taking inputs, cancel runs and timers, finish every commit, close the store.
+
+        Runs cut off here are recorded as aborted (reason ``restart``) at the next start.
+        """
+        self._running = False
+        for agent in self._agents.values():
+            if agent.timer is not None:
+                agent.timer.cancel()
+            if agent.run is not None:
+                agent.run.cancel()
+        await self.flush()
+        await self.store.close()
+
+    async def flush(self) -> None:
+        """Wait until every append decided so far is committed (or has failed), and every
+        agent rebuilt after a failed commit is back."""
+        while self._in_flight or self._rebuilds:
+            waiting: list[asyncio.Future[Any]] = [*self._in_flight, *self._rebuilds]
+            await asyncio.wait(waiting)
+
+    # ---------------------------------------------------------------------- queries
+
+    @property
+    def agent_ids(self) -> list[str]:
+        """Every agent, configured or found in the log."""
+        return sorted(self._agents)
+
+    def state(self, agent_id: str) -> AgentState:
+        """The live state of an agent (decided; its latest events may still be committing)."""
+        return self._agent(agent_id).state
+
+    def status(self, agent_id: str) -> AgentStatus:
+        """Observability for one agent, now."""
+        return agent_status(self._agent(agent_id).state, self.clock.now_ms())
+
+    # ----------------------------------------------------------------------- inputs
+
+    async def submit(self, request: AgentRequest) -> Ack:
+        """Decide a request and answer once the decision is durable."""
+        agent = self._agent(request.agent_id)
+        outcome = self._feed(agent, RequestReceived(at=self.clock.now_ms(), request=request))
+        records = await self._committed(outcome)
+        return _ack(request.request_id, outcome.decisions, records)
+
+    async def submit_many(self, requests: Sequence[AgentRequest]) -> list[Ack | Exception]:
+        """Decide several requests in order; each is answered after its own commit."""
+        pending: list[tuple[AgentRequest, _Outcome | Exception]] = []
+        for request in requests:
+            try:
+                agent = self._agent(request.agent_id)
+                outcome = self._feed(
+                    agent, RequestReceived(at=self.clock.now_ms(), request=request)
+                )
+            except Exception as error:
+                pending.append((request, error))
+            else:
+                pending.append((request, outcome))
+        answers: list[Ack | Exception] = []
+        for request, item in pending:
+            if isinstance(item, Exception):
+                answers.append(item)
+                continue
+            try:
+                records = await self._committed(item)
+            except Exception as error:
+                answers.append(error)
+            else:
+                answers.append(_ack(request.request_id, item.decisions, records))
+        return answers
+
+    async def operate(
+        self, agent_id: str, action: OperatorAction, principal: str, run_id: str | None = None
+    ) -> list[Decision]:
+        """An operator command (release, abort a run, clear the queue), after its commit."""
+        event = OperatorCommand(
+            at=self.clock.now_ms(), action=action, principal=principal, run_id=run_id
+        )
+        outcome = self._feed(self._agent(agent_id), event)
+        await self._committed(outcome)
+        return outcome.decisions
+
+    async def configure(self, agent_id: str, config: AgentConfig, principal: str) -> bool:
+        """Change an agent's config (for requests from now on); False if nothing changed."""
+        event = ConfigChanged(at=self.clock.now_ms(), config=config, principal=principal)
+        outcome = self._feed(self._agent(agent_id), event)
+        await self._committed(outcome)
+        self._configs[agent_id] = config
+        return bool(outcome.decisions)
+
+    async def report(self, agent_id: str, event: Input) -> list[Decision]:
+        """Any other input from outside (a broker report, say), after its commit."""
+        outcome = self._feed(self._agent(agent_id), event)
+        await self._committed(outcome)
+        return outcome.decisions
+
+    # --------------------------------------------------------------------- the core
+
+    def _agent(self, agent_id: str) -> _Agent:
+        if not self._running:
+            raise NotRunning()
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise UnknownAgent(agent_id)
+        if agent.recovering:
+            raise AgentUnavailable(agent_id)
+        return agent
+
+    def _feed(self, agent: _Agent, event: Input) -> _Outcome:
+        """Decide an input and enqueue its events; the future resolves at the commit."""
+        state = agent.state
+        base = state.version
+        try:
+            decisions = decide(state, event)
+        except Exception:
+            # A bug, never bad input; the state may be half-advanced: rebuild from the log.
+            log.exception("deciding %s for %s failed", type(event).__name__, state.agent_id)
+            self._recover(agent, None)
+            raise
+        if not decisions:
+            return _Outcome(decisions, None)
+        new_events = [NewEvent(self._ids(), *encode(e)) for e in (event, *decisions)]
+        for decision in decisions:
+            if isinstance(decision, RunAborted):
+                self._cancel_run(agent, decision.run_id)
+        future = self.store.append(Append(state.agent_id, new_events, base))
+        self._in_flight.add(future)
+        future.add_done_callback(partial(self._after_commit, agent, decisions))
+        self._schedule(agent)
+        return _Outcome(decisions, future)
+
+    async def _committed(self, outcome: _Outcome) -> list[RecordedEvent]:
+        if outcome.future is None:
+            return []
+        try:
+            return await asyncio.shield(outcome.future)
+        except StoreError as error:
+            raise StorageFailed(str(error)) from None
+
+    def _after_commit(
+        self, agent: _Agent, decisions: list[Decision], future: asyncio.Future[list[RecordedEvent]]
+    ) -> None:
+        self._in_flight.discard(future)
+        if future.cancelled() or future.exception() is not None:
+            self._recover(agent, future)
+            return
+        if not self._running or agent.recovering:
+            return
+        for decision in decisions:
+            if isinstance(decision, RunStarted):
+                self._start_run(agent, decision)
+            elif isinstance(decision, RunSteered):
+                context = agent.context
+                run = agent.state.active
+                if context is not None and context.run_id == decision.run_id and run:
+                    steered = next(
+                        p.request
+                        for p in reversed(run.requests)
+                        if p.request.request_id == decision.request_id
+                    )
+                    context.deliver_steer(steered)
+            elif isinstance(decision, AgentCallDispatched):
+                spawn(self._dispatch_call(agent.state.agent_id, decision), "agent-call")
+
+    # -------------------------------------------------------------------------- runs
+
+    def _start_run(self, agent: _Agent, started: RunStarted) -> None:
+        run = agent.state.active
+        if run is None or run.run_id != started.run_id:
+            return  # aborted before its start was even committed
+        context = RunContext(
+            agent_id=agent.state.agent_id,
+            run_id=run.run_id,
+            requests=[p.request for p in run.requests],
+            summary=started.summary,
+            depth=run.depth,
+            clock=self.clock,
+            report_steerable=partial(self._steerable, agent, run.run_id),
+        )
+        agent.context = context
+        agent.run = spawn(self._run(agent, run, context), f"run {run.run_id}")
+
+    async def _run(self, agent: _Agent, run: ActiveRun, context: RunContext) -> None:
+        reasoner = self._reasoners(agent.state.agent_id)
+        try:
+            result: RunResult = await reasoner.run(context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("run %s failed: %r", run.run_id, error)
+            event: Input = RunErrored(
+                at=self.clock.now_ms(), run_id=run.run_id, error=_describe(error)
+            )
+        else:
+            event = RunFinished(
+                at=self.clock.now_ms(),
+                run_id=run.run_id,
+                outcome=result.outcome,
+                usage=result.usage,
+                orders=result.orders,
+                calls=result.calls,
+            )
+        finally:
+            if agent.context is context:
+                agent.run = agent.context = None
+        if self._running and not agent.recovering:
+            self._feed(agent, event)
+
+    def _steerable(self, agent: _Agent, run_id: str, steerable: bool) -> None:
+        if self._running and not agent.recovering:
+            self._feed(
+                agent, RunSteerability(at=self.clock.now_ms(), run_id=run_id, steerable=steerable)
+            )
+
+    def _cancel_run(self, agent: _Agent, run_id: str) -> None:
+        if agent.context is not None and agent.context.run_id == run_id and agent.run:
+            agent.run.cancel()
+            agent.run = agent.context = None
+
+    async def _dispatch_call(self, parent: str, call: AgentCallDispatched) -> None:
+        request = AgentRequest(
+            request_id=call.call_id,
+            created_at=_utc(self.clock.now_ms()),
+            agent_id=call.target,
+            kind=Kind.AGENT_CALL,
+            priority=call.priority,
+            source=f"agent:{parent}",
+            payload={**call.payload, "depth": call.depth, "parentRunId": call.run_id},
+        )
+        await self.submit(request)
+
+    # ------------------------------------------------------------------------ timers
+
+    def _schedule(self, agent: _Agent) -> None:
+        due = next_due(agent.state)
+        if due == agent.timer_due:
+            return
+        if agent.timer is not None:
+            agent.timer.cancel()
+        agent.timer_due = due
+        agent.timer = None if due is None else self.clock.call_at(due, partial(self._tick, agent))
+
+    def _tick(self, agent: _Agent) -> None:
+        agent.timer = agent.timer_due = None
+        if self._running and not agent.recovering:
+            self._feed(agent, TimerElapsed(at=self.clock.now_ms()))
+            self._schedule(agent)
+
+    # ---------------------------------------------------------------------- recovery
+
+    def _recover(self, agent: _Agent, future: asyncio.Future[list[RecordedEvent]] | None) -> None:
+        """A commit failed: the state ran ahead of the log. Rebuild it from the log."""
+        if agent.recovering:
+            return
+        if future is not None:
+            error = None if future.cancelled() else future.exception()
+            log.error(
+                "append for %s failed (%s); rebuilding it from the log", agent.state.agent_id, error
+            )
+        agent.recovering = True
+        if agent.run is not None:
+            agent.run.cancel()
+            agent.run = agent.context = None
+        if agent.timer is not None:
+            agent.timer.cancel()
+            agent.timer = agent.timer_due = None
+        task = spawn(self._rebuild(agent), f"rebuild {agent.state.agent_id}")
+        self._rebuilds.add(task)
+        task.add_done_callback(self._rebuilds.discard)
+
+    async def _rebuild(self, agent: _Agent) -> None:
+        agent_id = agent.state.agent_id
+        while True:
+            try:
+                while self._in_flight:
+                    await asyncio.wait(list(self._in_flight))
+                records = await self.store.read_stream(agent_id)
+                break
+            except StoreError:
+                await self.clock.sleep(500)
+        entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
+        agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
+        agent.recovering = False
+        if self._running and agent.state.active is not None:
+            self._feed(agent, Restarted(at=self.clock.now_ms()))
+        self._schedule(agent)
+
+
+def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:
+    for index, decision in enumerate(decisions):
+        if getattr(decision, "request_id", None) != request_id:
+            continue
+        position = records[index + 1].position
+        if isinstance(decision, RequestQueued | RunSteered | ControlApplied):
+            return Ack(request_id, "accepted", position)
+        if isinstance(decision, RequestDeduped):
+            reason = f"duplicate of {decision.duplicate_of} ({decision.key})"
+            return Ack(request_id, "deduped", position, reason)
+        if isinstance(decision, RequestDropped | RequestSummarized):
+            return Ack(request_id, "dropped", position, decision.reason)
+        if isinstance(decision, RequestRejected):
+            return Ack(request_id, "rejected", position, decision.reason)
+        if isinstance(decision, RequestRepeated):
+            return Ack(request_id, decision.first_decision, position, repeated=True)
+    raise AssertionError(f"no decision for request {request_id}")
+
+
+def _describe(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)

@@ -1,0 +1,26 @@
+"""Every background task goes through `spawn`, which keeps a reference and logs failures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger("gateway")
+T = TypeVar("T")
+_running: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+    """Run ``coro`` as a task that cannot be garbage-collected early or fail silently."""
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    _running.add(task)
+    task.add_done_callback(_finished)
+    return task
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _running.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("task %s failed", task.get_name(), exc_info=error)

@@ -1,0 +1,72 @@
+"""Building SQLAlchemy async engines for the store, with the SQLite PRAGMAs it relies on."""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+"""Values accepted for SQLite's ``PRAGMA synchronous``."""
+
+BUSY_TIMEOUT_MS: Final = 5000
+"""How long a SQLite connection waits for a lock before failing with 'database is locked'."""
+
+
+def database_url(url_or_path: str | os.PathLike[str]) -> URL:
+    """Turn a URL or a plain file path into an async SQLAlchemy URL.
+
+    A plain path (anything without ``://``) becomes ``sqlite+aiosqlite:///<absolute path>``;
+    a ``sqlite://`` URL gets the aiosqlite driver; any other URL is used as given.
+    """
+    text = os.fspath(url_or_path)
+    if "://" not in text:
+        return URL.create("sqlite+aiosqlite", database=os.path.abspath(text))
+    url = make_url(text)
+    if url.drivername == "sqlite":
+        url = url.set(drivername="sqlite+aiosqlite")
+    return url
+
+
+def is_sqlite(url: URL) -> bool:
+    """Whether ``url`` names a SQLite database."""
+    return url.get_backend_name() == "sqlite"
+
+
+def check_synchronous(synchronous: str) -> str:
+    """Validate a ``PRAGMA synchronous`` value and return it upper-cased."""
+    mode = synchronous.upper()
+    if mode not in SYNCHRONOUS_MODES:
+        raise ValueError(
+            f"synchronous must be one of {sorted(SYNCHRONOUS_MODES)}, not {synchronous!r}"
+        )
+    return mode
+
+
+def create_engine(url: URL, *, synchronous: str = "FULL") -> AsyncEngine:
+    """An async engine for ``url``; on SQLite every new connection gets the store's PRAGMAs.
+
+    The PRAGMAs: ``busy_timeout=5000``, ``journal_mode=WAL``, ``synchronous=<synchronous>``
+    and ``foreign_keys=ON``.
+    """
+    engine = create_async_engine(url)
+    if is_sqlite(url):
+        mode = check_synchronous(synchronous)
+
+        def set_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute(f"PRAGMA synchronous={mode}")
+                cursor.execute("PRAGMA foreign_keys=ON")
+            finally:
+                cursor.close()
+
+        event.listen(engine.sync_engine, "connect", set_pragmas)
+    return engine

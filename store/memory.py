@@ -1,0 +1,124 @@
+"""An in-memory event store with the same semantics as the SQLite one (for tests and tools)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import TracebackType
+
+from .port import RecordedEvent
+from .writer import (
+    DEFAULT_FOLLOWER_BUFFER,
+    DEFAULT_MAX_BATCH,
+    Clock,
+    GroupCommitStore,
+    KeyConflict,
+    check_limit,
+)
+
+
+class MemoryEventStore(GroupCommitStore):
+    """An :class:`~store.port.EventStore` held in memory.
+
+    It shares the group-commit writer with the SQLite store: appends are batched the same way
+    and a "commit" yields to the event loop before it takes effect, so futures, version checks,
+    idempotency and followers behave exactly as with a database. Reads also work after close.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+    ) -> None:
+        super().__init__(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
+        self._log: list[RecordedEvent] = []
+        self._by_id: dict[str, RecordedEvent] = {}
+        self._streams: dict[str, list[RecordedEvent]] = {}
+
+    async def _start(self) -> int:
+        return len(self._log)
+
+    async def _stop(self) -> None:
+        return None
+
+    def _transaction(self) -> _MemoryTransaction:
+        return _MemoryTransaction(self)
+
+    def _commit_rows(self, rows: list[RecordedEvent]) -> None:
+        self._log.extend(rows)
+        by_id = self._by_id
+        streams = self._streams
+        for record in rows:
+            by_id[record.event_id] = record
+            stream = streams.get(record.stream)
+            if stream is None:
+                streams[record.stream] = [record]
+            else:
+                stream.append(record)
+
+    async def read(self, after: int = 0, limit: int | None = None) -> list[RecordedEvent]:
+        """Events with position > ``after`` in position order, at most ``limit``."""
+        check_limit(limit)
+        start = max(after, 0)  # positions are 1..N, so position p sits at index p - 1
+        return self._log[start:] if limit is None else self._log[start : start + limit]
+
+    async def read_stream(
+        self, stream: str, after_version: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """One stream's events with version > ``after_version`` in version order."""
+        check_limit(limit)
+        records = self._streams.get(stream, [])
+        start = max(after_version, 0)
+        return records[start:] if limit is None else records[start : start + limit]
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+        return len(self._log)
+
+    async def stream_versions(self) -> dict[str, int]:
+        """Every stream with its current version."""
+        return {stream: len(records) for stream, records in self._streams.items()}
+
+
+class _MemoryTransaction:
+    """Stages one batch; applies it when the block exits cleanly (after yielding once)."""
+
+    def __init__(self, store: MemoryEventStore) -> None:
+        self._store = store
+        self._staged: list[RecordedEvent] = []
+
+    async def __aenter__(self) -> _MemoryTransaction:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None and self._staged:
+            await asyncio.sleep(0)  # the "I/O" of a commit: appends made meanwhile queue up
+            self._store._commit_rows(self._staged)
+
+    async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        known = self._store._streams
+        return {stream: len(known[stream]) for stream in streams if stream in known}
+
+    async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
+        by_id = self._store._by_id
+        return {event_id: by_id[event_id] for event_id in event_ids if event_id in by_id}
+
+    async def insert(self, events: Sequence[RecordedEvent]) -> None:
+        store = self._store
+        by_id = store._by_id
+        streams = store._streams
+        if store._log and events and events[0].position <= store._log[-1].position:
+            raise KeyConflict("UNIQUE constraint failed: events.position")
+        for record in events:
+            if record.event_id in by_id:
+                raise KeyConflict("UNIQUE constraint failed: events.event_id")
+            if record.version <= len(streams.get(record.stream, ())):
+                raise KeyConflict("UNIQUE constraint failed: events.stream, events.version")
+        self._staged.extend(events)

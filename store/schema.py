@@ -1,0 +1,51 @@
+"""The event table, as dialect-neutral SQLAlchemy Core.
+
+The schema is created only by the Alembic migrations in ``migrations/``; this module is what
+the adapters query with and what ``alembic revision --autogenerate`` compares against.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+"""Metadata holding every table of the store."""
+
+STREAM_MAX = 200
+"""Longest stream name the schema holds."""
+EVENT_ID_MAX = 100
+"""Longest event id the schema holds."""
+TYPE_MAX = 100
+"""Longest event type name the schema holds."""
+
+events = Table(
+    "events",
+    metadata,
+    # On SQLite an INTEGER PRIMARY KEY is the rowid alias: no separate index, fast range reads.
+    Column(
+        "position",
+        BigInteger().with_variant(Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("stream", String(STREAM_MAX), nullable=False),
+    Column("version", Integer(), nullable=False),
+    Column("event_id", String(EVENT_ID_MAX), nullable=False),
+    Column("type", String(TYPE_MAX), nullable=False),
+    Column("data", Text(), nullable=False),
+    Column("recorded_at", BigInteger(), nullable=False),
+    UniqueConstraint("event_id", name="uq_events_event_id"),
+    UniqueConstraint("stream", "version", name="uq_events_stream_version"),
+    Index("ix_events_type", "type"),
+)
+"""The append-only log: one row per recorded event, keyed by its global position."""

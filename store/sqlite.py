@@ -1,0 +1,236 @@
+"""The SQLite event store: SQLAlchemy async Core over aiosqlite, one group-committing writer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from operator import attrgetter
+from typing import Any, Final
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .engine import check_synchronous, create_engine, database_url, is_sqlite
+from .migration import upgrade_engine
+from .port import RecordedEvent, StoreClosedError, StoreError
+from .schema import events
+from .writer import (
+    DEFAULT_FOLLOWER_BUFFER,
+    DEFAULT_MAX_BATCH,
+    Clock,
+    GroupCommitStore,
+    KeyConflict,
+    WriteTransaction,
+    check_limit,
+)
+
+_COLUMNS: Final = (
+    events.c.position,
+    events.c.stream,
+    events.c.version,
+    events.c.event_id,
+    events.c.type,
+    events.c.data,
+    events.c.recorded_at,
+)
+_RowParams = Callable[[RecordedEvent], Any]
+_CompiledInsert = tuple[str, _RowParams]
+
+
+def _compile_insert(dialect: Dialect) -> _CompiledInsert:
+    """``insert(events)`` compiled for ``dialect``, with a function giving one row's params.
+
+    Positional dialects (SQLite) get tuples in the compiled column order, others dicts. The
+    field names of :class:`RecordedEvent` are the column names.
+    """
+    compiled = insert(events).compile(dialect=dialect)
+    if compiled.positional and compiled.positiontup is not None:
+        return str(compiled), attrgetter(*compiled.positiontup)
+    names = [column.name for column in events.columns]
+    getter = attrgetter(*names)
+    return str(compiled), lambda record: dict(zip(names, getter(record), strict=True))
+
+
+_MAX_POSITION: Final = select(func.max(events.c.position))
+_STREAM_VERSIONS: Final = select(events.c.stream, func.max(events.c.version)).group_by(
+    events.c.stream
+)
+_IN_CHUNK: Final = 10_000
+"""Most bound values in one ``IN (...)``; a default-sized batch always fits in one query."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own message (no SQL, no parameters) for a database error."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return str(exc.orig) or type(exc.orig).__name__
+    return str(exc) or type(exc).__name__
+
+
+class SqliteEventStore(GroupCommitStore):
+    """An :class:`~store.port.EventStore` in a SQLite file (WAL mode).
+
+    ``url_or_path`` is a file path or a ``sqlite[+aiosqlite]:///`` URL. ``synchronous`` is
+    SQLite's ``PRAGMA synchronous`` (``FULL`` makes every commit durable on power loss;
+    ``NORMAL`` may lose the last commits but never corrupts). ``clock`` gives ``recorded_at``
+    in ms (default: wall clock). ``max_batch`` bounds the events of one transaction and
+    ``follower_buffer`` the events buffered for one follower.
+
+    ``open()`` runs the Alembic migrations, loads the last position and starts the writer.
+    Reads use their own pooled connections and run alongside the writer.
+    """
+
+    def __init__(
+        self,
+        url_or_path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        clock: Clock | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+    ) -> None:
+        super().__init__(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
+        url = database_url(url_or_path)
+        if not is_sqlite(url):
+            raise ValueError(f"not a SQLite URL: {url.render_as_string(hide_password=True)}")
+        self._url = url
+        self._synchronous = check_synchronous(synchronous)
+        self._engine: AsyncEngine | None = None
+        self._writer_conn: AsyncConnection | None = None
+        self._compiled_insert: _CompiledInsert | None = None
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The SQLAlchemy engine (while open)."""
+        if self._engine is None:
+            raise StoreClosedError("the store is not open")
+        return self._engine
+
+    async def _start(self) -> int:
+        engine = create_engine(self._url, synchronous=self._synchronous)
+        try:
+            await upgrade_engine(engine)
+            conn = await engine.connect()
+            try:
+                last = (await conn.execute(_MAX_POSITION)).scalar()
+                await conn.rollback()
+            except BaseException:
+                await conn.close()
+                raise
+        except BaseException:
+            await engine.dispose()
+            raise
+        self._engine = engine
+        self._writer_conn = conn
+        return int(last or 0)
+
+    async def _stop(self) -> None:
+        conn, self._writer_conn = self._writer_conn, None
+        engine, self._engine = self._engine, None
+        try:
+            if conn is not None:
+                await conn.close()
+        finally:
+            if engine is not None:
+                await engine.dispose()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[WriteTransaction]:
+        conn = self._writer_conn
+        if conn is None:
+            raise StoreClosedError("the store is not open")
+        if self._compiled_insert is None:
+            self._compiled_insert = _compile_insert(conn.dialect)
+        async with conn.begin():
+            yield _SqliteTransaction(conn, self._compiled_insert)
+
+    def _describe(self, exc: BaseException) -> str:
+        return _reason(exc)
+
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+        try:
+            async with self.engine.connect() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read the event log: {_reason(exc)}") from exc
+
+    async def read(self, after: int = 0, limit: int | None = None) -> list[RecordedEvent]:
+        """Events with position > ``after`` in position order, at most ``limit``."""
+        check_limit(limit)
+        stmt = select(*_COLUMNS).where(events.c.position > after).order_by(events.c.position)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        async with self._reading() as conn:
+            result = await conn.execute(stmt)
+            return [RecordedEvent(*row) for row in result]
+
+    async def read_stream(
+        self, stream: str, after_version: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """One stream's events with version > ``after_version`` in version order."""
+        check_limit(limit)
+        stmt = (
+            select(*_COLUMNS)
+            .where(events.c.stream == stream, events.c.version > after_version)
+            .order_by(events.c.version)
+        )
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        async with self._reading() as conn:
+            result = await conn.execute(stmt)
+            return [RecordedEvent(*row) for row in result]
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+        async with self._reading() as conn:
+            return int((await conn.execute(_MAX_POSITION)).scalar() or 0)
+
+    async def stream_versions(self) -> dict[str, int]:
+        """Every stream with its current version."""
+        async with self._reading() as conn:
+            result = await conn.execute(_STREAM_VERSIONS)
+            return {stream: int(version) for stream, version in result}
+
+
+class _SqliteTransaction:
+    """The writer's side of one SQLite transaction."""
+
+    __slots__ = ("_conn", "_insert")
+
+    def __init__(self, conn: AsyncConnection, insert: _CompiledInsert) -> None:
+        self._conn = conn
+        self._insert = insert
+
+    async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for start in range(0, len(streams), _IN_CHUNK):
+            chunk = streams[start : start + _IN_CHUNK]
+            result = await self._conn.execute(
+                select(events.c.stream, func.max(events.c.version))
+                .where(events.c.stream.in_(chunk))
+                .group_by(events.c.stream)
+            )
+            found.update((stream, int(version)) for stream, version in result)
+        return found
+
+    async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
+        found: dict[str, RecordedEvent] = {}
+        for start in range(0, len(event_ids), _IN_CHUNK):
+            chunk = event_ids[start : start + _IN_CHUNK]
+            result = await self._conn.execute(select(*_COLUMNS).where(events.c.event_id.in_(chunk)))
+            for row in result:
+                record = RecordedEvent(*row)
+                found[record.event_id] = record
+        return found
+
+    async def insert(self, rows: Sequence[RecordedEvent]) -> None:
+        # One executemany of the INSERT compiled from ``insert(events)`` for this dialect,
+        # with plain parameter tuples: SQLAlchemy passes them to the driver untouched.
+        insert_sql, row_params = self._insert
+        try:
+            await self._conn.exec_driver_sql(insert_sql, list(map(row_params, rows)))
+        except IntegrityError as exc:
+            raise KeyConflict(_reason(exc)) from exc

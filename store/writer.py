@@ -1,0 +1,594 @@
+"""The group-commit writer and follower fan-out shared by every adapter.
+
+An adapter subclasses :class:`GroupCommitStore` and supplies storage: ``_start``/``_stop``,
+a write transaction (:class:`WriteTransaction`) and the four reads. Everything about ordering,
+batching, version checks, idempotency and followers lives here, once.
+
+How a batch is written:
+
+1. ``append``/``append_many`` validate and enqueue synchronously; the single writer task
+   takes everything queued, up to ``max_batch`` events (an append is never split).
+2. Streams missing from the version cache are loaded with one query.
+3. Appends are planned in order against the cache (later appends to a stream see the versions
+   earlier ones in the batch produce). An append whose expected version is wrong, or whose
+   ids were already written earlier in the batch, is set aside and decided after one look-up of
+   its ids: all recorded in the same stream means an idempotent retry (resolves to the
+   originals), some means :class:`DuplicateEventError`, none means :class:`ConcurrencyError`.
+4. The rest is inserted with one executemany and committed. If the insert hits a unique key
+   (an id already stored), the transaction is rolled back and the batch is planned again with
+   every id looked up first, so one bad append never fails the others.
+5. Only after the commit returned are the caches advanced, the futures resolved and the events
+   handed to followers. Any other failure fails the whole batch with :class:`StoreError` and
+   leaves the caches as they were; the writer goes on with later appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Final, Protocol, Self
+
+from .port import (
+    Append,
+    ConcurrencyError,
+    DuplicateEventError,
+    NewEvent,
+    RecordedEvent,
+    StoreClosedError,
+    StoreError,
+)
+from .schema import EVENT_ID_MAX, STREAM_MAX, TYPE_MAX
+
+DEFAULT_MAX_BATCH: Final = 2000
+"""Most events the writer puts in one transaction (a bigger single append still goes whole)."""
+
+DEFAULT_FOLLOWER_BUFFER: Final = 10_000
+"""Most events buffered for one follower before it is switched to catching up by reading."""
+
+FOLLOW_PAGE: Final = 2000
+"""Events per read while a follower catches up."""
+
+Clock = Callable[[], int]
+"""Milliseconds since the Unix epoch."""
+
+
+def wall_clock_ms() -> int:
+    """The wall clock in milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+class KeyConflict(Exception):
+    """An insert hit a unique key (an event id or a stream version) that is already stored."""
+
+
+class WriteTransaction(Protocol):
+    """What the writer needs from an adapter inside one write transaction."""
+
+    async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        """Current versions of those of ``streams`` that exist (one query)."""
+        ...
+
+    async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
+        """The recorded events among ``event_ids``, by id."""
+        ...
+
+    async def insert(self, events: Sequence[RecordedEvent]) -> None:
+        """Insert all rows at once; raise :class:`KeyConflict` on a unique-key violation."""
+        ...
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class _Pending:
+    """One enqueued append with its validated events and its future."""
+
+    __slots__ = ("append", "events", "future")
+
+    def __init__(
+        self,
+        append: Append,
+        events: tuple[NewEvent, ...],
+        future: asyncio.Future[list[RecordedEvent]],
+    ) -> None:
+        self.append = append
+        self.events = events
+        self.future = future
+
+
+class _Deferred:
+    """An append set aside during planning, decided once its ids are looked up."""
+
+    __slots__ = ("index", "seen", "version")
+
+    def __init__(self, index: int, version: int, seen: dict[str, RecordedEvent]) -> None:
+        self.index = index
+        self.version = version
+        self.seen = seen
+
+
+Outcome = list[RecordedEvent] | StoreError
+
+
+class _Plan:
+    """What one batch writes and what each of its appends resolves to."""
+
+    __slots__ = ("outcomes", "position", "rows", "versions")
+
+    def __init__(
+        self,
+        rows: list[RecordedEvent],
+        outcomes: list[Outcome],
+        versions: dict[str, int],
+        position: int,
+    ) -> None:
+        self.rows = rows
+        self.outcomes = outcomes
+        self.versions = versions
+        self.position = position
+
+
+class _Follower:
+    """A follower's bounded buffer; ``lagging`` means it must catch up by reading."""
+
+    __slots__ = ("bound", "buffer", "lagging", "wakeup")
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.buffer: deque[RecordedEvent] = deque()
+        self.lagging = True  # a new follower starts by reading the backlog
+        self.wakeup = asyncio.Event()
+
+
+def _check(append: Append) -> tuple[NewEvent, ...]:
+    """Reject malformed appends (programming errors) before anything is enqueued."""
+    stream = append.stream
+    if not stream or len(stream) > STREAM_MAX:
+        raise ValueError(f"stream name must have 1 to {STREAM_MAX} characters: {stream!r}")
+    events = append.events
+    if type(events) is not tuple:
+        events = tuple(events)
+    if not events:
+        raise ValueError(f"append to {stream!r} has no events")
+    if append.expected_version is not None and append.expected_version < 0:
+        raise ValueError(f"expected_version must be >= 0 or None: {append.expected_version}")
+    for event in events:
+        if not event.event_id or len(event.event_id) > EVENT_ID_MAX:
+            raise ValueError(f"event id must have 1 to {EVENT_ID_MAX} characters: {event!r}")
+        if not event.type or len(event.type) > TYPE_MAX:
+            raise ValueError(f"event type must have 1 to {TYPE_MAX} characters: {event!r}")
+    return events
+
+
+def _repeated_id(append: Append) -> DuplicateEventError:
+    return DuplicateEventError(f"append to {append.stream!r} repeats an event id")
+
+
+def check_limit(limit: int | None) -> None:
+    """Reject a negative read limit."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None: {limit}")
+
+
+class GroupCommitStore(ABC):
+    """An :class:`~store.port.EventStore` with one writer task that group-commits.
+
+    Subclasses provide storage; see the module docstring for how a batch is written.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1: {max_batch}")
+        if follower_buffer < 1:
+            raise ValueError(f"follower_buffer must be >= 1: {follower_buffer}")
+        self._clock: Clock = clock if clock is not None else wall_clock_ms
+        self._max_batch = max_batch
+        self._follower_buffer = follower_buffer
+        self._state = _State.NEW
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: deque[_Pending] = deque()
+        self._queued_events = 0
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._shutdown: asyncio.Task[None] | None = None
+        self._inflight: list[_Pending] = []
+        self._followers: set[_Follower] = set()
+        # Writer-owned caches; advanced only after a commit returned.
+        self._versions: dict[str, int] = {}
+        self._position = 0
+
+    # ----------------------------------------------------------------- adapter hooks
+
+    @abstractmethod
+    async def _start(self) -> int:
+        """Prepare storage (migrations, connections); return the last committed position."""
+
+    @abstractmethod
+    async def _stop(self) -> None:
+        """Release storage; called once, after the writer drained."""
+
+    @abstractmethod
+    def _transaction(self) -> AbstractAsyncContextManager[WriteTransaction]:
+        """A write transaction: commits when the block exits cleanly, else rolls back."""
+
+    def _describe(self, exc: BaseException) -> str:
+        """A short, SQL-free account of why a batch failed, for :class:`StoreError`."""
+        return str(exc) or type(exc).__name__
+
+    @abstractmethod
+    async def read(self, after: int = 0, limit: int | None = None) -> list[RecordedEvent]:
+        """Events with position > ``after`` in position order, at most ``limit``."""
+
+    @abstractmethod
+    async def read_stream(
+        self, stream: str, after_version: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """One stream's events with version > ``after_version`` in version order."""
+
+    @abstractmethod
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+
+    @abstractmethod
+    async def stream_versions(self) -> dict[str, int]:
+        """Every stream with its current version."""
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the store takes appends."""
+        return self._state is _State.OPEN
+
+    async def open(self) -> None:
+        """Prepare the store (migrations, caches) and start its writer."""
+        if self._state is not _State.NEW:
+            raise StoreError(f"the store cannot be opened: it is {self._state.value}")
+        loop = asyncio.get_running_loop()
+        self._position = await self._start()
+        self._loop = loop
+        self._state = _State.OPEN
+        self._writer = loop.create_task(self._run_writer(), name=f"{type(self).__name__} writer")
+
+    async def close(self) -> None:
+        """Finish the commit in flight and every append already enqueued, then stop.
+
+        Appends made after ``close()`` was called fail with :class:`StoreClosedError`.
+        Followers end once they yielded everything committed. Calling it again is harmless.
+        """
+        if self._shutdown is None:
+            if self._state is _State.NEW:
+                self._state = _State.CLOSED
+                return
+            self._state = _State.CLOSING
+            self._wakeup.set()
+            self._shutdown = asyncio.ensure_future(self._finish())
+        await asyncio.shield(self._shutdown)
+
+    async def _finish(self) -> None:
+        try:
+            if self._writer is not None:
+                await self._writer
+        finally:
+            self._state = _State.CLOSED
+            for follower in self._followers:
+                follower.wakeup.set()
+            await self._stop()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- appends
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        """Enqueue one atomic append; the future resolves after its commit.
+
+        Raises ``ValueError`` at once for a malformed append (no events, empty or too long
+        names, negative expected version). Cancelling the future before the writer took the
+        append withdraws it; after that, it is written regardless.
+        """
+        loop = self._loop
+        if self._state is not _State.OPEN or loop is None:
+            return self._closed_futures(1)[0]
+        events = _check(append)
+        future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
+        if len(events) > 1 and len({event.event_id for event in events}) != len(events):
+            future.set_exception(_repeated_id(append))
+            return future
+        self._queue.append(_Pending(append, events, future))
+        self._queued_events += len(events)
+        self._wakeup.set()
+        return future
+
+    def append_many(self, appends: Sequence[Append]) -> list[asyncio.Future[list[RecordedEvent]]]:
+        """Enqueue several appends in order; each succeeds or fails on its own.
+
+        If any append is malformed, ``ValueError`` is raised and none is enqueued.
+        """
+        return self._enqueue(appends)
+
+    def _closed_futures(self, count: int) -> list[asyncio.Future[list[RecordedEvent]]]:
+        loop = asyncio.get_running_loop()
+        failed: list[asyncio.Future[list[RecordedEvent]]] = []
+        for _ in range(count):
+            future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
+            future.set_exception(StoreClosedError(f"the store is {self._state.value}"))
+            failed.append(future)
+        return failed
+
+    def _enqueue(self, appends: Sequence[Append]) -> list[asyncio.Future[list[RecordedEvent]]]:
+        loop = self._loop
+        if self._state is not _State.OPEN or loop is None:
+            return self._closed_futures(len(appends))
+        checked = [_check(append) for append in appends]
+        futures: list[asyncio.Future[list[RecordedEvent]]] = []
+        queue = self._queue
+        queued = 0
+        for append, events in zip(appends, checked, strict=True):
+            future = loop.create_future()
+            if len(events) > 1 and len({event.event_id for event in events}) != len(events):
+                future.set_exception(_repeated_id(append))
+            else:
+                queue.append(_Pending(append, events, future))
+                queued += len(events)
+            futures.append(future)
+        self._queued_events += queued
+        self._wakeup.set()
+        return futures
+
+    # ----------------------------------------------------------------- the writer
+
+    async def _run_writer(self) -> None:
+        queue = self._queue
+        try:
+            while True:
+                if not queue:
+                    if self._state is not _State.OPEN:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                batch = self._take_batch()
+                if batch:
+                    self._inflight = batch
+                    await self._commit(batch)
+                    self._inflight = []
+        finally:
+            for pending in self._inflight:
+                if not pending.future.done():
+                    pending.future.set_exception(
+                        StoreError(
+                            "the writer stopped mid-commit; the append may or may not be recorded"
+                        )
+                    )
+            self._inflight = []
+            self._queued_events = 0
+            while queue:
+                pending = queue.popleft()
+                if not pending.future.done():
+                    pending.future.set_exception(
+                        StoreClosedError("the writer stopped before this append was written")
+                    )
+
+    def _take_batch(self) -> list[_Pending]:
+        queue = self._queue
+        batch: list[_Pending]
+        if self._queued_events <= self._max_batch:
+            batch = list(queue)
+            queue.clear()
+            self._queued_events = 0
+        else:
+            batch = []
+            size = 0
+            limit = self._max_batch
+            while queue:
+                count = len(queue[0].events)
+                if batch and size + count > limit:
+                    break
+                batch.append(queue.popleft())
+                size += count
+            self._queued_events -= size
+        return [p for p in batch if not p.future.cancelled()]
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            try:
+                plan = await self._attempt(batch, lookup_all=False)
+            except KeyConflict:
+                # Some id is already stored: plan again knowing every stored id.
+                plan = await self._attempt(batch, lookup_all=True)
+        except Exception as exc:
+            reason = self._describe(exc)
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(
+                        StoreError(f"the append was not recorded: {reason}")
+                    )
+            return
+        # Committed: advance the caches, then tell callers and followers.
+        self._position = plan.position
+        self._versions.update(plan.versions)
+        for pending, outcome in zip(batch, plan.outcomes, strict=True):
+            future = pending.future
+            if future.done():
+                continue
+            if isinstance(outcome, StoreError):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        if plan.rows and self._followers:
+            self._publish(plan.rows)
+
+    async def _attempt(self, batch: list[_Pending], *, lookup_all: bool) -> _Plan:
+        async with self._transaction() as txn:
+            plan = await self._plan(txn, batch, lookup_all=lookup_all)
+            if plan.rows:
+                await txn.insert(plan.rows)
+        return plan
+
+    async def _plan(
+        self, txn: WriteTransaction, batch: list[_Pending], *, lookup_all: bool
+    ) -> _Plan:
+        cache = self._versions
+        missing = list(
+            dict.fromkeys(p.append.stream for p in batch if p.append.stream not in cache)
+        )
+        if missing:
+            loaded = await txn.load_versions(missing)
+            for stream in missing:
+                cache[stream] = loaded.get(stream, 0)
+        # Ids known to be taken: stored ones (slow path only) and those written so far.
+        known: dict[str, RecordedEvent] = {}
+        if lookup_all:
+            known = await txn.find_events([e.event_id for p in batch for e in p.events])
+
+        now = self._clock()
+        position = self._position
+        versions: dict[str, int] = {}
+        rows: list[RecordedEvent] = []
+        outcomes: list[Outcome | None] = [None] * len(batch)
+        deferred: list[_Deferred] = []
+        for index, pending in enumerate(batch):
+            append = pending.append
+            events = pending.events
+            stream = append.stream
+            version = versions.get(stream)
+            if version is None:
+                version = cache[stream]
+            expected = append.expected_version
+            clash = False
+            if known:
+                for event in events:
+                    if event.event_id in known:
+                        clash = True
+                        break
+            if clash or (expected is not None and expected != version):
+                seen = {e.event_id: known[e.event_id] for e in events if e.event_id in known}
+                deferred.append(_Deferred(index, version, seen))
+                continue
+            recorded: list[RecordedEvent] = []
+            for event in events:
+                position += 1
+                version += 1
+                record = RecordedEvent(
+                    position, stream, version, event.event_id, event.type, event.data, now
+                )
+                recorded.append(record)
+                known[event.event_id] = record
+            rows += recorded
+            versions[stream] = version
+            outcomes[index] = recorded
+
+        if deferred:
+            stored: dict[str, RecordedEvent] = {}
+            if not lookup_all:
+                # Only now look up the ids of appends set aside (rare: conflicts, retries).
+                ids = [
+                    e.event_id
+                    for d in deferred
+                    for e in batch[d.index].events
+                    if e.event_id not in d.seen
+                ]
+                stored = await txn.find_events(ids) if ids else {}
+            for d in deferred:
+                outcomes[d.index] = self._decide(batch[d.index], d, stored)
+        final = [o if o is not None else StoreError("append left undecided") for o in outcomes]
+        return _Plan(rows, final, versions, position)
+
+    @staticmethod
+    def _decide(pending: _Pending, d: _Deferred, stored: dict[str, RecordedEvent]) -> Outcome:
+        """Resolve an append that was not written: idempotent retry, duplicate or conflict."""
+        append = pending.append
+        found: list[RecordedEvent] = []
+        for event in pending.events:
+            record = d.seen.get(event.event_id) or stored.get(event.event_id)
+            if record is not None:
+                found.append(record)
+        if not found:
+            return ConcurrencyError(append.stream, append.expected_version, d.version)
+        if len(found) == len(pending.events) and all(r.stream == append.stream for r in found):
+            return found
+        elsewhere = sorted({r.stream for r in found if r.stream != append.stream})
+        detail = f" (recorded in {elsewhere!r})" if elsewhere else ""
+        return DuplicateEventError(
+            f"append to {append.stream!r}: {len(found)} of its {len(pending.events)} event ids "
+            f"are already recorded{detail}; nothing was written"
+        )
+
+    # ----------------------------------------------------------------- followers
+
+    def _publish(self, rows: list[RecordedEvent]) -> None:
+        count = len(rows)
+        for follower in self._followers:
+            if follower.lagging:
+                continue
+            if len(follower.buffer) + count > follower.bound:
+                follower.lagging = True
+                follower.buffer.clear()
+            else:
+                follower.buffer.extend(rows)
+            follower.wakeup.set()
+
+    async def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
+        """Every committed event after ``after``, then each new one as it commits.
+
+        No gaps and no duplicates. Live commits are buffered up to ``follower_buffer`` events;
+        past that the follower drops its buffer and catches up by reading. The iterator ends
+        once the store is closed and everything committed was yielded. Close it (``aclose()``
+        or ``contextlib.aclosing``) when stopping early.
+        """
+        follower = _Follower(self._follower_buffer)
+        # Subscribe before reading the backlog: what commits meanwhile is buffered or read.
+        self._followers.add(follower)
+        last = after
+        try:
+            while True:
+                if follower.lagging:
+                    follower.lagging = False
+                    follower.buffer.clear()
+                    while True:
+                        page = await self.read(last, FOLLOW_PAGE)
+                        for record in page:
+                            if record.position > last:
+                                last = record.position
+                                yield record
+                        if len(page) < FOLLOW_PAGE:
+                            break
+                    continue
+                buffer = follower.buffer
+                if buffer:
+                    record = buffer.popleft()
+                    if record.position <= last:
+                        continue
+                    if record.position != last + 1:
+                        # Cannot happen while positions are gap-free; read to be safe.
+                        follower.lagging = True
+                        continue
+                    last = record.position
+                    yield record
+                    continue
+                if self._state is _State.CLOSED:
+                    return
+                follower.wakeup.clear()
+                await follower.wakeup.wait()
+        finally:
+            self._followers.discard(follower)

@@ -1,0 +1,76 @@
+"""Test doubles for the runtime: a reasoner the test finishes by hand, request makers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.reasoner import RunContext, RunResult
+from lanes import AgentRequest, Entry, parse_request
+from lanes.codec import decode
+from lanes.events import Outcome
+from store import EventStore
+
+TIMEOUT = 10.0
+_ids = itertools.count(1)
+
+
+class ManualReasoner:
+    """Each run waits until the test finishes it; the test sees each run start."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, asyncio.Future[RunResult]] = {}
+        self.contexts: dict[str, RunContext] = {}
+        self.cancelled: list[str] = []
+        self._started: asyncio.Queue[str] = asyncio.Queue()
+
+    @classmethod
+    def per_agent(cls) -> Callable[[str], ManualReasoner]:
+        """A factory giving every agent the same new manual reasoner."""
+        shared = cls()
+        return lambda _agent_id: shared
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self.results[ctx.run_id] = future
+        self.contexts[ctx.run_id] = ctx
+        self._started.put_nowait(ctx.run_id)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancelled.append(ctx.run_id)
+            raise
+
+    async def started(self) -> RunContext:
+        """The next run that starts (fails the test if none does in time)."""
+        run_id = await asyncio.wait_for(self._started.get(), TIMEOUT)
+        return self.contexts[run_id]
+
+    def finish(self, run_id: str, outcome: str = "no_trade", **result: Any) -> None:
+        """Let a run return."""
+        self.results[run_id].set_result(RunResult(outcome=Outcome(outcome), **result))
+
+
+def request(agent: str, kind: str = "hook_trigger", **fields: Any) -> AgentRequest:
+    """A valid request with a fresh id."""
+    data: dict[str, Any] = {
+        "requestId": f"rq_{next(_ids)}",
+        "createdAt": datetime(2026, 2, 17, 3, 10, tzinfo=UTC).isoformat(),
+        "agentId": agent,
+        "kind": kind,
+        **fields,
+    }
+    return parse_request(data)
+
+
+def control(agent: str, action: str, **payload: Any) -> AgentRequest:
+    """A control-lane request."""
+    return request(agent, "user_control", payload={"action": action, **payload})
+
+
+async def log_of(store: EventStore) -> list[Entry]:
+    """The whole log, decoded."""
+    return [Entry(r.position, r.stream, decode(r.type, r.data)) for r in await store.read()]

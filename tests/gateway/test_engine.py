@@ -1,0 +1,264 @@
+"""The runtime over a store: acks after commit, timers as inputs, runs as tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.clock import FakeClock
+from gateway.engine import Engine
+from gateway.errors import StorageFailed, UnknownAgent
+from lanes import AgentConfig, Mode, replay, request_outcomes, verify
+from lanes.events import (
+    AbortReason,
+    AgentCallDispatched,
+    CallIntent,
+    RequestReceived,
+    RunAborted,
+    RunStarted,
+    TradingState,
+)
+from store import MemoryEventStore, SqliteEventStore, StoreError
+from store.port import Append, EventStore, RecordedEvent
+from tests.gateway.support import TIMEOUT, ManualReasoner, control, log_of, request
+
+AGENTS = {
+    "btc": AgentConfig(mode=Mode.FOLLOWUP),
+    "eth": AgentConfig(mode=Mode.COLLECT, debounce_ms=1_000),
+    "sol": AgentConfig(mode=Mode.STEER_BACKLOG, run_timeout_ms=30_000),
+}
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def reasoner() -> ManualReasoner:
+    return ManualReasoner()
+
+
+@pytest.fixture
+async def engine(clock: FakeClock, reasoner: ManualReasoner) -> AsyncIterator[Engine]:
+    engine = Engine(MemoryEventStore(clock=clock.now_ms), AGENTS, clock=clock,
+                    reasoners=lambda _: reasoner)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def assert_log_is_the_state(engine: Engine) -> None:
+    await engine.flush()
+    log = await log_of(engine.store)
+    states = replay(log)
+    for agent_id in engine.agent_ids:
+        assert states[agent_id] == engine.state(agent_id)
+    assert verify(log) is None
+
+
+async def test_submit_answers_after_the_commit_with_the_decision_and_position(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    ack = await engine.submit(request("btc", dedupeKey="k1"))
+    assert ack.decision == "accepted"
+    records = await engine.store.read(after=ack.position - 2, limit=3)
+    assert [r.type for r in records] == ["RequestReceived", "RequestQueued", "RunStarted"]
+    assert records[1].position == ack.position
+    ctx = await reasoner.started()
+    assert [r.request_id for r in ctx.requests] == [ack.request_id]
+    await assert_log_is_the_state(engine)
+
+
+async def test_every_decision_kind_reaches_the_client(engine: Engine) -> None:
+    first = await engine.submit(request("btc", dedupeKey="same"))
+    assert (await engine.submit(request("btc", dedupeKey="same"))).decision == "deduped"
+    again = request("btc", dedupeKey="other")
+    await engine.submit(again)
+    repeated = await engine.submit(again)
+    assert repeated.decision == "accepted" and repeated.repeated
+    rejected = await engine.submit(control("btc", "cancel_order", orderId="x"))
+    assert rejected.decision == "rejected" and "not open" in (rejected.reason or "")
+    assert first.position < repeated.position
+    with pytest.raises(UnknownAgent, match="unknown agent 'nope'"):
+        await engine.submit(request("nope"))
+
+
+async def test_emergency_stop_aborts_the_active_run_at_once_and_holds_runs_until_resume(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("btc"))
+    ctx = await reasoner.started()
+    await engine.submit(request("btc"))
+
+    ack = await engine.submit(control("btc", "emergency_stop"))
+
+    assert ack.decision == "accepted"
+    assert reasoner.cancelled == [ctx.run_id]
+    assert engine.state("btc").trading is TradingState.HALTED
+    aborted = [e.event for e in await log_of(engine.store) if isinstance(e.event, RunAborted)]
+    assert aborted == [RunAborted(run_id=ctx.run_id, reason=AbortReason.EMERGENCY_STOP,
+                                  by=ack.request_id)]
+    await engine.submit(request("btc"))
+    assert engine.state("btc").active is None
+
+    await engine.submit(control("btc", "resume"))
+    assert (await reasoner.started()).run_id != ctx.run_id
+    await assert_log_is_the_state(engine)
+
+
+async def test_collect_window_closes_on_the_clock_and_runs_once(
+    engine: Engine, clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    ids = [(await engine.submit(request("eth", dedupeKey=f"c{n}"))).request_id for n in range(3)]
+    assert engine.state("eth").active is None
+    clock.advance(999)
+    await engine.flush()
+    assert engine.state("eth").active is None
+    clock.advance(1)
+    ctx = await reasoner.started()
+    assert [r.request_id for r in ctx.requests] == ids
+    await assert_log_is_the_state(engine)
+
+
+async def test_a_finished_run_feeds_back_and_the_next_one_starts(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("btc"))
+    await engine.submit(request("btc"))
+    first = await reasoner.started()
+    reasoner.finish(first.run_id, "trade")
+    second = await reasoner.started()
+    assert second.run_id == "btc-r2"
+    await assert_log_is_the_state(engine)
+    assert engine.status("btc").counters.completed == 1
+
+
+async def test_a_run_past_its_deadline_is_aborted_and_cancelled(
+    engine: Engine, clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("sol"))
+    ctx = await reasoner.started()
+    clock.advance(30_000)
+    await engine.flush()
+    assert reasoner.cancelled == [ctx.run_id]
+    assert engine.state("sol").active is None
+    assert engine.status("sol").counters.aborts == 1
+
+
+async def test_steers_reach_the_running_reasoner(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("sol"))
+    ctx = await reasoner.started()
+    ctx.set_steerable(True)
+    steer = request("sol", dedupeKey="news")
+    ack = await engine.submit(steer)
+    assert ack.decision == "accepted"
+    assert await asyncio.wait_for(ctx.next_steer(), TIMEOUT) == steer
+    await assert_log_is_the_state(engine)
+
+
+async def test_sub_agent_calls_go_out_as_agent_call_requests(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("btc"))
+    parent = await reasoner.started()
+    reasoner.finish(parent.run_id, calls=(CallIntent(agent_id="sol", payload={"q": "vol?"}),))
+    child = await reasoner.started()
+    assert child.agent_id == "sol"
+    call = child.requests[0]
+    assert call.kind.value == "agent_call" and call.request_id == f"{parent.run_id}-c1"
+    assert call.payload == {"q": "vol?", "depth": 1, "parentRunId": parent.run_id}
+    log = await log_of(engine.store)
+    assert any(isinstance(e.event, AgentCallDispatched) for e in log)
+
+
+class FailingOnce:
+    """A store whose next append fails as a full disk would, then works again."""
+
+    def __init__(self, inner: EventStore) -> None:
+        self.inner = inner
+        self.fail_next = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        if self.fail_next:
+            self.fail_next = False
+            future: asyncio.Future[list[RecordedEvent]] = (
+                asyncio.get_running_loop().create_future()
+            )
+            future.set_exception(StoreError("database or disk is full"))
+            return future
+        return self.inner.append(append)
+
+
+async def test_a_failed_commit_is_not_acknowledged_and_the_agent_is_rebuilt_from_the_log(
+    clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    store = FailingOnce(MemoryEventStore(clock=clock.now_ms))
+    engine = Engine(store, AGENTS, clock=clock, reasoners=lambda _: reasoner)  # type: ignore[arg-type]
+    await engine.start()
+    await engine.submit(request("btc"))
+    await reasoner.started()
+    store.fail_next = True
+    lost = request("btc")
+    with pytest.raises(StorageFailed, match="retry with the same requestId"):
+        await engine.submit(lost)
+    await engine.flush()
+    # The state came back from the log: the failed request is not in it; a retry works.
+    state = replay(await log_of(store.inner))["btc"]
+    assert lost.request_id not in state.seen
+    ack = await engine.submit(lost)
+    assert ack.decision == "accepted" and not ack.repeated
+    await assert_log_is_the_state(engine)
+    await engine.stop()
+
+
+async def test_restart_records_the_cut_off_run_as_aborted_and_reruns_its_requests(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "events.db"
+    first = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: first)
+    await engine.start()
+    ack = await engine.submit(request("btc"))
+    run = await first.started()
+    await engine.stop()  # the process goes away with the run in flight
+
+    second = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: second)
+    await engine.start()
+    rerun = await second.started()
+    assert [r.request_id for r in rerun.requests] == [ack.request_id]
+    log = await log_of(engine.store)
+    assert RunAborted(run_id=run.run_id, reason=AbortReason.RESTART, requeued=True) in [
+        e.event for e in log
+    ]
+    assert request_outcomes(log)[ack.request_id] == "running"
+    await assert_log_is_the_state(engine)
+    await engine.stop()
+
+
+async def test_many_concurrent_submitters_share_commits_and_lose_nothing(
+    tmp_path: Path, clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    engine = Engine(SqliteEventStore(tmp_path / "events.db"), AGENTS, clock=clock,
+                    reasoners=lambda _: reasoner)
+    await engine.start()
+    requests = [request(agent, dedupeKey=f"{agent}{n}") for n in range(200)
+                for agent in ("btc", "eth", "sol")]
+    acks = await asyncio.gather(*(engine.submit(r) for r in requests))
+    assert {a.request_id for a in acks} == {r.request_id for r in requests}
+    log = await log_of(engine.store)
+    received = [e.event.request.request_id for e in log if isinstance(e.event, RequestReceived)]
+    assert sorted(received) == sorted(r.request_id for r in requests)
+    assert [e.position for e in log] == list(range(1, len(log) + 1))
+    assert sum(isinstance(e.event, RunStarted) for e in log) >= 1
+    await assert_log_is_the_state(engine)
+    await engine.stop()

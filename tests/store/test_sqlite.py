@@ -1,0 +1,396 @@
+"""The contract suite against the SQLite store, and what only SQLite does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.dialects.sqlite.aiosqlite import AsyncAdapt_aiosqlite_connection
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import (
+    Append,
+    ConcurrencyError,
+    GroupCommitStore,
+    NewEvent,
+    RecordedEvent,
+    SqliteEventStore,
+    StoreClosedError,
+    StoreError,
+    migrate,
+    open_store,
+)
+from store.migration import HEAD, alembic_config
+from store.schema import metadata
+from store.sqlite import _SqliteTransaction
+from store.writer import DEFAULT_FOLLOWER_BUFFER, DEFAULT_MAX_BATCH
+
+from .contract import (
+    EventStoreContract,
+    StoreFactory,
+    app,
+    assert_gap_free,
+    ev,
+    fails,
+    take,
+    wait,
+)
+
+
+class TestSqliteEventStore(EventStoreContract):
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> StoreFactory:
+        counter = iter(range(1_000_000))
+
+        def make(
+            *,
+            clock: Callable[[], int] | None = None,
+            max_batch: int = DEFAULT_MAX_BATCH,
+            follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+        ) -> GroupCommitStore:
+            return SqliteEventStore(
+                tmp_path / f"events-{next(counter)}.db",
+                clock=clock,
+                max_batch=max_batch,
+                follower_buffer=follower_buffer,
+            )
+
+        return make
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """A path for a database file that does not exist yet."""
+    return tmp_path / "gateway.db"
+
+
+@pytest.fixture
+async def sqlite_store(db_path: Path) -> AsyncGenerator[SqliteEventStore, None]:
+    """An opened SQLite store on ``db_path``."""
+    store = SqliteEventStore(db_path)
+    await store.open()
+    yield store
+    await store.close()
+
+
+def _query(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute(sql).fetchall()
+
+
+def _execute(path: Path, sql: str) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute(sql)
+        db.commit()
+
+
+# ---------------------------------------------------------------------- migrations
+
+
+async def test_open_migrates_an_empty_file(db_path: Path) -> None:
+    store = SqliteEventStore(db_path)
+    await store.open()
+    await store.close()
+    assert _query(db_path, "SELECT version_num FROM alembic_version") == [(HEAD,)]
+    columns = [row[1] for row in _query(db_path, "PRAGMA table_info(events)")]
+    assert columns == ["position", "stream", "version", "event_id", "type", "data", "recorded_at"]
+    # position is the rowid alias: no index backs the primary key.
+    origins = {row[1]: row[3] for row in _query(db_path, "PRAGMA index_list(events)")}
+    assert "pk" not in origins.values()
+    assert origins["ix_events_type"] == "c"
+    assert sorted(origins.values()) == ["c", "u", "u"]
+    plan = _query(db_path, "EXPLAIN QUERY PLAN SELECT * FROM events WHERE position > 5")
+    assert "INTEGER PRIMARY KEY" in plan[0][-1]
+
+
+@pytest.mark.parametrize("form", ["path", "sqlite", "aiosqlite"])
+async def test_migrate_takes_a_path_or_url(db_path: Path, form: str) -> None:
+    target = {
+        "path": str(db_path),
+        "sqlite": f"sqlite:///{db_path}",
+        "aiosqlite": f"sqlite+aiosqlite:///{db_path}",
+    }[form]
+    await migrate(target)
+    await migrate(target)  # already at head: nothing to do
+    assert _query(db_path, "SELECT version_num FROM alembic_version") == [(HEAD,)]
+    assert _query(db_path, "PRAGMA journal_mode") == [("wal",)]
+    store = SqliteEventStore(target)
+    await store.open()
+    try:
+        assert (await wait(store.append(app("s"))))[0].position == 1
+    finally:
+        await store.close()
+
+
+async def test_migrated_schema_matches_the_metadata(db_path: Path) -> None:
+    await migrate(db_path)
+    engine = sqlalchemy.create_engine(f"sqlite:///{db_path}")
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn)
+            assert compare_metadata(context, metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_alembic_env_builds_its_own_engine(db_path: Path) -> None:
+    """What the alembic CLI does: no connection handed over, only ``sqlalchemy.url``."""
+    command.upgrade(alembic_config(f"sqlite:///{db_path}"), "head")
+    assert _query(db_path, "SELECT version_num FROM alembic_version") == [(HEAD,)]
+    command.downgrade(alembic_config(f"sqlite:///{db_path}"), "base")
+    assert _query(db_path, "SELECT name FROM sqlite_master WHERE name = 'events'") == []
+
+
+def test_alembic_offline_sql(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    command.upgrade(alembic_config(f"sqlite:///{db_path}"), "head", sql=True)
+    assert "CREATE TABLE events" in capsys.readouterr().out
+    assert not db_path.exists()
+
+
+# ---------------------------------------------------------------------- reopening
+
+
+async def test_reopen_continues_positions_and_versions(db_path: Path) -> None:
+    store = SqliteEventStore(db_path)
+    await store.open()
+    first = await wait(store.append(app("s", ev(), ev(), expected=0)))
+    await wait(store.append(app("t", expected=0)))
+    await store.close()
+
+    store = SqliteEventStore(db_path)
+    await store.open()
+    try:
+        assert await store.last_position() == 3
+        assert await store.stream_versions() == {"s": 2, "t": 1}
+        await fails(store.append(app("s", expected=0)), ConcurrencyError)
+        [record] = await wait(store.append(app("s", expected=2)))
+        assert (record.position, record.version) == (4, 3)
+        # Idempotency holds across restarts.
+        assert (
+            await wait(
+                store.append(
+                    app("s", *[NewEvent(r.event_id, r.type, r.data) for r in first], expected=0)
+                )
+            )
+            == first
+        )
+        assert_gap_free(await store.read())
+    finally:
+        await store.close()
+
+
+async def test_open_store_sqlite(db_path: Path) -> None:
+    store = await open_store(db_path, synchronous="normal")
+    try:
+        assert isinstance(store, SqliteEventStore)
+        await wait(store.append(app("s")))
+    finally:
+        await store.close()
+    assert _query(db_path, "SELECT count(*) FROM events") == [(1,)]
+
+
+# ---------------------------------------------------------------------- pragmas
+
+
+async def _pragmas(conn: AsyncConnection) -> dict[str, Any]:
+    names = ["journal_mode", "synchronous", "busy_timeout", "foreign_keys"]
+    return {name: (await conn.exec_driver_sql(f"PRAGMA {name}")).scalar() for name in names}
+
+
+async def test_pragmas_default_to_wal_and_full(sqlite_store: SqliteEventStore) -> None:
+    expected = {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 5000, "foreign_keys": 1}
+    async with sqlite_store.engine.connect() as conn:
+        assert await _pragmas(conn) == expected
+    assert sqlite_store._writer_conn is not None
+    assert await _pragmas(sqlite_store._writer_conn) == expected
+    await sqlite_store._writer_conn.rollback()
+
+
+async def test_synchronous_is_configurable(db_path: Path) -> None:
+    store = SqliteEventStore(db_path, synchronous="NORMAL")
+    await store.open()
+    try:
+        async with store.engine.connect() as conn:
+            assert (await _pragmas(conn))["synchronous"] == 1
+    finally:
+        await store.close()
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteEventStore(db_path, synchronous="sometimes")
+
+
+def test_only_sqlite_urls(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="SQLite"):
+        SqliteEventStore("postgresql+asyncpg://localhost/db")
+
+
+# ---------------------------------------------------------------------- failures
+
+
+async def test_failing_transaction_fails_the_batch_and_the_store_goes_on(
+    db_path: Path, sqlite_store: SqliteEventStore
+) -> None:
+    store = sqlite_store
+    await wait(store.append(app("s", expected=0)))
+    _execute(
+        db_path,
+        "CREATE TRIGGER events_read_only BEFORE INSERT ON events "
+        "BEGIN SELECT RAISE(ABORT, 'events are read-only'); END",
+    )
+    futures = store.append_many([app("s", expected=1), app("t", ev(), ev()), app("u")])
+    for future in futures:
+        error = await fails(future, StoreError)
+        assert type(error) is StoreError
+        assert "events are read-only" in str(error)
+        assert "INSERT" not in str(error)
+    assert await store.last_position() == 1
+    _execute(db_path, "DROP TRIGGER events_read_only")
+    # Caches were left as they were: the same versions work, positions have no gap.
+    results = await wait(
+        asyncio.gather(*store.append_many([app("s", expected=1), app("t", expected=0)]))
+    )
+    assert [(r[0].position, r[0].version) for r in results] == [(2, 2), (3, 1)]
+    assert_gap_free(await store.read())
+
+
+async def test_error_after_insert_rolls_back(
+    sqlite_store: SqliteEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    await wait(store.append(app("s", expected=0)))
+    real_insert = _SqliteTransaction.insert
+
+    async def insert_then_fail(self: _SqliteTransaction, rows: Sequence[RecordedEvent]) -> None:
+        await real_insert(self, rows)  # the rows are in the transaction; the commit never comes
+        raise OperationalError(
+            "INSERT INTO events ...", None, sqlite3.OperationalError("database or disk is full")
+        )
+
+    monkeypatch.setattr(_SqliteTransaction, "insert", insert_then_fail)
+    error = await fails(store.append(app("s", expected=1)), StoreError)
+    assert "database or disk is full" in str(error)
+    assert "INSERT" not in str(error)
+    monkeypatch.undo()
+    assert await store.last_position() == 1
+    [record] = await wait(store.append(app("s", expected=1)))
+    assert (record.position, record.version) == (2, 2)
+
+
+async def test_failing_commit_fails_the_batch(
+    sqlite_store: SqliteEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    await wait(store.append(app("s", expected=0)))
+
+    def failing_commit(self: AsyncAdapt_aiosqlite_connection) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(AsyncAdapt_aiosqlite_connection, "commit", failing_commit)
+    futures = store.append_many([app("s", expected=1), app("t")])
+    for future in futures:
+        error = await fails(future, StoreError)
+        assert "disk I/O error" in str(error)
+    monkeypatch.undo()
+    assert await store.last_position() == 1
+    results = await wait(asyncio.gather(*store.append_many([app("t"), app("s", expected=1)])))
+    assert [(r[0].position, r[0].version) for r in results] == [(2, 1), (3, 2)]
+
+
+async def test_follower_behind_at_close_raises(db_path: Path) -> None:
+    """After close a follower can still drain its buffer, but it cannot read any more."""
+    store = SqliteEventStore(db_path, follower_buffer=2)
+    await store.open()
+    async with contextlib.aclosing(store.follow()) as follower:
+        await wait(store.append(app("s")))
+        await take(follower, 1)
+        await wait(store.append(app("s", ev(), ev(), ev())))  # overflows: must read
+        await store.close()
+        with pytest.raises(StoreClosedError):
+            await wait(anext(follower))
+
+
+async def test_reads_after_close_fail(db_path: Path) -> None:
+    store = SqliteEventStore(db_path)
+    await store.open()
+    await store.close()
+    with pytest.raises(StoreClosedError):
+        await store.read()
+
+
+async def test_a_second_process_writing_is_detected(
+    db_path: Path, sqlite_store: SqliteEventStore
+) -> None:
+    """Someone else wrote behind the writer's back: the batch fails and nothing is corrupted."""
+    store = sqlite_store
+    await wait(store.append(app("s", expected=0)))
+    _execute(
+        db_path,
+        "INSERT INTO events VALUES (2, 'x', 1, 'foreign', 'T', '{}', 0)",
+    )
+    error = await fails(store.append(app("t")), StoreError)
+    assert "UNIQUE" in str(error)
+    assert _query(db_path, "SELECT count(*) FROM events") == [(2,)]
+
+
+# ---------------------------------------------------------------------- throughput
+
+
+async def test_writer_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows/s of the writer in batches of 1000, next to raw sqlite3 executemany (printed)."""
+    batches, size = 40, 1000
+    data = '{"symbol": "AAPL", "side": "buy", "qty": 10, "price": 123.45}'
+
+    raw_path = tmp_path / "raw.db"
+    await migrate(raw_path)
+    with contextlib.closing(sqlite3.connect(raw_path)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        start = time.perf_counter()
+        for b in range(batches):
+            rows = [
+                (b * size + i + 1, f"s{i % 50}", b * 20 + i // 50 + 1, f"e{b}-{i}", "T", data, 0)
+                for i in range(size)
+            ]
+            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            db.commit()
+        raw = batches * size / (time.perf_counter() - start)
+
+    store = SqliteEventStore(tmp_path / "store.db")
+    await store.open()
+    try:
+        start = time.perf_counter()
+        for b in range(batches):
+            events = [NewEvent(f"a{b}-{i}", "T", data) for i in range(size)]
+            await wait(store.append(Append(f"big{b}", events, 0)))
+        one_append = batches * size / (time.perf_counter() - start)
+
+        start = time.perf_counter()
+        for b in range(batches):
+            appends = [
+                Append(f"s{i % 50}", [NewEvent(f"b{b}-{i}", "T", data)], None) for i in range(size)
+            ]
+            await wait(asyncio.gather(*store.append_many(appends)))
+        many_appends = batches * size / (time.perf_counter() - start)
+
+        start = time.perf_counter()
+        log = await store.read()
+        read_rate = len(log) / (time.perf_counter() - start)
+    finally:
+        await store.close()
+    with capsys.disabled():
+        print(
+            f"\nraw sqlite3 executemany: {raw:,.0f} rows/s; store, 1 append x {size} events: "
+            f"{one_append:,.0f} rows/s ({one_append / raw:.0%}); {size} appends x 1 event: "
+            f"{many_appends:,.0f} rows/s ({many_appends / raw:.0%}); read(): {read_rate:,.0f} "
+            "rows/s"
+        )
