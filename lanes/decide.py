@@ -169,7 +169,7 @@ def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
     request = event.request
     request_id = request.request_id
     first = state.seen.get(request_id)
-    if first is not None:
+    if first is not None and state.now - first[1] <= state.config.idempotency_window_ms:
         emit(RequestRepeated(request_id=request_id, first_decision=first[0]))
         return
     if request.agent_id != state.agent_id:

@@ -7,7 +7,7 @@ leaves the state unchanged: every check comes before the first change.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -89,6 +89,18 @@ def evolve(state: AgentState, event: Event) -> AgentState:
     return state
 
 
+def fold(state: AgentState, events: Iterable[Event]) -> AgentState:
+    """Evolve ``state`` through many events (the same as calling `evolve` on each)."""
+    handlers = _HANDLERS
+    for event in events:
+        handler = handlers.get(type(event))
+        if handler is None:
+            raise IllegalTransition(f"unknown event type {type(event).__name__}")
+        handler(state, event)
+        state.version += 1
+    return state
+
+
 # ------------------------------------------------------------------------------ helpers
 
 
@@ -107,7 +119,9 @@ def _take_staged(state: AgentState, request_id: str, decision: str) -> AgentRequ
     if request is None or request.request_id != request_id:
         raise IllegalTransition(f"no received request {request_id} awaits a decision")
     state.staged = None
-    state.seen[request_id] = (decision, state.now)
+    seen = state.seen
+    seen.pop(request_id, None)  # keep the memory in time order
+    seen[request_id] = (decision, state.now)
     return request
 
 
@@ -130,8 +144,10 @@ def _forget_pending(state: AgentState, entry: Pending) -> None:
 
 
 def _index_of(state: AgentState, request_id: str) -> int:
-    for index, entry in enumerate(state.pending):
-        if entry.request.request_id == request_id:
+    # From the back: what is dropped is mostly low priority, and low priority sits last.
+    pending = state.pending
+    for index in range(len(pending) - 1, -1, -1):
+        if pending[index].request.request_id == request_id:
             return index
     raise IllegalTransition(f"request {request_id} is not pending")
 
@@ -139,10 +155,10 @@ def _index_of(state: AgentState, request_id: str) -> int:
 def _prune(entries: dict[str, tuple[str, int]], horizon: int, limit: int) -> None:
     """Forget entries older than ``horizon`` and all but the newest ``limit`` (oldest first)."""
     while entries:
-        first = next(iter(entries))
-        if entries[first][1] >= horizon and len(entries) <= limit:
+        key, (_, at) = next(iter(entries.items()))
+        if at >= horizon and len(entries) <= limit:
             return
-        del entries[first]
+        del entries[key]
 
 
 def _advance(state: AgentState, at: int) -> None:
@@ -152,16 +168,24 @@ def _advance(state: AgentState, at: int) -> None:
 # ------------------------------------------------------------------------------- inputs
 
 
+PRUNE_EVERY = 32
+"""Request-id and dedupe memories are trimmed every this many requests (cheap, and still
+deterministic); lookups compare times themselves, so a window is never cut short."""
+
+
 @_on(RequestReceived)
 def _received(state: AgentState, event: RequestReceived) -> None:
     if state.staged is not None:
         raise IllegalTransition(f"request {state.staged.request_id} was never decided")
-    _advance(state, event.at)
-    config = state.config
-    _prune(state.seen, state.now - config.idempotency_window_ms, config.idempotency_max)
-    _prune(state.recent_keys, state.now - config.dedupe_window_ms, config.idempotency_max)
+    if event.at > state.now:
+        state.now = event.at
     state.staged = event.request
-    state.counters.received += 1
+    counters = state.counters
+    counters.received += 1
+    if counters.received % PRUNE_EVERY == 0:
+        config = state.config
+        _prune(state.seen, state.now - config.idempotency_window_ms, config.idempotency_max)
+        _prune(state.recent_keys, state.now - config.dedupe_window_ms, config.idempotency_max)
 
 
 def _input(state: AgentState, event: Any) -> None:

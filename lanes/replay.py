@@ -24,7 +24,7 @@ from lanes.events import (
     RunStarted,
     RunSteered,
 )
-from lanes.evolve import evolve
+from lanes.evolve import fold
 from lanes.state import AgentState
 
 PROVIDER_PREFIX = "provider:"
@@ -50,14 +50,18 @@ def replay(
 ) -> dict[str, AgentState]:
     """Fold every agent's events into its state (continuing ``states`` if given)."""
     states = {} if states is None else states
+    batches: dict[str, list[Event]] = {}
     for entry in entries:
-        stream = entry.stream
-        if not is_agent_stream(stream):
-            continue
-        state = states.get(stream)
-        if state is None:
-            state = states[stream] = AgentState(agent_id=stream)
-        evolve(state, entry.event)
+        batch = batches.get(entry.stream)
+        if batch is None:
+            batch = batches[entry.stream] = []
+        batch.append(entry.event)
+    for stream, events in batches.items():
+        if is_agent_stream(stream):
+            state = states.get(stream)
+            if state is None:
+                state = states[stream] = AgentState(agent_id=stream)
+            fold(state, events)
     return states
 
 
