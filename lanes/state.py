@@ -11,9 +11,12 @@ from lanes.requests import AgentRequest
 from lanes.tables import LaneState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pending:
-    """A request waiting in the reasoning lane, with its arrival time and arrival mode."""
+    """A request waiting in the reasoning lane, with its arrival time and arrival mode.
+
+    Never changed once made (not frozen only because a frozen dataclass is several times
+    slower to build, and one is built for every accepted request)."""
 
     request: AgentRequest
     at: int

@@ -27,6 +27,7 @@ from lanes.events import (
     RunStarted,
     TradingState,
 )
+from lanes.evolve import PRUNE_EVERY
 from lanes.requests import Priority
 from tests.lanes.harness import Bench, types
 
@@ -338,3 +339,26 @@ def test_status_is_derived_from_the_state() -> None:
     assert view.active_run is not None and view.active_run.duration_ms == 1_500
     assert (view.counters.drops, view.counters.dedupes) == (2, 1)
     assert view.runs_last_hour == 1 and view.trading is TradingState.ACTIVE
+
+
+# --------------------------------------------------------------------------- memories
+
+
+def test_a_request_id_is_remembered_for_the_idempotency_window() -> None:
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, idempotency_window_ms=60_000))
+    request = bench.make()
+    bench.submit(request)
+    bench.finish()
+    bench.advance(60_000)
+    assert types(bench.submit(request)) == ["RequestRepeated"]
+    bench.advance(1)
+    assert types(bench.submit(request)) == ["RequestQueued", "RunStarted"]
+
+
+def test_request_id_and_dedupe_memories_stay_bounded_under_a_flood() -> None:
+    bench = busy(idempotency_max=100, cap=5)
+    for n in range(1_000):
+        bench.send(dedupeKey=f"k{n}")
+    assert len(bench.state.seen) <= 100 + PRUNE_EVERY
+    assert len(bench.state.recent_keys) <= 100 + PRUNE_EVERY
+    assert len(bench.state.pending) == 5
