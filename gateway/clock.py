@@ -96,9 +96,3 @@ class FakeClock:
             if not timer.cancelled:
                 timer.callback()
         self._now = target
-
-    @property
-    def next_timer(self) -> int | None:
-        """When the next live timer is due, if any."""
-        live = [when for when, _, timer in self._timers if not timer.cancelled]
-        return min(live, default=None)

@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -35,6 +35,7 @@ from lanes import status as agent_status
 from lanes.codec import decode, encode
 from lanes.events import (
     AgentCallDispatched,
+    CallUndeliverable,
     ConfigChanged,
     ControlApplied,
     Decision,
@@ -62,6 +63,8 @@ from lanes.state import ActiveRun
 from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.engine")
+CALL_ATTEMPTS = 4
+"""How often delivering a sub-agent call is tried while the target is unavailable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,9 @@ class Engine:
         self._ids = EventIds()
         self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
         self._rebuilds: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Runs and call deliveries: cancelled and awaited on stop."""
+        self._deliveries: set[asyncio.Task[None]] = set()
         self._running = False
 
     # ------------------------------------------------------------------- life cycle
@@ -148,7 +154,8 @@ class Engine:
         restart (their requests go back to the head of the queue), and start timers."""
         await self.store.open()
         records = await self.store.read()
-        states = fold(Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
+        entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records]
+        states = fold(entries)
         for agent_id in {*states, *self._configs}:
             state = states.get(agent_id) or AgentState(agent_id=agent_id)
             self._agents[agent_id] = _Agent(state)
@@ -162,6 +169,8 @@ class Engine:
             if agent.state.active is not None:
                 self._feed(agent, Restarted(at=now))
             self._schedule(agent)
+        for parent, call in _undelivered_calls(entries):
+            self._deliver_call(parent, call)
         await self.flush()
 
     async def stop(self) -> None:
@@ -173,16 +182,20 @@ class Engine:
         for agent in self._agents.values():
             if agent.timer is not None:
                 agent.timer.cancel()
-            if agent.run is not None:
-                agent.run.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.flush()
         await self.store.close()
 
     async def flush(self) -> None:
-        """Wait until every append decided so far is committed (or has failed), and every
-        agent rebuilt after a failed commit is back."""
-        while self._in_flight or self._rebuilds:
-            waiting: list[asyncio.Future[Any]] = [*self._in_flight, *self._rebuilds]
+        """Wait until every append decided so far is committed (or has failed), every
+        sub-agent call is delivered (or recorded as undeliverable), and every agent rebuilt
+        after a failed commit is back."""
+        while self._in_flight or self._rebuilds or self._deliveries:
+            waiting: list[asyncio.Future[Any]] = [
+                *self._in_flight, *self._rebuilds, *self._deliveries
+            ]
             await asyncio.wait(waiting)
 
     # ---------------------------------------------------------------------- queries
@@ -306,9 +319,13 @@ class Engine:
             return decisions, []
         ids = self._ids
         events = [NewEvent(ids(), *encode(item)) for item in (event, *decisions)]
+        # Stop early: an abort takes effect at once, and a steer reaches the run at once
+        # (a failed commit cancels the run, so nothing uncommitted outlives the failure).
         for decision in decisions:
-            if type(decision) is RunAborted:
+            if isinstance(decision, RunAborted):
                 self._cancel_run(agent, decision.run_id)
+            elif isinstance(decision, RunSteered):
+                self._deliver_steer(agent, decision)
         self._schedule(agent)
         return decisions, events
 
@@ -343,18 +360,8 @@ class Engine:
         for decision in decisions:
             if isinstance(decision, RunStarted):
                 self._start_run(agent, decision)
-            elif isinstance(decision, RunSteered):
-                context = agent.context
-                run = agent.state.active
-                if context is not None and context.run_id == decision.run_id and run:
-                    steered = next(
-                        p.request
-                        for p in reversed(run.requests)
-                        if p.request.request_id == decision.request_id
-                    )
-                    context.deliver_steer(steered)
             elif isinstance(decision, AgentCallDispatched):
-                spawn(self._dispatch_call(agent.state.agent_id, decision), "agent-call")
+                self._deliver_call(agent.state.agent_id, decision)
 
     # -------------------------------------------------------------------------- runs
 
@@ -372,7 +379,7 @@ class Engine:
             report_steerable=partial(self._steerable, agent, run.run_id),
         )
         agent.context = context
-        agent.run = spawn(self._run(agent, run, context), f"run {run.run_id}")
+        agent.run = self._spawn(self._run(agent, run, context), f"run {run.run_id}")
 
     async def _run(self, agent: _Agent, run: ActiveRun, context: RunContext) -> None:
         reasoner = self._reasoners(agent.state.agent_id)
@@ -406,12 +413,38 @@ class Engine:
                 agent, RunSteerability(at=self.clock.now_ms(), run_id=run_id, steerable=steerable)
             )
 
+    def _deliver_steer(self, agent: _Agent, steered: RunSteered) -> None:
+        context = agent.context
+        run = agent.state.active
+        if context is None or run is None or context.run_id != steered.run_id:
+            return  # the run's task has not started yet: it gets its requests from the state
+        request = next(
+            p.request for p in reversed(run.requests)
+            if p.request.request_id == steered.request_id
+        )
+        context.deliver_steer(request)
+
     def _cancel_run(self, agent: _Agent, run_id: str) -> None:
         if agent.context is not None and agent.context.run_id == run_id and agent.run:
             agent.run.cancel()
             agent.run = agent.context = None
 
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = spawn(coro, name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _deliver_call(self, parent: str, call: AgentCallDispatched) -> None:
+        task = self._spawn(self._dispatch_call(parent, call), f"call {call.call_id}")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
     async def _dispatch_call(self, parent: str, call: AgentCallDispatched) -> None:
+        """Deliver a committed sub-agent call; if it cannot be, the parent records why.
+
+        The call id is the request id, so delivering twice (after a restart) is harmless.
+        """
         request = AgentRequest(
             request_id=call.call_id,
             created_at=_utc(self.clock.now_ms()),
@@ -421,12 +454,28 @@ class Engine:
             source=f"agent:{parent}",
             payload={**call.payload, "depth": call.depth, "parentRunId": call.run_id},
         )
-        await self.submit(request)
+        for attempt in range(CALL_ATTEMPTS):
+            try:
+                await self.submit(request)
+                return
+            except (AgentUnavailable, StorageFailed) as error:
+                reason = str(error)
+                await asyncio.sleep(0.1 * 2**attempt)
+            except GatewayError as error:
+                reason = str(error)
+                break
+        parent_agent = self._agents.get(parent)
+        if self._running and parent_agent is not None and not parent_agent.recovering:
+            undeliverable = CallUndeliverable(
+                at=self.clock.now_ms(), call_id=call.call_id, run_id=call.run_id,
+                target=call.target, reason=f"call {call.call_id} not delivered: {reason}",
+            )
+            await self._committed(self._feed(parent_agent, undeliverable))
 
     # ------------------------------------------------------------------------ timers
 
     def _schedule(self, agent: _Agent) -> None:
-        due = next_due(agent.state)
+        due = next_due(agent.state, self.clock.now_ms())
         if due == agent.timer_due:
             return
         if agent.timer is not None:
@@ -471,13 +520,25 @@ class Engine:
                 records = await self.store.read_stream(agent_id)
                 break
             except StoreError:
-                await self.clock.sleep(500)
+                await asyncio.sleep(0.5)  # the store is failing: retry in real time
         entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
         agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
         agent.recovering = False
         if self._running and agent.state.active is not None:
             self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
+
+
+def _undelivered_calls(entries: list[Entry]) -> list[tuple[str, AgentCallDispatched]]:
+    """Calls committed as dispatched whose target never received them (a crash between)."""
+    received = {e.event.request.request_id for e in entries
+                if isinstance(e.event, RequestReceived)}
+    given_up = {e.event.call_id for e in entries if isinstance(e.event, CallUndeliverable)}
+    return [
+        (e.stream, e.event) for e in entries
+        if isinstance(e.event, AgentCallDispatched)
+        and e.event.call_id not in received and e.event.call_id not in given_up
+    ]
 
 
 def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:

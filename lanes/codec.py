@@ -9,7 +9,6 @@ from pydantic import TypeAdapter, ValidationError
 from lanes.events import DECISION_TYPES, INPUT_TYPES, Event
 
 EVENT_TYPES: dict[str, type[Any]] = {cls.__name__: cls for cls in INPUT_TYPES + DECISION_TYPES}
-INPUT_NAMES: frozenset[str] = frozenset(cls.__name__ for cls in INPUT_TYPES)
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {
     name: TypeAdapter(cls) for name, cls in EVENT_TYPES.items()
 }
@@ -42,8 +41,3 @@ def decode(type_name: str, data: str | bytes) -> Event:
     except ValidationError as error:
         raise CorruptEvent(f"{type_name}: {error}") from None
     return event
-
-
-def is_input(type_name: str) -> bool:
-    """Whether this event type is an input (a fact from outside) rather than a decision."""
-    return type_name in INPUT_NAMES

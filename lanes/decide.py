@@ -22,6 +22,7 @@ from lanes.events import (
     AgentCallRejected,
     BrokerReport,
     BrokerReportIgnored,
+    CallUndeliverable,
     ConfigApplied,
     ConfigChanged,
     ControlApplied,
@@ -97,15 +98,16 @@ def decide(state: AgentState, event: Input) -> list[Decision]:
     return decisions
 
 
-def next_due(state: AgentState) -> int | None:
-    """When a `TimerElapsed` input next has something to decide, if ever."""
+def next_due(state: AgentState, after: int) -> int | None:
+    """The earliest time later than ``after`` at which a `TimerElapsed` input may decide
+    something, if any (``after`` is the time of the last timer, or now)."""
     run = state.active
     if run is not None:
         return run.deadline
     if not state.pending or state.trading is TradingState.HALTED:
         return None
     due = state.collect_due
-    if state.pending[0].mode is Mode.COLLECT and due is not None and due > state.now:
+    if state.pending[0].mode is Mode.COLLECT and due is not None and due > after:
         return due
     if state.suppressed is not None:
         return state.suppressed[1]
@@ -253,7 +255,8 @@ def _enqueue(state: AgentState, request: AgentRequest, mode: Mode, emit: Emit) -
                 RequestRejected(
                     request_id=request_id,
                     reason=f"queue full: cap {config.cap} reached and every pending request is "
-                    "high priority; retry later",
+                    "high priority; retry later (the same requestId may be used)",
+                    transient=True,
                 )
             )
             return False
@@ -411,6 +414,11 @@ def _errored(state: AgentState, event: RunErrored, emit: Emit) -> None:
         return
     emit(RunFailed(run_id=event.run_id, error=event.error))
     _start_next(state, emit)
+
+
+@_on(CallUndeliverable)
+def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> None:
+    emit(AgentCallRejected(run_id=event.run_id, target=event.target, reason=event.reason))
 
 
 @_on(Restarted)

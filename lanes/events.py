@@ -168,6 +168,17 @@ class BrokerReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallUndeliverable:
+    """A sub-agent call this agent dispatched could not be delivered to its target."""
+
+    at: int
+    call_id: str
+    run_id: str
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Restarted:
     """The gateway started again; whatever was running when it stopped did not finish."""
 
@@ -183,6 +194,7 @@ Input = (
     | OperatorCommand
     | ConfigChanged
     | BrokerReport
+    | CallUndeliverable
     | Restarted
 )
 INPUT_TYPES: tuple[type[Input], ...] = (
@@ -194,6 +206,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     OperatorCommand,
     ConfigChanged,
     BrokerReport,
+    CallUndeliverable,
     Restarted,
 )
 
@@ -227,10 +240,14 @@ class RequestRepeated:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRejected:
-    """The received request was refused; ``reason`` says why and what to do."""
+    """The received request was refused; ``reason`` says why and what to do.
+
+    A ``transient`` refusal (a full queue) is not remembered: the same requestId may retry.
+    """
 
     request_id: str
     reason: str
+    transient: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

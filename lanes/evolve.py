@@ -18,6 +18,7 @@ from lanes.events import (
     AgentCallRejected,
     BrokerReport,
     BrokerReportIgnored,
+    CallUndeliverable,
     ConfigApplied,
     ConfigChanged,
     ControlApplied,
@@ -200,6 +201,7 @@ for _cls in (
     OperatorCommand,
     ConfigChanged,
     BrokerReport,
+    CallUndeliverable,
     Restarted,
 ):
     _HANDLERS[_cls] = _input
@@ -242,7 +244,12 @@ def _repeated(state: AgentState, event: RequestRepeated) -> None:
 
 @_on(RequestRejected)
 def _rejected(state: AgentState, event: RequestRejected) -> None:
-    _take_staged(state, event.request_id, "rejected")
+    if event.transient:
+        if not _is_staged(state, event.request_id):
+            raise IllegalTransition(f"no received request {event.request_id} awaits a decision")
+        state.staged = None
+    else:
+        _take_staged(state, event.request_id, "rejected")
     state.counters.rejected += 1
 
 
@@ -256,10 +263,13 @@ def _remove_pending(state: AgentState, request_id: str) -> Pending:
 
 @_on(RequestDropped)
 def _dropped(state: AgentState, event: RequestDropped) -> None:
+    # A dropped request was never handled: its redelivery must not count as a duplicate.
     if _is_staged(state, event.request_id):
-        _remember_key(state, _take_staged(state, event.request_id, "dropped"))
+        _take_staged(state, event.request_id, "dropped")
     else:
-        _remove_pending(state, event.request_id)
+        key = _remove_pending(state, event.request_id).key
+        if key is not None and state.recent_keys.get(key, ("",))[0] == event.request_id:
+            del state.recent_keys[key]
     state.counters.drops += 1
 
 
@@ -270,18 +280,21 @@ def _summarized(state: AgentState, event: RequestSummarized) -> None:
         at = state.now
     else:
         at = _remove_pending(state, event.request_id).at
-    summary = state.summary
-    if summary is None:
-        state.summary = Summary(count=1, request_ids=(event.request_id,), first_at=at, last_at=at)
-    else:
-        ids = summary.request_ids
-        state.summary = Summary(
-            count=summary.count + 1,
-            request_ids=(*ids, event.request_id) if len(ids) < SUMMARY_IDS else ids,
-            first_at=min(summary.first_at, at),
-            last_at=max(summary.last_at, at),
-        )
+    folded = Summary(count=1, request_ids=(event.request_id,), first_at=at, last_at=at)
+    state.summary = merge_summaries(state.summary, folded)
     state.counters.summarized += 1
+
+
+def merge_summaries(first: Summary | None, second: Summary | None) -> Summary | None:
+    """One summary of what two summaries hold (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return Summary(
+        count=first.count + second.count,
+        request_ids=(*first.request_ids, *second.request_ids)[:SUMMARY_IDS],
+        first_at=min(first.first_at, second.first_at),
+        last_at=max(first.last_at, second.last_at),
+    )
 
 
 @_on(FallbackApplied)
@@ -324,6 +337,7 @@ def _started(state: AgentState, event: RunStarted) -> None:
         started_at=state.now,
         deadline=event.deadline,
         depth=event.depth,
+        summary=event.summary,
     )
     starts = state.run_starts
     starts.append(state.now)
@@ -375,6 +389,7 @@ def _aborted(state: AgentState, event: RunAborted) -> None:
     state.active = None
     if event.requeued:
         state.pending[0:0] = run.requests
+        state.summary = merge_summaries(run.summary, state.summary)
         for entry in run.requests:
             if entry.key is not None:
                 state.pending_keys[entry.key] = entry.request.request_id

@@ -34,6 +34,7 @@ class ActiveRun:
     started_at: int
     deadline: int
     depth: int
+    summary: Summary | None = None
     steerable: bool = False
     steers: int = 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -12,7 +13,7 @@ from gateway.reasoner import RunContext, RunResult
 from lanes import AgentRequest, Entry, parse_request
 from lanes.codec import decode
 from lanes.events import Outcome
-from store import EventStore
+from store import EventStore, RecordedEvent
 
 TIMEOUT = 10.0
 _ids = itertools.count(1)
@@ -74,3 +75,16 @@ def control(agent: str, action: str, **payload: Any) -> AgentRequest:
 async def log_of(store: EventStore) -> list[Entry]:
     """The whole log, decoded."""
     return [Entry(r.position, r.stream, decode(r.type, r.data)) for r in await store.read()]
+
+
+async def next_event(store: EventStore, type_name: str, after: int = 0) -> RecordedEvent:
+    """The first committed event of that type after ``after`` (waits for it, with a timeout)."""
+
+    async def find() -> RecordedEvent:
+        async with contextlib.aclosing(store.follow(after)) as events:
+            async for record in events:
+                if record.type == type_name:
+                    return record
+        raise AssertionError(f"the store closed before a {type_name} was committed")
+
+    return await asyncio.wait_for(find(), TIMEOUT)

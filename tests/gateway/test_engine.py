@@ -5,25 +5,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.clock import FakeClock
 from gateway.engine import Engine
 from gateway.errors import StorageFailed, UnknownAgent
-from lanes import AgentConfig, Mode, replay, request_outcomes, verify
+from lanes import AgentConfig, Budgets, Mode, Priority, replay, request_outcomes, verify
+from lanes.codec import encode
 from lanes.events import (
     AbortReason,
     AgentCallDispatched,
     CallIntent,
+    ConfigApplied,
+    OperatorAction,
     RequestReceived,
     RunAborted,
     RunStarted,
     TradingState,
 )
 from store import MemoryEventStore, SqliteEventStore, StoreError
-from store.port import Append, EventStore, RecordedEvent
-from tests.gateway.support import TIMEOUT, ManualReasoner, control, log_of, request
+from store.port import Append, EventStore, NewEvent, RecordedEvent
+from tests.gateway.support import (
+    TIMEOUT,
+    ManualReasoner,
+    control,
+    log_of,
+    next_event,
+    request,
+)
 
 AGENTS = {
     "btc": AgentConfig(mode=Mode.FOLLOWUP),
@@ -261,4 +272,130 @@ async def test_many_concurrent_submitters_share_commits_and_lose_nothing(
     assert [e.position for e in log] == list(range(1, len(log) + 1))
     assert sum(isinstance(e.event, RunStarted) for e in log) >= 1
     await assert_log_is_the_state(engine)
+    await engine.stop()
+
+
+async def test_submit_many_answers_each_request_in_place(engine: Engine) -> None:
+    batch = [request("btc", dedupeKey="a"), request("nobody"), request("eth", dedupeKey="b"),
+             request("btc", dedupeKey="a"), request("btc", dedupeKey="c")]
+    answers = await engine.submit_many(batch)
+    assert [getattr(a, "decision", type(a).__name__) for a in answers] == [
+        "accepted", "UnknownAgent", "accepted", "deduped", "accepted"
+    ]
+    log = {e.position: e.event for e in await log_of(engine.store)}
+    for sent, answer in zip(batch, answers, strict=True):
+        if not isinstance(answer, UnknownAgent):
+            assert getattr(log[answer.position], "request_id", None) == sent.request_id  # type: ignore[union-attr]
+    await assert_log_is_the_state(engine)
+
+
+async def test_an_interrupt_cancels_the_running_task(clock: FakeClock) -> None:
+    reasoner = ManualReasoner()
+    engine = Engine(MemoryEventStore(), {"fx": AgentConfig(mode=Mode.INTERRUPT)}, clock=clock,
+                    reasoners=lambda _: reasoner)
+    await engine.start()
+    await engine.submit(request("fx"))
+    first = await reasoner.started()
+    await engine.submit(request("fx", priority="high"))
+    second = await reasoner.started()
+    assert reasoner.cancelled == [first.run_id]
+    assert second.run_id != first.run_id
+    await engine.stop()
+
+
+async def test_operator_commands_and_config_changes_are_events_with_their_principal(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("btc"))
+    run = await reasoner.started()
+    decisions = await engine.operate("btc", OperatorAction.RELEASE, principal="alice")
+    assert [type(d).__name__ for d in decisions] == ["OperatorApplied", "RunAborted"]
+    assert reasoner.cancelled == [run.run_id]
+    assert await engine.configure("btc", AgentConfig(mode=Mode.QUEUE), principal="bob")
+    assert not await engine.configure("btc", AgentConfig(mode=Mode.QUEUE), principal="bob")
+    applied = [e.event for e in await log_of(engine.store) if isinstance(e.event, ConfigApplied)]
+    assert applied[-1].principal == "bob"
+    await assert_log_is_the_state(engine)
+
+
+async def test_a_bug_in_decide_refuses_that_input_and_rebuilds_the_agent(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await engine.submit(request("btc"))
+    import gateway.engine as module
+
+    def broken(state: object, event: object) -> list[object]:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(module, "decide", broken)
+    with pytest.raises(RuntimeError):
+        await engine.submit(request("btc"))
+    monkeypatch.undo()
+    await engine.flush()
+    assert (await engine.submit(request("btc"))).decision == "accepted"
+    await assert_log_is_the_state(engine)
+
+
+async def test_a_call_to_an_unknown_agent_is_recorded_against_its_run(
+    engine: Engine, reasoner: ManualReasoner
+) -> None:
+    await engine.submit(request("btc"))
+    parent = await reasoner.started()
+    reasoner.finish(parent.run_id, calls=(CallIntent(agent_id="ghost"),))
+    record = await next_event(engine.store, "AgentCallRejected")
+    assert "unknown agent 'ghost'" in record.data
+    await assert_log_is_the_state(engine)
+
+
+async def test_a_call_dispatched_before_a_crash_is_delivered_at_the_next_start(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "events.db"
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock,
+                    reasoners=ManualReasoner.per_agent())
+    await engine.start()
+    await engine.submit(request("btc"))
+    call = AgentCallDispatched(call_id="btc-r1-c1", run_id="btc-r1", target="sol", depth=1,
+                               priority=Priority.NORMAL, payload={})
+    # What a crash between the commit and the delivery leaves: the dispatch, no delivery.
+    await engine.store.append(Append("btc", [NewEvent("crash-1", *encode(call))],
+                                     engine.state("btc").version))
+    await engine.stop()
+
+    reasoner = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: reasoner)
+    await engine.start()
+    received = [e.event.request.request_id for e in await log_of(engine.store)
+                if isinstance(e.event, RequestReceived) and e.stream == "sol"]
+    assert received == ["btc-r1-c1"]
+    await engine.stop()
+
+
+async def test_timers_do_not_spin_when_a_window_closes_under_a_budget(
+    clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    config = AgentConfig(mode=Mode.COLLECT, debounce_ms=1_000,
+                         budgets=Budgets(max_runs_per_hour=1))
+    engine = Engine(MemoryEventStore(), {"c": config}, clock=clock, reasoners=lambda _: reasoner)
+    await engine.start()
+    await engine.submit(request("c"))
+    clock.advance(1_000)
+    reasoner.finish((await reasoner.started()).run_id)
+    await engine.flush()
+    await engine.submit(request("c"))
+    clock.advance(1_000)
+    await engine.submit(request("c"))
+    fired = 0
+    original = engine._tick
+
+    def counting(agent: Any) -> None:
+        nonlocal fired
+        fired += 1
+        assert fired < 100, "the timer is spinning"
+        original(agent)
+
+    engine._tick = counting  # type: ignore[method-assign]
+    clock.advance(2_000)
+    await engine.flush()
+    assert fired <= 2
     await engine.stop()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from lanes import AgentConfig, Budgets, Mode
-from lanes.events import AbortReason, FallbackApplied, RunAborted, RunStarted, RunSteered
+from lanes.events import (
+    AbortReason,
+    ConfigChanged,
+    FallbackApplied,
+    RunAborted,
+    RunStarted,
+    RunSteered,
+)
 from tests.lanes.harness import Bench, types
 
 
@@ -73,7 +80,7 @@ def test_interrupt_with_normal_priority_falls_back_to_followup_as_an_event() -> 
 def test_an_interrupt_never_jumps_ahead_of_an_earlier_high_request() -> None:
     bench = busy(Mode.FOLLOWUP)
     bench.send(priority="high")  # waits as a followup
-    bench.state.config = AgentConfig(mode=Mode.INTERRUPT)  # as a ConfigApplied would
+    bench.feed(ConfigChanged(at=bench.now, config=AgentConfig(mode=Mode.INTERRUPT)))
     decisions = bench.send(priority="high")
     started = decisions[-1]
     assert isinstance(started, RunStarted) and started.request_ids == ("ar_2",)
@@ -136,8 +143,6 @@ def test_collect_while_busy_runs_once_after_the_run_ends_and_the_window_closes()
 
 
 def test_a_config_change_applies_to_new_requests_only() -> None:
-    from lanes.events import ConfigChanged
-
     bench = busy(Mode.QUEUE)
     bench.send(priority="low")
     bench.feed(ConfigChanged(at=bench.now, config=AgentConfig(mode=Mode.FOLLOWUP)))

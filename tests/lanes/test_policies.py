@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanes import AgentConfig, Budgets, Mode, status
+from lanes import AgentConfig, Budgets, Mode, next_due, status
 from lanes.config import HOUR_MS, DropPolicy
 from lanes.events import (
     AbortReason,
@@ -12,6 +12,7 @@ from lanes.events import (
     AgentCallRejected,
     BrokerReport,
     CallIntent,
+    CallUndeliverable,
     Decision,
     OperatorAction,
     OperatorCommand,
@@ -362,3 +363,73 @@ def test_request_id_and_dedupe_memories_stay_bounded_under_a_flood() -> None:
     assert len(bench.state.seen) <= 100 + PRUNE_EVERY
     assert len(bench.state.recent_keys) <= 100 + PRUNE_EVERY
     assert len(bench.state.pending) == 5
+
+
+# ------------------------------------------------------------------- review regressions
+
+
+def test_a_collect_window_closing_under_a_budget_hands_the_timer_on() -> None:
+    bench = Bench(AgentConfig(mode=Mode.COLLECT, debounce_ms=1_000,
+                              budgets=Budgets(max_runs_per_hour=1)))
+    bench.send()
+    bench.advance(1_000)  # runs
+    bench.finish()
+    bench.send()
+    assert types(bench.advance(1_000)) == ["RunsSuppressed"]
+    bench.send()
+    due = next_due(bench.state, bench.now)
+    assert types(bench.advance(1_000)) == []  # the new window closes; still suppressed
+    assert next_due(bench.state, bench.now) != due  # and the timer moves on to the budget
+    assert types(bench.advance(HOUR_MS)) == ["RunsResumed", "RunStarted"]
+
+
+def test_a_dropped_request_may_be_redelivered() -> None:
+    bench = busy(cap=1, drop_policy=DropPolicy.NEW)
+    bench.send(dedupeKey="a")
+    assert types(bench.send(dedupeKey="k")) == ["RequestDropped"]
+    bench.finish()
+    bench.finish()
+    assert types(bench.send(dedupeKey="k")) == ["RequestQueued", "RunStarted"]
+
+
+def test_a_request_dropped_from_the_queue_may_be_redelivered() -> None:
+    bench = busy(cap=1)
+    bench.send(dedupeKey="k")
+    bench.send(dedupeKey="other")  # drops k (policy old)
+    assert types(bench.send(dedupeKey="k")) == ["RequestDropped", "RequestQueued"]
+
+
+def test_a_summarized_request_still_counts_as_seen() -> None:
+    bench = busy(cap=1, drop_policy=DropPolicy.SUMMARIZE)
+    bench.send(dedupeKey="k")
+    bench.send(dedupeKey="other")
+    assert types(bench.send(dedupeKey="k")) == ["RequestDeduped"]
+
+
+def test_a_restart_keeps_the_summary_of_the_run_it_cut_off() -> None:
+    bench = busy(cap=1, drop_policy=DropPolicy.SUMMARIZE)
+    bench.send()
+    bench.send()  # the first pending one is summarized
+    bench.finish()
+    assert bench.state.active is not None and bench.state.active.summary is not None
+    decisions = bench.feed(Restarted(at=bench.now))
+    rerun = decisions[-1]
+    assert isinstance(rerun, RunStarted) and rerun.summary is not None
+    assert rerun.summary.request_ids == ("ar_2",)
+
+
+def test_a_full_queue_refusal_may_be_retried_with_the_same_request_id() -> None:
+    bench = busy(cap=1)
+    bench.send(priority="high")
+    request = bench.make(priority="high")
+    assert types(bench.submit(request)) == ["RequestRejected"]
+    bench.finish()
+    assert types(bench.submit(request)) == ["RequestQueued"]
+
+
+def test_an_undeliverable_call_is_recorded_against_the_run_that_made_it() -> None:
+    bench = busy()
+    decisions = bench.feed(CallUndeliverable(at=bench.now, call_id="c1", run_id="r1",
+                                             target="ghost", reason="unknown agent 'ghost'"))
+    assert decisions == [AgentCallRejected(run_id="r1", target="ghost",
+                                           reason="unknown agent 'ghost'")]
