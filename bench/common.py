@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,6 +36,16 @@ def table(figures: list[Figure]) -> str:
     """The figures as a Markdown table."""
     lines = ["| measure | figure | goal |", "|---|---|---|"]
     return "\n".join(lines + [f.row() for f in figures])
+
+
+def run(measure: Callable[..., list[Figure]], **sizes: int) -> None:
+    """Command line of one benchmark: ``--NAME N`` for each size, then the Markdown table."""
+    parser = argparse.ArgumentParser()
+    for name, default in sizes.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    args = vars(parser.parse_args())
+    print(f"machine: {machine()}\n")
+    print(table(measure(*(args[name] for name in sizes))))
 
 
 def machine() -> str:

@@ -5,10 +5,9 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 
-from bench.common import Figure, machine, table, timed
+from bench.common import Figure, run, timed
 from lanes import AgentConfig, AgentState, Entry, Mode, decide, replay, verify
 from lanes.codec import decode, encode
 from lanes.config import DropPolicy
@@ -95,14 +94,5 @@ def measure(events: int = 1_000_000) -> list[Figure]:
     ]
 
 
-def main() -> None:
-    """Print the figures as Markdown."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000)
-    args = parser.parse_args()
-    print(f"machine: {machine()}\n")
-    print(table(measure(args.events)))
-
-
 if __name__ == "__main__":
-    main()
+    run(measure, events=1_000_000)

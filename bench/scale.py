@@ -5,11 +5,10 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tracemalloc
 
-from bench.common import Figure, machine, requests, table, timed
+from bench.common import Figure, requests, run, timed
 from bench.throughput import Hang
 from gateway.engine import Engine
 from gateway.runtime import tune_gc
@@ -96,14 +95,5 @@ def measure(count: int = 200_000) -> list[Figure]:
     ]
 
 
-def main() -> None:
-    """Print the figures as Markdown."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=200_000)
-    args = parser.parse_args()
-    print(f"machine: {machine()}\n")
-    print(table(measure(args.requests)))
-
-
 if __name__ == "__main__":
-    main()
+    run(measure, requests=200_000)

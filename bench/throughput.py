@@ -7,13 +7,12 @@ same schema, measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sqlite3
 import tempfile
 from pathlib import Path
 
-from bench.common import Figure, machine, requests, table, timed
+from bench.common import Figure, requests, run, timed
 from gateway.engine import Ack, Engine
 from gateway.errors import GatewayError
 from gateway.reasoner import RunContext, RunResult
@@ -109,16 +108,5 @@ def measure(count: int = 100_000, agents: int = 100, concurrency: int = 4_000) -
     ]
 
 
-def main() -> None:
-    """Print the figures as Markdown."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--agents", type=int, default=100)
-    parser.add_argument("--concurrency", type=int, default=4_000)
-    args = parser.parse_args()
-    print(f"machine: {machine()}\n")
-    print(table(measure(args.requests, args.agents, args.concurrency)))
-
-
 if __name__ == "__main__":
-    main()
+    run(measure, requests=100_000, agents=100, concurrency=4_000)
