@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.report import status_table
+from gateway.runtime import gc_paused
 from lanes import Entry, replay, status, verify
 from lanes.codec import decode
 from store import SqliteEventStore, migrate
@@ -18,7 +19,9 @@ async def _entries(db: Path) -> list[Entry]:
     store = SqliteEventStore(db)
     await store.open()
     try:
-        return [Entry(r.position, r.stream, decode(r.type, r.data)) for r in await store.read()]
+        with gc_paused():
+            return [Entry(r.position, r.stream, decode(r.type, r.data))
+                    for r in await store.read()]
     finally:
         await store.close()
 

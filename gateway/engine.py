@@ -28,6 +28,7 @@ from gateway.errors import (
     UnknownAgent,
 )
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner
+from gateway.runtime import gc_paused
 from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
 from lanes import replay as fold
@@ -153,9 +154,10 @@ class Engine:
         """Rebuild every agent from the log, apply the configs, abort runs cut off by a
         restart (their requests go back to the head of the queue), and start timers."""
         await self.store.open()
-        records = await self.store.read()
-        entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records]
-        states = fold(entries)
+        with gc_paused():
+            records = await self.store.read()
+            entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records]
+            states = fold(entries)
         for agent_id in {*states, *self._configs}:
             state = states.get(agent_id) or AgentState(agent_id=agent_id)
             self._agents[agent_id] = _Agent(state)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def tune_gc() -> None:
@@ -16,3 +18,16 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(700, 20, 100)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic collection while a bulk load builds many long-lived objects (a replay of a
+    large log builds millions, and the collector would rescan them over and over)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
