@@ -13,11 +13,12 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.clock import Clock, SystemClock, Timer
 from gateway.errors import (
@@ -27,6 +28,7 @@ from gateway.errors import (
     StorageFailed,
     UnknownAgent,
 )
+from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner
 from gateway.runtime import gc_paused
 from gateway.tasks import spawn
@@ -43,6 +45,8 @@ from lanes.events import (
     Input,
     OperatorAction,
     OperatorCommand,
+    OrderAccepted,
+    OrderCancelRequested,
     RequestDeduped,
     RequestDropped,
     RequestQueued,
@@ -52,16 +56,22 @@ from lanes.events import (
     RequestSummarized,
     Restarted,
     RunAborted,
+    RunCompleted,
     RunErrored,
+    RunFailed,
     RunFinished,
     RunStarted,
     RunSteerability,
     RunSteered,
+    Stopping,
     TimerElapsed,
 )
 from lanes.requests import Kind
 from lanes.state import ActiveRun
 from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
 
 log = logging.getLogger("gateway.engine")
 CALL_ATTEMPTS = 4
@@ -90,6 +100,7 @@ class _Agent:
     run: asyncio.Task[None] | None = None
     context: RunContext | None = None
     recovering: bool = False
+    run_started: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +141,11 @@ class Engine:
         *,
         clock: Clock | None = None,
         reasoners: Callable[[str], Reasoner] | None = None,
+        broker: Broker | None = None,
     ) -> None:
-        """``reasoners`` gives each agent's reasoner (default: one shared simulation)."""
+        """``reasoners`` gives each agent's reasoner (default: one shared simulation);
+        orders accepted by the trading gate go to ``broker`` (none: they stay open)."""
+        self.broker = broker
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self._configs = dict(agents)
@@ -146,6 +160,11 @@ class Engine:
         self._tasks: set[asyncio.Task[None]] = set()
         """Runs and call deliveries: cancelled and awaited on stop."""
         self._deliveries: set[asyncio.Task[None]] = set()
+        self.commit_latency = Histogram(LATENCY_BUCKETS)
+        """Seconds from an append being decided to its commit."""
+        self.run_durations = Histogram(DURATION_BUCKETS)
+        """Seconds from a run's start to its end, however it ended."""
+        self.requests_received = 0
         self._running = False
 
     # ------------------------------------------------------------------- life cycle
@@ -168,18 +187,24 @@ class Engine:
                 self._agents[agent_id], ConfigChanged(at=now, config=config, principal=principal)
             )
         for agent in self._agents.values():
-            if agent.state.active is not None:
-                self._feed(agent, Restarted(at=now))
+            self._feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
             self._schedule(agent)
         for parent, call in _undelivered_calls(entries):
             self._deliver_call(parent, call)
         await self.flush()
 
-    async def stop(self) -> None:
-        """Stop taking inputs, cancel runs and timers, finish every commit, close the store.
+    async def stop(self, *, graceful: bool = True) -> None:
+        """Stop taking inputs, abort runs, cancel timers, finish every commit, close the store.
 
-        Runs cut off here are recorded as aborted (reason ``restart``) at the next start.
+        Gracefully, runs in flight are recorded as aborted (reason ``shutdown``) with their
+        requests back at the head of the queue; otherwise (as if the process died) the next
+        start records them (reason ``restart``).
         """
+        if graceful and self._running:
+            now = self.clock.now_ms()
+            for agent in self._agents.values():
+                if not agent.recovering:
+                    self._feed(agent, Stopping(at=now))
         self._running = False
         for agent in self._agents.values():
             if agent.timer is not None:
@@ -203,6 +228,16 @@ class Engine:
     # ---------------------------------------------------------------------- queries
 
     @property
+    def backlog(self) -> int:
+        """Appends decided but not yet committed (flow control reads it)."""
+        return len(self._in_flight)
+
+    @property
+    def running(self) -> bool:
+        """Whether the engine takes inputs."""
+        return self._running
+
+    @property
     def agent_ids(self) -> list[str]:
         """Every agent, configured or found in the log."""
         return sorted(self._agents)
@@ -217,14 +252,17 @@ class Engine:
 
     # ----------------------------------------------------------------------- inputs
 
-    async def submit(self, request: AgentRequest) -> Ack:
+    async def submit(self, request: AgentRequest, principal: str | None = None) -> Ack:
         """Decide a request and answer once the decision is durable."""
         agent = self._agent(request.agent_id)
-        outcome = self._feed(agent, RequestReceived(at=self.clock.now_ms(), request=request))
+        received = RequestReceived(at=self.clock.now_ms(), request=request, principal=principal)
+        outcome = self._feed(agent, received)
         records = await self._committed(outcome)
         return _ack(request.request_id, outcome.decisions, records)
 
-    async def submit_many(self, requests: Sequence[AgentRequest]) -> list[Ack | GatewayError]:
+    async def submit_many(
+        self, requests: Sequence[AgentRequest], principal: str | None = None
+    ) -> list[Ack | GatewayError]:
         """Decide several requests in order, each answered after its commit.
 
         The requests of one agent share one append (one future, one version check), so a
@@ -241,7 +279,8 @@ class Engine:
                 placed.append(error)
                 continue
             base = agent.state.version
-            decisions, events = self._decide(agent, RequestReceived(at=at, request=request))
+            received = RequestReceived(at=at, request=request, principal=principal)
+            decisions, events = self._decide(agent, received)
             group = groups.get(request.agent_id)
             if group is None:
                 group = groups[request.agent_id] = _Group(agent, base)
@@ -310,6 +349,8 @@ class Engine:
     def _decide(self, agent: _Agent, event: Input) -> tuple[list[Decision], list[NewEvent]]:
         """Decide an input: the decisions and the events to append (none if none)."""
         state = agent.state
+        if type(event) is RequestReceived:
+            self.requests_received += 1
         try:
             decisions = decide(state, event)
         except Exception:
@@ -324,6 +365,8 @@ class Engine:
         # Stop early: an abort takes effect at once, and a steer reaches the run at once
         # (a failed commit cancels the run, so nothing uncommitted outlives the failure).
         for decision in decisions:
+            if isinstance(decision, RunAborted | RunCompleted | RunFailed):
+                self._run_ended(agent, decision.run_id)
             if isinstance(decision, RunAborted):
                 self._cancel_run(agent, decision.run_id)
             elif isinstance(decision, RunSteered):
@@ -339,7 +382,9 @@ class Engine:
             return _Outcome(decisions, None)
         future = self.store.append(Append(agent.state.agent_id, events, base))
         self._in_flight.add(future)
-        future.add_done_callback(partial(self._after_commit, agent, decisions))
+        future.add_done_callback(
+            partial(self._after_commit, agent, decisions, time.perf_counter())
+        )
         return _Outcome(decisions, future)
 
     async def _committed(self, outcome: _Outcome) -> list[RecordedEvent]:
@@ -351,12 +396,17 @@ class Engine:
             raise StorageFailed(str(error)) from None
 
     def _after_commit(
-        self, agent: _Agent, decisions: list[Decision], future: asyncio.Future[list[RecordedEvent]]
+        self,
+        agent: _Agent,
+        decisions: list[Decision],
+        decided: float,
+        future: asyncio.Future[list[RecordedEvent]],
     ) -> None:
         self._in_flight.discard(future)
         if future.cancelled() or future.exception() is not None:
             self._recover(agent, future)
             return
+        self.commit_latency.observe(time.perf_counter() - decided)
         if not self._running or agent.recovering:
             return
         for decision in decisions:
@@ -364,6 +414,12 @@ class Engine:
                 self._start_run(agent, decision)
             elif isinstance(decision, AgentCallDispatched):
                 self._deliver_call(agent.state.agent_id, decision)
+            elif isinstance(decision, OrderAccepted) and self.broker is not None:
+                self._spawn(self.broker.place(agent.state.agent_id, decision.order_id,
+                                              decision.intent), f"place {decision.order_id}")
+            elif isinstance(decision, OrderCancelRequested) and self.broker is not None:
+                self._spawn(self.broker.cancel(agent.state.agent_id, decision.order_id),
+                            f"cancel {decision.order_id}")
 
     # -------------------------------------------------------------------------- runs
 
@@ -381,6 +437,7 @@ class Engine:
             report_steerable=partial(self._steerable, agent, run.run_id),
         )
         agent.context = context
+        agent.run_started[run.run_id] = time.perf_counter()
         agent.run = self._spawn(self._run(agent, run, context), f"run {run.run_id}")
 
     async def _run(self, agent: _Agent, run: ActiveRun, context: RunContext) -> None:
@@ -414,6 +471,11 @@ class Engine:
             self._feed(
                 agent, RunSteerability(at=self.clock.now_ms(), run_id=run_id, steerable=steerable)
             )
+
+    def _run_ended(self, agent: _Agent, run_id: str) -> None:
+        started = agent.run_started.pop(run_id, None)
+        if started is not None:
+            self.run_durations.observe(time.perf_counter() - started)
 
     def _deliver_steer(self, agent: _Agent, steered: RunSteered) -> None:
         context = agent.context

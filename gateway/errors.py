@@ -49,12 +49,72 @@ class StorageFailed(GatewayError):
         super().__init__(f"the request was not stored ({detail}); retry with the same requestId")
 
 
+
+
+class Unauthorized(GatewayError):
+    """No token, or a token this gateway does not know."""
+
+    code = "unauthorized"
+
+    def __init__(self, detail: str = "a valid bearer token is required") -> None:
+        super().__init__(detail)
+
+
+class Forbidden(GatewayError):
+    """The token is known but its role or agent scope does not allow this."""
+
+    code = "forbidden"
+
+
+class Busy(GatewayError):
+    """The writer is saturated; nothing was taken. Send the same thing again later."""
+
+    code = "busy"
+
+    def __init__(self, retry_after_ms: int) -> None:
+        super().__init__(f"the gateway is saturated; retry in {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
+class BadFrame(GatewayError):
+    """A frame or body that is not what the protocol expects (see ``code``)."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+HTTP_STATUS: dict[str, int] = {
+    "invalid": 422,
+    "malformed_json": 400,
+    "unknown_type": 400,
+    "too_large": 413,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "unknown_agent": 404,
+    "not_found": 404,
+    "conflict": 409,
+    "busy": 503,
+    "unavailable": 503,
+    "storage_failed": 503,
+    "not_running": 503,
+    "internal": 500,
+}
+"""The HTTP status of each error code; WebSocket clients get the code in an error frame."""
+
+
 __all__ = [
+    "HTTP_STATUS",
     "AgentUnavailable",
+    "BadFrame",
+    "Busy",
     "FieldError",
+    "Forbidden",
     "GatewayError",
     "InvalidRequest",
     "NotRunning",
     "StorageFailed",
+    "Unauthorized",
     "UnknownAgent",
 ]

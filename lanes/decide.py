@@ -59,6 +59,7 @@ from lanes.events import (
     RunSteerability,
     RunSteered,
     SteerabilityChanged,
+    Stopping,
     TimerElapsed,
     TradingState,
 )
@@ -419,6 +420,13 @@ def _errored(state: AgentState, event: RunErrored, emit: Emit) -> None:
 @_on(CallUndeliverable)
 def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> None:
     emit(AgentCallRejected(run_id=event.run_id, target=event.target, reason=event.reason))
+
+
+@_on(Stopping)
+def _stopping(state: AgentState, event: Stopping, emit: Emit) -> None:
+    run = state.active
+    if run is not None:
+        emit(RunAborted(run_id=run.run_id, reason=AbortReason.SHUTDOWN, requeued=True))
 
 
 @_on(Restarted)

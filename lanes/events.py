@@ -32,13 +32,14 @@ class Outcome(StrEnum):
 
 
 class AbortReason(StrEnum):
-    """Why a run was aborted; only ``restart`` puts its requests back in the queue."""
+    """Why a run was aborted; ``restart`` and ``shutdown`` put its requests back in the queue."""
 
     INTERRUPT = "interrupt"
     EMERGENCY_STOP = "emergency_stop"
     TIMEOUT = "timeout"
     RELEASE = "release"
     RESTART = "restart"
+    SHUTDOWN = "shutdown"
     OPERATOR = "operator"
 
 
@@ -93,10 +94,11 @@ SUMMARY_IDS = 50
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestReceived:
-    """A request arrived for this agent."""
+    """A request arrived for this agent, from ``principal`` (the token's name) if known."""
 
     at: int
     request: AgentRequest
+    principal: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,6 +181,14 @@ class CallUndeliverable:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Stopping:
+    """The gateway is shutting down: runs in flight stop, their requests wait for the next
+    start at the head of the queue."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Restarted:
     """The gateway started again; whatever was running when it stopped did not finish."""
 
@@ -195,6 +205,7 @@ Input = (
     | ConfigChanged
     | BrokerReport
     | CallUndeliverable
+    | Stopping
     | Restarted
 )
 INPUT_TYPES: tuple[type[Input], ...] = (
@@ -207,6 +218,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     ConfigChanged,
     BrokerReport,
     CallUndeliverable,
+    Stopping,
     Restarted,
 )
 

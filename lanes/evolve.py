@@ -53,6 +53,7 @@ from lanes.events import (
     RunSteerability,
     RunSteered,
     SteerabilityChanged,
+    Stopping,
     Summary,
     TimerElapsed,
 )
@@ -202,6 +203,7 @@ for _cls in (
     ConfigChanged,
     BrokerReport,
     CallUndeliverable,
+    Stopping,
     Restarted,
 ):
     _HANDLERS[_cls] = _input

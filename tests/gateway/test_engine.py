@@ -240,7 +240,7 @@ async def test_restart_records_the_cut_off_run_as_aborted_and_reruns_its_request
     await engine.start()
     ack = await engine.submit(request("btc"))
     run = await first.started()
-    await engine.stop()  # the process goes away with the run in flight
+    await engine.stop(graceful=False)  # as if the process died with the run in flight
 
     second = ManualReasoner()
     engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: second)
@@ -360,7 +360,7 @@ async def test_a_call_dispatched_before_a_crash_is_delivered_at_the_next_start(
     # What a crash between the commit and the delivery leaves: the dispatch, no delivery.
     await engine.store.append(Append("btc", [NewEvent("crash-1", *encode(call))],
                                      engine.state("btc").version))
-    await engine.stop()
+    await engine.stop(graceful=False)
 
     reasoner = ManualReasoner()
     engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: reasoner)
@@ -398,4 +398,31 @@ async def test_timers_do_not_spin_when_a_window_closes_under_a_budget(
     clock.advance(2_000)
     await engine.flush()
     assert fired <= 2
+    await engine.stop()
+
+
+async def test_a_graceful_stop_records_runs_in_flight_and_the_next_start_reruns_them(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "events.db"
+    first = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: first)
+    await engine.start()
+    ack = await engine.submit(request("btc"))
+    run = await first.started()
+    await engine.stop()
+    assert first.cancelled == [run.run_id]
+    store = SqliteEventStore(path)
+    await store.open()
+    log = await log_of(store)
+    await store.close()
+    assert log[-1].event == RunAborted(run_id=run.run_id, reason=AbortReason.SHUTDOWN,
+                                       requeued=True)
+
+    second = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: second)
+    await engine.start()
+    rerun = await second.started()
+    assert [r.request_id for r in rerun.requests] == [ack.request_id]
+    await assert_log_is_the_state(engine)
     await engine.stop()

@@ -25,6 +25,7 @@ from lanes.events import (
     RunAborted,
     RunStarted,
     RunSteered,
+    Stopping,
     TradingState,
 )
 from lanes.requests import RANK, Priority
@@ -98,6 +99,7 @@ actions = st.one_of(
     st.tuples(st.just("operator"), st.sampled_from(list(OperatorAction))),
     st.tuples(st.just("broker"), st.sampled_from(["filled", "partially_filled", "cancelled"])),
     st.tuples(st.just("restart"), st.none()),
+    st.tuples(st.just("stop"), st.none()),
 )
 
 
@@ -145,6 +147,9 @@ def play(bench: Bench, action: str, arg: Any, seen_ids: list[str]) -> None:
         bench.feed(BrokerReport(at=bench.now, order_id=order_id, status=arg, filled_qty=1.0,
                                 price=100.0))
     elif action == "restart":
+        bench.feed(Restarted(at=bench.now))
+    elif action == "stop":  # a graceful shutdown, then the next start
+        bench.feed(Stopping(at=bench.now))
         bench.feed(Restarted(at=bench.now))
 
 

@@ -1,0 +1,716 @@
+"""The Starlette app: WebSocket feed and control protocol, HTTP queue API, metrics.
+
+Everything here is translation: wire frames and HTTP bodies in, engine calls, answers out.
+Nothing is decided here that `lanes` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+from pydantic.alias_generators import to_camel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.auth import Principal, Role, TokenBook
+from gateway.engine import Ack, Engine
+from gateway.errors import (
+    HTTP_STATUS,
+    BadFrame,
+    Busy,
+    Forbidden,
+    GatewayError,
+    Unauthorized,
+)
+from gateway.hooks import HookEngine
+from gateway.market import MarketEvent
+from gateway.metrics import family, label
+from gateway.openapi import openapi_document
+from gateway.protocol import (
+    CLIENT_FRAME,
+    CLIENT_TYPES,
+    AckFrame,
+    AcksFrame,
+    Auth,
+    BusyFrame,
+    ErrorFrame,
+    EventFrame,
+    Hello,
+    Market,
+    MarketAck,
+    Ping,
+    Pong,
+    Snapshot,
+    Submit,
+    SubmitMany,
+    Subscribe,
+    Unsubscribe,
+)
+from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
+from lanes.events import OperatorAction
+from lanes.requests import ControlAction, FieldError, WireModel
+from lanes.state import AgentState
+from store.port import RecordedEvent
+
+log = logging.getLogger("gateway.app")
+WEB = Path(__file__).resolve().parents[1] / "web"
+POLICY_VIOLATION = 1008
+TOO_BIG = 1009
+AUTH_TIMEOUT_S = 10.0
+MAX_BAD_FRAMES = 20
+"""Bad frames in a row before a connection is closed as abusive."""
+MAX_IN_FLIGHT = 2_000
+"""Frames one connection may have waiting for their commit before reading pauses."""
+
+
+@dataclass
+class Service:
+    """What the app serves: the engine and everything around it."""
+
+    engine: Engine
+    tokens: TokenBook
+    hooks: HookEngine | None = None
+    on_market: Callable[[MarketEvent], None] | None = None
+    """Also told of every market event (the paper broker's prices)."""
+    allowed_origins: frozenset[str] = frozenset()
+    max_frame_bytes: int = 1 << 20
+    busy_backlog: int = 20_000
+    """Appends waiting for their commit beyond which new work is answered ``busy``."""
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def check_capacity(self) -> None:
+        """Refuse new work while the writer is saturated (flow control, never unbounded)."""
+        if self.engine.backlog > self.busy_backlog:
+            raise Busy(retry_after_ms=50 + self.engine.backlog // 200)
+
+
+def create_app(service: Service, lifespan: Any = None) -> Starlette:
+    """The ASGI app over a started (or, with ``lifespan``, to-be-started) engine."""
+    api = _Api(service)
+    routes = [
+        Route("/healthz", api.healthz),
+        Route("/metrics", api.metrics),
+        Route("/openapi.json", api.openapi),
+        Route("/api/agents", api.agents),
+        Route("/api/agents/{agent_id}", api.agent),
+        Route("/api/agents/{agent_id}/queue", api.queue),
+        Route("/api/agents/{agent_id}/requests", api.submit, methods=["POST"]),
+        Route("/api/agents/{agent_id}/control", api.control, methods=["POST"]),
+        Route("/api/agents/{agent_id}/queue/clear", api.clear, methods=["POST"]),
+        Route("/api/agents/{agent_id}/release", api.release, methods=["POST"]),
+        Route("/api/agents/{agent_id}/runs/{run_id}/abort", api.abort, methods=["POST"]),
+        Route("/api/agents/{agent_id}/config", api.configure, methods=["POST"]),
+        Route("/api/events", api.events),
+        WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
+        WebSocketRoute("/ws/control", partial_ws(service, "control")),
+    ]
+    if WEB.is_dir():
+        routes.append(Mount("/", StaticFiles(directory=WEB, html=True), name="web"))
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+# --------------------------------------------------------------------------------- HTTP
+
+
+def error_response(error: Exception) -> JSONResponse:
+    """The one place a failure becomes an HTTP answer; no internals leak."""
+    frame = error_frame(error)
+    response = JSONResponse(frame.model_dump(mode="json", exclude_none=True),
+                            status_code=HTTP_STATUS.get(frame.code, 500))
+    if isinstance(error, Busy):
+        response.headers["Retry-After"] = str(max(1, error.retry_after_ms // 1000))
+    if isinstance(error, Unauthorized):
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def error_frame(error: Exception, id: str | None = None,
+                request_id: str | None = None) -> ErrorFrame:
+    """The error frame for any failure (an unexpected one is logged, not shown)."""
+    if isinstance(error, InvalidRequest):
+        first = error.errors[0] if error.errors else None
+        return ErrorFrame(id=id, code="invalid", message=str(error), request_id=request_id,
+                          field=first.field if first else None)
+    if isinstance(error, BadFrame):
+        return ErrorFrame(id=id, code=error.code, message=str(error), field=error.field,
+                          request_id=request_id)
+    if isinstance(error, GatewayError):
+        return ErrorFrame(id=id, code=error.code, message=str(error), request_id=request_id)
+    log.exception("unexpected error", exc_info=error)
+    return ErrorFrame(id=id, code="internal", request_id=request_id,
+                      message="internal error; the request was not taken; retry")
+
+
+def ack_frame(ack: Ack, id: str | None = None) -> AckFrame:
+    """An engine ack on the wire."""
+    return AckFrame(id=id, request_id=ack.request_id, decision=ack.decision,  # type: ignore[arg-type]
+                    position=ack.position, reason=ack.reason, repeated=ack.repeated)
+
+
+class ControlBody(WireModel):
+    """Body of ``POST /api/agents/{id}/control``."""
+
+    action: ControlAction
+    order_id: str | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    reason: str | None = Field(default=None, max_length=500)
+
+
+def _json(model: BaseModel | dict[str, Any] | list[Any], status_code: int = 200) -> JSONResponse:
+    body = model.model_dump(mode="json", exclude_none=True) if isinstance(model, BaseModel) \
+        else model
+    return JSONResponse(body, status_code=status_code)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _guarded(handler: Callable[[_Api, Request], Awaitable[Response]]) -> Any:
+    async def wrapped(self: _Api, request: Request) -> Response:
+        try:
+            return await handler(self, request)
+        except Exception as error:
+            return error_response(error)
+
+    wrapped.__doc__ = handler.__doc__
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+class _Api:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.engine = service.engine
+
+    def _principal(self, request: Request) -> Principal:
+        origin = request.headers.get("origin")
+        if request.method != "GET" and origin and origin not in self.service.allowed_origins \
+                and not _same_origin(origin, request.headers.get("host")):
+            raise Forbidden(f"origin {origin!r} is not allowed")
+        return self.service.tokens.from_header(request.headers.get("authorization"))
+
+    def _agent_id(self, request: Request) -> str:
+        agent_id = str(request.path_params["agent_id"])
+        self.engine.state(agent_id)  # UnknownAgent if it does not exist
+        return agent_id
+
+    async def _body(self, request: Request, model: type[BaseModel]) -> Any:
+        raw = await request.body()
+        if len(raw) > self.service.max_frame_bytes:
+            raise BadFrame("too_large", f"body over {self.service.max_frame_bytes} bytes")
+        try:
+            data = json.loads(raw)
+        except ValueError as error:
+            raise BadFrame("malformed_json", f"body is not JSON: {error}") from None
+        try:
+            return model.model_validate(data)
+        except ValidationError as error:
+            raise InvalidRequest.from_validation_error(error) from None
+
+    async def healthz(self, request: Request) -> Response:
+        """Liveness: 200 while the engine takes inputs."""
+        running = self.engine.running
+        return JSONResponse({"status": "ok" if running else "stopping",
+                             "position": await self.engine.store.last_position()},
+                            status_code=200 if running else 503)
+
+    @_guarded
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus metrics (viewer or better)."""
+        self._principal(request).check_read()
+        return PlainTextResponse(self._metrics_text(),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document of this API."""
+        return JSONResponse(openapi_document())
+
+    @_guarded
+    async def agents(self, request: Request) -> Response:
+        """Every agent in the token's scope, with its status."""
+        principal = self._principal(request)
+        principal.check_read()
+        now = self.engine.clock.now_ms()
+        return _json([agent_summary(self.engine.state(a), now) for a in self.engine.agent_ids
+                      if principal.may_see(a)])
+
+    @_guarded
+    async def agent(self, request: Request) -> Response:
+        """One agent: config, trading state and lane status."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        state = self.engine.state(agent_id)
+        body = agent_summary(state, self.engine.clock.now_ms())
+        body["config"] = state.config.model_dump(mode="json")
+        return _json(body)
+
+    @_guarded
+    async def queue(self, request: Request) -> Response:
+        """Whether the lane is busy, the current run with its duration, the pending list."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        return _json(queue_view(self.engine.state(agent_id), self.engine.clock.now_ms()))
+
+    @_guarded
+    async def submit(self, request: Request) -> Response:
+        """Submit one request to this agent; answered after its commit."""
+        agent_id = self._agent_id(request)
+        principal = self._principal(request)
+        body = await self._body(request, AgentRequest)
+        if body.agent_id != agent_id:
+            raise BadFrame("invalid", f"agentId {body.agent_id!r} does not match the path",
+                           field="agentId")
+        principal.check_submit(body)
+        self.service.check_capacity()
+        return _json(ack_frame(await self.engine.submit(body, principal.name)))
+
+    @_guarded
+    async def control(self, request: Request) -> Response:
+        """A control-lane action (emergency_stop, pause, resume, cancel_order, cancel_all)."""
+        agent_id = self._agent_id(request)
+        principal = self._principal(request)
+        principal.check_operate(agent_id)
+        body: ControlBody = await self._body(request, ControlBody)
+        payload: dict[str, Any] = {"action": body.action.value}
+        if body.order_id is not None:
+            payload["orderId"] = body.order_id
+        if body.reason is not None:
+            payload["reason"] = body.reason
+        agent_request = parse_request({
+            "requestId": body.request_id or f"ctl_{secrets.token_hex(8)}",
+            "createdAt": datetime.now(UTC), "agentId": agent_id, "kind": "user_control",
+            "priority": "high", "source": f"http:{principal.name}", "payload": payload,
+        })
+        return _json(ack_frame(await self.engine.submit(agent_request, principal.name)))
+
+    async def _operate(self, request: Request, action: OperatorAction,
+                       run_id: str | None = None) -> Response:
+        agent_id = self._agent_id(request)
+        principal = self._principal(request)
+        principal.check_operate(agent_id)
+        decisions = await self.engine.operate(agent_id, action, principal.name, run_id)
+        first = decisions[0]
+        if type(first).__name__ == "OperatorRejected":
+            return _json({"applied": False, "reason": getattr(first, "reason", "")}, 409)
+        return _json({"applied": True, "events": [type(d).__name__ for d in decisions],
+                      "detail": getattr(first, "detail", "")})
+
+    @_guarded
+    async def clear(self, request: Request) -> Response:
+        """Drop every pending request (each drop is an event with the principal)."""
+        return await self._operate(request, OperatorAction.CLEAR_QUEUE)
+
+    @_guarded
+    async def release(self, request: Request) -> Response:
+        """Force the lane idle: the active run is aborted (reason release)."""
+        return await self._operate(request, OperatorAction.RELEASE)
+
+    @_guarded
+    async def abort(self, request: Request) -> Response:
+        """Abort a run, only if it is still the active one (409 otherwise)."""
+        return await self._operate(request, OperatorAction.ABORT_RUN,
+                                   str(request.path_params["run_id"]))
+
+    @_guarded
+    async def configure(self, request: Request) -> Response:
+        """Replace an agent's config (admin); applies to requests arriving from now on."""
+        agent_id = self._agent_id(request)
+        principal = self._principal(request)
+        principal.check_admin()
+        principal.check_agent(agent_id)
+        config = await self._body(request, AgentConfig)
+        changed = await self.engine.configure(agent_id, config, principal.name)
+        return _json({"changed": changed, "config": config.model_dump(mode="json")})
+
+    @_guarded
+    async def events(self, request: Request) -> Response:
+        """The log, paged: ``after`` (position), ``agent``, ``type``, ``limit`` (<= 1000)."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = request.query_params
+        try:
+            after = int(query.get("after", "0"))
+            limit = min(max(int(query.get("limit", "100")), 1), 1000)
+        except ValueError:
+            raise BadFrame("invalid", "after and limit must be integers") from None
+        if after < 0:
+            raise BadFrame("invalid", "after must be >= 0", field="after")
+        agent, kind = query.get("agent"), query.get("type")
+        if agent is not None:
+            principal.check_read(agent)
+        found: list[dict[str, Any]] = []
+        cursor, scanned = after, 0
+        while len(found) < limit and scanned < 20_000:
+            page = await self.engine.store.read(after=cursor, limit=1000)
+            if not page:
+                break
+            for record in page:
+                cursor = record.position
+                if (agent is None or record.stream == agent) and \
+                        (kind is None or record.type == kind) and principal.may_see(record.stream):
+                    found.append(event_json(record))
+                    if len(found) == limit:
+                        break
+            scanned += len(page)
+        return _json({"events": found, "next": cursor})
+
+    def _metrics_text(self) -> str:
+        engine = self.engine
+        now = engine.clock.now_ms()
+        views = [status(engine.state(a), now) for a in engine.agent_ids]
+
+        def per_agent(get: Callable[[Any], float]) -> list[str]:
+            return [f'{{agent="{label(v.agent_id)}"}} {get(v)}' for v in views]
+
+        def gauge(name: str, help_text: str, get: Callable[[Any], float],
+                  kind: str = "gauge") -> list[str]:
+            return family(name, kind, help_text, (name + s for s in per_agent(get)))
+
+        lines = [
+            *gauge("gateway_pending_requests", "Requests waiting in the reasoning lane.",
+                   lambda v: v.pending),
+            *gauge("gateway_oldest_pending_seconds", "Age of the oldest pending request.",
+                   lambda v: (v.oldest_pending_age_ms or 0) / 1000),
+            *gauge("gateway_active_run_seconds", "Duration of the active run (0: idle).",
+                   lambda v: v.active_run.duration_ms / 1000 if v.active_run else 0),
+            *gauge("gateway_halted", "1 while the agent is HALTED.",
+                   lambda v: int(v.trading.value == "HALTED")),
+            *gauge("gateway_runs_total", "Runs started.", lambda v: v.counters.runs, "counter"),
+            *gauge("gateway_aborts_total", "Runs aborted.", lambda v: v.counters.aborts,
+                   "counter"),
+            *gauge("gateway_drops_total", "Requests dropped.", lambda v: v.counters.drops,
+                   "counter"),
+            *gauge("gateway_dedupes_total", "Requests deduped.", lambda v: v.counters.dedupes,
+                   "counter"),
+            *gauge("gateway_budget_suppressions_total", "Times runs were held by a budget.",
+                   lambda v: v.counters.suppressions, "counter"),
+            *family("gateway_requests_received_total", "counter",
+                    "Requests received (its rate is the ingest rate).",
+                    [f"gateway_requests_received_total {engine.requests_received}"]),
+            *family("gateway_commit_backlog", "gauge", "Appends waiting for their commit.",
+                    [f"gateway_commit_backlog {engine.backlog}"]),
+            *family("gateway_commit_latency_seconds", "histogram",
+                    "From a decision to the commit that holds it.",
+                    engine.commit_latency.lines("gateway_commit_latency_seconds")),
+            *family("gateway_run_duration_seconds", "histogram", "Run durations.",
+                    engine.run_durations.lines("gateway_run_duration_seconds")),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    return host is not None and origin.split("://", 1)[-1] == host
+
+
+# ------------------------------------------------------------------------------ views
+
+
+def agent_summary(state: AgentState, now: int) -> dict[str, Any]:
+    """An agent's status as JSON (camelCase, as everything on the wire)."""
+    view = status(state, now)
+    body: dict[str, Any] = _camel(asdict(view))
+    body["budgets"] = state.config.budgets.model_dump(mode="json")
+    return body
+
+
+def _camel(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {to_camel(k): _camel(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_camel(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def queue_view(state: AgentState, now: int) -> dict[str, Any]:
+    """Busy or not, the current run with its duration, the pending list with ages."""
+    run = state.active
+    return {
+        "agentId": state.agent_id,
+        "busy": run is not None,
+        "trading": state.trading.value,
+        "run": None if run is None else {
+            "runId": run.run_id, "startedAt": run.started_at,
+            "durationMs": max(0, now - run.started_at), "deadline": run.deadline,
+            "steerable": run.steerable, "steers": run.steers,
+            "requests": [p.request.request_id for p in run.requests],
+        },
+        "pending": [
+            {"requestId": p.request.request_id, "kind": p.request.kind.value,
+             "priority": p.request.priority.value, "mode": p.mode.value,
+             "dedupeKey": p.request.dedupe_key, "ageMs": max(0, now - p.at)}
+            for p in state.pending
+        ],
+    }
+
+
+def event_json(record: RecordedEvent) -> dict[str, Any]:
+    """A committed event as JSON."""
+    return {"position": record.position, "stream": record.stream, "version": record.version,
+            "type": record.type, "data": json.loads(record.data),
+            "recordedAt": record.recorded_at}
+
+
+# ---------------------------------------------------------------------------- WebSocket
+
+
+def partial_ws(service: Service, endpoint: str) -> Callable[[WebSocket], Awaitable[None]]:
+    """The handler of one WebSocket endpoint (``feed`` or ``control``)."""
+
+    async def handle(websocket: WebSocket) -> None:
+        await Session(service, websocket, endpoint).run()
+
+    return handle
+
+
+class Session:
+    """One WebSocket connection: authenticate, then frames in, answers out."""
+
+    def __init__(self, service: Service, websocket: WebSocket, endpoint: str) -> None:
+        self.service = service
+        self.engine = service.engine
+        self.ws = websocket
+        self.endpoint = endpoint
+        self.principal: Principal | None = None
+        self.bad_frames = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self.send_lock = asyncio.Lock()
+        self.subscription: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Serve the connection until it closes."""
+        origin = self.ws.headers.get("origin")
+        if origin and origin not in self.service.allowed_origins and \
+                not _same_origin(origin, self.ws.headers.get("host")):
+            await self.ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
+            return
+        await self.ws.accept()
+        try:
+            if not await self._authenticate():
+                return
+            await self._serve()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for task in [*self.tasks, *([self.subscription] if self.subscription else [])]:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _authenticate(self) -> bool:
+        tokens = self.service.tokens
+        try:
+            header = self.ws.headers.get("authorization")
+            if header:
+                principal = tokens.from_header(header)
+            else:
+                raw = await asyncio.wait_for(self.ws.receive_text(), AUTH_TIMEOUT_S)
+                frame = self._parse(raw)
+                if not isinstance(frame, Auth):
+                    raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
+                principal = tokens.authenticate(frame.token)
+            if self.endpoint == "feed":
+                principal.check_feed()
+        except (GatewayError, InvalidRequest, TimeoutError) as error:
+            if isinstance(error, TimeoutError):
+                error = Unauthorized("no auth frame in time")
+            await self._send(error_frame(error))
+            await self.ws.close(code=POLICY_VIOLATION, reason=getattr(error, "code", "auth"))
+            return False
+        self.principal = principal
+        scope = None if principal.agents is None else sorted(principal.agents)
+        await self._send(Hello(principal=principal.name, role=principal.role.value,
+                               agents=scope))
+        return True
+
+    async def _serve(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            if raw is None:
+                data = message.get("bytes") or b""
+                raw = data.decode("utf-8", errors="replace")
+            try:
+                if len(raw) > self.service.max_frame_bytes:
+                    raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
+                                   "bytes; split it")
+                frame = self._parse(raw)
+            except (BadFrame, InvalidRequest) as error:
+                self.bad_frames += 1
+                await self._send(error_frame(error, id=_guess_id(raw)))
+                if self.bad_frames >= MAX_BAD_FRAMES:
+                    await self.ws.close(code=POLICY_VIOLATION, reason="too many bad frames")
+                    return
+                continue
+            self.bad_frames = 0
+            await self.slots.acquire()
+            task = asyncio.create_task(self._answer(frame))
+            self.tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.slots.release()
+
+    def _parse(self, raw: str) -> Any:
+        try:
+            data = json.loads(raw)
+        except ValueError as error:
+            raise BadFrame("malformed_json", f"not JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
+        kind = data.get("type")
+        if kind not in CLIENT_TYPES:
+            raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
+                           f"{', '.join(CLIENT_TYPES)}", field="type")
+        try:
+            return CLIENT_FRAME.validate_python(data)
+        except ValidationError as error:
+            invalid = InvalidRequest.from_validation_error(error)
+            # Drop the frame type pydantic puts first in each location ("submit.request...").
+            raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
+                                  for e in invalid.errors]) from None
+
+    async def _send(self, frame: BaseModel) -> None:
+        text = frame.model_dump_json(exclude_none=True)
+        async with self.send_lock:
+            if self.ws.application_state is WebSocketState.CONNECTED:
+                with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                    await self.ws.send_text(text)
+
+    async def _answer(self, frame: Any) -> None:
+        try:
+            await self._handle(frame)
+        except asyncio.CancelledError:
+            raise
+        except Busy as error:
+            await self._send(BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms))
+        except Exception as error:
+            request_id = frame.request.request_id if isinstance(frame, Submit) else None
+            await self._send(error_frame(error, id=frame.id, request_id=request_id))
+
+    async def _handle(self, frame: Any) -> None:
+        principal = self.principal
+        assert principal is not None
+        engine = self.engine
+        if isinstance(frame, Ping):
+            await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
+        elif isinstance(frame, Auth):
+            raise BadFrame("invalid", "already authenticated")
+        elif isinstance(frame, Submit):
+            principal.check_submit(frame.request)
+            self.service.check_capacity()
+            await self._send(ack_frame(await engine.submit(frame.request, principal.name),
+                                       frame.id))
+        elif isinstance(frame, SubmitMany):
+            await self._send(AcksFrame(id=frame.id,
+                                       results=await self._submit_all(frame.requests)))
+        elif isinstance(frame, Market):
+            principal.check_feed()
+            self.service.check_capacity()
+            requests: list[AgentRequest] = []
+            for event in frame.events:
+                if self.service.on_market is not None:
+                    self.service.on_market(event)
+                if self.service.hooks is not None:
+                    requests += self.service.hooks.on_event(event)
+            triggered = await self._submit_all(requests) if requests else []
+            await self._send(MarketAck(id=frame.id, events=len(frame.events),
+                                       triggered=triggered))
+        elif isinstance(frame, Subscribe):
+            await self._subscribe(frame)
+        elif isinstance(frame, Unsubscribe):
+            if self.subscription is not None:
+                self.subscription.cancel()
+                self.subscription = None
+            await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
+
+    async def _submit_all(self, requests: list[AgentRequest]) -> list[AckFrame | ErrorFrame]:
+        principal = self.principal
+        assert principal is not None
+        self.service.check_capacity()
+        allowed: list[AgentRequest] = []
+        refused: dict[int, ErrorFrame] = {}
+        for index, request in enumerate(requests):
+            try:
+                principal.check_submit(request)
+                allowed.append(request)
+            except GatewayError as error:
+                refused[index] = error_frame(error, request_id=request.request_id)
+        answers = iter(await self.engine.submit_many(allowed, principal.name))
+        results: list[AckFrame | ErrorFrame] = []
+        for index, request in enumerate(requests):
+            if index in refused:
+                results.append(refused[index])
+                continue
+            answer = next(answers)
+            results.append(ack_frame(answer) if isinstance(answer, Ack)
+                           else error_frame(answer, request_id=request.request_id))
+        return results
+
+    async def _subscribe(self, frame: Subscribe) -> None:
+        principal = self.principal
+        assert principal is not None
+        principal.check_read()
+        wanted = frame.agents if frame.agents is not None else [
+            a for a in self.engine.agent_ids if principal.may_see(a)]
+        for agent_id in wanted:
+            principal.check_read(agent_id)
+            self.engine.state(agent_id)
+        if self.subscription is not None:
+            self.subscription.cancel()
+        position = await self.engine.store.last_position()
+        now = self.engine.clock.now_ms()
+        await self._send(Snapshot(id=frame.id, position=position,
+                                  agents=[agent_summary(self.engine.state(a), now)
+                                          for a in wanted]))
+        start = frame.after if frame.after is not None else position
+        self.subscription = asyncio.create_task(self._follow(set(wanted), start))
+
+    async def _follow(self, agents: set[str], after: int) -> None:
+        async with contextlib.aclosing(self.engine.store.follow(after)) as events:
+            async for record in events:
+                if record.stream in agents:
+                    await self._send(EventFrame(
+                        position=record.position, stream=record.stream,
+                        version=record.version, event_type=record.type,
+                        data=json.loads(record.data), recorded_at=record.recorded_at))
+
+
+def _guess_id(raw: str) -> str | None:
+    """The client's frame id, if the frame is JSON enough to have one."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        value = json.loads(raw).get("id")
+        return value if isinstance(value, str) and len(value) <= 128 else None
+    return None
+
+
+@contextlib.asynccontextmanager
+async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
+    """Start the engine with the app and stop it gracefully with it."""
+    await engine.start()
+    try:
+        yield
+    finally:
+        await engine.stop()
+
+
+__all__ = ["Role", "Service", "create_app", "engine_lifespan"]

@@ -1,0 +1,106 @@
+"""Who is calling and what they may do: bearer tokens with a role and an optional scope."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gateway.errors import Forbidden, Unauthorized
+from lanes.requests import AgentRequest, Kind
+
+
+class Role(StrEnum):
+    """What a token may do. ``feed`` pushes market data and triggers; ``viewer`` only reads;
+    ``control`` reads and acts on agents; ``admin`` also changes config."""
+
+    FEED = "feed"
+    CONTROL = "control"
+    VIEWER = "viewer"
+    ADMIN = "admin"
+
+
+FEED_KINDS = frozenset({Kind.HOOK_TRIGGER, Kind.SYSTEM_ALERT})
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: its name (recorded in events), role and agent scope."""
+
+    name: str
+    role: Role
+    agents: frozenset[str] | None = None
+    """None: every agent."""
+
+    def may_see(self, agent_id: str) -> bool:
+        """Whether this caller's scope includes the agent."""
+        return self.agents is None or agent_id in self.agents
+
+    def check_agent(self, agent_id: str) -> None:
+        """Refuse an agent outside the scope."""
+        if not self.may_see(agent_id):
+            raise Forbidden(f"token {self.name!r} is not scoped to agent {agent_id!r}")
+
+    def check_read(self, agent_id: str | None = None) -> None:
+        """Reading status and events: viewer, control and admin."""
+        if self.role is Role.FEED:
+            raise Forbidden("a feed token cannot read agent state; use a viewer token")
+        if agent_id is not None:
+            self.check_agent(agent_id)
+
+    def check_submit(self, request: AgentRequest) -> None:
+        """Submitting a request: feed tokens only triggers and alerts; viewers nothing."""
+        self.check_agent(request.agent_id)
+        if self.role is Role.VIEWER:
+            raise Forbidden("a viewer token cannot submit requests")
+        if self.role is Role.FEED and request.kind not in FEED_KINDS:
+            raise Forbidden(
+                f"a feed token may submit hook_trigger and system_alert only, not "
+                f"{request.kind.value}"
+            )
+
+    def check_operate(self, agent_id: str) -> None:
+        """Controls, release, abort, clear: control and admin."""
+        if self.role not in (Role.CONTROL, Role.ADMIN):
+            raise Forbidden(f"a {self.role.value} token cannot act on agents")
+        self.check_agent(agent_id)
+
+    def check_admin(self) -> None:
+        """Changing config: admin only."""
+        if self.role is not Role.ADMIN:
+            raise Forbidden("only an admin token can change configuration")
+
+    def check_feed(self) -> None:
+        """Pushing market events: feed, control and admin."""
+        if self.role is Role.VIEWER:
+            raise Forbidden("a viewer token cannot push market events")
+
+
+class TokenBook:
+    """Looks bearer tokens up in constant time per token; never logs or returns a secret."""
+
+    def __init__(self, entries: Iterable[tuple[str, Principal]]) -> None:
+        self._entries = [(secret.encode(), principal) for secret, principal in entries]
+
+    def __repr__(self) -> str:
+        return f"TokenBook({len(self._entries)} tokens)"
+
+    def authenticate(self, token: str | None) -> Principal:
+        """The principal of a token, or `Unauthorized`."""
+        if not token:
+            raise Unauthorized()
+        given = token.encode()
+        found = None
+        for secret, principal in self._entries:
+            if hmac.compare_digest(secret, given):
+                found = principal
+        if found is None:
+            raise Unauthorized("unknown token")
+        return found
+
+    def from_header(self, value: str | None) -> Principal:
+        """The principal of an ``Authorization: Bearer ...`` header value."""
+        if not value or not value.lower().startswith("bearer "):
+            raise Unauthorized("send 'Authorization: Bearer <token>'")
+        return self.authenticate(value[7:].strip())

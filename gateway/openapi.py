@@ -1,0 +1,91 @@
+"""The OpenAPI document of the HTTP API, built from the same pydantic models it validates."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from gateway.protocol import AckFrame, ErrorFrame
+from lanes import AgentConfig, AgentRequest
+
+BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _op(summary: str, ok: str | dict[str, Any], body: str | None = None,
+        params: tuple[str, ...] = ("agent_id",), errors: tuple[int, ...] = (401, 403, 404),
+        query: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "security": BEARER,
+        "parameters": [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in params
+        ] + [
+            {"name": name, "in": "query", "required": False, "schema": {"type": kind}}
+            for name, kind in query
+        ],
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {
+                "schema": _ref(ok) if isinstance(ok, str) else ok}}},
+            **{str(code): {"description": "error", "content": {"application/json": {
+                "schema": _ref("ErrorFrame")}}} for code in (*errors, 422, 503)},
+        },
+    }
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": _ref(body)}}}
+    return operation
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
+    from gateway.app import ControlBody
+
+    schemas: dict[str, Any] = {}
+    for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
+                        ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
+                        ("ControlBody", ControlBody)):
+        schema = TypeAdapter(model).json_schema(
+            by_alias=True, ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
+    obj = {"type": "object"}
+    array = {"type": "array", "items": obj}
+    agent = "/api/agents/{agent_id}"
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Trading agent gateway", "version": "1"},
+        "components": {"schemas": schemas, "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {
+            "/healthz": {"get": {"summary": "Liveness", "responses": {
+                "200": {"description": "running"}, "503": {"description": "stopping"}}}},
+            "/metrics": {"get": _op("Prometheus metrics", {"type": "string"}, params=())},
+            "/api/agents": {"get": _op("Every agent in scope with its status", array,
+                                       params=())},
+            agent: {"get": _op("Config, trading state and lane status", obj)},
+            f"{agent}/queue": {"get": _op("Busy, current run, pending list with ages", obj)},
+            f"{agent}/requests": {"post": _op("Submit a request (ack after commit)",
+                                              "AckFrame", "AgentRequest")},
+            f"{agent}/control": {"post": _op("Control-lane action (ack after commit)",
+                                             "AckFrame", "ControlBody")},
+            f"{agent}/queue/clear": {"post": _op("Drop every pending request", obj)},
+            f"{agent}/release": {"post": _op("Abort the active run, free the lane", obj)},
+            f"{agent}/runs/{{run_id}}/abort": {"post": _op(
+                "Abort this run if it is still the active one (409 if not)", obj,
+                params=("agent_id", "run_id"), errors=(401, 403, 404, 409))},
+            f"{agent}/config": {"post": _op("Replace the config (admin)", obj,
+                                            "AgentConfig")},
+            "/api/events": {"get": _op(
+                "The event log, paged", obj, params=(),
+                query=(("after", "integer"), ("agent", "string"), ("type", "string"),
+                       ("limit", "integer")))},
+        },
+    }

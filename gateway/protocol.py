@@ -1,0 +1,190 @@
+"""Wire protocol v1: every WebSocket frame, validated by pydantic (unknown fields rejected).
+
+A client frame is one JSON object with a ``type``; any frame may carry an ``id`` of the
+client's choosing, echoed in every answer to it. Schemas: ``gateway schema``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter
+
+from gateway.market import MarketEvent
+from lanes.requests import AgentRequest, WireModel
+
+PROTOCOL_VERSION = 1
+MAX_BATCH = 1_000
+ClientId = Annotated[str | None, Field(default=None, max_length=128)]
+
+# ------------------------------------------------------------------- client -> server
+
+
+class Auth(WireModel):
+    """First frame when no ``Authorization`` header was sent: the bearer token."""
+
+    type: Literal["auth"]
+    token: str = Field(min_length=1, max_length=512)
+    id: ClientId = None
+
+
+class Submit(WireModel):
+    """Submit one request; answered by an `AckFrame` after its commit."""
+
+    type: Literal["submit"]
+    request: AgentRequest
+    id: ClientId = None
+
+
+class SubmitMany(WireModel):
+    """Submit up to 1,000 requests in one frame; answered by one `AcksFrame`."""
+
+    type: Literal["submit_many"]
+    requests: list[AgentRequest] = Field(min_length=1, max_length=MAX_BATCH)
+    id: ClientId = None
+
+
+class Market(WireModel):
+    """Market events (one or a batch); hook rules turn them into ``hook_trigger`` requests."""
+
+    type: Literal["market"]
+    events: list[MarketEvent] = Field(min_length=1, max_length=MAX_BATCH)
+    id: ClientId = None
+
+
+class Subscribe(WireModel):
+    """Follow agents (all in scope when ``agents`` is absent): a snapshot, then every event
+    as it commits. With ``after``, events after that position are replayed first (resume)."""
+
+    type: Literal["subscribe"]
+    agents: list[str] | None = None
+    after: int | None = Field(default=None, ge=0)
+    id: ClientId = None
+
+
+class Unsubscribe(WireModel):
+    """Stop following."""
+
+    type: Literal["unsubscribe"]
+    id: ClientId = None
+
+
+class Ping(WireModel):
+    """Liveness; answered by a `Pong`."""
+
+    type: Literal["ping"]
+    id: ClientId = None
+
+
+ClientFrame = Annotated[
+    Auth | Submit | SubmitMany | Market | Subscribe | Unsubscribe | Ping,
+    Field(discriminator="type"),
+]
+CLIENT_FRAME: TypeAdapter[Any] = TypeAdapter(ClientFrame)
+CLIENT_TYPES = ("auth", "submit", "submit_many", "market", "subscribe", "unsubscribe", "ping")
+
+# ------------------------------------------------------------------- server -> client
+
+
+class Hello(WireModel):
+    """Sent once authenticated: who the server thinks you are."""
+
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL_VERSION
+    principal: str
+    role: str
+    agents: list[str] | None
+    """The agents this token may touch (None: all)."""
+
+
+class AckFrame(WireModel):
+    """A request's decision, sent only after the commit that holds it."""
+
+    type: Literal["ack"] = "ack"
+    id: str | None = None
+    request_id: str
+    decision: Literal["accepted", "deduped", "dropped", "rejected"]
+    position: int
+    reason: str | None = None
+    repeated: bool = False
+
+
+class ErrorFrame(WireModel):
+    """Something was wrong with a frame or could not be done; nothing was changed by it."""
+
+    type: Literal["error"] = "error"
+    id: str | None = None
+    code: str
+    message: str
+    request_id: str | None = None
+    field: str | None = None
+
+
+class BusyFrame(WireModel):
+    """The writer is saturated: nothing was taken; send the same frame again later."""
+
+    type: Literal["busy"] = "busy"
+    id: str | None = None
+    retry_after_ms: int
+
+
+class AcksFrame(WireModel):
+    """One answer per request of a `SubmitMany`, in order (an ack or an error each)."""
+
+    type: Literal["acks"] = "acks"
+    id: str | None = None
+    results: list[AckFrame | ErrorFrame]
+
+
+class MarketAck(WireModel):
+    """Market events taken; ``triggered`` holds the acks of the requests hooks made of them."""
+
+    type: Literal["market_ack"] = "market_ack"
+    id: str | None = None
+    events: int
+    triggered: list[AckFrame | ErrorFrame]
+
+
+class Snapshot(WireModel):
+    """Each subscribed agent's status as of ``position``; events after it follow."""
+
+    type: Literal["snapshot"] = "snapshot"
+    id: str | None = None
+    position: int
+    agents: list[dict[str, Any]]
+
+
+class EventFrame(WireModel):
+    """One committed event of a subscribed agent."""
+
+    type: Literal["event"] = "event"
+    position: int
+    stream: str
+    version: int
+    event_type: str
+    data: dict[str, Any]
+    recorded_at: int
+
+
+class Pong(WireModel):
+    """Answer to `Ping`."""
+
+    type: Literal["pong"] = "pong"
+    id: str | None = None
+    position: int
+
+
+ServerFrame = Annotated[
+    Hello | AckFrame | AcksFrame | MarketAck | ErrorFrame | BusyFrame | Snapshot | EventFrame
+    | Pong,
+    Field(discriminator="type"),
+]
+
+
+def json_schemas() -> dict[str, Any]:
+    """JSON Schemas of every client and server frame (``gateway schema``)."""
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "client": TypeAdapter(ClientFrame).json_schema(by_alias=True),
+        "server": TypeAdapter(ServerFrame).json_schema(by_alias=True),
+    }

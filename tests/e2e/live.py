@@ -1,0 +1,116 @@
+"""A real gateway on an ephemeral loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+from websockets.asyncio.client import ClientConnection, connect
+
+from gateway.app import Service, create_app
+from gateway.auth import Principal, Role, TokenBook
+from gateway.engine import Engine
+from gateway.reasoner import Reasoner
+from lanes import AgentConfig
+from store import EventStore
+
+TIMEOUT = 10.0
+TOKENS = {
+    "feed-secret": Principal("feeder", Role.FEED),
+    "control-secret": Principal("ops", Role.CONTROL),
+    "viewer-secret": Principal("watcher", Role.VIEWER),
+    "admin-secret": Principal("root", Role.ADMIN),
+    "scoped-secret": Principal("btc-desk", Role.CONTROL, frozenset({"btc"})),
+}
+
+
+@dataclass
+class Live:
+    """A running gateway: its base URLs and its engine."""
+
+    http: str
+    ws: str
+    engine: Engine
+    service: Service
+
+    def client(self, token: str | None = "control-secret") -> httpx.AsyncClient:
+        """An HTTP client with that bearer token."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.http, headers=headers, timeout=TIMEOUT)
+
+    @contextlib.asynccontextmanager
+    async def socket(self, endpoint: str = "control", token: str | None = "control-secret",
+                     hello: bool = True, **kwargs: Any) -> AsyncIterator[ClientConnection]:
+        """A WebSocket, authenticated by header (the hello frame already read)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with connect(f"{self.ws}/ws/{endpoint}", additional_headers=headers,
+                           open_timeout=TIMEOUT, **kwargs) as ws:
+            if token and hello:
+                first = await receive(ws)
+                assert first["type"] == "hello", first
+            yield ws
+
+
+async def receive(ws: ClientConnection) -> dict[str, Any]:
+    """The next frame, decoded (fails the test if none comes in time)."""
+    raw = await asyncio.wait_for(ws.recv(), TIMEOUT)
+    frame: dict[str, Any] = json.loads(raw)
+    return frame
+
+
+async def receive_until(ws: ClientConnection, done: Callable[[dict[str, Any]], bool]
+                        ) -> list[dict[str, Any]]:
+    """Frames until one satisfies ``done`` (included)."""
+    frames: list[dict[str, Any]] = []
+
+    async def collect() -> None:
+        while True:
+            frame = await receive(ws)
+            frames.append(frame)
+            if done(frame):
+                return
+
+    await asyncio.wait_for(collect(), TIMEOUT)
+    return frames
+
+
+@contextlib.asynccontextmanager
+async def running(store: EventStore, agents: dict[str, AgentConfig],
+                  reasoners: Callable[[str], Reasoner], **service: Any
+                  ) -> AsyncIterator[Live]:
+    """Start a gateway (engine + uvicorn on 127.0.0.1, ephemeral port); stop it after."""
+    engine = Engine(store, agents, reasoners=reasoners)
+    book = TokenBook(TOKENS.items())
+    svc = Service(engine=engine, tokens=book, **service)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    app = create_app(svc, lifespan=lifespan)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio",
+                            ws_max_size=4 << 20)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield Live(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", engine, svc)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, TIMEOUT)
+        sock.close()
