@@ -6,6 +6,7 @@ the ``report`` callback (the engine records each as an input event of the agent)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ from typing import Literal, Protocol
 
 from gateway.clock import Clock
 from gateway.market import Candle, MarketEvent, Tick
+from gateway.tasks import spawn
 from lanes.events import BrokerReport, OrderIntent
 
 log = logging.getLogger("gateway.broker")
@@ -103,17 +105,35 @@ class PaperBroker:
         await self._send(order, "cancelled")
 
     async def on_market_event(self, event: MarketEvent) -> None:
-        """Take a price from a tick or candle and fill the resting orders it reaches."""
+        """Take a price from a tick or candle, fill the resting orders it reaches, and
+        report the fills."""
+        for order, price in self._take(event):
+            await self._send(order, "filled", order.intent.qty, price)
+
+    def observe(self, event: MarketEvent) -> asyncio.Task[None] | None:
+        """`on_market_event` for a synchronous caller: the fills are decided now, in event
+        order, and reported from a task (returned, or None when nothing filled)."""
+        fills = self._take(event)
+        if not fills:
+            return None
+        return spawn(self._send_fills(fills), "paper-broker-fills")
+
+    async def _send_fills(self, fills: list[tuple[PaperOrder, float]]) -> None:
+        for order, price in fills:
+            await self._send(order, "filled", order.intent.qty, price)
+
+    def _take(self, event: MarketEvent) -> list[tuple[PaperOrder, float]]:
+        """Record the event's price; close and return the resting orders it fills."""
         if isinstance(event, Tick):
             price = event.price
         elif isinstance(event, Candle):
             price = event.close
         else:
-            return
+            return []
         self._last[event.symbol] = price
         resting = self._by_symbol.get(event.symbol)
         if not resting:
-            return
+            return []
         fills: list[tuple[PaperOrder, float]] = []
         for order in list(resting.values()):
             intent = order.intent
@@ -124,8 +144,7 @@ class PaperBroker:
                 fills.append((order, intent.limit_price))
         for order, _ in fills:
             self._close(order.order_id)
-        for order, fill_price in fills:
-            await self._send(order, "filled", order.intent.qty, fill_price)
+        return fills
 
     def _close(self, order_id: str) -> None:
         order = self._open.pop(order_id, None)

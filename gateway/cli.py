@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,13 +59,65 @@ async def _verify(db: Path) -> int:
     return 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
+    from gateway.clock import SystemClock
+    from gateway.config import ConfigError, demo_config, load_config
+    from gateway.feed import SyntheticFeed
+    from gateway.server import Running, build_service, feed_market, serve_forever
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = demo_config() if args.command == "demo" else load_config(args.config)
+    except ConfigError as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    service = build_service(config, args.db)
+    clock = SystemClock()
+
+    def ready(running: Running) -> None:
+        print(f"gateway serving on {running.url}", flush=True)
+        if args.command == "demo":
+            print(f"panel: {running.url}/", flush=True)
+            for token in config.tokens:
+                print(f"{token.role.value} token ({token.name}): {token.secret}", flush=True)
+            print(f"event log: {args.db}; stop with Ctrl-C", flush=True)
+
+    def feed(svc: object) -> object:
+        # A lively market, so that the demo's price-cross hooks fire every few seconds.
+        return feed_market(service, SyntheticFeed(volatility=3.0), clock)
+
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_forever(service, host, port, ready,
+                                  feed if args.command == "demo" else None))
+    return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gateway`` console script."""
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run a scripted scenario on an embedded SQLite log")
+    demo = commands.add_parser(
+        "demo", help="serve three demo agents with a synthetic market feed (embedded SQLite)")
     demo.add_argument("--db", type=Path, default=Path("gateway-demo.db"))
-    demo.add_argument("--pace", type=float, default=1.0, help="time scale of the scenario")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
+    serve = commands.add_parser("serve", help="serve the gateway from a config file")
+    serve.add_argument("--config", type=Path, required=True)
+    serve.add_argument("--db", type=Path, help="event log (default: the config's store.path)")
+    serve.add_argument("--host", help="default: the config's server.host (127.0.0.1)")
+    serve.add_argument("--port", type=int, help="default: the config's server.port")
+    scenario = commands.add_parser(
+        "scenario", help="run a short scripted scenario through the engine and print it")
+    scenario.add_argument("--db", type=Path, default=Path("gateway-scenario.db"))
+    scenario.add_argument("--pace", type=float, default=1.0, help="time scale of the scenario")
     mig = commands.add_parser("migrate", help="create or upgrade the event log schema")
     mig.add_argument("--db", type=Path, required=True)
     rep = commands.add_parser("replay", help="fold a log and print every agent's state")
@@ -70,18 +126,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--at", type=int, help="stop at this log position")
     ver = commands.add_parser("verify", help="re-decide every recorded input and compare")
     ver.add_argument("db", type=Path)
+    commands.add_parser("schema", help="print the JSON Schema of every wire frame")
     args = parser.parse_args(argv)
     if args.command in ("replay", "verify") and not args.db.exists():
         print(f"gateway: no event log at {args.db}", file=sys.stderr)
         return 2
 
-    if args.command == "demo":
+    if args.command == "scenario":
         from gateway.demo import run_demo
 
         return asyncio.run(run_demo(args.db, args.pace))
+    if args.command in ("demo", "serve"):
+        return _serve(args)
     if args.command == "migrate":
         asyncio.run(migrate(args.db))
         print(f"migrated {args.db}")
+        return 0
+    if args.command == "schema":
+        from gateway.protocol import json_schemas
+
+        print(json.dumps(json_schemas(), indent=2))
         return 0
     if args.command == "replay":
         return asyncio.run(_replay(args.db, args.agent, args.at))

@@ -114,7 +114,10 @@ class SyntheticFeed:
         return candles + ticks
 
     async def run(self, clock: Clock, sink: Sink, stop: asyncio.Event) -> None:
-        """Deliver a step to ``sink`` every ``tick_ms`` of ``clock`` time until ``stop`` is set."""
+        """Deliver a step to ``sink`` every ``tick_ms`` of ``clock`` time until ``stop`` is set.
+
+        Setting ``stop`` also wakes a run asleep on the clock; an error from ``sink`` ends it.
+        """
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():

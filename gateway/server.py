@@ -1,0 +1,157 @@
+"""Serving: a config becomes a running gateway under uvicorn, stopped gracefully by signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from gateway.app import Service, create_app
+from gateway.auth import Principal, TokenBook
+from gateway.broker import PaperBroker
+from gateway.clock import Clock, SystemClock
+from gateway.config import GatewayConfig, build_reasoner
+from gateway.engine import Engine
+from gateway.feed import SyntheticFeed
+from gateway.hooks import HookEngine
+from gateway.market import MarketEvent
+from gateway.runtime import tune_gc
+from lanes.events import BrokerReport
+from store import SqliteEventStore
+
+log = logging.getLogger("gateway.server")
+
+
+def build_service(config: GatewayConfig, db: Path | str | None = None,
+                  clock: Clock | None = None) -> Service:
+    """Everything a config describes, wired together (the engine is not started yet)."""
+    clock = clock or SystemClock()
+    store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous)
+    engine: Engine | None = None
+
+    async def report(agent_id: str, broker_report: BrokerReport) -> None:
+        assert engine is not None
+        if engine.running:
+            await engine.report(agent_id, broker_report)
+
+    broker = PaperBroker(report, clock)
+    reasoners = {entry.id: build_reasoner(entry) for entry in config.agents}
+    engine = Engine(store, config.agent_configs(), clock=clock,
+                    reasoners=reasoners.__getitem__, broker=broker)
+    tokens = TokenBook(
+        (token.secret, Principal(token.name, token.role,
+                                 None if token.agents is None else frozenset(token.agents)))
+        for token in config.tokens
+    )
+
+    def on_market(event: MarketEvent) -> None:
+        broker.observe(event)
+
+    return Service(
+        engine=engine,
+        tokens=tokens,
+        hooks=HookEngine(config.hooks),
+        on_market=on_market,
+        allowed_origins=frozenset(config.server.allowed_origins),
+        max_frame_bytes=config.server.max_frame_bytes,
+    )
+
+
+@dataclass
+class Running:
+    """A gateway being served: where, and how to stop it."""
+
+    service: Service
+    url: str
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        """Stop accepting, finish the commits in flight, record runs as aborted."""
+        self.server.should_exit = True
+        await self.task
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: an ephemeral one), bound before the server starts."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
+                  extra: Callable[[Service], Any] | None = None) -> AsyncIterator[Running]:
+    """Serve ``service`` until the block ends (uvicorn, graceful stop on exit).
+
+    ``extra`` is started with the engine and cancelled before it stops (the demo's feed).
+    """
+    extra_task: list[asyncio.Task[Any]] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        await service.engine.start()
+        tune_gc()
+        if extra is not None:
+            extra_task.append(asyncio.create_task(extra(service)))
+        try:
+            yield
+        finally:
+            for task in extra_task:
+                task.cancel()
+            await asyncio.gather(*extra_task, return_exceptions=True)
+            await service.engine.stop()
+
+    sock = bind(host, port)
+    config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
+                            ws="websockets-sansio", log_level="warning",
+                            ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    running = Running(service, f"http://{shown}:{bound_port}", server, task)
+    try:
+        yield running
+    finally:
+        if not task.done():
+            await running.stop()
+        sock.close()
+
+
+async def serve_forever(service: Service, host: str, port: int,
+                        on_ready: Callable[[Running], None] | None = None,
+                        extra: Callable[[Service], Any] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (uvicorn handles them), then stop gracefully."""
+    async with serving(service, host, port, extra) as running:
+        if on_ready is not None:
+            on_ready(running)
+        await running.task
+
+
+async def feed_market(service: Service, feed: SyntheticFeed, clock: Clock,
+                      stop: asyncio.Event | None = None) -> None:
+    """Drive the hook rules (and the paper broker's prices) with a synthetic feed."""
+    hooks = service.hooks
+    engine = service.engine
+
+    async def sink(events: list[MarketEvent]) -> None:
+        requests = []
+        for event in events:
+            if service.on_market is not None:
+                service.on_market(event)
+            if hooks is not None:
+                requests += hooks.on_event(event)
+        if requests and engine.running:
+            await engine.submit_many(requests, principal="synthetic-feed")
+
+    await feed.run(clock, sink, stop or asyncio.Event())

@@ -1,0 +1,29 @@
+"""The protocol document and the schemas agree with the code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gateway.cli import main
+from gateway.errors import HTTP_STATUS
+from gateway.protocol import CLIENT_TYPES, json_schemas
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+
+
+def test_every_frame_type_and_error_code_is_documented() -> None:
+    for kind in CLIENT_TYPES:
+        if kind != "auth":
+            assert f"| `{kind}` |" in DOC, kind
+    for code in HTTP_STATUS:
+        if code not in {"not_found", "conflict"}:
+            assert f"`{code}`" in DOC, code
+
+
+def test_the_schema_command_prints_every_frame(capsys: object) -> None:
+    assert main(["schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    assert printed == json.loads(json.dumps(json_schemas()))
+    client = json.dumps(printed["client"])
+    assert all(f'"{kind}"' in client for kind in CLIENT_TYPES)

@@ -1,0 +1,1 @@
+"""Tests of the gateway service modules: market events, hooks, feed, broker, config."""

@@ -1,0 +1,177 @@
+"""The TOML config: the example loads, every problem names its key, secrets stay secret."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.auth import Role
+from gateway.config import (
+    AgentEntry,
+    ConfigError,
+    GatewayConfig,
+    build_reasoner,
+    demo_config,
+    load_config,
+    parse_config,
+)
+from gateway.reasoner import SimulatedReasoner
+from lanes import AgentConfig, Mode
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.toml"
+ENV = {"GATEWAY_TOKEN_ADMIN": "admin-secret-from-env"}
+
+MINIMAL = """
+[[agents]]
+id = "a1"
+mode = "collect"
+debounce_ms = 500
+
+[[tokens]]
+name = "ops"
+token = "s3cret-ops"
+role = "control"
+"""
+
+
+def problems(text: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The problems of an invalid config, by key path."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "test.toml", env=env or {})
+    return {p.path: p.message for p in caught.value.problems}
+
+
+def test_the_example_file_loads() -> None:
+    config = load_config(EXAMPLE, env=ENV)
+    assert [a.id for a in config.agents] == ["agent_btc_5m", "agent_eth_1m", "agent_news"]
+    btc = config.agent("agent_btc_5m")
+    assert btc.agent_config().mode is Mode.COLLECT
+    assert btc.agent_config().budgets.max_runs_per_hour == 12
+    assert config.agent("agent_news").agent_config().halt_on_alerts == ("connector_down",)
+    assert {h.kind for h in config.hooks} == {"price_cross", "green_candles", "connector_down"}
+    admin = config.tokens[3]
+    assert admin.role is Role.ADMIN and admin.secret == ENV["GATEWAY_TOKEN_ADMIN"]
+    assert config.find_token(ENV["GATEWAY_TOKEN_ADMIN"]) is admin
+    assert config.find_token("nope") is None
+    assert config.tokens[1].allows("agent_btc_5m") and not config.tokens[1].allows("agent_news")
+
+
+def test_defaults_and_camel_case_keys() -> None:
+    config = parse_config(MINIMAL + "\n[server]\nmaxFrameBytes = 2048\n")
+    assert config.server.host == "127.0.0.1" and config.server.port == 8000
+    assert config.server.max_frame_bytes == 2048
+    assert config.store.synchronous == "FULL"
+    assert config.agent_configs() == {"a1": AgentConfig(mode=Mode.COLLECT, debounce_ms=500)}
+
+
+@pytest.mark.parametrize("by_alias", [False, True])
+def test_an_agent_entry_takes_every_agent_config_field(by_alias: bool) -> None:
+    wanted = AgentConfig(mode=Mode.QUEUE, cap=7, max_call_depth=5, halt_on_alerts=("x",))
+    fields = wanted.model_dump(mode="json", by_alias=by_alias)
+    assert len(fields) == len(AgentConfig.model_fields)
+    entry = AgentEntry.model_validate({"id": "x", **fields})
+    assert entry.agent_config() == wanted
+    assert AgentEntry.model_validate(entry.model_dump()) == entry  # a dump round-trips
+
+
+def test_build_reasoner_and_the_demo_config() -> None:
+    config = demo_config()
+    modes = {a.agent_config().mode for a in config.agents}
+    assert len(config.agents) == 3 and len(modes) == 3
+    assert {t.role for t in config.tokens} == set(Role)
+    assert len({t.secret for t in config.tokens}) == len(config.tokens)
+    assert demo_config().tokens[0].secret != config.tokens[0].secret  # fresh each time
+    reasoner = build_reasoner(config.agents[0])
+    assert isinstance(reasoner, SimulatedReasoner)
+    assert reasoner.latency_ms == config.agents[0].reasoner.latency_ms
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "words"),
+    [
+        (MINIMAL + "[server]\nprot = 8000\n", "server.prot", "unknown key"),
+        (MINIMAL.replace('mode = "collect"', 'mode = "sometimes"'), "agents[0].mode",
+         "'sometimes'"),
+        (MINIMAL.replace("debounce_ms = 500", "debounce_ms = -1"), "agents[0].debounce_ms",
+         "greater than or equal to 0"),
+        (MINIMAL + '[[agents]]\nid = "a1"\n', "agents[1].id", "duplicate agent id 'a1'"),
+        (MINIMAL + '[[hooks]]\nkind = "price_cross"\nname = "x"\nsymbol = "BTCUSD"\n'
+         'level = 1.0\nagents = ["a1", "ghost"]\n', "hooks[0].agents[1]", "unknown agent 'ghost'"),
+        (MINIMAL + '[[hooks]]\nkind = "price_cross"\nname = "x"\nsymbol = "BTCUSD"\n'
+         'level = 0\nagents = ["a1"]\n', "hooks[0].level", "greater than 0"),
+        (MINIMAL + '[[hooks]]\nkind = "rsi"\nname = "x"\n', "hooks[0].kind", "unknown kind 'rsi'"),
+        (MINIMAL + '[agents.reasoner]\nkind = "anthropic"\n', "agents[0].reasoner.kind",
+         "unknown kind 'anthropic'"),
+        (MINIMAL + "[agents.reasoner]\nlatency_ms = [900, 100]\n",
+         "agents[0].reasoner.latency_ms", "low <= high"),
+        (MINIMAL + "[agents.budgets]\nmax_runs_per_hour = 0\n",
+         "agents[0].budgets.max_runs_per_hour", "greater than or equal to 1"),
+        (MINIMAL + '[[tokens]]\nname = "ops"\ntoken = "other"\nrole = "viewer"\n',
+         "tokens[1].name", "duplicate token name"),
+        (MINIMAL + '[[tokens]]\nname = "bad"\ntoken = "x"\nrole = "root"\n', "tokens[1].role",
+         "'root'"),
+        (MINIMAL + '[[tokens]]\nname = "v"\ntoken = "x"\nrole = "viewer"\nagents = ["ghost"]\n',
+         "tokens[1].agents[0]", "unknown agent 'ghost'"),
+        (MINIMAL + '[[tokens]]\nname = "b"\ntoken = "x"\ntoken_env = "T"\nrole = "feed"\n',
+         "tokens[1].token_env", "not both"),
+        (MINIMAL + '[[tokens]]\nname = "n"\nrole = "feed"\n', "tokens[1].token", "token_env"),
+        (MINIMAL + '[[tokens]]\nname = "e"\ntoken_env = "MISSING_VAR"\nrole = "feed"\n',
+         "tokens[1].token_env", "MISSING_VAR is not set"),
+        (MINIMAL + '[[tokens]]\nname = "dup"\ntoken = "s3cret-ops"\nrole = "feed"\n',
+         "tokens[1].token", "same secret as tokens[0]"),
+        (MINIMAL + '[server]\nallowed_origins = ["http://ok:1", "http://x/path"]\n',
+         "server.allowed_origins[1]", "not an origin"),
+    ],
+)
+def test_each_problem_names_its_key(text: str, path: str, words: str) -> None:
+    found = problems(text, env={"T": "from-env"})
+    assert path in found, found
+    assert words in found[path]
+
+
+def test_every_problem_is_listed_in_the_message() -> None:
+    text = MINIMAL.replace("debounce_ms = 500", "debounce_ms = -1\ncapp = 3")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "two.toml")
+    message = str(caught.value)
+    assert message.startswith("two.toml: invalid config")
+    assert "agents[0].debounce_ms: " in message
+    assert "agents[0].capp: unknown key; remove it (did you mean 'cap'?)" in message
+
+
+def test_a_syntax_error_says_line_and_column() -> None:
+    found = problems('[server]\nhost = "127.0.0.1"\nport = = 3\n')
+    assert list(found) == ["line 3, column 8"]
+    assert found["line 3, column 8"].startswith("TOML syntax error")
+
+
+def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_the_secret_never_shows() -> None:
+    config = parse_config(
+        MINIMAL + '[[tokens]]\nname = "env"\ntoken_env = "T"\nrole = "admin"\n',
+        env={"T": "env-secret-value"},
+    )
+    assert config.tokens[0].secret == "s3cret-ops"
+    assert config.tokens[1].secret == "env-secret-value"
+    for shown in (repr(config), str(config), repr(config.tokens[0]), str(config.tokens[1]),
+                  config.model_dump_json(), str(config.model_dump())):
+        assert "s3cret-ops" not in shown and "env-secret-value" not in shown
+    assert "ops" in repr(config.tokens[0])  # the name is shown, only the secret is hidden
+
+
+def test_a_rejected_secret_is_not_echoed() -> None:
+    text = MINIMAL.replace('role = "control"', 'role = "nope"')
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert "s3cret-ops" not in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_the_models_reject_unknown_fields_directly() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        GatewayConfig.model_validate({"nonsense": 1})
