@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import replay_speed, scale, throughput
+from bench import estop_latency, replay_speed, scale, throughput, ws_ingest
 from bench.common import Figure, machine, table
 
 
@@ -27,6 +27,11 @@ def main() -> None:
          lambda: replay_speed.measure(events=1_000_000 // size)),
         ("Cost per decision by agent count (`python -m bench.scale`)",
          lambda: scale.measure(count=200_000 // size)),
+        ("Feed ingest over one WebSocket vs a bare websockets server "
+         "(`python -m bench.ws_ingest`)",
+         lambda: ws_ingest.measure(count=20_000 // size, batched=100_000 // size)),
+        ("Emergency-stop latency under a feed flood (`python -m bench.estop_latency`)",
+         lambda: estop_latency.measure(stops=200 // size, seconds=max(3, 10 // size))),
     ]
     lines = [f"# Benchmark report\n\n{time.strftime('%Y-%m-%d %H:%M')} — {machine()}\n"]
     for title, run in sections:

@@ -590,7 +590,8 @@ class Session:
                                   for e in invalid.errors]) from None
 
     async def _send(self, frame: BaseModel) -> None:
-        text = frame.model_dump_json(exclude_none=True)
+        # Optional fields that are None are left out; Hello's scope is always sent.
+        text = frame.model_dump_json(exclude_none=not isinstance(frame, Hello))
         async with self.send_lock:
             if self.ws.application_state is WebSocketState.CONNECTED:
                 with contextlib.suppress(RuntimeError, WebSocketDisconnect):
