@@ -276,7 +276,8 @@ class _Api:
             raise BadFrame("invalid", f"agentId {body.agent_id!r} does not match the path",
                            field="agentId")
         principal.check_submit(body)
-        self.service.check_capacity()
+        if body.action is None:  # the control lane is never refused as busy
+            self.service.check_capacity()
         return _json(ack_frame(await self.engine.submit(body, principal.name)))
 
     @_guarded
@@ -618,7 +619,8 @@ class Session:
             raise BadFrame("invalid", "already authenticated")
         elif isinstance(frame, Submit):
             principal.check_submit(frame.request)
-            self.service.check_capacity()
+            if frame.request.action is None:  # the control lane is never refused as busy
+                self.service.check_capacity()
             await self._send(ack_frame(await engine.submit(frame.request, principal.name),
                                        frame.id))
         elif isinstance(frame, SubmitMany):

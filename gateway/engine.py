@@ -380,7 +380,9 @@ class Engine:
         """Enqueue decided events (at stream version ``base``); effects follow the commit."""
         if not events:
             return _Outcome(decisions, None)
-        future = self.store.append(Append(agent.state.agent_id, events, base))
+        # The control lane never waits behind other agents' flood in the commit queue.
+        urgent = any(type(d) is ControlApplied for d in decisions)
+        future = self.store.append(Append(agent.state.agent_id, events, base, urgent))
         self._in_flight.add(future)
         future.add_done_callback(
             partial(self._after_commit, agent, decisions, time.perf_counter())

@@ -46,12 +46,15 @@ class Append:
     """One atomic append to a stream: all events land together, or none do.
 
     ``expected_version`` is the stream's version before this append (0 for a new stream);
-    ``None`` skips the optimistic concurrency check.
+    ``None`` skips the optimistic concurrency check. An ``urgent`` append (an emergency stop,
+    say) is committed ahead of everything queued for *other* streams; appends of its own
+    stream queued before it still commit first, so a stream's order never changes.
     """
 
     stream: str
     events: Sequence[NewEvent]
     expected_version: int | None
+    urgent: bool = False
 
 
 class StoreError(Exception):

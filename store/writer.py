@@ -203,6 +203,8 @@ class GroupCommitStore(ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Pending] = deque()
         self._queued_events = 0
+        self._urgent = 0
+        """Urgent appends in the queue: the next batch is theirs (see `_take_urgent`)."""
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
@@ -316,6 +318,7 @@ class GroupCommitStore(ABC):
             return future
         self._queue.append(_Pending(append, events, future))
         self._queued_events += len(events)
+        self._urgent += append.urgent
         self._wakeup.set()
         return future
 
@@ -350,6 +353,7 @@ class GroupCommitStore(ABC):
             else:
                 queue.append(_Pending(append, events, future))
                 queued += len(events)
+                self._urgent += append.urgent
             futures.append(future)
         self._queued_events += queued
         self._wakeup.set()
@@ -382,6 +386,7 @@ class GroupCommitStore(ABC):
                     )
             self._inflight = []
             self._queued_events = 0
+            self._urgent = 0
             while queue:
                 pending = queue.popleft()
                 if not pending.future.done():
@@ -389,7 +394,30 @@ class GroupCommitStore(ABC):
                         StoreClosedError("the writer stopped before this append was written")
                     )
 
+    def _take_urgent(self) -> list[_Pending]:
+        """The urgent appends, with whatever of their own streams was queued before them;
+        everything else stays queued in order."""
+        queue = self._queue
+        last: dict[str, int] = {}
+        for index, pending in enumerate(queue):
+            if pending.append.urgent:
+                last[pending.append.stream] = index
+        batch: list[_Pending] = []
+        rest: list[_Pending] = []
+        for index, pending in enumerate(queue):
+            if index <= last.get(pending.append.stream, -1):
+                batch.append(pending)
+            else:
+                rest.append(pending)
+        queue.clear()
+        queue.extend(rest)
+        self._queued_events -= sum(len(p.events) for p in batch)
+        self._urgent = 0
+        return [p for p in batch if not p.future.cancelled()]
+
     def _take_batch(self) -> list[_Pending]:
+        if self._urgent:
+            return self._take_urgent()
         queue = self._queue
         batch: list[_Pending]
         if self._queued_events <= self._max_batch:

@@ -631,3 +631,23 @@ class EventStoreContract:
     async def test_open_twice_fails(self, store: GroupCommitStore) -> None:
         with pytest.raises(StoreError):
             await store.open()
+
+    async def test_an_urgent_append_overtakes_other_streams_but_never_its_own(
+        self, store: GroupCommitStore
+    ) -> None:
+        # Queued together (the writer has not run yet): a flood on two streams, then urgent.
+        flood = [store.append(app(stream)) for _ in range(50) for stream in ("a", "b")]
+        urgent = store.append(Append("a", [ev()], None, urgent=True))
+        after = store.append(app("b"))
+        stop = await wait(urgent)
+        await wait(asyncio.gather(*flood, after))
+        a_before = [r for f in flood[0::2] for r in f.result()]
+        b_before = [r for f in flood[1::2] for r in f.result()]
+        # Everything of stream a queued before the urgent append commits with it, in order...
+        assert [r.version for r in a_before] == list(range(1, 51))
+        assert stop[0].version == 51
+        assert max(r.position for r in a_before) < stop[0].position
+        # ...and ahead of stream b, which was queued earlier but waits for the next batch.
+        assert stop[0].position < min(r.position for r in b_before)
+        assert after.result()[0].position > max(r.position for r in b_before)
+        assert_gap_free(await store.read())
