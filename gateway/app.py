@@ -38,7 +38,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.hooks import HookEngine
-from gateway.market import MarketEvent
+from gateway.market import MarketEvent, event_time, to_ms
 from gateway.metrics import family, label
 from gateway.openapi import openapi_document
 from gateway.protocol import (
@@ -74,6 +74,8 @@ TOO_BIG = 1009
 AUTH_TIMEOUT_S = 10.0
 MAX_BAD_FRAMES = 20
 """Bad frames in a row before a connection is closed as abusive."""
+MAX_CLOCK_SKEW_MS = 60_000
+"""How far in the future a market event may be dated."""
 MAX_IN_FLIGHT = 2_000
 """Frames one connection may have waiting for their commit before reading pauses."""
 
@@ -205,7 +207,10 @@ class _Api:
         return self.service.tokens.from_header(request.headers.get("authorization"))
 
     def _agent_id(self, request: Request) -> str:
+        """The path's agent, after authentication and the scope check (so nothing about
+        agents outside the scope, not even whether they exist, is revealed)."""
         agent_id = str(request.path_params["agent_id"])
+        self._principal(request).check_agent(agent_id)
         self.engine.state(agent_id)  # UnknownAgent if it does not exist
         return agent_id
 
@@ -232,8 +237,9 @@ class _Api:
     @_guarded
     async def metrics(self, request: Request) -> Response:
         """Prometheus metrics (viewer or better)."""
-        self._principal(request).check_read()
-        return PlainTextResponse(self._metrics_text(),
+        principal = self._principal(request)
+        principal.check_read()
+        return PlainTextResponse(self._metrics_text(principal),
                                  media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
@@ -307,7 +313,8 @@ class _Api:
         decisions = await self.engine.operate(agent_id, action, principal.name, run_id)
         first = decisions[0]
         if type(first).__name__ == "OperatorRejected":
-            return _json({"applied": False, "reason": getattr(first, "reason", "")}, 409)
+            frame = ErrorFrame(code="conflict", message=getattr(first, "reason", ""))
+            return _json(frame, HTTP_STATUS["conflict"])
         return _json({"applied": True, "events": [type(d).__name__ for d in decisions],
                       "detail": getattr(first, "detail", "")})
 
@@ -370,10 +377,11 @@ class _Api:
             scanned += len(page)
         return _json({"events": found, "next": cursor})
 
-    def _metrics_text(self) -> str:
+    def _metrics_text(self, principal: Principal) -> str:
         engine = self.engine
         now = engine.clock.now_ms()
-        views = [status(engine.state(a), now) for a in engine.agent_ids]
+        views = [status(engine.state(a), now) for a in engine.agent_ids
+                 if principal.may_see(a)]
 
         def per_agent(get: Callable[[Any], float]) -> list[str]:
             return [f'{{agent="{label(v.agent_id)}"}} {get(v)}' for v in views]
@@ -521,14 +529,18 @@ class Session:
             if header:
                 principal = tokens.from_header(header)
             else:
-                raw = await asyncio.wait_for(self.ws.receive_text(), AUTH_TIMEOUT_S)
-                frame = self._parse(raw)
+                message = await asyncio.wait_for(self.ws.receive(), AUTH_TIMEOUT_S)
+                if message["type"] == "websocket.disconnect":
+                    return False
+                frame = self._parse(_text(message))
                 if not isinstance(frame, Auth):
                     raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
                 principal = tokens.authenticate(frame.token)
             if self.endpoint == "feed":
                 principal.check_feed()
-        except (GatewayError, InvalidRequest, TimeoutError) as error:
+        except (GatewayError, InvalidRequest, TimeoutError, WebSocketDisconnect) as error:
+            if isinstance(error, WebSocketDisconnect):
+                return False
             if isinstance(error, TimeoutError):
                 error = Unauthorized("no auth frame in time")
             await self._send(error_frame(error))
@@ -545,12 +557,10 @@ class Session:
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
-            raw = message.get("text")
-            if raw is None:
-                data = message.get("bytes") or b""
-                raw = data.decode("utf-8", errors="replace")
+            raw = _text(message)
             try:
-                if len(raw) > self.service.max_frame_bytes:
+                limit = self.service.max_frame_bytes
+                if len(raw) > limit or (4 * len(raw) > limit and len(raw.encode()) > limit):
                     raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
                                    "bytes; split it")
                 frame = self._parse(raw)
@@ -628,6 +638,11 @@ class Session:
                                        results=await self._submit_all(frame.requests)))
         elif isinstance(frame, Market):
             principal.check_feed()
+            if principal.agents is not None:
+                raise Forbidden("market events drive every agent's hook rules and the "
+                                "broker's prices; a token scoped to some agents cannot send "
+                                "them")
+            self._check_times(frame.events)
             self.service.check_capacity()
             requests: list[AgentRequest] = []
             for event in frame.events:
@@ -646,15 +661,30 @@ class Session:
                 self.subscription = None
             await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
 
+    def _check_times(self, events: list[MarketEvent]) -> None:
+        """Refuse market events dated in the future (they would stall every hook rule)."""
+        latest = self.engine.clock.now_ms() + MAX_CLOCK_SKEW_MS
+        for index, event in enumerate(events):
+            if to_ms(event_time(event)) > latest:
+                raise BadFrame("invalid", f"events[{index}] is dated more than "
+                               f"{MAX_CLOCK_SKEW_MS // 1000} s in the future",
+                               field=f"events.{index}")
+
     async def _submit_all(self, requests: list[AgentRequest]) -> list[AckFrame | ErrorFrame]:
         principal = self.principal
         assert principal is not None
-        self.service.check_capacity()
+        try:
+            self.service.check_capacity()
+            saturated: Busy | None = None
+        except Busy as busy:
+            saturated = busy
         allowed: list[AgentRequest] = []
         refused: dict[int, ErrorFrame] = {}
         for index, request in enumerate(requests):
             try:
                 principal.check_submit(request)
+                if saturated is not None and request.action is None:
+                    raise saturated  # the control lane is never refused as busy
                 allowed.append(request)
             except GatewayError as error:
                 refused[index] = error_frame(error, request_id=request.request_id)
@@ -678,24 +708,43 @@ class Session:
         for agent_id in wanted:
             principal.check_read(agent_id)
             self.engine.state(agent_id)
+        # Swap subscriptions with no await in between: one follower per connection, always.
         if self.subscription is not None:
             self.subscription.cancel()
+        self.subscription = asyncio.create_task(self._follow(frame, wanted))
+
+    async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
         position = await self.engine.store.last_position()
         now = self.engine.clock.now_ms()
         await self._send(Snapshot(id=frame.id, position=position,
                                   agents=[agent_summary(self.engine.state(a), now)
                                           for a in wanted]))
-        start = frame.after if frame.after is not None else position
-        self.subscription = asyncio.create_task(self._follow(set(wanted), start))
+        agents = set(wanted)
+        after = frame.after if frame.after is not None else position
+        try:
+            async with contextlib.aclosing(self.engine.store.follow(after)) as events:
+                async for record in events:
+                    if record.stream in agents:
+                        await self._send(EventFrame(
+                            position=record.position, stream=record.stream,
+                            version=record.version, event_type=record.type,
+                            data=json.loads(record.data), recorded_at=record.recorded_at))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("subscription ended: %r", error)
+            await self._send(ErrorFrame(
+                id=frame.id, code="unavailable",
+                message="the subscription ended (the log could not be read); subscribe "
+                        "again with 'after' set to the last position you received"))
 
-    async def _follow(self, agents: set[str], after: int) -> None:
-        async with contextlib.aclosing(self.engine.store.follow(after)) as events:
-            async for record in events:
-                if record.stream in agents:
-                    await self._send(EventFrame(
-                        position=record.position, stream=record.stream,
-                        version=record.version, event_type=record.type,
-                        data=json.loads(record.data), recorded_at=record.recorded_at))
+
+def _text(message: Any) -> str:
+    """The text of a WebSocket message (binary frames are read as UTF-8)."""
+    text = message.get("text")
+    if text is None:
+        text = (message.get("bytes") or b"").decode("utf-8", errors="replace")
+    return str(text)
 
 
 def _guess_id(raw: str) -> str | None:

@@ -191,6 +191,11 @@ class Engine:
             self._schedule(agent)
         for parent, call in _undelivered_calls(entries):
             self._deliver_call(parent, call)
+        if self.broker is not None:  # orders still open in the log go to the broker again
+            for agent in self._agents.values():
+                for order in agent.state.orders.values():
+                    self._spawn(self.broker.place(agent.state.agent_id, order.order_id,
+                                                  order.intent), f"place {order.order_id}")
         await self.flush()
 
     async def stop(self, *, graceful: bool = True) -> None:

@@ -65,7 +65,7 @@ from lanes.events import (
 )
 from lanes.evolve import evolve
 from lanes.requests import AgentRequest, ControlAction, Kind, Priority
-from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key
+from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key, fingerprint
 from lanes.state import AgentState
 from lanes.tables import ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
 
@@ -173,6 +173,16 @@ def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
     request_id = request.request_id
     first = state.seen.get(request_id)
     if first is not None and state.now - first[1] <= state.config.idempotency_window_ms:
+        if first[2] != fingerprint(request):
+            emit(
+                RequestRejected(
+                    request_id=request_id,
+                    reason=f"requestId {request_id!r} was already used for a different "
+                    "request; use a new requestId",
+                    transient=True,
+                )
+            )
+            return
         emit(RequestRepeated(request_id=request_id, first_decision=first[0]))
         return
     if request.agent_id != state.agent_id:

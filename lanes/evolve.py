@@ -58,7 +58,7 @@ from lanes.events import (
     TimerElapsed,
 )
 from lanes.requests import AgentRequest
-from lanes.rules import dedupe_key, insert_index
+from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.state import ActiveRun, AgentState, OpenOrder, Pending
 from lanes.tables import LANE_TRANSITIONS
 
@@ -123,7 +123,7 @@ def _take_staged(state: AgentState, request_id: str, decision: str) -> AgentRequ
     state.staged = None
     seen = state.seen
     seen.pop(request_id, None)  # keep the memory in time order
-    seen[request_id] = (decision, state.now)
+    seen[request_id] = (decision, state.now, fingerprint(request))
     return request
 
 
@@ -154,11 +154,12 @@ def _index_of(state: AgentState, request_id: str) -> int:
     raise IllegalTransition(f"request {request_id} is not pending")
 
 
-def _prune(entries: dict[str, tuple[str, int]], horizon: int, limit: int) -> None:
-    """Forget entries older than ``horizon`` and all but the newest ``limit`` (oldest first)."""
+def _prune(entries: dict[str, Any], horizon: int, limit: int) -> None:
+    """Forget entries (each a tuple whose second item is its time) older than ``horizon``,
+    and all but the newest ``limit``; entries are kept oldest first."""
     while entries:
-        key, (_, at) = next(iter(entries.items()))
-        if at >= horizon and len(entries) <= limit:
+        key, value = next(iter(entries.items()))
+        if value[1] >= horizon and len(entries) <= limit:
             return
         del entries[key]
 

@@ -131,7 +131,9 @@ def request_outcomes(entries: Iterable[Entry]) -> dict[str, str]:
         elif isinstance(event, RequestDeduped):
             outcome[event.request_id] = "deduped"
         elif isinstance(event, RequestRejected):
-            outcome[event.request_id] = "rejected"
+            # A transient refusal may concern a resubmission: the first request stands.
+            if not event.transient or outcome.get(event.request_id) == "received":
+                outcome[event.request_id] = "rejected"
         elif isinstance(event, RequestDropped):
             outcome[event.request_id] = "dropped"
         elif isinstance(event, RequestSummarized):

@@ -21,6 +21,14 @@ def dedupe_key(request: AgentRequest, config: AgentConfig) -> str | None:
     return None
 
 
+def fingerprint(request: AgentRequest) -> str:
+    """What must match for a resubmission to count as the same request (the time may not:
+    a client that resends fills ``createdAt`` anew)."""
+    action = request.payload.get("action", "") if request.kind.value == "user_control" else ""
+    return (f"{request.kind.value}|{request.priority.value}|{action}|"
+            f"{request.dedupe_key or ''}|{request.message_id or ''}")
+
+
 def insert_index(pending: Sequence[Pending], request: AgentRequest, mode: Mode) -> int:
     """Where an arriving request goes: ``queue`` mode at the end (strict arrival order),
     every other mode after the last request of the same or a higher priority."""

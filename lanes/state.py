@@ -104,8 +104,9 @@ class AgentState:
     """Dedupe key -> (request id, accepted at), oldest first."""
     pending_keys: dict[str, str] = field(default_factory=dict)
     """Dedupe key -> id of the pending request that holds it."""
-    seen: dict[str, tuple[str, int]] = field(default_factory=dict)
-    """Request id -> (first decision, at), oldest first: resubmissions are idempotent."""
+    seen: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    """Request id -> (first decision, at, fingerprint), oldest first: resubmissions are
+    idempotent, and a different request under a used id is refused."""
     orders: dict[str, OpenOrder] = field(default_factory=dict)
     positions: dict[str, float] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)

@@ -184,6 +184,7 @@ async def test_bad_tokens_are_refused_and_closed_with_a_policy_code(live: Live) 
 AUTH_MATRIX = [
     # token, method, path, body kind, expected status
     (None, "GET", "/api/agents", None, 401),
+    (None, "GET", "/api/agents/nobody", None, 401),  # no probing for agent names
     ("wrong", "GET", "/api/agents", None, 401),
     ("feed-secret", "GET", "/api/agents", None, 403),
     ("viewer-secret", "GET", "/api/agents", None, 200),
@@ -197,6 +198,7 @@ AUTH_MATRIX = [
     ("admin-secret", "POST", "/api/agents/btc/config", "config", 200),
     ("scoped-secret", "GET", "/api/agents/btc", None, 200),
     ("scoped-secret", "GET", "/api/agents/eth", None, 403),
+    ("scoped-secret", "GET", "/api/agents/nobody", None, 403),
     ("scoped-secret", "POST", "/api/agents/eth/release", None, 403),
     ("scoped-secret", "POST", "/api/agents/btc/release", None, 200),
     ("control-secret", "GET", "/api/agents/nobody", None, 404),
@@ -246,7 +248,7 @@ async def test_the_http_queue_api(live: Live, reasoner: ManualReasoner) -> None:
         agent = (await http.get("/api/agents/btc")).json()
         assert agent["config"]["mode"] == "followup" and agent["trading"] == "ACTIVE"
         stale = await http.post("/api/agents/btc/runs/btc-r99/abort")
-        assert stale.status_code == 409
+        assert stale.status_code == 409 and stale.json()["code"] == "conflict"
         assert (await http.post(f"/api/agents/btc/runs/{run.run_id}/abort")).status_code == 200
         await reasoner.started()
         assert (await http.post("/api/agents/btc/release")).json()["applied"]
@@ -317,3 +319,37 @@ async def test_graceful_shutdown_with_runs_in_flight_then_restart_loses_nothing(
         states = replay(log)
         assert all(states[a] == live.engine.state(a) for a in AGENTS)
         assert verify(log) is None
+
+
+async def test_scoped_tokens_see_and_drive_only_their_agents(live: Live) -> None:
+    async with live.client("scoped-secret") as http:
+        metrics = (await http.get("/metrics")).text
+        assert 'agent="btc"' in metrics and 'agent="eth"' not in metrics
+        listed = (await http.get("/api/agents")).json()
+        assert [a["agentId"] for a in listed] == ["btc"]
+    async with live.socket("feed", "scoped-secret") as ws:
+        tick = {"type": "tick", "symbol": "BTCUSD", "price": 1.0,
+                "at": datetime.now(UTC).isoformat()}
+        await ws.send(json.dumps({"type": "market", "events": [tick]}))
+        assert (await receive(ws))["code"] == "forbidden"
+    async with live.socket("feed", "feed-secret") as ws:
+        future = {"type": "tick", "symbol": "BTCUSD", "price": 1.0, "at": "2099-01-01T00:00:00Z"}
+        await ws.send(json.dumps({"type": "market", "events": [future]}))
+        answer = await receive(ws)
+        assert answer["code"] == "invalid" and answer["field"] == "events.0"
+
+
+async def test_a_second_subscribe_replaces_the_first(live: Live) -> None:
+    async with live.socket() as ws:
+        for n in range(2):  # back to back: one follower must remain, not two
+            await ws.send(json.dumps({"type": "subscribe", "id": f"s{n}", "agents": ["btc"]}))
+        await receive_until(ws, lambda f: f.get("id") == "s1")  # the second's snapshot
+        async with live.client() as http:
+            await http.post("/api/agents/btc/requests", json=trigger("btc"))
+        last = await live.engine.store.last_position()
+        frames = await receive_until(ws, lambda f: f.get("position") == last)
+        await ws.send(json.dumps({"type": "ping", "id": "p"}))
+        frames += await receive_until(ws, lambda f: f.get("id") == "p")
+        positions = [f["position"] for f in frames if f["type"] == "event"]
+        assert positions == sorted(set(positions)), positions
+        assert last in positions

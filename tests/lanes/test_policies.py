@@ -433,3 +433,16 @@ def test_an_undeliverable_call_is_recorded_against_the_run_that_made_it() -> Non
                                              target="ghost", reason="unknown agent 'ghost'"))
     assert decisions == [AgentCallRejected(run_id="r1", target="ghost",
                                            reason="unknown agent 'ghost'")]
+
+
+def test_a_request_id_reused_for_a_different_request_is_refused_not_repeated() -> None:
+    bench = busy()
+    bench.submit(bench.make(requestId="shared", dedupeKey="trigger"))
+    stop = bench.make("user_control", requestId="shared", payload={"action": "emergency_stop"})
+    decisions = bench.submit(stop)
+    assert isinstance(decisions[0], RequestRejected)
+    assert "already used for a different request" in decisions[0].reason
+    assert bench.state.trading is TradingState.ACTIVE
+    assert types(bench.submit(bench.make(requestId="shared", dedupeKey="trigger"))) == [
+        "RequestRepeated"
+    ]

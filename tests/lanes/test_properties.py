@@ -153,6 +153,13 @@ def play(bench: Bench, action: str, arg: Any, seen_ids: list[str]) -> None:
         bench.feed(Restarted(at=bench.now))
 
 
+def priority_in(state: AgentState, request_id: str) -> Priority:
+    """The priority of a request the state holds (just received, or pending)."""
+    if state.staged is not None and state.staged.request_id == request_id:
+        return state.staged.priority
+    return next(p.request.priority for p in state.pending if p.request.request_id == request_id)
+
+
 def check_invariants(bench: Bench) -> None:
     """Everything that must hold of the log and the state, whatever happened."""
     config = bench.state.config
@@ -192,9 +199,11 @@ def check_invariants(bench: Bench) -> None:
         elif isinstance(event, RunSteered):
             run_requests[event.run_id].append(event.request_id)
         elif isinstance(event, RunAborted) and event.reason is AbortReason.INTERRUPT:
-            assert event.by is not None and priority[event.by] is Priority.HIGH
+            assert event.by is not None and priority_in(state, event.by) is Priority.HIGH
         elif isinstance(event, RequestDropped | RequestSummarized) and "cap" in event.reason:
-            assert priority[event.request_id] is not Priority.HIGH, "cap dropped a high request"
+            assert priority_in(state, event.request_id) is not Priority.HIGH, (
+                "cap dropped a high request"
+            )
         evolve(state, event)
         # A cap is never exceeded by an arrival; only a restart may put the requests of the
         # interrupted run back over it (they are never lost), and the next arrival trims it.
