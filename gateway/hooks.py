@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field
 
 from gateway.market import Candle, ConnectorStatus, Interval, MarketEvent, Price, Symbol, Tick, iso
 from lanes.requests import AGENT_ID_PATTERN, AgentRequest, Kind, Priority, WireModel
@@ -35,7 +35,6 @@ MAX_CONNECTORS = 1_024
 RuleName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
 """A rule's name: short, no spaces or colons (it is part of every dedupe key)."""
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN)]
-Agents = Annotated[tuple[AgentId, ...], Field(min_length=1)]
 
 
 def _unique(agents: tuple[str, ...]) -> tuple[str, ...]:
@@ -43,6 +42,9 @@ def _unique(agents: tuple[str, ...]) -> tuple[str, ...]:
         if count > 1:
             raise ValueError(f"agent {agent!r} is listed {count} times")
     return agents
+
+
+Agents = Annotated[tuple[AgentId, ...], Field(min_length=1), AfterValidator(_unique)]
 
 
 def _counts(items: Iterable[str]) -> dict[str, int]:
@@ -67,11 +69,6 @@ class PriceCrossRule(WireModel):
     agents: Agents
     priority: Priority = Priority.NORMAL
 
-    @field_validator("agents")
-    @classmethod
-    def _agents_unique(cls, agents: tuple[str, ...]) -> tuple[str, ...]:
-        return _unique(agents)
-
 
 class GreenCandlesRule(WireModel):
     """Fires when the last ``count`` candles of ``symbol`` and ``interval`` are all green.
@@ -87,11 +84,6 @@ class GreenCandlesRule(WireModel):
     agents: Agents
     priority: Priority = Priority.NORMAL
 
-    @field_validator("agents")
-    @classmethod
-    def _agents_unique(cls, agents: tuple[str, ...]) -> tuple[str, ...]:
-        return _unique(agents)
-
 
 class ConnectorDownRule(WireModel):
     """Sends a ``system_alert`` (code ``connector_down``) when a connector goes down.
@@ -105,11 +97,6 @@ class ConnectorDownRule(WireModel):
     connector: str = Field(min_length=1, max_length=64)
     agents: Agents
     priority: Priority = Priority.HIGH
-
-    @field_validator("agents")
-    @classmethod
-    def _agents_unique(cls, agents: tuple[str, ...]) -> tuple[str, ...]:
-        return _unique(agents)
 
 
 HookRule = Annotated[
