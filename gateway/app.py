@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -78,6 +79,10 @@ MAX_CLOCK_SKEW_MS = 60_000
 """How far in the future a market event may be dated."""
 MAX_IN_FLIGHT = 2_000
 """Frames one connection may have waiting for their commit before reading pauses."""
+MAX_IN_FLIGHT_BYTES = 32 << 20
+"""Bytes of frames one connection may have waiting before reading pauses."""
+SEND_TIMEOUT_S = 10.0
+"""A client that has not taken a frame in this long is closed as a slow reader."""
 
 
 @dataclass
@@ -500,7 +505,10 @@ class Session:
         self.bad_frames = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self.inflight_bytes = 0
+        self.drained = asyncio.Event()
         self.send_lock = asyncio.Lock()
+        self.closing = False
         self.subscription: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
@@ -573,13 +581,19 @@ class Session:
                 continue
             self.bad_frames = 0
             await self.slots.acquire()
+            while self.inflight_bytes > MAX_IN_FLIGHT_BYTES:  # backpressure by size too
+                self.drained.clear()
+                await self.drained.wait()
+            self.inflight_bytes += len(raw)
             task = asyncio.create_task(self._answer(frame))
             self.tasks.add(task)
-            task.add_done_callback(self._done)
+            task.add_done_callback(functools.partial(self._done, len(raw)))
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, size: int, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         self.slots.release()
+        self.inflight_bytes -= size
+        self.drained.set()
 
     def _parse(self, raw: str) -> Any:
         try:
@@ -604,9 +618,18 @@ class Session:
         # Optional fields that are None are left out; Hello's scope is always sent.
         text = frame.model_dump_json(exclude_none=not isinstance(frame, Hello))
         async with self.send_lock:
-            if self.ws.application_state is WebSocketState.CONNECTED:
-                with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-                    await self.ws.send_text(text)
+            if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
+                return
+            try:
+                await asyncio.wait_for(self.ws.send_text(text), SEND_TIMEOUT_S)
+            except (RuntimeError, WebSocketDisconnect):
+                return
+            except TimeoutError:
+                self.closing = True
+                log.warning("closing a connection that does not read its frames")
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        self.ws.close(code=POLICY_VIOLATION, reason="slow reader"), 1.0)
 
     async def _answer(self, frame: Any) -> None:
         try:
