@@ -1,0 +1,993 @@
+"""The provider gate: one provider's shared, fair rate limiting as ``decide`` and ``evolve``.
+
+Every reasoning run takes a slot from its provider's gate before calling the LLM and gives
+it back afterwards. The gate is pure, like the agent core: `decide_gate(state, input)` makes
+the decisions and evolves the state through them; `evolve_gate` is the one place the state
+changes; an illegal event raises `IllegalTransition` before changing anything; folding a
+``provider:<name>`` stream from an empty `GateState` gives back the live state.
+
+The policy, in short:
+
+- **Limits.** Requests, input tokens and output tokens are counted over a sliding 60 s
+  window (a grant at ``t`` counts until ``t + 60 s``), each grant charged with its estimate
+  until its release reports the actual usage. Nothing is granted that would take a window
+  over its limit, nor more calls in flight than ``max_concurrent``. A request that a
+  per-minute limit can never hold is refused on arrival.
+- **Fairness.** Start-time fair queueing weighted by tokens: each request gets a start tag
+  ``max(virtual time, its agent's last finish tag)`` and its agent's finish tag moves on by
+  the request's estimated tokens; the smallest tag goes first and the virtual time follows
+  the tags granted. This is deficit round robin in closed form (every agent's share is
+  tokens, not requests, and an idle agent banks no credit), with no quantum to tune.
+- **Priority.** High before normal before low, by aging rather than strictly: each class
+  counts its requests as having arrived ``rank * priority_aging_ms`` earlier (high 2, normal
+  1, low 0), and the class whose oldest request then comes first is served. So a fresh high
+  request overtakes normal ones that have waited less than one aging period, but a lower
+  class never falls further behind a busy higher one than that; the order between classes
+  never changes with time alone. Within a class: the fair order, then arrival (aging never
+  reorders one class, so it cannot undo fairness).
+- **Head of line.** The chosen request is granted when it fits; nothing overtakes it, so a
+  big prompt is never starved by a stream of small ones.
+- **Waits are bounded.** A request still waiting at ``max_wait_ms`` is refused with what
+  held it; one that certainly cannot be granted in time (the breaker open or a backoff
+  running past its bound) is refused at once.
+- **The provider's answers.** 429 and 529/503 schedule a provider-wide backoff (exponential,
+  full jitter derived from a hash of the slot id and attempt, capped; ``retry-after`` is a
+  floor). Overloaded, server-error and timeout outcomes in a row open the breaker; after
+  its cooldown one probe call goes through: an answer other than those closes it, a failure
+  reopens it. A run whose calls failed ``max_attempts`` times in a row gets no further slot
+  (its retry request is refused), so retries are bounded per run. A spend limit emits
+  `SpendLimitReached` and the run gets no retry. The rate-limit headers (remaining requests
+  and tokens until a reset time) hold grants once what was granted since they were read
+  would use them up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from lanes.codec import Codec
+from lanes.evolve import IllegalTransition
+from lanes.gate_events import (
+    GATE_DECISION_TYPES,
+    GATE_INPUT_TYPES,
+    RETRYABLE,
+    THROTTLED,
+    UNHEALTHY,
+    WINDOW_MS,
+    BackoffScheduled,
+    BreakerClosed,
+    BreakerHalfOpened,
+    BreakerOpened,
+    CallOutcome,
+    FreedBy,
+    GateDecision,
+    GateEvent,
+    GateInput,
+    GateLimits,
+    GateLimitsApplied,
+    GateLimitsChanged,
+    GateTimer,
+    ProviderHintsNoted,
+    Refusal,
+    SlotCancelled,
+    SlotFreed,
+    SlotGranted,
+    SlotQueued,
+    SlotRefused,
+    SlotReleased,
+    SlotReleaseIgnored,
+    SlotRequested,
+    SpendLimitReached,
+)
+from lanes.replay import PROVIDER_PREFIX
+from lanes.requests import RANK, Priority
+
+RUN_MEMORY_MS = 3_600_000
+"""How long the gate remembers a run's failed attempts after its last one."""
+
+
+def gate_stream(provider: str) -> str:
+    """The stream that holds a provider gate's events."""
+    return PROVIDER_PREFIX + provider
+
+
+# -------------------------------------------------------------------------------- state
+
+
+class Breaker(StrEnum):
+    """The circuit breaker: closed, open until a time, or half-open with one probe."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(slots=True)
+class Waiting:
+    """A request waiting for a slot."""
+
+    slot_id: str
+    agent_id: str
+    run_id: str
+    priority: Priority
+    input_tokens: int
+    output_tokens: int
+    queued_at: int
+    deadline: int
+    tag: int
+    """Its start tag in the fair order (virtual time, in tokens)."""
+    seq: int
+    """Arrival order, the last tie-break."""
+
+    @property
+    def tokens(self) -> int:
+        """The estimated tokens, input and output."""
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(slots=True)
+class Lease:
+    """A granted slot, held until released, cancelled or ``deadline``."""
+
+    slot_id: str
+    agent_id: str
+    run_id: str
+    priority: Priority
+    input_tokens: int
+    output_tokens: int
+    granted_at: int
+    deadline: int
+
+
+@dataclass(slots=True)
+class Charge:
+    """What one grant counts for in the windows: its estimate, then its actual usage."""
+
+    slot_id: str
+    at: int
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(slots=True)
+class Hint:
+    """The provider's remaining requests and tokens as its headers said at ``observed_at``,
+    and what was granted since."""
+
+    remaining_requests: int | None
+    remaining_tokens: int | None
+    reset_at: int
+    observed_at: int
+    requests_since: int = 0
+    tokens_since: int = 0
+
+
+@dataclass(slots=True)
+class RunAttempts:
+    """A run's failed calls in a row, and the last outcome."""
+
+    failures: int
+    at: int
+    last: CallOutcome
+
+
+@dataclass(slots=True)
+class GateCounters:
+    """Running totals for observability; all derived from the log."""
+
+    queued: int = 0
+    granted: int = 0
+    refused: int = 0
+    released: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    ignored: int = 0
+    backoffs: int = 0
+    breaker_opens: int = 0
+    spend_limits: int = 0
+    input_tokens: int = 0
+    """Actual input tokens reported at release."""
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class GateState:
+    """One provider's gate. Mutable, but only `evolve_gate` changes it."""
+
+    provider: str
+    limits: GateLimits = field(default_factory=GateLimits)
+    version: int = 0
+    now: int = 0
+    seq: int = 0
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    window: deque[Charge] = field(default_factory=deque)
+    """Grants of the last 60 s (and maybe a few older, pruned at the next grant), oldest
+    first; the totals below are over all of them."""
+    charges: dict[str, Charge] = field(default_factory=dict)
+    used_requests: int = 0
+    used_input: int = 0
+    used_output: int = 0
+    vtime: int = 0
+    finish: dict[str, int] = field(default_factory=dict)
+    """Agent id -> the finish tag of its latest request."""
+    not_before: int = 0
+    attempt: int = 0
+    """Throttled answers in a row, provider-wide (the backoff exponent)."""
+    breaker: Breaker = Breaker.CLOSED
+    breaker_until: int = 0
+    failures: int = 0
+    """Unhealthy answers in a row while the breaker is closed."""
+    probe: str | None = None
+    hint: Hint | None = None
+    runs: dict[str, RunAttempts] = field(default_factory=dict)
+    """Run id -> its failed attempts in a row, oldest first."""
+    counters: GateCounters = field(default_factory=GateCounters)
+
+
+def window_usage(state: GateState, now: int) -> tuple[int, int, int]:
+    """Requests, input tokens and output tokens granted in the 60 s window ending at ``now``."""
+    requests, inputs, outputs = state.used_requests, state.used_input, state.used_output
+    horizon = now - WINDOW_MS
+    for charge in state.window:
+        if charge.at > horizon:
+            break
+        requests -= 1
+        inputs -= charge.input_tokens
+        outputs -= charge.output_tokens
+    return requests, inputs, outputs
+
+
+def blocker(state: GateState, entry: Waiting) -> str | None:
+    """Why ``entry`` cannot be granted right now, or None if it can."""
+    now, limits = state.now, state.limits
+    if state.breaker is Breaker.OPEN:
+        return f"the circuit breaker is open until {state.breaker_until}"
+    if state.breaker is Breaker.HALF_OPEN and state.probe is not None:
+        return "the circuit breaker is half-open and its probe call is in flight"
+    if now < state.not_before:
+        return f"backing off until {state.not_before} (attempt {state.attempt})"
+    cap = limits.max_concurrent
+    if cap is not None and len(state.leases) >= cap:
+        return f"max_concurrent: {cap} calls in flight"
+    hint = state.hint
+    if hint is not None and now < hint.reset_at:
+        if hint.remaining_requests is not None and hint.requests_since >= hint.remaining_requests:
+            return f"the provider reports no requests left until {hint.reset_at}"
+        if (
+            hint.remaining_tokens is not None
+            and hint.tokens_since + entry.tokens > hint.remaining_tokens
+        ):
+            return f"the provider reports too few tokens left until {hint.reset_at}"
+    requests, inputs, outputs = window_usage(state, now)
+    rpm = limits.requests_per_minute
+    if rpm is not None and requests + 1 > rpm:
+        return f"requests_per_minute: {rpm} granted in the last 60 s"
+    itpm = limits.input_tokens_per_minute
+    if itpm is not None and inputs + entry.input_tokens > itpm:
+        return f"input_tokens_per_minute: {inputs} of {itpm} used in the last 60 s"
+    otpm = limits.output_tokens_per_minute
+    if otpm is not None and outputs + entry.output_tokens > otpm:
+        return f"output_tokens_per_minute: {outputs} of {otpm} used in the last 60 s"
+    return None
+
+
+def next_in_line(state: GateState) -> Waiting | None:
+    """The waiting request granted next: the class whose oldest request arrived first, once
+    each class's arrivals are moved earlier by ``rank * priority_aging_ms``; then, within
+    that class, the smallest fair tag (then arrival)."""
+    aging = state.limits.priority_aging_ms
+    oldest: dict[int, int] = {}
+    for entry in state.waiting.values():  # arrival order: the first of a class is its oldest
+        oldest.setdefault(RANK[entry.priority], entry.queued_at)
+    if not oldest:
+        return None
+    rank = min(oldest, key=lambda r: (oldest[r] - r * aging, -r))
+    best: Waiting | None = None
+    for entry in state.waiting.values():
+        if RANK[entry.priority] == rank and (
+            best is None or (entry.tag, entry.seq) < (best.tag, best.seq)
+        ):
+            best = entry
+    return best
+
+
+def full_jitter(slot_id: str, attempt: int, ceiling: int) -> int:
+    """A delay in ``[0, ceiling]``, uniform over slot ids and attempts, and deterministic."""
+    digest = hashlib.sha256(f"{slot_id}:{attempt}".encode()).digest()
+    return (int.from_bytes(digest[:8], "big") * (ceiling + 1)) >> 64
+
+
+# ------------------------------------------------------------------------------- evolve
+
+
+E = TypeVar("E")
+_HANDLERS: dict[type[Any], Callable[[GateState, Any], None]] = {}
+
+
+def _on(
+    cls: type[E],
+) -> Callable[[Callable[[GateState, E], None]], Callable[[GateState, E], None]]:
+    def register(fn: Callable[[GateState, E], None]) -> Callable[[GateState, E], None]:
+        _HANDLERS[cls] = fn
+        return fn
+
+    return register
+
+
+def evolve_gate(state: GateState, event: GateEvent) -> GateState:
+    """Apply one event to ``state`` in place and return it."""
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        raise IllegalTransition(f"unknown gate event type {type(event).__name__}")
+    handler(state, event)
+    state.version += 1
+    return state
+
+
+def fold_gate(state: GateState, events: Iterable[GateEvent]) -> GateState:
+    """Evolve ``state`` through many events."""
+    for event in events:
+        evolve_gate(state, event)
+    return state
+
+
+def _input(state: GateState, event: Any) -> None:
+    state.now = max(state.now, event.at)
+
+
+for _cls in GATE_INPUT_TYPES:
+    _HANDLERS[_cls] = _input
+
+
+@_on(SlotQueued)
+def _queued(state: GateState, event: SlotQueued) -> None:
+    slot_id = event.slot_id
+    if slot_id in state.waiting or slot_id in state.leases:
+        raise IllegalTransition(f"slot {slot_id} is already held")
+    state.seq += 1
+    start = max(state.vtime, state.finish.get(event.agent_id, 0))
+    state.finish[event.agent_id] = start + max(1, event.input_tokens + event.output_tokens)
+    state.waiting[slot_id] = Waiting(
+        slot_id=slot_id,
+        agent_id=event.agent_id,
+        run_id=event.run_id,
+        priority=event.priority,
+        input_tokens=event.input_tokens,
+        output_tokens=event.output_tokens,
+        queued_at=state.now,
+        deadline=event.wait_deadline,
+        tag=start,
+        seq=state.seq,
+    )
+    state.counters.queued += 1
+
+
+def _prune_window(state: GateState) -> None:
+    horizon = state.now - WINDOW_MS
+    window = state.window
+    while window and window[0].at <= horizon:
+        charge = window.popleft()
+        del state.charges[charge.slot_id]
+        state.used_requests -= 1
+        state.used_input -= charge.input_tokens
+        state.used_output -= charge.output_tokens
+
+
+@_on(SlotGranted)
+def _granted(state: GateState, event: SlotGranted) -> None:
+    entry = state.waiting.get(event.slot_id)
+    if entry is None:
+        raise IllegalTransition(f"slot {event.slot_id} granted but it is not waiting")
+    if event.probe != (state.breaker is Breaker.HALF_OPEN):
+        raise IllegalTransition(
+            f"slot {event.slot_id} granted with probe={event.probe} while the breaker is "
+            f"{state.breaker.value}"
+        )
+    why = blocker(state, entry)
+    if why is not None:
+        raise IllegalTransition(f"slot {event.slot_id} granted while {why}")
+    del state.waiting[event.slot_id]
+    _prune_window(state)
+    charge = Charge(event.slot_id, state.now, entry.input_tokens, entry.output_tokens)
+    state.window.append(charge)
+    state.charges[event.slot_id] = charge
+    state.used_requests += 1
+    state.used_input += entry.input_tokens
+    state.used_output += entry.output_tokens
+    state.leases[event.slot_id] = Lease(
+        slot_id=entry.slot_id,
+        agent_id=entry.agent_id,
+        run_id=entry.run_id,
+        priority=entry.priority,
+        input_tokens=entry.input_tokens,
+        output_tokens=entry.output_tokens,
+        granted_at=state.now,
+        deadline=event.lease_deadline,
+    )
+    state.vtime = max(state.vtime, entry.tag)
+    if event.probe:
+        state.probe = event.slot_id
+    hint = state.hint
+    if hint is not None and state.now < hint.reset_at:
+        hint.requests_since += 1
+        hint.tokens_since += entry.tokens
+    state.counters.granted += 1
+
+
+@_on(SlotRefused)
+def _refused(state: GateState, event: SlotRefused) -> None:
+    # A request refused on arrival was never waiting: nothing to remove.
+    if event.slot_id in state.leases:
+        raise IllegalTransition(f"slot {event.slot_id} refused but it is granted")
+    state.waiting.pop(event.slot_id, None)
+    state.counters.refused += 1
+
+
+@_on(SlotFreed)
+def _freed(state: GateState, event: SlotFreed) -> None:
+    slot_id = event.slot_id
+    lease = state.leases.get(slot_id)
+    if lease is None and (event.by is FreedBy.LEASE_EXPIRED or slot_id not in state.waiting):
+        raise IllegalTransition(f"slot {slot_id} freed ({event.by.value}) but it is not held")
+    counters = state.counters
+    if event.by is FreedBy.RELEASED:
+        counters.released += 1
+    elif event.by is FreedBy.CANCELLED:
+        counters.cancelled += 1
+    else:
+        counters.expired += 1
+    if lease is None:
+        del state.waiting[slot_id]
+        return
+    del state.leases[slot_id]
+    if state.probe == slot_id:
+        state.probe = None
+    charge = state.charges.get(slot_id)
+    if charge is not None:
+        if event.input_tokens is not None:
+            state.used_input += event.input_tokens - charge.input_tokens
+            charge.input_tokens = event.input_tokens
+        if event.output_tokens is not None:
+            state.used_output += event.output_tokens - charge.output_tokens
+            charge.output_tokens = event.output_tokens
+    counters.input_tokens += event.input_tokens or 0
+    counters.output_tokens += event.output_tokens or 0
+    outcome = event.outcome
+    if outcome is None:
+        return
+    _count_attempt(state, lease.run_id, outcome)
+    if outcome is CallOutcome.OK:
+        state.attempt = 0
+    if state.breaker is Breaker.CLOSED:
+        if outcome is CallOutcome.OK:
+            state.failures = 0
+        elif outcome in UNHEALTHY:
+            state.failures += 1
+
+
+def _count_attempt(state: GateState, run_id: str, outcome: CallOutcome) -> None:
+    runs = state.runs
+    previous = runs.pop(run_id, None)  # re-inserted last: the memory stays in time order
+    if outcome in RETRYABLE or outcome is CallOutcome.SPEND_LIMIT:
+        failures = 1 if previous is None else previous.failures + 1
+        runs[run_id] = RunAttempts(failures, state.now, outcome)
+    horizon = state.now - RUN_MEMORY_MS
+    while runs:
+        oldest = next(iter(runs))
+        if runs[oldest].at > horizon:
+            break
+        del runs[oldest]
+
+
+@_on(SlotReleaseIgnored)
+def _release_ignored(state: GateState, event: SlotReleaseIgnored) -> None:
+    state.counters.ignored += 1
+
+
+@_on(BackoffScheduled)
+def _backoff(state: GateState, event: BackoffScheduled) -> None:
+    state.not_before = max(state.not_before, event.until)
+    state.attempt = event.attempt
+    state.counters.backoffs += 1
+
+
+@_on(ProviderHintsNoted)
+def _hints(state: GateState, event: ProviderHintsNoted) -> None:
+    state.hint = Hint(
+        remaining_requests=event.remaining_requests,
+        remaining_tokens=event.remaining_tokens,
+        reset_at=event.reset_at,
+        observed_at=state.now,
+    )
+
+
+@_on(BreakerOpened)
+def _opened(state: GateState, event: BreakerOpened) -> None:
+    if state.breaker is Breaker.OPEN:
+        raise IllegalTransition("breaker opened while it is open")
+    if state.probe is not None:
+        raise IllegalTransition(f"breaker opened while probe {state.probe} is in flight")
+    state.breaker = Breaker.OPEN
+    state.breaker_until = event.until
+    state.failures = 0
+    state.counters.breaker_opens += 1
+
+
+@_on(BreakerHalfOpened)
+def _half_opened(state: GateState, event: BreakerHalfOpened) -> None:
+    if state.breaker is not Breaker.OPEN or state.now < state.breaker_until:
+        raise IllegalTransition(
+            f"breaker half-opened while {state.breaker.value} until {state.breaker_until}"
+        )
+    state.breaker = Breaker.HALF_OPEN
+
+
+@_on(BreakerClosed)
+def _closed(state: GateState, event: BreakerClosed) -> None:
+    if state.breaker is not Breaker.HALF_OPEN or state.probe is not None:
+        raise IllegalTransition(f"breaker closed while {state.breaker.value}")
+    state.breaker = Breaker.CLOSED
+    state.failures = 0
+
+
+@_on(SpendLimitReached)
+def _spend_limit(state: GateState, event: SpendLimitReached) -> None:
+    state.counters.spend_limits += 1
+
+
+@_on(GateLimitsApplied)
+def _limits(state: GateState, event: GateLimitsApplied) -> None:
+    state.limits = event.limits
+
+
+# ------------------------------------------------------------------------------- decide
+
+
+Emit = Callable[[GateDecision], None]
+In = TypeVar("In")
+_DECIDERS: dict[type[Any], Callable[[GateState, Any, Emit], None]] = {}
+
+
+def _decides(cls: type[In]) -> Callable[[Callable[[GateState, In, Emit], None]], Any]:
+    def register(fn: Callable[[GateState, In, Emit], None]) -> Any:
+        _DECIDERS[cls] = fn
+        return fn
+
+    return register
+
+
+def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
+    """Decide what ``event`` means for the gate, advancing ``state`` through the input and
+    each decision as it is made (afterwards ``state`` is the fold of [input, *decisions]).
+
+    Deterministic; an input that decides nothing leaves ``state`` exactly as it was.
+    """
+    decider = _DECIDERS[type(event)]
+    now, version = state.now, state.version
+    evolve_gate(state, event)
+    decisions: list[GateDecision] = []
+
+    def emit(decision: GateDecision) -> None:
+        evolve_gate(state, decision)
+        decisions.append(decision)
+
+    decider(state, event, emit)
+    _settle(state, emit)
+    if not decisions:
+        state.now, state.version = now, version
+    return decisions
+
+
+def next_gate_due(state: GateState, after: int) -> int | None:
+    """The earliest time later than ``after`` at which a `GateTimer` may decide something:
+    a lease or a wait bound ends, the breaker's cooldown ends, or, while requests wait, a
+    backoff or provider reset ends, or a window frees space."""
+    due: int | None = None
+
+    def consider(at: int) -> None:
+        nonlocal due
+        if at > after and (due is None or at < due):
+            due = at
+
+    for lease in state.leases.values():
+        consider(lease.deadline)
+    if state.breaker is Breaker.OPEN:
+        consider(state.breaker_until)
+    if not state.waiting:
+        return due
+    consider(state.not_before)
+    if state.hint is not None:
+        consider(state.hint.reset_at)
+    for charge in state.window:
+        if charge.at + WINDOW_MS > after:
+            consider(charge.at + WINDOW_MS)
+            break
+    for entry in state.waiting.values():
+        consider(entry.deadline)
+    return due
+
+
+def _settle(state: GateState, emit: Emit) -> None:
+    """What time alone decides, after every input: leases expire, the breaker half-opens,
+    overdue requests are refused, and whatever fits is granted in the fair order."""
+    now = state.now
+    for lease in [lease for lease in state.leases.values() if lease.deadline <= now]:
+        emit(
+            SlotFreed(
+                slot_id=lease.slot_id,
+                by=FreedBy.LEASE_EXPIRED,
+                detail=f"lease ended at {lease.deadline} without a release (granted at "
+                f"{lease.granted_at} to run {lease.run_id} of {lease.agent_id})",
+            )
+        )
+    if state.breaker is Breaker.OPEN and now >= state.breaker_until:
+        emit(BreakerHalfOpened())
+    _refuse_overdue(state, now, emit)
+    while state.waiting:
+        entry = next_in_line(state)
+        assert entry is not None
+        if blocker(state, entry) is not None:
+            break
+        emit(
+            SlotGranted(
+                slot_id=entry.slot_id,
+                lease_deadline=now + state.limits.lease_ms,
+                probe=state.breaker is Breaker.HALF_OPEN,
+            )
+        )
+    _refuse_overdue(state, now + 1, emit)
+
+
+def _refuse(state: GateState, entry: Waiting, code: Refusal, reason: str, emit: Emit) -> None:
+    emit(
+        SlotRefused(
+            slot_id=entry.slot_id,
+            agent_id=entry.agent_id,
+            run_id=entry.run_id,
+            code=code,
+            reason=reason,
+        )
+    )
+
+
+def _refuse_overdue(state: GateState, before: int, emit: Emit) -> None:
+    """Refuse the requests whose wait bound is earlier than ``before``."""
+    overdue = [entry for entry in state.waiting.values() if entry.deadline < before]
+    if not overdue:
+        return
+    head = next_in_line(state)
+    for entry in overdue:
+        held = blocker(state, entry)
+        if head is not None and entry is not head:
+            ahead = blocker(state, head) or held or "no capacity"
+            held = f"{ahead}, and requests ahead of it in the fair order"
+        _refuse(
+            state,
+            entry,
+            Refusal.WAITED_TOO_LONG,
+            f"waited {state.now - entry.queued_at} ms without a slot (max_wait_ms "
+            f"{entry.deadline - entry.queued_at}): {held}; retry later",
+            emit,
+        )
+
+
+def _hopeless(state: GateState, deadline: int) -> tuple[Refusal, str] | None:
+    """Why a request waiting until ``deadline`` certainly cannot be granted in time."""
+    if state.breaker is Breaker.OPEN and state.breaker_until > deadline:
+        return Refusal.BREAKER_OPEN, (
+            f"the circuit breaker is open until {state.breaker_until}, past this request's "
+            f"wait bound {deadline}: the provider is failing"
+        )
+    if state.not_before > deadline:
+        return Refusal.BACKING_OFF, (
+            f"backing off until {state.not_before} (attempt {state.attempt}), past this "
+            f"request's wait bound {deadline}"
+        )
+    return None
+
+
+def _too_large(limits: GateLimits, input_tokens: int, output_tokens: int) -> str | None:
+    itpm, otpm = limits.input_tokens_per_minute, limits.output_tokens_per_minute
+    if itpm is not None and input_tokens > itpm:
+        return (
+            f"asks for {input_tokens} input tokens but input_tokens_per_minute is {itpm}: it "
+            "can never be granted; shorten the prompt or raise the limit"
+        )
+    if otpm is not None and output_tokens > otpm:
+        return (
+            f"asks for {output_tokens} output tokens but output_tokens_per_minute is {otpm}: "
+            "it can never be granted; lower max_tokens or raise the limit"
+        )
+    return None
+
+
+def _refuse_hopeless(state: GateState, emit: Emit) -> None:
+    for entry in list(state.waiting.values()):
+        hopeless = _hopeless(state, entry.deadline)
+        if hopeless is not None:
+            _refuse(state, entry, *hopeless, emit)
+
+
+@_decides(SlotRequested)
+def _requested(state: GateState, event: SlotRequested, emit: Emit) -> None:
+    slot_id = event.slot_id
+    if slot_id in state.waiting or slot_id in state.leases:
+        return  # a redelivered request: it already waits or holds its slot
+    refused: tuple[Refusal, str] | None = None
+    limits = state.limits
+    deadline = state.now + limits.max_wait_ms
+    too_large = _too_large(limits, event.input_tokens, event.output_tokens)
+    attempts = state.runs.get(event.run_id)
+    if too_large is not None:
+        refused = Refusal.TOO_LARGE, too_large
+    elif attempts is not None and attempts.last is CallOutcome.SPEND_LIMIT:
+        refused = (
+            Refusal.SPEND_LIMIT,
+            (f"run {event.run_id} hit the provider's spend limit: it is not retried"),
+        )
+    elif attempts is not None and attempts.failures >= limits.max_attempts:
+        refused = (
+            Refusal.RETRIES_EXHAUSTED,
+            (
+                f"run {event.run_id} failed {attempts.failures} calls in a row (last: "
+                f"{attempts.last.value}); max_attempts is {limits.max_attempts}: giving up"
+            ),
+        )
+    else:
+        refused = _hopeless(state, deadline)
+    if refused is not None:
+        emit(
+            SlotRefused(
+                slot_id=slot_id,
+                agent_id=event.agent_id,
+                run_id=event.run_id,
+                code=refused[0],
+                reason=refused[1],
+            )
+        )
+        return
+    emit(
+        SlotQueued(
+            slot_id=slot_id,
+            agent_id=event.agent_id,
+            run_id=event.run_id,
+            priority=event.priority,
+            input_tokens=event.input_tokens,
+            output_tokens=event.output_tokens,
+            wait_deadline=deadline,
+        )
+    )
+
+
+@_decides(SlotReleased)
+def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
+    slot_id = event.slot_id
+    lease = state.leases.get(slot_id)
+    if lease is None:
+        if slot_id in state.waiting:
+            emit(SlotFreed(slot_id=slot_id, by=FreedBy.RELEASED, detail="released while waiting"))
+        else:
+            emit(
+                SlotReleaseIgnored(
+                    slot_id=slot_id,
+                    reason=f"slot {slot_id} is not held: its lease expired, it was cancelled "
+                    "or it was released already",
+                )
+            )
+        return
+    now, limits, outcome = state.now, state.limits, event.outcome
+    was_probe = state.probe == slot_id
+    emit(
+        SlotFreed(
+            slot_id=slot_id,
+            by=FreedBy.RELEASED,
+            detail=f"released after {now - lease.granted_at} ms: {outcome.value}",
+            outcome=outcome,
+            input_tokens=event.input_tokens,
+            output_tokens=event.output_tokens,
+        )
+    )
+    if event.remaining_requests is not None or event.remaining_tokens is not None:
+        reset_at = now + WINDOW_MS if event.reset_at is None else event.reset_at
+        if reset_at > now:
+            emit(
+                ProviderHintsNoted(
+                    remaining_requests=event.remaining_requests,
+                    remaining_tokens=event.remaining_tokens,
+                    reset_at=reset_at,
+                )
+            )
+    if outcome is CallOutcome.SPEND_LIMIT:
+        emit(SpendLimitReached(agent_id=lease.agent_id, run_id=lease.run_id))
+        for entry in [e for e in state.waiting.values() if e.run_id == lease.run_id]:
+            _refuse(state, entry, Refusal.SPEND_LIMIT, "the run hit the spend limit", emit)
+    if was_probe:
+        if outcome in UNHEALTHY:
+            emit(
+                BreakerOpened(
+                    until=now + limits.breaker_cooldown_ms,
+                    reason=f"the half-open probe failed: {outcome.value}",
+                )
+            )
+        else:
+            emit(BreakerClosed())
+    elif state.breaker is Breaker.CLOSED and state.failures >= limits.breaker_threshold:
+        emit(
+            BreakerOpened(
+                until=now + limits.breaker_cooldown_ms,
+                reason=f"{state.failures} unhealthy answers in a row (last: {outcome.value})",
+            )
+        )
+    if outcome in THROTTLED:
+        attempt = state.attempt + 1
+        ceiling = min(limits.backoff_cap_ms, limits.backoff_base_ms << min(attempt - 1, 40))
+        wait = full_jitter(slot_id, attempt, ceiling)
+        reason = f"{outcome.value}: attempt {attempt}, full jitter up to {ceiling} ms"
+        retry_after = event.retry_after_ms
+        if retry_after is not None:
+            wait = max(wait, retry_after)
+            reason += f", retry-after {retry_after} ms"
+        emit(
+            BackoffScheduled(
+                until=max(state.not_before, now + wait), attempt=attempt, reason=reason
+            )
+        )
+    _refuse_hopeless(state, emit)
+
+
+@_decides(SlotCancelled)
+def _cancelled(state: GateState, event: SlotCancelled, emit: Emit) -> None:
+    slot_id = event.slot_id
+    if slot_id in state.waiting:
+        detail = "cancelled while waiting"
+    elif slot_id in state.leases:
+        detail = "cancelled while granted: the run was aborted or crashed"
+    else:
+        return  # cancelling what is not held is a no-op (a cancel after a release, say)
+    emit(SlotFreed(slot_id=slot_id, by=FreedBy.CANCELLED, detail=detail))
+
+
+@_decides(GateTimer)
+def _timer(state: GateState, event: GateTimer, emit: Emit) -> None:
+    """Everything a timer decides is what time alone decides (see `_settle`)."""
+
+
+@_decides(GateLimitsChanged)
+def _limits_changed(state: GateState, event: GateLimitsChanged, emit: Emit) -> None:
+    # The first event of a stream is its first limits: record them even if they are default.
+    if event.limits == state.limits and state.version != 1:
+        return
+    emit(GateLimitsApplied(limits=event.limits))
+    for entry in list(state.waiting.values()):
+        too_large = _too_large(event.limits, entry.input_tokens, entry.output_tokens)
+        if too_large is not None:
+            _refuse(state, entry, Refusal.TOO_LARGE, too_large, emit)
+
+
+# ------------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingAgent:
+    """One agent's requests waiting at the gate."""
+
+    agent_id: str
+    waiting: int
+    oldest_wait_ms: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GateStatus:
+    """What an operator wants to know about a provider gate, at time ``now``."""
+
+    provider: str
+    limits: GateLimits
+    window_requests: int
+    window_input_tokens: int
+    window_output_tokens: int
+    in_flight: int
+    waiting: int
+    waiting_agents: tuple[WaitingAgent, ...]
+    breaker: Breaker
+    breaker_until: int | None
+    probe_in_flight: bool
+    next_retry: int | None
+    """When a running backoff ends (None if none runs at ``now``)."""
+    backoff_attempt: int
+    remaining_requests: int | None
+    remaining_tokens: int | None
+    provider_reset_at: int | None
+    counters: GateCounters
+
+
+def gate_status(state: GateState, now: int) -> GateStatus:
+    """Observability derived from the state alone."""
+    requests, inputs, outputs = window_usage(state, now)
+    agents: dict[str, list[Waiting]] = {}
+    for entry in state.waiting.values():
+        agents.setdefault(entry.agent_id, []).append(entry)
+    hint = state.hint
+    live_hint = hint is not None and now < hint.reset_at
+    return GateStatus(
+        provider=state.provider,
+        limits=state.limits,
+        window_requests=requests,
+        window_input_tokens=inputs,
+        window_output_tokens=outputs,
+        in_flight=len(state.leases),
+        waiting=len(state.waiting),
+        waiting_agents=tuple(
+            WaitingAgent(
+                agent_id=agent_id,
+                waiting=len(entries),
+                oldest_wait_ms=max(0, now - min(e.queued_at for e in entries)),
+                tokens=sum(e.tokens for e in entries),
+            )
+            for agent_id, entries in sorted(agents.items())
+        ),
+        breaker=state.breaker,
+        breaker_until=state.breaker_until if state.breaker is Breaker.OPEN else None,
+        probe_in_flight=state.probe is not None,
+        next_retry=state.not_before if state.not_before > now else None,
+        backoff_attempt=state.attempt,
+        remaining_requests=(
+            None
+            if hint is None or not live_hint or hint.remaining_requests is None
+            else max(0, hint.remaining_requests - hint.requests_since)
+        ),
+        remaining_tokens=(
+            None
+            if hint is None or not live_hint or hint.remaining_tokens is None
+            else max(0, hint.remaining_tokens - hint.tokens_since)
+        ),
+        provider_reset_at=hint.reset_at if hint is not None and live_hint else None,
+        counters=replace(state.counters),
+    )
+
+
+# ------------------------------------------------------------------------ codec, verify
+
+
+GATE_CODEC: Codec[GateEvent] = Codec(GATE_INPUT_TYPES + GATE_DECISION_TYPES)
+GATE_EVENT_TYPES = GATE_CODEC.types
+encode_gate_event = GATE_CODEC.encode
+decode_gate_event = GATE_CODEC.decode
+
+
+@dataclass(frozen=True, slots=True)
+class GateDivergence:
+    """The first place where re-deciding a gate's recorded inputs disagrees with its log."""
+
+    index: int
+    """Index of the event in the stream (0-based)."""
+    input: GateEvent | None
+    recorded: GateEvent | None
+    redecided: GateDecision | None
+
+
+def verify_gate(provider: str, events: Iterable[GateEvent]) -> GateDivergence | None:
+    """Re-run `decide_gate` over a gate stream's recorded inputs; the first disagreement."""
+    state = GateState(provider=provider)
+    expected: deque[GateDecision] = deque()
+    last_input: GateEvent | None = None
+    index = -1
+    for index, event in enumerate(events):
+        if isinstance(event, GATE_INPUT_TYPES):
+            if expected:
+                return GateDivergence(index, last_input, event, expected[0])
+            last_input = event
+            expected.extend(decide_gate(state, event))
+            continue
+        redecided = expected.popleft() if expected else None
+        if redecided != event:
+            return GateDivergence(index, last_input, event, redecided)
+    if expected:
+        return GateDivergence(index + 1, last_input, None, expected[0])
+    return None
