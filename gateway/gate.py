@@ -1,0 +1,226 @@
+"""One provider's gate, live: `lanes.gate` decisions appended to ``provider:<name>``.
+
+A run calls `ProviderGate.acquire` before it calls the LLM and `release` after (or the
+slot is cancelled when the run is aborted or crashes: leaving `acquire` or `using` by an
+exception frees it). A grant reaches the caller only after the commit that holds it, so a
+restart honours what the log says was granted, waiting or backing off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+
+from gateway.clock import Clock, Timer
+from gateway.engine import EventIds
+from gateway.errors import GatewayError
+from lanes.gate import (
+    GateState,
+    GateStatus,
+    decide_gate,
+    decode_gate_event,
+    encode_gate_event,
+    fold_gate,
+    gate_status,
+    gate_stream,
+    next_gate_due,
+)
+from lanes.gate_events import (
+    CallOutcome,
+    GateDecision,
+    GateInput,
+    GateLimits,
+    GateLimitsChanged,
+    GateTimer,
+    SlotCancelled,
+    SlotGranted,
+    SlotRefused,
+    SlotReleased,
+    SlotRequested,
+)
+from lanes.requests import Priority
+from store.port import Append, EventStore, NewEvent, RecordedEvent
+
+log = logging.getLogger("gateway.gate")
+
+
+class SlotRefusedError(GatewayError):
+    """The gate refused the slot (waited too long, breaker open, retries exhausted...)."""
+
+    code = "provider_refused"
+
+    def __init__(self, refused: SlotRefused) -> None:
+        super().__init__(f"{refused.code.value}: {refused.reason}")
+        self.refused = refused
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A granted slot: call the provider, then release it with the outcome."""
+
+    slot_id: str
+    lease_deadline: int
+    probe: bool
+
+
+class ProviderGate:
+    """The gate of one provider shared by every agent's runs."""
+
+    def __init__(self, store: EventStore, provider: str, limits: GateLimits, clock: Clock,
+                 ids: EventIds | None = None) -> None:
+        self.store = store
+        self.provider = provider
+        self.stream = gate_stream(provider)
+        self.clock = clock
+        self._limits = limits
+        self._ids = ids or EventIds()
+        self._state = GateState(provider=self.stream)
+        self._waiters: dict[str, asyncio.Future[Slot]] = {}
+        self._timer: Timer | None = None
+        self._timer_due: int | None = None
+        self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
+        self._running = False
+
+    async def start(self, principal: str = "config") -> None:
+        """Rebuild the gate from its stream and apply the configured limits."""
+        del principal
+        records = await self.store.read_stream(self.stream)
+        fold_gate(self._state, (decode_gate_event(r.type, r.data) for r in records))
+        self._running = True
+        if self._state.version == 0 or self._state.limits != self._limits:
+            self._feed(GateLimitsChanged(at=self.clock.now_ms(), limits=self._limits))
+        self._schedule()
+        await self.flush()
+
+    async def stop(self) -> None:
+        """Stop deciding; waiters are refused, timers cancelled, commits finished."""
+        self._running = False
+        if self._timer is not None:
+            self._timer.cancel()
+        for future in self._waiters.values():
+            if not future.done():
+                future.cancel()
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait for every append decided so far."""
+        while self._in_flight:
+            await asyncio.wait(list(self._in_flight))
+
+    def status(self) -> GateStatus:
+        """Limits, window usage, waiting agents, breaker and next retry, now."""
+        return gate_status(self._state, self.clock.now_ms())
+
+    @property
+    def state(self) -> GateState:
+        """The live state (decided; its last events may still be committing)."""
+        return self._state
+
+    async def acquire(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
+                      input_tokens: int = 0, output_tokens: int = 0) -> Slot:
+        """Wait for a slot (fairly, within the limits); `SlotRefusedError` if refused.
+
+        Cancelled while waiting (the run was aborted), the request is withdrawn.
+        """
+        slot_id = f"{run_id}/{self._ids()}"
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._waiters[slot_id] = future
+        self._feed(SlotRequested(at=self.clock.now_ms(), slot_id=slot_id, agent_id=agent_id,
+                                 run_id=run_id, priority=priority, input_tokens=input_tokens,
+                                 output_tokens=output_tokens))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancel(slot_id)
+            raise
+        finally:
+            self._waiters.pop(slot_id, None)
+
+    def release(self, slot: Slot, outcome: CallOutcome, *, input_tokens: int | None = None,
+                output_tokens: int | None = None, retry_after_ms: int | None = None,
+                remaining_requests: int | None = None, remaining_tokens: int | None = None,
+                reset_at: int | None = None) -> None:
+        """Give a slot back with how the provider answered (and its rate-limit headers)."""
+        self._feed(SlotReleased(
+            at=self.clock.now_ms(), slot_id=slot.slot_id, outcome=outcome,
+            input_tokens=input_tokens, output_tokens=output_tokens,
+            retry_after_ms=retry_after_ms, remaining_requests=remaining_requests,
+            remaining_tokens=remaining_tokens, reset_at=reset_at))
+
+    def cancel(self, slot_id: str) -> None:
+        """Free a slot, waiting or granted, without an answer (abort, crash)."""
+        if self._running:
+            self._feed(SlotCancelled(at=self.clock.now_ms(), slot_id=slot_id))
+
+    @contextlib.asynccontextmanager
+    async def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
+                    input_tokens: int = 0, output_tokens: int = 0) -> AsyncIterator[Slot]:
+        """``async with gate.using(...) as slot:`` — a slot that is always given back.
+
+        Release it inside with the outcome; leaving by an exception (an abort, a crash)
+        cancels it if it was not released.
+        """
+        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens)
+        try:
+            yield slot
+        finally:
+            if slot.slot_id in self._state.leases:
+                self.cancel(slot.slot_id)
+
+    # ------------------------------------------------------------------------- core
+
+    def _feed(self, event: GateInput) -> None:
+        if not self._running:
+            return
+        state = self._state
+        base = state.version
+        decisions = decide_gate(state, event)
+        if decisions:
+            events = [NewEvent(self._ids(), *encode_gate_event(e)) for e in (event, *decisions)]
+            future = self.store.append(Append(self.stream, events, base))
+            self._in_flight.add(future)
+            future.add_done_callback(partial(self._committed, decisions))
+        self._schedule()
+
+    def _committed(self, decisions: list[GateDecision],
+                   future: asyncio.Future[list[RecordedEvent]]) -> None:
+        self._in_flight.discard(future)
+        if future.cancelled() or future.exception() is not None:
+            # The gate ran ahead of its log: refuse the waiters of this batch; the state is
+            # rebuilt at the next start (a lost grant is freed by its lease deadline).
+            log.error("gate %s: append failed", self.provider)
+            for decision in decisions:
+                waiter = self._waiters.get(getattr(decision, "slot_id", ""))
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(GatewayError("the gate could not record the slot"))
+            return
+        for decision in decisions:
+            if isinstance(decision, SlotGranted):
+                waiter = self._waiters.get(decision.slot_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(Slot(decision.slot_id, decision.lease_deadline,
+                                           decision.probe))
+                elif waiter is None:
+                    # Nobody waits for it any more (cancelled meanwhile): give it back.
+                    self.cancel(decision.slot_id)
+            elif isinstance(decision, SlotRefused):
+                waiter = self._waiters.get(decision.slot_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(SlotRefusedError(decision))
+
+    def _schedule(self) -> None:
+        due = next_gate_due(self._state, self.clock.now_ms())
+        if due == self._timer_due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = None if due is None else self.clock.call_at(due, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = self._timer_due = None
+        self._feed(GateTimer(at=self.clock.now_ms()))

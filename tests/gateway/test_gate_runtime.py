@@ -1,0 +1,117 @@
+"""The provider gate, live: grants after commit, waits on the clock, restarts from its log."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.clock import FakeClock
+from gateway.gate import ProviderGate, SlotRefusedError
+from lanes.gate import GateState, decode_gate_event, fold_gate
+from lanes.gate_events import CallOutcome, GateLimits
+from store import MemoryEventStore
+from tests.gateway.support import TIMEOUT, next_event
+
+
+async def started(store: MemoryEventStore, clock: FakeClock, **limits: int) -> ProviderGate:
+    gate = ProviderGate(store, "anthropic", GateLimits(**limits), clock)
+    await store.open()
+    await gate.start()
+    return gate
+
+
+async def log_state(store: MemoryEventStore) -> GateState:
+    records = await store.read_stream("provider:anthropic")
+    return fold_gate(GateState(provider="provider:anthropic"),
+                     [decode_gate_event(r.type, r.data) for r in records])
+
+
+async def test_a_slot_is_granted_after_its_commit_and_the_log_is_the_state() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, requests_per_minute=10)
+    async with gate.using("btc", "btc-r1", input_tokens=900, output_tokens=200) as slot:
+        assert [r.type for r in await store.read_stream("provider:anthropic")][-1] == (
+            "SlotGranted")
+        gate.release(slot, CallOutcome.OK, input_tokens=850, output_tokens=120)
+    await gate.flush()
+    assert await log_state(store) == gate.state
+    assert gate.status().window_input_tokens == 850
+    await gate.stop()
+
+
+async def test_over_the_limit_a_run_waits_for_the_window_and_is_served_in_turn() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, requests_per_minute=2)
+    first = await gate.acquire("a", "a-r1")
+    second = await gate.acquire("b", "b-r1")
+    third = asyncio.create_task(gate.acquire("c", "c-r1"))
+    await next_event(store, "SlotQueued")
+    assert not third.done()
+    assert [w.agent_id for w in gate.status().waiting_agents] == ["c"]
+    gate.release(first, CallOutcome.OK)
+    gate.release(second, CallOutcome.OK)
+    clock.advance(60_000)
+    slot = await asyncio.wait_for(third, TIMEOUT)
+    assert slot.slot_id.startswith("c-r1/")
+    await gate.stop()
+
+
+async def test_an_aborted_run_gives_its_place_back() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, max_concurrent=1)
+    held = await gate.acquire("a", "a-r1")
+    waiting = asyncio.create_task(gate.acquire("b", "b-r1"))
+    await next_event(store, "SlotQueued")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await next_event(store, "SlotFreed")
+    assert gate.status().waiting == 0
+    gate.release(held, CallOutcome.OK)
+    await gate.stop()
+
+
+async def test_a_crash_while_holding_a_slot_frees_it() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, max_concurrent=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        async with gate.using("a", "a-r1"):
+            raise RuntimeError("boom")
+    await gate.flush()
+    assert gate.status().in_flight == 0
+    slot = await asyncio.wait_for(gate.acquire("b", "b-r1"), TIMEOUT)
+    gate.release(slot, CallOutcome.OK)
+    await gate.stop()
+
+
+async def test_a_restart_honours_a_backoff_in_progress() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, requests_per_minute=100)
+    slot = await gate.acquire("a", "a-r1")
+    gate.release(slot, CallOutcome.RATE_LIMITED, retry_after_ms=20_000)
+    await gate.stop()
+
+    again = ProviderGate(store, "anthropic", GateLimits(requests_per_minute=100), clock)
+    await again.start()
+    assert again.status().next_retry is not None
+    position = await store.last_position()
+    waiting = asyncio.create_task(again.acquire("b", "b-r1"))
+    await next_event(store, "SlotQueued", after=position)
+    assert not waiting.done()
+    clock.advance(20_000)
+    await asyncio.wait_for(waiting, TIMEOUT)
+    await again.stop()
+
+
+async def test_a_request_that_waits_too_long_is_refused_with_the_reason() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, max_concurrent=1, max_wait_ms=5_000)
+    held = await gate.acquire("a", "a-r1")
+    waiting = asyncio.create_task(gate.acquire("b", "b-r1"))
+    await next_event(store, "SlotQueued")
+    clock.advance(5_001)
+    with pytest.raises(SlotRefusedError, match="waited_too_long"):
+        await asyncio.wait_for(waiting, TIMEOUT)
+    gate.release(held, CallOutcome.OK)
+    await gate.stop()
