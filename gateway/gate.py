@@ -85,9 +85,8 @@ class ProviderGate:
         self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
         self._running = False
 
-    async def start(self, principal: str = "config") -> None:
+    async def start(self) -> None:
         """Rebuild the gate from its stream and apply the configured limits."""
-        del principal
         records = await self.store.read_stream(self.stream)
         fold_gate(self._state, (decode_gate_event(r.type, r.data) for r in records))
         self._running = True

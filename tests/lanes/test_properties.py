@@ -19,7 +19,6 @@ from lanes.events import (
     OrderIntent,
     RequestDropped,
     RequestQueued,
-    RequestReceived,
     RequestSummarized,
     Restarted,
     RunAborted,
@@ -179,7 +178,6 @@ def check_invariants(bench: Bench) -> None:
     active = bench.state.active
     assert running == ({p.request.request_id for p in active.requests} if active else set())
 
-    priority: dict[str, Priority] = {}
     queued_order: dict[str, int] = {}
     starts: list[int] = []
     overflow = 0
@@ -188,9 +186,7 @@ def check_invariants(bench: Bench) -> None:
     state = AgentState(agent_id=bench.agent)
     for entry in log:
         event = entry.event
-        if isinstance(event, RequestReceived):
-            priority.setdefault(event.request.request_id, event.request.priority)
-        elif isinstance(event, RequestQueued):
+        if isinstance(event, RequestQueued):
             queued_order[event.request_id] = len(queued_order)
         elif isinstance(event, RunStarted):
             assert state.trading is not TradingState.HALTED, "a run started while HALTED"
