@@ -65,6 +65,9 @@ class CallOutcome(StrEnum):
     """A 429 that must not be retried: the agent is to be paused with an alert."""
     SERVER_ERROR = "server_error"
     TIMEOUT = "timeout"
+    REJECTED = "rejected"
+    """The provider refused the request itself (a 4xx other than 429: bad request, bad key):
+    not retried, and it says nothing about the provider's health."""
 
 
 THROTTLED = frozenset({CallOutcome.RATE_LIMITED, CallOutcome.OVERLOADED})
