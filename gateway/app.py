@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -37,8 +37,11 @@ from gateway.errors import (
     Forbidden,
     GatewayError,
     Unauthorized,
+    UnknownProvider,
 )
+from gateway.gate import ProviderGate
 from gateway.hooks import HookEngine
+from gateway.llm import LLMClient
 from gateway.market import MarketEvent, event_time, to_ms
 from gateway.metrics import family, label
 from gateway.openapi import openapi_document
@@ -64,6 +67,8 @@ from gateway.protocol import (
 )
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.events import OperatorAction
+from lanes.gate import GateStatus, gate_status
+from lanes.gate_events import GateLimits
 from lanes.requests import ControlAction, FieldError, WireModel
 from lanes.state import AgentState
 from store.port import RecordedEvent
@@ -98,6 +103,8 @@ class Service:
     max_frame_bytes: int = 1 << 20
     busy_backlog: int = 20_000
     """Appends waiting for their commit beyond which new work is answered ``busy``."""
+    clients: Mapping[str, LLMClient] = field(default_factory=dict)
+    """The LLM clients of the providers, closed when serving ends."""
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def check_capacity(self) -> None:
@@ -123,6 +130,9 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/runs/{run_id}/abort", api.abort, methods=["POST"]),
         Route("/api/agents/{agent_id}/config", api.configure, methods=["POST"]),
         Route("/api/events", api.events),
+        Route("/api/providers", api.providers),
+        Route("/api/providers/{name}", api.provider),
+        Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
     ]
@@ -382,6 +392,43 @@ class _Api:
             scanned += len(page)
         return _json({"events": found, "next": cursor})
 
+    def _gate(self, request: Request) -> ProviderGate:
+        name = str(request.path_params["name"])
+        gate = self.engine.gates.get(name)
+        if gate is None:
+            raise UnknownProvider(name)
+        return gate
+
+    @_guarded
+    async def providers(self, request: Request) -> Response:
+        """Every provider gate: limits, usage in the current windows, waiting agents,
+        breaker state and next retry."""
+        principal = self._principal(request)
+        principal.check_read()
+        now = self.engine.clock.now_ms()
+        return _json({"providers": [provider_summary(name, gate, now, principal)
+                                    for name, gate in sorted(self.engine.gates.items())]})
+
+    @_guarded
+    async def provider(self, request: Request) -> Response:
+        """One provider gate (404 if there is none of that name)."""
+        principal = self._principal(request)
+        principal.check_read()
+        gate = self._gate(request)
+        return _json(provider_summary(gate.provider, gate, self.engine.clock.now_ms(),
+                                      principal))
+
+    @_guarded
+    async def provider_limits(self, request: Request) -> Response:
+        """Replace a provider gate's limits (admin); they apply to requests not yet granted
+        (recorded as ``GateLimitsChanged`` in the provider's stream)."""
+        principal = self._principal(request)
+        principal.check_admin()
+        gate = self._gate(request)
+        limits = await self._body(request, GateLimits)
+        changed = await gate.set_limits(limits)
+        return _json({"changed": changed, "limits": limits.model_dump(mode="json")})
+
     def _metrics_text(self, principal: Principal) -> str:
         engine = self.engine
         now = engine.clock.now_ms()
@@ -423,8 +470,67 @@ class _Api:
                     engine.commit_latency.lines("gateway_commit_latency_seconds")),
             *family("gateway_run_duration_seconds", "histogram", "Run durations.",
                     engine.run_durations.lines("gateway_run_duration_seconds")),
+            *gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
+                   lambda v: int(v.held is not None)),
+            *self._gate_metrics(now),
         ]
         return "\n".join(lines) + "\n"
+
+    def _gate_metrics(self, now: int) -> list[str]:
+        statuses = [(name, gate.status()) for name, gate in sorted(self.engine.gates.items())]
+        if not statuses:
+            return []
+
+        def per_gate(name: str, kind: str, help_text: str,
+                     get: Callable[[GateStatus], float | None]) -> list[str]:
+            samples = [(n, get(v)) for n, v in statuses]
+            return family(name, kind, help_text,
+                          [f'{name}{{provider="{label(n)}"}} {value}'
+                           for n, value in samples if value is not None])
+
+        return [
+            *per_gate("gateway_provider_window_requests", "gauge",
+                      "Requests granted in the last 60 s.", lambda v: v.window_requests),
+            *per_gate("gateway_provider_requests_per_minute_limit", "gauge",
+                      "The requests-per-minute limit.", lambda v: v.limits.requests_per_minute),
+            *per_gate("gateway_provider_window_input_tokens", "gauge",
+                      "Input tokens charged in the last 60 s.", lambda v: v.window_input_tokens),
+            *per_gate("gateway_provider_window_output_tokens", "gauge",
+                      "Output tokens charged in the last 60 s.",
+                      lambda v: v.window_output_tokens),
+            *per_gate("gateway_provider_in_flight", "gauge", "Slots granted and not given back.",
+                      lambda v: v.in_flight),
+            *per_gate("gateway_provider_waiting", "gauge", "Requests waiting for a slot.",
+                      lambda v: v.waiting),
+            *per_gate("gateway_provider_oldest_wait_seconds", "gauge",
+                      "The longest current wait for a slot.",
+                      lambda v: max((a.oldest_wait_ms for a in v.waiting_agents), default=0)
+                      / 1000),
+            *per_gate("gateway_provider_breaker_open", "gauge",
+                      "Circuit breaker: 0 closed, 1 open, 0.5 half-open.",
+                      lambda v: {"closed": 0, "open": 1}.get(v.breaker.value, 0.5)),
+            *per_gate("gateway_provider_backoff_seconds", "gauge",
+                      "Time left of a running backoff.",
+                      lambda v: max(0, (v.next_retry or now) - now) / 1000),
+            *per_gate("gateway_provider_granted_total", "counter", "Slots granted.",
+                      lambda v: v.counters.granted),
+            *per_gate("gateway_provider_refused_total", "counter", "Slot requests refused.",
+                      lambda v: v.counters.refused),
+            *per_gate("gateway_provider_backoffs_total", "counter", "Backoffs scheduled.",
+                      lambda v: v.counters.backoffs),
+            *per_gate("gateway_provider_breaker_opens_total", "counter",
+                      "Times the breaker opened.", lambda v: v.counters.breaker_opens),
+            *per_gate("gateway_provider_spend_limits_total", "counter",
+                      "Spend-limit answers.", lambda v: v.counters.spend_limits),
+            *per_gate("gateway_provider_expired_total", "counter",
+                      "Slots freed by their lease deadline (leaks caught).",
+                      lambda v: v.counters.expired),
+            *per_gate("gateway_provider_input_tokens_total", "counter",
+                      "Input tokens reported by the provider.", lambda v: v.counters.input_tokens),
+            *per_gate("gateway_provider_output_tokens_total", "counter",
+                      "Output tokens reported by the provider.",
+                      lambda v: v.counters.output_tokens),
+        ]
 
 
 def _same_origin(origin: str, host: str | None) -> bool:
@@ -450,6 +556,21 @@ def _camel(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     return value
+
+
+def provider_summary(name: str, gate: ProviderGate, now: int,
+                     principal: Principal | None = None) -> dict[str, Any]:
+    """A provider gate's status as JSON; waiting agents outside the principal's scope are
+    counted but not named."""
+    view = gate_status(gate.state, now)
+    body: dict[str, Any] = _camel({**asdict(view), "limits": {}})
+    body["name"] = name
+    body["stream"] = gate.stream
+    body["limits"] = view.limits.model_dump(mode="json")
+    if principal is not None:
+        body["waitingAgents"] = [a for a in body["waitingAgents"]
+                                 if principal.may_see(a["agentId"])]
+    return body
 
 
 def queue_view(state: AgentState, now: int) -> dict[str, Any]:
@@ -731,6 +852,9 @@ class Session:
         for agent_id in wanted:
             principal.check_read(agent_id)
             self.engine.state(agent_id)
+        if frame.providers and principal.agents is not None:
+            raise Forbidden("a token scoped to some agents cannot follow the provider gates "
+                            "(they serve every agent); subscribe without providers")
         # Swap subscriptions with no await in between: one follower per connection, always.
         if self.subscription is not None:
             self.subscription.cancel()
@@ -739,10 +863,13 @@ class Session:
     async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
         position = await self.engine.store.last_position()
         now = self.engine.clock.now_ms()
+        gates = self.engine.gates if frame.providers else {}
         await self._send(Snapshot(id=frame.id, position=position,
                                   agents=[agent_summary(self.engine.state(a), now)
-                                          for a in wanted]))
-        agents = set(wanted)
+                                          for a in wanted],
+                                  providers=[provider_summary(n, g, now)
+                                             for n, g in sorted(gates.items())]))
+        agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
         try:
             async with contextlib.aclosing(self.engine.store.follow(after)) as events:

@@ -4,6 +4,8 @@
 [server]            # host, port, allowed_origins, max_frame_bytes
 [store]             # path, synchronous
 [[tokens]]          # name, token | token_env, role, agents
+[[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
+                    # base_url, timeout_s, [providers.limits] (a `lanes.gate_events.GateLimits`)
 [[agents]]          # id, every `lanes.config.AgentConfig` field, [agents.reasoner]
 [[hooks]]           # a `gateway.hooks` rule: kind = price_cross | green_candles | ...
 ```
@@ -25,7 +27,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -52,8 +54,15 @@ from gateway.hooks import (
     PriceCrossRule,
 )
 from gateway.market import Symbol
-from gateway.reasoner import Reasoner, SimulatedReasoner
+from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, Reasoner, SimulatedReasoner
 from lanes.config import AgentConfig, Budgets
+from lanes.gate_events import GateLimits
+
+if TYPE_CHECKING:
+    from gateway.clock import Clock
+    from gateway.gate import ProviderGate
+    from gateway.llm import LLMClient
+    from store.port import EventStore
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 ORIGIN_PATTERN = r"https?://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?"
@@ -172,6 +181,8 @@ class SimulatedReasonerConfig(ConfigModel):
     seed: int | None = 7
     symbol: Symbol = "BTCUSD"
     """The symbol of its orders when the requests name none."""
+    provider: str | None = None
+    """A ``[[providers]]`` name: each simulated turn then takes a slot of that gate."""
 
     @field_validator("latency_ms")
     @classmethod
@@ -181,9 +192,72 @@ class SimulatedReasonerConfig(ConfigModel):
         return latency
 
 
-# A discriminated union of one kind for now; "anthropic" and "openai" are added here.
-ReasonerConfig = Annotated[SimulatedReasonerConfig, Field(discriminator="kind")]
-REASONER_KINDS = frozenset({"simulated"})
+class LLMReasonerConfig(ConfigModel):
+    """A real model (see `gateway.reasoner.LLMReasoner`) behind a ``[[providers]]`` gate."""
+
+    kind: Literal["llm"] = "llm"
+    provider: str
+    """The ``[[providers]]`` name (an anthropic or openai one)."""
+    max_tokens: int = Field(default=1_024, ge=1, le=200_000)
+    max_turns: int = Field(default=3, ge=1, le=20)
+    """Calls per run at most; the turns after the first carry steers."""
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=100_000)
+    """None: the gateway's own (`gateway.reasoner.SYSTEM_PROMPT`)."""
+
+
+ReasonerConfig = Annotated[SimulatedReasonerConfig | LLMReasonerConfig,
+                           Field(discriminator="kind")]
+REASONER_KINDS = frozenset({"simulated", "llm"})
+PROVIDER_KINDS = ("anthropic", "openai", "simulated")
+KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+"""Where a provider's key is read from when the config names none."""
+
+
+class ProviderConfig(ConfigModel):
+    """One ``[[providers]]`` table: a provider and model, and the gate all its calls share.
+
+    Its gate's events go to the stream ``provider:<name>``. The key is ``api_key`` itself
+    or the variable ``api_key_env`` names (default ``ANTHROPIC_API_KEY`` /
+    ``OPENAI_API_KEY``), read when the config is loaded; it is never logged or recorded.
+    """
+
+    name: str = Field(pattern=NAME_PATTERN)
+    kind: Literal["anthropic", "openai", "simulated"]
+    model: str = Field(default="", max_length=200)
+    base_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    api_key: SecretStr | None = None
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    """One call longer than this is a timeout (the gate then backs off)."""
+    limits: GateLimits = Field(default_factory=GateLimits)
+    _secret: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _key_and_model(self, info: ValidationInfo) -> ProviderConfig:
+        if self.kind == "simulated":
+            return self
+        if not self.model:
+            raise ValidationError.from_exception_data("ProviderConfig", [InitErrorDetails(
+                type=PydanticCustomError("provider_model", "missing: name the {kind} model",
+                                         {"kind": self.kind}),
+                loc=("model",), input=None)])
+        if self.api_key is not None and self.api_key_env is not None:
+            _raise("api_key_env", "set either api_key or api_key_env, not both")
+        if self.api_key is not None:
+            self._secret = self.api_key
+            return self
+        variable = self.api_key_env or KEY_VARIABLES[self.kind]
+        value = _environ(info).get(variable)
+        if not value:
+            _raise("api_key_env", f"no API key: environment variable {variable} is not set "
+                   "(or is empty); set it, or set api_key_env or api_key")
+        self._secret = SecretStr(value or "")
+        return self
+
+    @property
+    def secret(self) -> str | None:
+        """The API key (handle with care: never log it); None for a simulated provider."""
+        return None if self._secret is None else self._secret.get_secret_value()
 
 
 class AgentEntry(ConfigModel):
@@ -220,6 +294,7 @@ class GatewayConfig(ConfigModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     tokens: tuple[TokenConfig, ...] = ()
+    providers: tuple[ProviderConfig, ...] = ()
     agents: tuple[AgentEntry, ...] = ()
     hooks: tuple[HookRule, ...] = ()
 
@@ -253,6 +328,34 @@ class GatewayConfig(ConfigModel):
             for k, agent in enumerate(token.agents or ()):
                 if agent not in agents:
                     problems.append((("tokens", i, "agents", k), _unknown_agent(agent)))
+        providers: dict[str, int] = {}
+        for i, provider in enumerate(self.providers):
+            if provider.name in providers:
+                problems.append(
+                    (("providers", i, "name"), f"duplicate provider name {provider.name!r} "
+                     f"(also providers[{providers[provider.name]}])")
+                )
+            providers.setdefault(provider.name, i)
+        for i, entry in enumerate(self.agents):
+            name = entry.reasoner.provider
+            if name is None:
+                continue
+            where = ("agents", i, "reasoner", "provider")
+            if name not in providers:
+                problems.append((where, f"unknown provider {name!r}; add a [[providers]] "
+                                 f"table with name = {name!r}"))
+                continue
+            j = providers[name]
+            provider = self.providers[j]
+            if entry.reasoner.kind == "llm" and provider.kind == "simulated":
+                problems.append((where, f"provider {name!r} is simulated: an llm reasoner "
+                                 "needs an anthropic or openai provider"))
+            timeout = entry.config.run_timeout_ms
+            if provider.limits.lease_ms <= timeout:
+                problems.append((("providers", j, "limits", "lease_ms"),
+                                 f"{provider.limits.lease_ms} ms is not longer than the run "
+                                 f"timeout of agent {entry.id!r} ({timeout} ms): a slot must "
+                                 "never expire under a live run"))
         rules: dict[str, int] = {}
         for i, rule in enumerate(self.hooks):
             if rule.name in rules:
@@ -284,6 +387,11 @@ class GatewayConfig(ConfigModel):
             if entry.id == agent_id:
                 return entry
         raise KeyError(agent_id)
+
+    def agent_gates(self) -> dict[str, str]:
+        """The provider gate each agent's calls go through, for agents that have one."""
+        return {entry.id: entry.reasoner.provider for entry in self.agents
+                if entry.reasoner.provider is not None}
 
     def agent_configs(self) -> dict[str, AgentConfig]:
         """Each agent's lane policy by id, in file order."""
@@ -417,9 +525,9 @@ def _path(loc: tuple[str | int, ...]) -> str:
 @functools.cache
 def _vocabulary() -> list[str]:
     models: list[type[BaseModel]] = [
-        ServerConfig, StoreConfig, TokenConfig, SimulatedReasonerConfig, AgentEntry,
-        GatewayConfig, AgentConfig, Budgets, PriceCrossRule, GreenCandlesRule,
-        ConnectorDownRule,
+        ServerConfig, StoreConfig, TokenConfig, SimulatedReasonerConfig, LLMReasonerConfig,
+        ProviderConfig, GateLimits, AgentEntry, GatewayConfig, AgentConfig, Budgets,
+        PriceCrossRule, GreenCandlesRule, ConnectorDownRule,
     ]
     return sorted({name for model in models for name in model.model_fields})
 
@@ -456,9 +564,33 @@ def _unknown_agent(agent: str) -> str:
 # ------------------------------------------------------------------------- builders
 
 
-def build_reasoner(entry: AgentEntry) -> Reasoner:
-    """The reasoner an agent's config asks for."""
+def build_gates(config: GatewayConfig, store: EventStore, clock: Clock) -> dict[str, ProviderGate]:
+    """One provider gate per ``[[providers]]`` table (not started)."""
+    from gateway.gate import ProviderGate
+
+    return {p.name: ProviderGate(store, p.name, p.limits, clock) for p in config.providers}
+
+
+def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
+    """A client for each anthropic or openai provider (a simulated one needs none)."""
+    from gateway.providers import build_client
+
+    return {
+        p.name: build_client(p.kind, p.model, api_key=p.secret, base_url=p.base_url,
+                             timeout_s=p.timeout_s)
+        for p in config.providers if p.kind != "simulated"
+    }
+
+
+def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None) -> Reasoner:
+    """The reasoner an agent's config asks for (``clients`` by provider name)."""
     config = entry.reasoner
+    if isinstance(config, LLMReasonerConfig):
+        if clients is None or config.provider not in clients:
+            raise ValueError(f"no client for provider {config.provider!r}")
+        return LLMReasoner(clients[config.provider],
+                           system_prompt=config.system_prompt or SYSTEM_PROMPT,
+                           max_tokens=config.max_tokens, max_turns=config.max_turns)
     return SimulatedReasoner(
         latency_ms=config.latency_ms,
         trade_probability=config.trade_probability,

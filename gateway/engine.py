@@ -29,7 +29,7 @@ from gateway.errors import (
     UnknownAgent,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
-from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner
+from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
 from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
@@ -63,6 +63,7 @@ from lanes.events import (
     RunStarted,
     RunSteerability,
     RunSteered,
+    SpendLimitHit,
     Stopping,
     TimerElapsed,
 )
@@ -72,6 +73,7 @@ from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from gateway.gate import ProviderGate
 
 log = logging.getLogger("gateway.engine")
 CALL_ATTEMPTS = 4
@@ -142,10 +144,19 @@ class Engine:
         clock: Clock | None = None,
         reasoners: Callable[[str], Reasoner] | None = None,
         broker: Broker | None = None,
+        gates: Mapping[str, ProviderGate] | None = None,
+        agent_gates: Mapping[str, str] | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
-        orders accepted by the trading gate go to ``broker`` (none: they stay open)."""
+        orders accepted by the trading gate go to ``broker`` (none: they stay open).
+        ``gates`` are the provider gates by name (started and stopped with the engine);
+        ``agent_gates`` names the gate each agent's LLM calls go through (none: ungated)."""
         self.broker = broker
+        self.gates: dict[str, ProviderGate] = dict(gates or {})
+        self._agent_gates = dict(agent_gates or {})
+        unknown = sorted(set(self._agent_gates.values()) - set(self.gates))
+        if unknown:
+            raise ValueError(f"agents name provider gates that do not exist: {unknown}")
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self._configs = dict(agents)
@@ -173,6 +184,8 @@ class Engine:
         """Rebuild every agent from the log, apply the configs, abort runs cut off by a
         restart (their requests go back to the head of the queue), and start timers."""
         await self.store.open()
+        for gate in self.gates.values():
+            await gate.start()
         with gc_paused():
             records = await self.store.read()
             entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records]
@@ -217,6 +230,8 @@ class Engine:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for gate in self.gates.values():  # after the runs: their slots are given back
+            await gate.stop()
         await self.flush()
         await self.store.close()
 
@@ -250,6 +265,11 @@ class Engine:
     def state(self, agent_id: str) -> AgentState:
         """The live state of an agent (decided; its latest events may still be committing)."""
         return self._agent(agent_id).state
+
+    def gate_of(self, agent_id: str) -> ProviderGate | None:
+        """The provider gate an agent's LLM calls go through, if any."""
+        name = self._agent_gates.get(agent_id)
+        return None if name is None else self.gates[name]
 
     def status(self, agent_id: str) -> AgentStatus:
         """Observability for one agent, now."""
@@ -442,6 +462,7 @@ class Engine:
             depth=run.depth,
             clock=self.clock,
             report_steerable=partial(self._steerable, agent, run.run_id),
+            gate=self.gate_of(agent.state.agent_id),
         )
         agent.context = context
         agent.run_started[run.run_id] = time.perf_counter()
@@ -449,13 +470,19 @@ class Engine:
 
     async def _run(self, agent: _Agent, run: ActiveRun, context: RunContext) -> None:
         reasoner = self._reasoners(agent.state.agent_id)
+        event: Input
         try:
             result: RunResult = await reasoner.run(context)
         except asyncio.CancelledError:
             raise
+        except SpendLimitError as error:
+            log.warning("run %s: %s; agent %s paused until resume", run.run_id, error,
+                        agent.state.agent_id)
+            event = SpendLimitHit(at=self.clock.now_ms(), run_id=run.run_id,
+                                  provider=error.provider, reason=error.reason[:500])
         except Exception as error:
             log.warning("run %s failed: %r", run.run_id, error)
-            event: Input = RunErrored(
+            event = RunErrored(
                 at=self.clock.now_ms(), run_id=run.run_id, error=_describe(error)
             )
         else:

@@ -85,6 +85,16 @@ class BadFrame(GatewayError):
         self.field = field
 
 
+class UnknownProvider(GatewayError):
+    """The request names a provider gate this gateway does not have."""
+
+    code = "unknown_provider"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown provider {name!r}; list them with GET /api/providers")
+        self.name = name
+
+
 HTTP_STATUS: dict[str, int] = {
     "invalid": 422,
     "malformed_json": 400,
@@ -93,6 +103,7 @@ HTTP_STATUS: dict[str, int] = {
     "unauthorized": 401,
     "forbidden": 403,
     "unknown_agent": 404,
+    "unknown_provider": 404,
     "not_found": 404,
     "conflict": 409,
     "busy": 503,
@@ -117,4 +128,5 @@ __all__ = [
     "StorageFailed",
     "Unauthorized",
     "UnknownAgent",
+    "UnknownProvider",
 ]

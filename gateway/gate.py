@@ -86,12 +86,22 @@ class ProviderGate:
         self._running = False
 
     async def start(self) -> None:
-        """Rebuild the gate from its stream and apply the configured limits."""
+        """Rebuild the gate from its stream, free what a previous process held, and apply
+        the configured limits.
+
+        No call of this process is in flight yet, so every slot the log shows granted or
+        waiting belonged to a process that stopped or crashed: each is cancelled at once
+        (recorded), instead of holding capacity until its lease deadline. A backoff or an
+        open breaker in progress is kept.
+        """
         records = await self.store.read_stream(self.stream)
         fold_gate(self._state, (decode_gate_event(r.type, r.data) for r in records))
         self._running = True
+        now = self.clock.now_ms()
+        for slot_id in [*self._state.leases, *self._state.waiting]:
+            self._feed(SlotCancelled(at=now, slot_id=slot_id))
         if self._state.version == 0 or self._state.limits != self._limits:
-            self._feed(GateLimitsChanged(at=self.clock.now_ms(), limits=self._limits))
+            self._feed(GateLimitsChanged(at=now, limits=self._limits))
         self._schedule()
         await self.flush()
 
@@ -113,6 +123,21 @@ class ProviderGate:
     def status(self) -> GateStatus:
         """Limits, window usage, waiting agents, breaker and next retry, now."""
         return gate_status(self._state, self.clock.now_ms())
+
+    @property
+    def limits(self) -> GateLimits:
+        """The limits in force (the configured ones, or the last ones set at runtime)."""
+        return self._limits
+
+    async def set_limits(self, limits: GateLimits) -> bool:
+        """New limits from now on (requests not yet granted get them), after the commit;
+        False if they are the limits in force already."""
+        if limits == self._limits and self._state.limits == limits:
+            return False
+        self._limits = limits
+        self._feed(GateLimitsChanged(at=self.clock.now_ms(), limits=limits))
+        await self.flush()
+        return True
 
     @property
     def state(self) -> GateState:

@@ -9,6 +9,7 @@ from pydantic import TypeAdapter
 
 from gateway.protocol import AckFrame, ErrorFrame
 from lanes import AgentConfig, AgentRequest
+from lanes.gate_events import GateLimits
 
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 
@@ -51,7 +52,7 @@ def openapi_document() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
                         ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
-                        ("ControlBody", ControlBody)):
+                        ("ControlBody", ControlBody), ("GateLimits", GateLimits)):
         schema = TypeAdapter(model).json_schema(
             by_alias=True, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
@@ -87,5 +88,12 @@ def openapi_document() -> dict[str, Any]:
                 "The event log, paged", obj, params=(),
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),
                        ("limit", "integer")))},
+            "/api/providers": {"get": _op(
+                "Every provider gate: limits, window usage, waiting agents, breaker, next "
+                "retry", obj, params=())},
+            "/api/providers/{name}": {"get": _op("One provider gate", obj, params=("name",))},
+            "/api/providers/{name}/limits": {"post": _op(
+                "Replace a provider gate's limits (admin; for requests not yet granted)", obj,
+                "GateLimits", params=("name",))},
         },
     }

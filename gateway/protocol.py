@@ -59,6 +59,9 @@ class Subscribe(WireModel):
     type: Literal["subscribe"]
     agents: list[str] | None = None
     after: int | None = Field(default=None, ge=0)
+    providers: bool = False
+    """Also follow every provider gate (its status in the snapshot, its events after);
+    needs a token that is not scoped to some agents."""
     id: ClientId = None
 
 
@@ -152,10 +155,12 @@ class Snapshot(WireModel):
     id: str | None = None
     position: int
     agents: list[dict[str, Any]]
+    providers: list[dict[str, Any]] = Field(default_factory=list)
+    """Each provider gate's status (as ``GET /api/providers``), if subscribed to them."""
 
 
 class EventFrame(WireModel):
-    """One committed event of a subscribed agent."""
+    """One committed event of a subscribed agent (or provider gate: ``provider:<name>``)."""
 
     type: Literal["event"] = "event"
     position: int

@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from pydantic import ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
 
 from gateway.clock import Clock
+from gateway.errors import GatewayError
+from gateway.llm import Completion, LLMClient, Message, ProviderCallError
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
-from lanes.requests import AgentRequest
+from lanes.gate_events import CallOutcome
+from lanes.requests import RANK, AgentRequest, Priority, WireModel
+
+if TYPE_CHECKING:
+    from gateway.gate import ProviderGate
+
+
+class SpendLimitError(GatewayError):
+    """The provider refused a call for spend: the run fails and the agent is paused."""
+
+    code = "spend_limit"
+
+    def __init__(self, provider: str, reason: str) -> None:
+        super().__init__(f"{provider}: {reason}")
+        self.provider = provider
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +57,7 @@ class RunContext:
         depth: int,
         clock: Clock,
         report_steerable: Callable[[bool], None],
+        gate: ProviderGate | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.run_id = run_id
@@ -43,8 +65,57 @@ class RunContext:
         self.summary = summary
         self.depth = depth
         self.clock = clock
+        self.gate = gate
+        """The provider gate every LLM call of this run goes through (None: ungated)."""
+        self.calls = 0
+        """Calls made to the provider (attempts included)."""
         self._report_steerable = report_steerable
         self._steers: asyncio.Queue[AgentRequest] = asyncio.Queue()
+
+    @property
+    def priority(self) -> Priority:
+        """The run's priority at the gate: the highest of its requests."""
+        return max((r.priority for r in self.requests), key=RANK.__getitem__,
+                   default=Priority.NORMAL)
+
+    async def call(self, make: Callable[[], Awaitable[Completion]], *, input_tokens: int,
+                   output_tokens: int) -> Completion:
+        """Make one LLM call through the provider gate, retrying as the gate allows.
+
+        Each attempt waits for a slot (with the token estimate), calls ``make()`` and gives
+        the slot back with how the provider answered. A throttled or failing provider makes
+        the gate back off (and maybe open its breaker) before the next attempt; the gate
+        refuses once the attempts are spent (`gateway.gate.SlotRefusedError`). A spend
+        limit raises `SpendLimitError` (never retried); a rejected request re-raises its
+        `ProviderCallError`. An abort cancels the call and frees the slot.
+        """
+        gate = self.gate
+        if gate is None:
+            self.calls += 1
+            return await make()
+        while True:
+            async with gate.using(self.agent_id, self.run_id, self.priority, input_tokens,
+                                  output_tokens) as slot:
+                self.calls += 1
+                try:
+                    completion = await make()
+                except ProviderCallError as error:
+                    hints = error.hints
+                    gate.release(slot, error.outcome, retry_after_ms=hints.retry_after_ms,
+                                 remaining_requests=hints.remaining_requests,
+                                 remaining_tokens=hints.remaining_tokens,
+                                 reset_at=hints.reset_at)
+                    if error.outcome is CallOutcome.SPEND_LIMIT:
+                        raise SpendLimitError(gate.provider, str(error)) from None
+                    if error.outcome is CallOutcome.REJECTED:
+                        raise
+                    continue  # the gate decides whether and when the next attempt goes
+                hints = completion.hints
+                gate.release(slot, CallOutcome.OK, input_tokens=completion.input_tokens,
+                             output_tokens=completion.output_tokens,
+                             remaining_requests=hints.remaining_requests,
+                             remaining_tokens=hints.remaining_tokens, reset_at=hints.reset_at)
+                return completion
 
     def set_steerable(self, steerable: bool) -> None:
         """Tell the gateway whether this run can take a steer now (it is recorded)."""
@@ -98,13 +169,21 @@ class SimulatedReasoner:
         self._random = random.Random(seed)
 
     async def run(self, ctx: RunContext) -> RunResult:
-        """Spend the latency in turns, take steers between them, then decide."""
+        """Spend the latency in turns (each one LLM call through the gate, if the agent has
+        one), take steers between them, then decide."""
         latency = self._random.uniform(*self.latency_ms)
         prompts = list(ctx.requests)
+
+        async def think() -> Completion:
+            await ctx.clock.sleep(latency / self.turns)
+            return Completion(text="", input_tokens=400 + 120 * len(prompts),
+                              output_tokens=80 + 40 * len(prompts) // self.turns)
+
         for turn in range(self.turns):
             if self.steerable and turn == 0:
                 ctx.set_steerable(True)
-            await ctx.clock.sleep(latency / self.turns)
+            await ctx.call(think, input_tokens=400 + 120 * len(prompts),
+                           output_tokens=80 + 40 * len(prompts) // self.turns)
             prompts += ctx.take_steers()
         if self.steerable:
             ctx.set_steerable(False)
@@ -115,3 +194,119 @@ class SimulatedReasoner:
         side: Literal["buy", "sell"] = "buy" if self._random.random() < 0.5 else "sell"
         order = OrderIntent(symbol=symbol, side=side, qty=round(self._random.uniform(0.01, 0.5), 3))
         return RunResult(outcome=Outcome.TRADE, usage=usage, orders=(order,))
+
+
+SYSTEM_PROMPT = """You are a trading agent behind a gateway. You receive requests (market \
+hooks, user messages, audits, alerts) as JSON. Decide whether to trade. Answer with exactly \
+one JSON object and nothing else:
+{"decision": "trade" or "no_trade", "orders": [{"symbol": "BTCUSD", "side": "buy" or \
+"sell", "qty": 0.1}], "reason": "one sentence"}
+Orders are only placed when decision is "trade". Later messages may add requests that \
+arrived while you were thinking: take them into account in your next answer."""
+
+
+class AnswerError(ValueError):
+    """The model's answer is not a decision the gateway can act on."""
+
+
+class _Answer(WireModel):
+    """What the model is asked to answer (snake_case or camelCase keys)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel,
+                              validate_by_name=True, validate_by_alias=True)
+
+    decision: Outcome
+    orders: tuple[OrderIntent, ...] = ()
+    calls: tuple[CallIntent, ...] = ()
+    reason: str = ""
+
+
+def render_requests(requests: Sequence[AgentRequest], summary: Summary | None = None) -> str:
+    """The requests of a run (or its steers) as the model reads them: one JSON per line."""
+    lines = []
+    if summary is not None:
+        lines.append(json.dumps({"summary": f"{summary.count} earlier requests were folded "
+                                 "away by the queue cap", "first_at": summary.first_at,
+                                 "last_at": summary.last_at}))
+    for request in requests:
+        lines.append(request.model_dump_json(
+            include={"request_id", "created_at", "kind", "priority", "source", "payload"}))
+    return "\n".join(lines)
+
+
+def parse_answer(text: str) -> _Answer:
+    """The decision in a model's answer: the outermost JSON object in it, validated."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise AnswerError(f"the model's answer holds no JSON object: {text[:200]!r}")
+    try:
+        return _Answer.model_validate_json(text[start:end + 1])
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}" for e in error.errors()
+        )
+        raise AnswerError(f"the model's answer is not a decision: {problems}"[:500]) from None
+
+
+def estimate_tokens(system: str, messages: Sequence[Message]) -> int:
+    """A cheap input-token estimate for the gate (about 4 characters a token, rounded up),
+    corrected by the real usage when the call is released."""
+    chars = len(system) + sum(len(m.content) + 8 for m in messages)
+    return chars // 4 + 16
+
+
+class LLMReasoner:
+    """A reasoner on a real model: every call goes through the agent's provider gate.
+
+    A run is a conversation of at most ``max_turns`` calls. The run is steerable while a
+    turn is in flight and another turn may follow; steers received during a turn are sent
+    as the next user message, so the model sees them before it gives its final answer.
+    The final answer is parsed as a decision (`parse_answer`); one that cannot be is a
+    failed run, never a guessed trade.
+    """
+
+    def __init__(self, client: LLMClient, *, system_prompt: str = SYSTEM_PROMPT,
+                 max_tokens: int = 1_024, max_turns: int = 3) -> None:
+        self.client = client
+        self.system_prompt = system_prompt
+        self.max_tokens = max_tokens
+        self.max_turns = max(1, max_turns)
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        """Converse until no steer is waiting (or the turns are spent), then decide."""
+        messages = [Message("user", render_requests(ctx.requests, ctx.summary))]
+        input_tokens = output_tokens = 0
+        steerable = self.max_turns > 1
+        if steerable:
+            ctx.set_steerable(True)
+        turn = 0
+        while True:
+            turn += 1
+            completion = await self._call(ctx, messages)
+            input_tokens += completion.input_tokens
+            output_tokens += completion.output_tokens
+            messages.append(Message("assistant", completion.text))
+            if steerable:
+                ctx.set_steerable(False)  # decided at once: no steer reaches us after this
+                steerable = False
+            steers = ctx.take_steers()
+            if not steers or turn >= self.max_turns:
+                break
+            messages.append(Message("user", render_requests(steers)))
+            if turn + 1 < self.max_turns:
+                ctx.set_steerable(True)
+                steerable = True
+        answer = parse_answer(completion.text)
+        usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+        orders = answer.orders if answer.decision is Outcome.TRADE else ()
+        return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls)
+
+    async def _call(self, ctx: RunContext, messages: list[Message]) -> Completion:
+        snapshot = tuple(messages)
+
+        def make() -> Awaitable[Completion]:
+            return self.client.complete(system=self.system_prompt, messages=snapshot,
+                                        max_tokens=self.max_tokens)
+
+        return await ctx.call(make, input_tokens=estimate_tokens(self.system_prompt, snapshot),
+                              output_tokens=self.max_tokens)

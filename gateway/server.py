@@ -17,7 +17,7 @@ from gateway.app import Service, create_app
 from gateway.auth import Principal, TokenBook
 from gateway.broker import PaperBroker
 from gateway.clock import Clock, SystemClock
-from gateway.config import GatewayConfig, build_reasoner
+from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
 from gateway.engine import Engine
 from gateway.feed import SyntheticFeed
 from gateway.hooks import HookEngine
@@ -42,9 +42,11 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
             await engine.report(agent_id, broker_report)
 
     broker = PaperBroker(report, clock)
-    reasoners = {entry.id: build_reasoner(entry) for entry in config.agents}
+    clients = build_clients(config)
+    reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
     engine = Engine(store, config.agent_configs(), clock=clock,
-                    reasoners=reasoners.__getitem__, broker=broker)
+                    reasoners=reasoners.__getitem__, broker=broker,
+                    gates=build_gates(config, store, clock), agent_gates=config.agent_gates())
     tokens = TokenBook(
         (token.secret, Principal(token.name, token.role,
                                  None if token.agents is None else frozenset(token.agents)))
@@ -61,6 +63,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         on_market=on_market,
         allowed_origins=frozenset(config.server.allowed_origins),
         max_frame_bytes=config.server.max_frame_bytes,
+        clients=clients,
     )
 
 
@@ -110,6 +113,8 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                 task.cancel()
             await asyncio.gather(*extra_task, return_exceptions=True)
             await service.engine.stop()
+            for client in service.clients.values():
+                await client.close()
 
     sock = bind(host, port)
     config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",

@@ -53,11 +53,14 @@ from lanes.events import (
     RunFailed,
     RunFinished,
     RunResultIgnored,
+    RunsHeld,
     RunsResumed,
     RunsSuppressed,
     RunStarted,
     RunSteerability,
     RunSteered,
+    RunsUnheld,
+    SpendLimitHit,
     SteerabilityChanged,
     Stopping,
     TimerElapsed,
@@ -105,7 +108,7 @@ def next_due(state: AgentState, after: int) -> int | None:
     run = state.active
     if run is not None:
         return run.deadline
-    if not state.pending or state.trading is TradingState.HALTED:
+    if not state.pending or state.trading is TradingState.HALTED or state.held is not None:
         return None
     due = state.collect_due
     if state.pending[0].mode is Mode.COLLECT and due is not None and due > after:
@@ -120,7 +123,8 @@ def next_due(state: AgentState, after: int) -> int | None:
 
 def _start_next(state: AgentState, emit: Emit) -> None:
     """Start the next run if the lane is idle and nothing holds it back."""
-    if state.active is not None or not state.pending or state.trading is TradingState.HALTED:
+    if (state.active is not None or not state.pending or state.trading is TradingState.HALTED
+            or state.held is not None):
         return
     head = state.pending[0]
     due = state.collect_due
@@ -149,6 +153,8 @@ def _can_start_now(state: AgentState) -> str | None:
     """Why a new run could not start right now (ignoring the active run), or None."""
     if state.trading is TradingState.HALTED:
         return "agent is HALTED"
+    if state.held is not None:
+        return f"runs held until resume ({state.held})"
     block = budget_block(state)
     if block is not None:
         return f"runs suppressed until {block.until} ({block.detail})"
@@ -322,6 +328,8 @@ def _control(state: AgentState, request: AgentRequest, action: ControlAction, em
         if not state.orders[order_id].cancel_requested:
             emit(OrderCancelRequested(order_id=order_id, by=request_id))
     if action is ControlAction.RESUME:
+        if state.held is not None:
+            emit(RunsUnheld(by=request_id))
         _start_next(state, emit)
 
 
@@ -425,6 +433,17 @@ def _errored(state: AgentState, event: RunErrored, emit: Emit) -> None:
         return
     emit(RunFailed(run_id=event.run_id, error=event.error))
     _start_next(state, emit)
+
+
+@_on(SpendLimitHit)
+def _spend_limit(state: AgentState, event: SpendLimitHit, emit: Emit) -> None:
+    if state.held is None:
+        before = state.trading
+        after = TRADING_TRANSITIONS.get((before, ControlAction.PAUSE), before)
+        emit(RunsHeld(provider=event.provider, reason=event.reason, from_state=before,
+                      to_state=after))
+    if _not_active(state, event.run_id) is None:
+        emit(RunFailed(run_id=event.run_id, error=f"{event.provider}: {event.reason}"))
 
 
 @_on(CallUndeliverable)

@@ -170,6 +170,17 @@ class BrokerReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpendLimitHit:
+    """The LLM provider refused a run's call for spend (quota, credit, usage limit): the run
+    fails and no run starts until an operator resumes the agent."""
+
+    at: int
+    run_id: str
+    provider: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallUndeliverable:
     """A sub-agent call this agent dispatched could not be delivered to its target."""
 
@@ -204,6 +215,7 @@ Input = (
     | OperatorCommand
     | ConfigChanged
     | BrokerReport
+    | SpendLimitHit
     | CallUndeliverable
     | Stopping
     | Restarted
@@ -217,6 +229,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     OperatorCommand,
     ConfigChanged,
     BrokerReport,
+    SpendLimitHit,
     CallUndeliverable,
     Stopping,
     Restarted,
@@ -374,6 +387,24 @@ class RunsResumed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunsHeld:
+    """An alert: the agent's LLM provider refused for spend. The agent is paused (ACTIVE
+    becomes REDUCING) and no run starts until a ``resume``; requests are still accepted."""
+
+    provider: str
+    reason: str
+    from_state: TradingState
+    to_state: TradingState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunsUnheld:
+    """A ``resume`` (request ``by``) lifted a provider hold: runs may start again."""
+
+    by: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OrderAccepted:
     """The trading gate accepted an order intent of a run."""
 
@@ -492,6 +523,8 @@ Decision = (
     | RunResultIgnored
     | RunsSuppressed
     | RunsResumed
+    | RunsHeld
+    | RunsUnheld
     | OrderAccepted
     | OrderRejected
     | OrderCancelRequested
@@ -522,6 +555,8 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     RunResultIgnored,
     RunsSuppressed,
     RunsResumed,
+    RunsHeld,
+    RunsUnheld,
     OrderAccepted,
     OrderRejected,
     OrderCancelRequested,

@@ -47,11 +47,14 @@ from lanes.events import (
     RunFailed,
     RunFinished,
     RunResultIgnored,
+    RunsHeld,
     RunsResumed,
     RunsSuppressed,
     RunStarted,
     RunSteerability,
     RunSteered,
+    RunsUnheld,
+    SpendLimitHit,
     SteerabilityChanged,
     Stopping,
     Summary,
@@ -203,6 +206,7 @@ for _cls in (
     OperatorCommand,
     ConfigChanged,
     BrokerReport,
+    SpendLimitHit,
     CallUndeliverable,
     Stopping,
     Restarted,
@@ -413,6 +417,22 @@ def _suppressed(state: AgentState, event: RunsSuppressed) -> None:
 @_on(RunsResumed)
 def _resumed(state: AgentState, event: RunsResumed) -> None:
     state.suppressed = None
+
+
+@_on(RunsHeld)
+def _held(state: AgentState, event: RunsHeld) -> None:
+    if state.trading is not event.from_state:
+        raise IllegalTransition(
+            f"hold from {event.from_state.value}, but the agent is {state.trading.value}"
+        )
+    state.trading = event.to_state
+    state.held = f"{event.provider}: {event.reason}"
+    state.counters.holds += 1
+
+
+@_on(RunsUnheld)
+def _unheld(state: AgentState, event: RunsUnheld) -> None:
+    state.held = None
 
 
 # ------------------------------------------------------------------------------ orders

@@ -69,6 +69,8 @@ class Counters:
     aborts: int = 0
     steers: int = 0
     suppressions: int = 0
+    holds: int = 0
+    """Times the agent was paused because its LLM provider refused for spend."""
     orders_accepted: int = 0
     orders_rejected: int = 0
     calls_dispatched: int = 0
@@ -100,6 +102,8 @@ class AgentState:
     """Start times of runs in the last day, oldest first (budget windows)."""
     cooldown_until: int = 0
     suppressed: tuple[str, int] | None = None
+    held: str | None = None
+    """Why runs are held until a ``resume`` (the provider refused for spend), if they are."""
     recent_keys: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Dedupe key -> (request id, accepted at), oldest first."""
     pending_keys: dict[str, str] = field(default_factory=dict)
@@ -145,6 +149,8 @@ class AgentStatus:
     runs_last_day: int
     cooldown_remaining_ms: int
     suppressed_until: int | None
+    held: str | None
+    """Runs held until a resume (provider spend limit), and why."""
     open_orders: int
     counters: Counters
 
@@ -176,6 +182,7 @@ def status(state: AgentState, now: int) -> AgentStatus:
         runs_last_day=sum(1 for t in state.run_starts if t > now - DAY_MS),
         cooldown_remaining_ms=max(0, state.cooldown_until - now),
         suppressed_until=None if state.suppressed is None else state.suppressed[1],
+        held=state.held,
         open_orders=len(state.orders),
         counters=replace(state.counters),
     )

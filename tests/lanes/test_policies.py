@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanes import AgentConfig, Budgets, Mode, next_due, status
+from lanes import AgentConfig, Budgets, Mode, next_due, replay, status
 from lanes.config import HOUR_MS, DropPolicy
 from lanes.events import (
     AbortReason,
@@ -24,8 +24,10 @@ from lanes.events import (
     Restarted,
     RunAborted,
     RunResultIgnored,
+    RunsHeld,
     RunsSuppressed,
     RunStarted,
+    SpendLimitHit,
     TradingState,
 )
 from lanes.evolve import PRUNE_EVERY
@@ -446,3 +448,46 @@ def test_a_request_id_reused_for_a_different_request_is_refused_not_repeated() -
     assert types(bench.submit(bench.make(requestId="shared", dedupeKey="trigger"))) == [
         "RequestRepeated"
     ]
+
+
+# ------------------------------------------------------------------ provider spend limit
+
+
+def test_a_spend_limit_fails_the_run_pauses_the_agent_and_holds_runs_until_resume() -> None:
+    bench = busy()
+    run_id = bench.run_id
+    decisions = bench.feed(
+        SpendLimitHit(at=bench.now, run_id=run_id, provider="anthropic", reason="credit too low")
+    )
+    assert types(decisions) == ["RunsHeld", "RunFailed"]
+    held = decisions[0]
+    assert isinstance(held, RunsHeld)
+    assert (held.from_state, held.to_state) == (TradingState.ACTIVE, TradingState.REDUCING)
+    assert bench.state.trading is TradingState.REDUCING
+    view = status(bench.state, bench.now)
+    assert view.held == "anthropic: credit too low"
+    assert view.counters.holds == 1
+    # Requests are still accepted, but no run starts, and no timer is due for them.
+    assert types(bench.send()) == ["RequestQueued"]
+    assert bench.state.active is None
+    assert next_due(bench.state, bench.now) is None
+    # A second spend limit (a late one for the same run) neither holds twice nor fails again.
+    assert types(bench.feed(SpendLimitHit(at=bench.now, run_id=run_id, provider="anthropic",
+                                          reason="again"))) == []
+    decisions = bench.control("resume")
+    assert types(decisions) == ["ControlApplied", "RunsUnheld", "RunStarted"]
+    after = status(bench.state, bench.now)
+    assert after.held is None and after.trading is TradingState.ACTIVE
+    assert replay(bench.round_tripped())[bench.agent] == bench.state
+
+
+def test_a_spend_limit_while_halted_keeps_the_agent_halted() -> None:
+    bench = busy()
+    run_id = bench.run_id
+    bench.control("emergency_stop")
+    decisions = bench.feed(
+        SpendLimitHit(at=bench.now, run_id=run_id, provider="openai", reason="insufficient_quota")
+    )
+    assert types(decisions) == ["RunsHeld"]  # the run was aborted by the stop already
+    assert bench.state.trading is TradingState.HALTED
+    assert types(bench.control("resume"))[:2] == ["ControlApplied", "RunsUnheld"]

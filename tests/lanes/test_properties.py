@@ -24,6 +24,7 @@ from lanes.events import (
     RunAborted,
     RunStarted,
     RunSteered,
+    SpendLimitHit,
     Stopping,
     TradingState,
 )
@@ -93,6 +94,7 @@ actions = st.one_of(
         "stale": st.booleans(),
     })),
     st.tuples(st.just("fail"), st.none()),
+    st.tuples(st.just("spend_limit"), st.none()),
     st.tuples(st.just("steerable"), st.booleans()),
     st.tuples(st.just("steerable"), st.just(True)),
     st.tuples(st.just("operator"), st.sampled_from(list(OperatorAction))),
@@ -126,7 +128,7 @@ def play(bench: Bench, action: str, arg: Any, seen_ids: list[str]) -> None:
         bench.control(arg, **payload)
     elif action == "advance":
         bench.advance(arg)
-    elif action in ("finish", "fail", "steerable") and state.active is None:
+    elif action in ("finish", "fail", "steerable", "spend_limit") and state.active is None:
         return
     elif action == "finish":
         orders = tuple(OrderIntent(symbol="BTCUSD", side=side, qty=qty)
@@ -136,6 +138,9 @@ def play(bench: Bench, action: str, arg: Any, seen_ids: list[str]) -> None:
         bench.finish(arg["outcome"], run_id=run_id, orders=orders, calls=calls)
     elif action == "fail":
         bench.fail()
+    elif action == "spend_limit":
+        bench.feed(SpendLimitHit(at=bench.now, run_id=bench.run_id, provider="anthropic",
+                                 reason="credit balance too low"))
     elif action == "steerable":
         bench.steerable(arg)
     elif action == "operator":

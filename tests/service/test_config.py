@@ -11,6 +11,7 @@ from gateway.config import (
     AgentEntry,
     ConfigError,
     GatewayConfig,
+    SimulatedReasonerConfig,
     build_reasoner,
     demo_config,
     load_config,
@@ -84,7 +85,9 @@ def test_build_reasoner_and_the_demo_config() -> None:
     assert demo_config().tokens[0].secret != config.tokens[0].secret  # fresh each time
     reasoner = build_reasoner(config.agents[0])
     assert isinstance(reasoner, SimulatedReasoner)
-    assert reasoner.latency_ms == config.agents[0].reasoner.latency_ms
+    settings = config.agents[0].reasoner
+    assert isinstance(settings, SimulatedReasonerConfig)
+    assert reasoner.latency_ms == settings.latency_ms
 
 
 @pytest.mark.parametrize(
