@@ -16,18 +16,26 @@ from gateway.report import status_table
 from gateway.runtime import gc_paused
 from lanes import Entry, replay, status, verify
 from lanes.codec import decode
-from store import SqliteEventStore, migrate
+from lanes.gate import decode_gate_event, verify_gate
+from lanes.replay import is_agent_stream
+from store import RecordedEvent, SqliteEventStore, migrate
 
 
-async def _entries(db: Path) -> list[Entry]:
+async def _records(db: Path) -> list[RecordedEvent]:
     store = SqliteEventStore(db)
     await store.open()
     try:
-        with gc_paused():
-            return [Entry(r.position, r.stream, decode(r.type, r.data))
-                    for r in await store.read()]
+        return await store.read()
     finally:
         await store.close()
+
+
+async def _entries(db: Path) -> list[Entry]:
+    """The agents' events (provider gate streams are not agents)."""
+    records = await _records(db)
+    with gc_paused():
+        return [Entry(r.position, r.stream, decode(r.type, r.data))
+                for r in records if is_agent_stream(r.stream)]
 
 
 async def _replay(db: Path, agent: str | None, at: int | None) -> int:
@@ -50,13 +58,30 @@ async def _replay(db: Path, agent: str | None, at: int | None) -> int:
 
 
 async def _verify(db: Path) -> int:
-    entries = await _entries(db)
+    records = await _records(db)
+    with gc_paused():
+        entries = [Entry(r.position, r.stream, decode(r.type, r.data))
+                   for r in records if is_agent_stream(r.stream)]
+        gates: dict[str, list[RecordedEvent]] = {}
+        for r in records:
+            if not is_agent_stream(r.stream):
+                gates.setdefault(r.stream, []).append(r)
     divergence = verify(entries)
-    if divergence is None:
-        print(f"verify: {len(entries)} events re-decided, no divergence")
-        return 0
-    print(divergence.describe())
-    return 1
+    if divergence is not None:
+        print(divergence.describe())
+        return 1
+    for stream, stream_records in sorted(gates.items()):
+        found = verify_gate(stream, (decode_gate_event(r.type, r.data) for r in stream_records))
+        if found is not None:
+            record = stream_records[min(found.index, len(stream_records) - 1)]
+            print(f"divergence in {stream} at position {record.position}:\n"
+                  f"  input:      {found.input}\n  recorded:   {found.recorded}\n"
+                  f"  re-decided: {found.redecided}")
+            return 1
+    gate_events = sum(len(v) for v in gates.values())
+    print(f"verify: {len(entries)} agent events and {gate_events} provider gate events "
+          f"({len(gates)} gates) re-decided, no divergence")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

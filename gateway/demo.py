@@ -15,7 +15,7 @@ from gateway.reasoner import SimulatedReasoner
 from gateway.report import print_status
 from lanes import AgentConfig, Budgets, Mode, parse_request, verify
 from lanes.codec import decode
-from lanes.replay import Entry
+from lanes.replay import Entry, is_agent_stream
 from store import SqliteEventStore
 
 AGENTS = {
@@ -74,7 +74,8 @@ async def run_demo(db: Path, pace: float = 1.0, out: Callable[[str], None] = pri
     out("")
     print_status(engine, out)
     records = await store.read()
-    divergence = verify(Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
+    divergence = verify(Entry(r.position, r.stream, decode(r.type, r.data)) for r in records
+                        if is_agent_stream(r.stream))
     await engine.stop()
     out(f"\n{len(records)} events; verify: {'clean' if divergence is None else 'DIVERGED'}")
     out(f"replay it: uv run gateway replay {db}   verify it: uv run gateway verify {db}")

@@ -67,6 +67,7 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
 )
+from lanes.replay import is_agent_stream
 from lanes.requests import Kind
 from lanes.state import ActiveRun
 from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
@@ -188,7 +189,8 @@ class Engine:
             await gate.start()
         with gc_paused():
             records = await self.store.read()
-            entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records]
+            entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records
+                       if is_agent_stream(r.stream)]
             states = fold(entries)
         for agent_id in {*states, *self._configs}:
             state = states.get(agent_id) or AgentState(agent_id=agent_id)

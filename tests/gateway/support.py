@@ -13,6 +13,7 @@ from gateway.reasoner import RunContext, RunResult
 from lanes import AgentRequest, Entry, parse_request
 from lanes.codec import decode
 from lanes.events import Outcome
+from lanes.replay import is_agent_stream
 from store import EventStore, RecordedEvent
 
 TIMEOUT = 10.0
@@ -73,8 +74,9 @@ def control(agent: str, action: str, **payload: Any) -> AgentRequest:
 
 
 async def log_of(store: EventStore) -> list[Entry]:
-    """The whole log, decoded."""
-    return [Entry(r.position, r.stream, decode(r.type, r.data)) for r in await store.read()]
+    """The agents' log, decoded (provider gate streams left out)."""
+    return [Entry(r.position, r.stream, decode(r.type, r.data)) for r in await store.read()
+            if is_agent_stream(r.stream)]
 
 
 async def next_event(store: EventStore, type_name: str, after: int = 0) -> RecordedEvent:

@@ -115,3 +115,24 @@ async def test_a_request_that_waits_too_long_is_refused_with_the_reason() -> Non
         await asyncio.wait_for(waiting, TIMEOUT)
     gate.release(held, CallOutcome.OK)
     await gate.stop()
+
+
+async def test_a_restart_frees_the_slots_a_crashed_process_held_or_waited_for() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    crashed = await started(store, clock, max_concurrent=1)
+    await crashed.acquire("a", "a-r1")  # never released: the process dies with it
+    waiting = asyncio.create_task(crashed.acquire("b", "b-r1"))
+    await next_event(store, "SlotQueued")
+    await crashed.flush()
+    waiting.cancel()  # (the task dies with the process; nothing is recorded for it)
+    crashed._running = False
+    restarted = ProviderGate(store, "anthropic", GateLimits(max_concurrent=1), clock)
+    await restarted.start()
+    status = restarted.status()
+    assert (status.in_flight, status.waiting) == (0, 0)
+    records = await store.read_stream("provider:anthropic")
+    freed = [r for r in records if r.type == "SlotFreed"]
+    assert len(freed) == 2 and all('"cancelled"' in r.data for r in freed)
+    slot = await asyncio.wait_for(restarted.acquire("c", "c-r1"), TIMEOUT)  # capacity is back
+    restarted.release(slot, CallOutcome.OK)
+    await restarted.stop()
