@@ -611,24 +611,30 @@ def demo_config() -> GatewayConfig:
             {"name": f"demo-{role.value}", "token": secrets.token_urlsafe(24), "role": role}
             for role in Role
         ],
+        # Every run's turns share one simulated provider's limits, as real LLM calls would.
+        "providers": [
+            {"name": "sim-llm", "kind": "simulated",
+             "limits": {"requests_per_minute": 90, "max_concurrent": 2}},
+        ],
         "agents": [
             {
                 "id": "agent_btc_5m", "mode": "collect", "debounce_ms": 2_000, "cap": 20,
                 "budgets": {"max_runs_per_hour": 60},
                 "reasoner": {"latency_ms": [400, 1_500], "trade_probability": 0.4,
-                             "seed": 1, "symbol": "BTCUSD"},
+                             "seed": 1, "symbol": "BTCUSD", "provider": "sim-llm"},
             },
             {
                 "id": "agent_eth_1m", "mode": "followup",
                 "budgets": {"max_runs_per_hour": 12, "no_trade_cooldown_ms": 10_000},
                 "reasoner": {"latency_ms": [300, 1_200], "trade_probability": 0.3,
-                             "seed": 2, "symbol": "ETHUSD"},
+                             "seed": 2, "symbol": "ETHUSD", "provider": "sim-llm"},
             },
             {
                 "id": "agent_news", "mode": "steer-backlog",
                 "halt_on_alerts": ["connector_down"],
                 "reasoner": {"latency_ms": [800, 3_000], "trade_probability": 0.1,
-                             "steerable": True, "turns": 3, "seed": 3},
+                             "steerable": True, "turns": 3, "seed": 3,
+                             "provider": "sim-llm"},
             },
         ],
         "hooks": [

@@ -178,3 +178,55 @@ def test_a_rejected_secret_is_not_echoed() -> None:
 def test_the_models_reject_unknown_fields_directly() -> None:
     with pytest.raises(ValueError, match="extra"):
         GatewayConfig.model_validate({"nonsense": 1})
+
+
+CLAUDE = """
+[[providers]]
+name = "claude"
+kind = "anthropic"
+model = "claude-sonnet-4-5"
+"""
+LLM_AGENT = """
+[[agents]]
+id = "a2"
+[agents.reasoner]
+kind = "llm"
+provider = "claude"
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "words"),
+    [
+        (MINIMAL + CLAUDE, "providers[0].api_key_env", "ANTHROPIC_API_KEY is not set"),
+        (MINIMAL + CLAUDE.replace('model = "claude-sonnet-4-5"', 'api_key = "k"'),
+         "providers[0].model", "missing"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n' + LLM_AGENT.replace('"claude"', '"gpt"'),
+         "agents[1].reasoner.provider", "unknown provider 'gpt'"),
+        (MINIMAL + '[[providers]]\nname = "sim"\nkind = "simulated"\n'
+         + LLM_AGENT.replace('"claude"', '"sim"'), "agents[1].reasoner.provider",
+         "an llm reasoner needs an anthropic or openai provider"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n[providers.limits]\nlease_ms = 60000\n' + LLM_AGENT,
+         "providers[0].limits.lease_ms", "not longer than the run timeout of agent 'a2'"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n[providers.limits]\nrequests_per_minute = 0\n',
+         "providers[0].limits.requests_per_minute", "greater than or equal to 1"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n[providers.limits]\nrpm = 5\n',
+         "providers[0].limits.rpm", "unknown key"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n' + CLAUDE + 'api_key = "j"\n', "providers[1].name",
+         "duplicate provider name"),
+        (MINIMAL + '[[providers]]\nname = "x"\nkind = "mistral"\n', "providers[0].kind",
+         "'mistral'"),
+    ],
+)
+def test_each_provider_problem_names_its_key(text: str, path: str, words: str) -> None:
+    found = problems(text)
+    assert path in found, found
+    assert words in found[path]
+
+
+def test_a_provider_key_comes_from_the_environment_and_is_never_shown() -> None:
+    config = parse_config(MINIMAL + CLAUDE + LLM_AGENT, env={"ANTHROPIC_API_KEY": "sk-live-123"})
+    provider = config.providers[0]
+    assert provider.secret == "sk-live-123"
+    assert "sk-live-123" not in repr(config) + str(config) + config.model_dump_json()
+    assert config.agent_gates() == {"a2": "claude"}
