@@ -7,13 +7,14 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 from websockets.asyncio.client import connect
 
 from gateway.config import parse_config
 from gateway.server import build_service, serving
 from lanes import verify
 from store import SqliteEventStore
-from tests.e2e.live import TIMEOUT, receive
+from tests.e2e.live import TIMEOUT, receive, receive_until
 from tests.gateway.support import log_of, next_event
 
 CONFIG = """
@@ -87,3 +88,83 @@ async def test_a_price_cross_runs_the_agent_and_its_order_is_filled_by_the_paper
     raw = db.read_bytes() + (tmp_path / "events.db-wal").read_bytes() \
         if (tmp_path / "events.db-wal").exists() else db.read_bytes()
     assert b"token-secret" not in raw
+
+
+GATED = CONFIG.replace('''[[agents]]
+id = "desk"''', '''[[tokens]]
+name = "watcher"
+token = "viewer-token-secret-9012"
+role = "viewer"
+
+[[tokens]]
+name = "desk-only"
+token = "scoped-token-secret-3456"
+role = "control"
+agents = ["desk"]
+
+[[providers]]
+name = "sim"
+kind = "simulated"
+[providers.limits]
+requests_per_minute = 30
+max_concurrent = 1
+
+[[agents]]
+id = "desk"''').replace("steerable = false", 'steerable = false\nprovider = "sim"')
+
+
+async def test_the_provider_gate_is_visible_over_http_metrics_and_the_status_stream(
+    tmp_path: Path,
+) -> None:
+    service = build_service(parse_config(GATED), tmp_path / "events.db")
+    admin = {"Authorization": "Bearer admin-token-secret-5678"}
+    viewer = {"Authorization": "Bearer viewer-token-secret-9012"}
+    scoped = {"Authorization": "Bearer scoped-token-secret-3456"}
+    async with serving(service) as running, httpx.AsyncClient(
+        base_url=running.url, timeout=TIMEOUT
+    ) as http:
+        ws_url = running.url.replace("http", "ws") + "/ws/control"
+        async with connect(ws_url, additional_headers=admin, open_timeout=TIMEOUT) as ws:
+            assert (await receive(ws))["type"] == "hello"
+            await ws.send(json.dumps({"type": "subscribe", "id": "s", "providers": True}))
+            snapshot = await receive(ws)
+            assert snapshot["type"] == "snapshot"
+            [gate] = snapshot["providers"]
+            assert gate["name"] == "sim" and gate["limits"]["requestsPerMinute"] == 30
+            trigger = {"requestId": "g1", "createdAt": datetime.now(UTC).isoformat(),
+                       "agentId": "desk", "kind": "hook_trigger"}
+            posted = await http.post("/api/agents/desk/requests", json=trigger, headers=admin)
+            assert posted.status_code == 200, posted.text
+            granted = await receive_until(ws, lambda f: f.get("eventType") == "SlotGranted")
+            assert granted[-1]["stream"] == "provider:sim"
+        await next_event(service.engine.store, "RunCompleted")
+
+        listed = (await http.get("/api/providers", headers=viewer)).json()["providers"]
+        assert listed[0]["counters"]["granted"] >= 1
+        assert listed[0]["windowRequests"] >= 1
+        assert {"breaker", "nextRetry", "waitingAgents", "inFlight"} <= set(listed[0])
+        assert (await http.get("/api/providers/ghost", headers=viewer)).status_code == 404
+        metrics = (await http.get("/metrics", headers=viewer)).text
+        assert 'gateway_provider_granted_total{provider="sim"}' in metrics
+        assert 'gateway_provider_requests_per_minute_limit{provider="sim"} 30' in metrics
+
+        body = {"requestsPerMinute": 120, "maxConcurrent": 2}
+        refused = await http.post("/api/providers/sim/limits", json=body, headers=viewer)
+        assert refused.status_code == 403
+        bad = await http.post("/api/providers/sim/limits", json={"requestsPerMinute": 0},
+                              headers=admin)
+        assert bad.status_code == 422 and bad.json()["field"] == "requestsPerMinute"
+        changed = await http.post("/api/providers/sim/limits", json=body, headers=admin)
+        assert changed.status_code == 200 and changed.json()["changed"] is True
+        now = (await http.get("/api/providers/sim", headers=viewer)).json()
+        assert now["limits"]["requestsPerMinute"] == 120
+        async with connect(ws_url, additional_headers=scoped, open_timeout=TIMEOUT) as ws:
+            assert (await receive(ws))["type"] == "hello"
+            await ws.send(json.dumps({"type": "subscribe", "id": "s", "providers": True}))
+            error = await receive(ws)
+            assert (error["type"], error["code"]) == ("error", "forbidden")
+    store = SqliteEventStore(tmp_path / "events.db")
+    await store.open()
+    kinds = [r.type for r in await store.read_stream("provider:sim")]
+    await store.close()
+    assert kinds.count("GateLimitsApplied") == 2  # the configured limits, then the new ones
