@@ -65,7 +65,9 @@ from gateway.protocol import (
     Subscribe,
     Unsubscribe,
 )
-from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
+from lanes import AgentConfig, AgentRequest, Entry, InvalidRequest, parse_request, status
+from lanes import replay as fold
+from lanes.codec import decode
 from lanes.events import OperatorAction
 from lanes.gate import GateStatus, gate_status
 from lanes.gate_events import GateLimits
@@ -130,6 +132,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/runs/{run_id}/abort", api.abort, methods=["POST"]),
         Route("/api/agents/{agent_id}/config", api.configure, methods=["POST"]),
         Route("/api/events", api.events),
+        Route("/api/replay", api.replay),
         Route("/api/providers", api.providers),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
@@ -392,6 +395,38 @@ class _Api:
             scanned += len(page)
         return _json({"events": found, "next": cursor})
 
+    @_guarded
+    async def replay(self, request: Request) -> Response:
+        """An agent's queue exactly as it was at a log position (``agent``, ``position``:
+        default the last), rebuilt from the log, with the events around that position
+        (``around``, default 10 each side)."""
+        principal = self._principal(request)
+        query = request.query_params
+        agent_id = query.get("agent")
+        if not agent_id:
+            raise BadFrame("invalid", "agent is required", field="agent")
+        principal.check_read(agent_id)
+        self.engine.state(agent_id)  # UnknownAgent if it does not exist
+        last = await self.engine.store.last_position()
+        position = _int_param(query, "position", last)
+        around = min(_int_param(query, "around", 10), 200)
+        records = await self.engine.store.read_stream(agent_id)
+        upto = [r for r in records if r.position <= position]
+        state = fold(Entry(r.position, r.stream, decode(r.type, r.data)) for r in upto
+                     ).get(agent_id) or AgentState(agent_id=agent_id)
+        index = len(upto)
+        nearby = records[max(0, index - around):index + around]
+        return _json({
+            "agentId": agent_id,
+            "position": position,
+            "eventPosition": upto[-1].position if upto else 0,
+            "version": state.version,
+            "at": state.now,
+            "status": agent_summary(state, state.now),
+            "queue": queue_view(state, state.now),
+            "around": [event_json(r) for r in nearby],
+        })
+
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])
         gate = self.engine.gates.get(name)
@@ -531,6 +566,20 @@ class _Api:
                       "Output tokens reported by the provider.",
                       lambda v: v.counters.output_tokens),
         ]
+
+
+def _int_param(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadFrame("invalid", f"{name} must be an integer, got {raw[:40]!r}",
+                       field=name) from None
+    if value < 0:
+        raise BadFrame("invalid", f"{name} must be >= 0", field=name)
+    return value
 
 
 def _same_origin(origin: str, host: str | None) -> bool:

@@ -88,6 +88,10 @@ def openapi_document() -> dict[str, Any]:
                 "The event log, paged", obj, params=(),
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),
                        ("limit", "integer")))},
+            "/api/replay": {"get": _op(
+                "An agent's status and queue as they were at a log position, with the "
+                "events around it", obj, params=(),
+                query=(("agent", "string"), ("position", "integer"), ("around", "integer")))},
             "/api/providers": {"get": _op(
                 "Every provider gate: limits, window usage, waiting agents, breaker, next "
                 "retry", obj, params=())},

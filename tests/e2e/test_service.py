@@ -353,3 +353,35 @@ async def test_a_second_subscribe_replaces_the_first(live: Live) -> None:
         positions = [f["position"] for f in frames if f["type"] == "event"]
         assert positions == sorted(set(positions)), positions
         assert last in positions
+
+
+async def test_the_replay_api_shows_the_queue_as_it_was_at_a_position(
+    live: Live, reasoner: ManualReasoner
+) -> None:
+    async with live.client() as http:
+        await http.post("/api/agents/btc/requests", json=trigger("btc", "first"))
+        run = await reasoner.started()
+        second = (await http.post("/api/agents/btc/requests", json=trigger("btc", "second"))
+                  ).json()
+        await http.post("/api/agents/btc/requests", json=trigger("btc", "third"))
+        reasoner.finish(run.run_id)
+        await reasoner.started()
+        now = (await http.get("/api/replay", params={"agent": "btc"})).json()
+        assert [p["dedupeKey"] for p in now["queue"]["pending"]] == ["third"]
+        then = (await http.get("/api/replay", params={"agent": "btc",
+                                                      "position": second["position"]})).json()
+        assert then["position"] == second["position"] == then["eventPosition"]
+        assert [p["dedupeKey"] for p in then["queue"]["pending"]] == ["second"]
+        assert then["queue"]["run"]["runId"] == run.run_id
+        assert then["status"]["pending"] == 1
+        assert second["position"] in [e["position"] for e in then["around"]]
+        at_zero = (await http.get("/api/replay", params={"agent": "btc", "position": 0})).json()
+        assert at_zero["queue"]["pending"] == [] and at_zero["version"] == 0
+        missing = await http.get("/api/replay")
+        assert missing.status_code == 422 and missing.json()["field"] == "agent"
+        bad = await http.get("/api/replay", params={"agent": "btc", "position": "x; DROP"})
+        assert bad.status_code == 422 and bad.json()["field"] == "position"
+        assert (await http.get("/api/replay", params={"agent": "ghost"})).status_code == 404
+    async with live.client("scoped-secret") as http:
+        hidden = await http.get("/api/replay", params={"agent": "eth"})
+        assert hidden.status_code == 403
