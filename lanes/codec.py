@@ -1,15 +1,24 @@
-"""Events to and from JSON text: the type name is the class name, the data its fields."""
+"""Events to and from JSON text: the type name is the class name, the data its fields.
+
+Data carries the version of its type's shape (see `lanes.upcast`): decoding data of an older
+version upcasts it first, and data of a newer version (or with fields this code does not know)
+is refused rather than half-read.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
 from lanes.events import DECISION_TYPES, INPUT_TYPES, Event
+from lanes.upcast import AGENT_UPCASTERS, VERSION_KEY, UnknownEventVersion, Upcaster, Upcasters
 
 E = TypeVar("E")
+
+_ANY_MARKER = f'{{"{VERSION_KEY}":'
 
 
 class UnknownEventType(ValueError):
@@ -23,31 +32,97 @@ class CorruptEvent(ValueError):
 class Codec(Generic[E]):
     """Encodes and decodes one family of event classes (agents', providers')."""
 
-    def __init__(self, classes: Iterable[type[Any]]) -> None:
+    def __init__(self, classes: Iterable[type[Any]], upcasters: Iterable[Upcaster] = ()) -> None:
         self.types: dict[str, type[Any]] = {cls.__name__: cls for cls in classes}
+        self.upcasters = Upcasters(upcasters)
+        unknown = sorted(set(self.upcasters.versions) - set(self.types))
+        if unknown:
+            raise ValueError(f"upcasters for types that do not exist: {unknown}")
         self._adapters: dict[str, TypeAdapter[Any]] = {
             name: TypeAdapter(cls) for name, cls in self.types.items()
         }
         self._by_class = {cls: self._adapters[name] for name, cls in self.types.items()}
+        # Data written at the current version starts with this marker (none at version 1).
+        self._markers: dict[str, str] = {
+            name: f"{_ANY_MARKER}{version}" for name, version in self.upcasters.versions.items()
+        }
+        self._marker_by_class = {self.types[name]: m for name, m in self._markers.items()}
+
+    def version(self, type_name: str) -> int:
+        """The version of ``type_name`` this code writes."""
+        return self.upcasters.version(type_name)
 
     def encode(self, event: E) -> tuple[str, str]:
-        """The type name and JSON text of an event."""
-        data = self._by_class[type(event)].dump_json(event, by_alias=True)
-        return type(event).__name__, data.decode()
+        """The type name and JSON text of an event (at its type's current version)."""
+        cls = type(event)
+        text = self._by_class[cls].dump_json(event, by_alias=True).decode()
+        marker = self._marker_by_class.get(cls)
+        if marker is not None:
+            text = marker + ("}" if text == "{}" else "," + text[1:])
+        return cls.__name__, text
 
     def decode(self, type_name: str, data: str | bytes) -> E:
-        """The event of that type from its JSON text."""
+        """The event of that type from its JSON text, upcast if it was written by older code.
+
+        Raises `UnknownEventType`, `UnknownEventVersion` (written by newer code) or
+        `CorruptEvent`.
+        """
         adapter = self._adapters.get(type_name)
         if adapter is None:
             raise UnknownEventType(f"unknown event type {type_name!r}")
+        text = data.decode() if isinstance(data, bytes) else data
+        marker = self._markers.get(type_name)
+        if marker is None:  # the type is at version 1
+            if text.startswith(_ANY_MARKER):  # written by newer code at a later version
+                return self._decode_other_version(type_name, adapter, text)
+            try:
+                event: E = adapter.validate_json(text)
+            except ValidationError as error:
+                raise CorruptEvent(f"{type_name}: {error}") from None
+            return event
+        end = len(marker)
+        follows = text[end:end + 1]
+        if text.startswith(marker) and follows in (",", "}"):  # the current version
+            try:
+                event = adapter.validate_json("{}" if follows == "}" else "{" + text[end + 1:])
+            except ValidationError as error:
+                raise CorruptEvent(f"{type_name}: {error}") from None
+            return event
+        return self._decode_other_version(type_name, adapter, text)
+
+    def _decode_other_version(self, type_name: str, adapter: TypeAdapter[Any], text: str) -> E:
+        """The slow path: data of another version than the current one."""
         try:
-            event: E = adapter.validate_json(data)
+            obj = json.loads(text)
+        except ValueError as error:
+            raise CorruptEvent(f"{type_name}: not JSON ({error})") from None
+        if not isinstance(obj, dict):
+            raise CorruptEvent(f"{type_name}: the data is not a JSON object")
+        try:
+            upcast = self.upcasters.upcast(type_name, obj)
+        except UnknownEventVersion:
+            raise
+        except (ValueError, KeyError, TypeError) as error:
+            raise CorruptEvent(f"{type_name}: cannot upcast: {error!r}") from None
+        try:
+            event: E = adapter.validate_json(json.dumps(upcast, separators=(",", ":")))
         except ValidationError as error:
             raise CorruptEvent(f"{type_name}: {error}") from None
         return event
 
 
-AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES)
+AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES, AGENT_UPCASTERS)
 EVENT_TYPES = AGENT_CODEC.types
 encode = AGENT_CODEC.encode
 decode = AGENT_CODEC.decode
+
+__all__ = [
+    "AGENT_CODEC",
+    "EVENT_TYPES",
+    "Codec",
+    "CorruptEvent",
+    "UnknownEventType",
+    "UnknownEventVersion",
+    "decode",
+    "encode",
+]

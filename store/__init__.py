@@ -16,10 +16,13 @@ from .port import (
     EventStore,
     NewEvent,
     RecordedEvent,
+    RestoreError,
+    Snapshot,
+    SnapshotInfo,
     StoreClosedError,
     StoreError,
 )
-from .sqlite import SqliteEventStore
+from .sqlite import NotAnEventLog, SqliteEventStore, check_event_log
 from .writer import DEFAULT_FOLLOWER_BUFFER, DEFAULT_MAX_BATCH, Clock, GroupCommitStore
 
 MEMORY_URL = "memory:"
@@ -63,10 +66,15 @@ __all__ = [
     "GroupCommitStore",
     "MemoryEventStore",
     "NewEvent",
+    "NotAnEventLog",
     "RecordedEvent",
+    "RestoreError",
+    "Snapshot",
+    "SnapshotInfo",
     "SqliteEventStore",
     "StoreClosedError",
     "StoreError",
+    "check_event_log",
     "migrate",
     "open_store",
 ]

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from types import TracebackType
 
-from .port import RecordedEvent
+from .port import RecordedEvent, Snapshot, SnapshotInfo
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
     DEFAULT_MAX_BATCH,
@@ -36,6 +36,7 @@ class MemoryEventStore(GroupCommitStore):
         self._log: list[RecordedEvent] = []
         self._by_id: dict[str, RecordedEvent] = {}
         self._streams: dict[str, list[RecordedEvent]] = {}
+        self._snapshots: dict[int, Snapshot] = {}
 
     async def _start(self) -> int:
         return len(self._log)
@@ -81,6 +82,17 @@ class MemoryEventStore(GroupCommitStore):
         """Every stream with its current version."""
         return {stream: len(records) for stream, records in self._streams.items()}
 
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Every stored snapshot, newest (highest position) first."""
+        return [
+            SnapshotInfo(s.position, s.fingerprint, s.checksum, s.created_at, len(s.data))
+            for _, s in sorted(self._snapshots.items(), reverse=True)
+        ]
+
+    async def read_snapshot(self, position: int) -> Snapshot | None:
+        """The snapshot at ``position``, if there is one."""
+        return self._snapshots.get(position)
+
 
 class _MemoryTransaction:
     """Stages one batch; applies it when the block exits cleanly (after yielding once)."""
@@ -88,6 +100,8 @@ class _MemoryTransaction:
     def __init__(self, store: MemoryEventStore) -> None:
         self._store = store
         self._staged: list[RecordedEvent] = []
+        self._snapshots: dict[int, Snapshot] | None = None
+        """The snapshots as this transaction leaves them, if it changes them."""
 
     async def __aenter__(self) -> _MemoryTransaction:
         return self
@@ -98,9 +112,11 @@ class _MemoryTransaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None and self._staged:
+        if exc_type is None and (self._staged or self._snapshots is not None):
             await asyncio.sleep(0)  # the "I/O" of a commit: appends made meanwhile queue up
             self._store._commit_rows(self._staged)
+            if self._snapshots is not None:
+                self._store._snapshots = self._snapshots
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
         known = self._store._streams
@@ -122,3 +138,13 @@ class _MemoryTransaction:
             if record.version <= len(streams.get(record.stream, ())):
                 raise KeyConflict("UNIQUE constraint failed: events.stream, events.version")
         self._staged.extend(events)
+
+    async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+        current = dict(self._store._snapshots if self._snapshots is None else self._snapshots)
+        current[snapshot.position] = snapshot
+        self._snapshots = {p: current[p] for p in sorted(current, reverse=True)[:keep]}
+
+    async def delete_snapshots(self) -> int:
+        current = self._store._snapshots if self._snapshots is None else self._snapshots
+        self._snapshots = {}
+        return len(current)

@@ -41,6 +41,32 @@ class RecordedEvent(NamedTuple):
     """Milliseconds since the Unix epoch, from the store's clock at commit."""
 
 
+class Snapshot(NamedTuple):
+    """A cached fold of the log up to ``position``, opaque to the store.
+
+    ``fingerprint`` names the code that made it (a snapshot made by other code is ignored)
+    and ``checksum`` lets the reader detect a damaged one; the store checks neither.
+    """
+
+    position: int
+    fingerprint: str
+    checksum: str
+    created_at: int
+    """Milliseconds since the Unix epoch."""
+    data: bytes
+
+
+class SnapshotInfo(NamedTuple):
+    """A snapshot without its data: what `EventStore.snapshots` lists."""
+
+    position: int
+    fingerprint: str
+    checksum: str
+    created_at: int
+    size: int
+    """Bytes of data."""
+
+
 @dataclass(frozen=True, slots=True)
 class Append:
     """One atomic append to a stream: all events land together, or none do.
@@ -80,6 +106,10 @@ class DuplicateEventError(StoreError):
 
 class StoreClosedError(StoreError):
     """The store is closed (or closing) and takes no more appends."""
+
+
+class RestoreError(StoreError):
+    """Recorded events handed to `EventStore.restore` do not continue the log exactly."""
 
 
 class EventStore(Protocol):
@@ -124,6 +154,28 @@ class EventStore(Protocol):
 
     async def stream_versions(self) -> dict[str, int]:
         """Every stream with its current version."""
+
+    async def restore(self, records: Sequence[RecordedEvent]) -> None:
+        """Write events recorded elsewhere verbatim (an import), in one transaction.
+
+        They must continue this log exactly: positions from the last one + 1 without a gap,
+        each stream's versions from its current version + 1, ids not yet used; otherwise
+        `RestoreError` (or `DuplicateEventError`) and nothing is written. Followers see them
+        as if appended.
+        """
+
+    async def save_snapshot(self, snapshot: Snapshot, keep: int = 2) -> None:
+        """Store a snapshot (replacing one at the same position), then delete all but the
+        ``keep`` newest."""
+
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Every stored snapshot, newest (highest position) first."""
+
+    async def read_snapshot(self, position: int) -> Snapshot | None:
+        """The snapshot at ``position``, if there is one."""
+
+    async def delete_snapshots(self) -> int:
+        """Delete every snapshot; how many there were."""
 
     def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
         """Every committed event after ``after``, then each new one as it commits.

@@ -1,4 +1,4 @@
-"""The event table, as dialect-neutral SQLAlchemy Core.
+"""The event table (and the snapshot cache beside it), as dialect-neutral SQLAlchemy Core.
 
 The schema is created only by the Alembic migrations in ``migrations/``; this module is what
 the adapters query with and what ``alembic revision --autogenerate`` compares against.
@@ -11,6 +11,7 @@ from sqlalchemy import (
     Column,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -49,3 +50,23 @@ events = Table(
     Index("ix_events_type", "type"),
 )
 """The append-only log: one row per recorded event, keyed by its global position."""
+
+FINGERPRINT_MAX = 64
+"""Longest snapshot fingerprint or checksum the schema holds."""
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column(
+        "position",
+        BigInteger().with_variant(Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("fingerprint", String(FINGERPRINT_MAX), nullable=False),
+    Column("checksum", String(FINGERPRINT_MAX), nullable=False),
+    Column("created_at", BigInteger(), nullable=False),
+    Column("data", LargeBinary(), nullable=False),
+)
+"""A cache of folds of the log, each covering the events up to its ``position``; never the
+truth (the events are): a snapshot can be deleted at any time."""

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from operator import attrgetter
 from typing import Any, Final
+from urllib.parse import quote
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import delete, func, insert, inspect, select
+from sqlalchemy.engine import URL
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .engine import check_synchronous, create_engine, database_url, is_sqlite
 from .migration import upgrade_engine
-from .port import RecordedEvent, StoreClosedError, StoreError
-from .schema import events
+from .port import RecordedEvent, Snapshot, SnapshotInfo, StoreClosedError, StoreError
+from .schema import events, snapshots
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
     DEFAULT_MAX_BATCH,
@@ -58,6 +61,13 @@ _MAX_POSITION: Final = select(func.max(events.c.position))
 _STREAM_VERSIONS: Final = select(events.c.stream, func.max(events.c.version)).group_by(
     events.c.stream
 )
+_SNAPSHOT_INFO: Final = select(
+    snapshots.c.position,
+    snapshots.c.fingerprint,
+    snapshots.c.checksum,
+    snapshots.c.created_at,
+    func.length(snapshots.c.data),
+).order_by(snapshots.c.position.desc())
 _IN_CHUNK: Final = 10_000
 """Most bound values in one ``IN (...)``; a default-sized batch always fits in one query."""
 
@@ -194,6 +204,22 @@ class SqliteEventStore(GroupCommitStore):
             result = await conn.execute(_STREAM_VERSIONS)
             return {stream: int(version) for stream, version in result}
 
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Every stored snapshot, newest (highest position) first."""
+        async with self._reading() as conn:
+            result = await conn.execute(_SNAPSHOT_INFO)
+            return [SnapshotInfo(*row) for row in result]
+
+    async def read_snapshot(self, position: int) -> Snapshot | None:
+        """The snapshot at ``position``, if there is one."""
+        stmt = select(
+            snapshots.c.position, snapshots.c.fingerprint, snapshots.c.checksum,
+            snapshots.c.created_at, snapshots.c.data,
+        ).where(snapshots.c.position == position)
+        async with self._reading() as conn:
+            row = (await conn.execute(stmt)).first()
+            return None if row is None else Snapshot(*row)
+
 
 class _SqliteTransaction:
     """The writer's side of one SQLite transaction."""
@@ -234,3 +260,49 @@ class _SqliteTransaction:
             await self._conn.exec_driver_sql(insert_sql, list(map(row_params, rows)))
         except IntegrityError as exc:
             raise KeyConflict(_reason(exc)) from exc
+
+    async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+        conn = self._conn
+        await conn.execute(delete(snapshots).where(snapshots.c.position == snapshot.position))
+        await conn.execute(insert(snapshots).values(snapshot._asdict()))
+        newest = select(snapshots.c.position).order_by(snapshots.c.position.desc()).limit(keep)
+        kept = [row[0] for row in await conn.execute(newest)]
+        await conn.execute(delete(snapshots).where(snapshots.c.position.not_in(kept)))
+
+    async def delete_snapshots(self) -> int:
+        result = await self._conn.execute(delete(snapshots))
+        return int(result.rowcount)
+
+
+def _file_kind(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """Whether ``path`` is a file, missing or something else, and its absolute form."""
+    kind = "missing" if not os.path.exists(path) else "file" if os.path.isfile(path) else "other"
+    return kind, os.path.abspath(path)
+
+
+class NotAnEventLog(StoreError):
+    """A file that is not a gateway event log (or cannot be read as one)."""
+
+
+async def check_event_log(path: str | os.PathLike[str]) -> None:
+    """Raise `NotAnEventLog` unless ``path`` is an existing SQLite file with an ``events``
+    table (of any schema revision). Nothing is created or migrated: tools call this before
+    opening a store on a path a person typed."""
+    kind, absolute = await asyncio.to_thread(_file_kind, path)
+    if kind != "file":
+        raise NotAnEventLog(f"no event log at {os.fspath(path)}" if kind == "missing"
+                            else f"{os.fspath(path)} is not a file")
+    # Read-only and without the store's PRAGMAs: a foreign file is left exactly as it was.
+    uri = "file:" + quote(absolute) + "?mode=ro"
+    engine = create_async_engine(URL.create("sqlite+aiosqlite", database=uri,
+                                            query={"uri": "true"}))
+    try:
+        async with engine.connect() as conn:
+            found = await conn.run_sync(lambda sync: inspect(sync).has_table("events"))
+    except SQLAlchemyError as exc:
+        raise NotAnEventLog(f"{os.fspath(path)} is not an event log: {_reason(exc)}") from None
+    finally:
+        await engine.dispose()
+    if not found:
+        raise NotAnEventLog(f"{os.fspath(path)} is a SQLite file without an events table: "
+                            "not a gateway event log")

@@ -20,6 +20,9 @@ How a batch is written:
 5. Only after the commit returned are the caches advanced, the futures resolved and the events
    handed to followers. Any other failure fails the whole batch with :class:`StoreError` and
    leaves the caches as they were; the writer goes on with later appends.
+
+Imports (`GroupCommitStore.restore`) and snapshot writes take the same write lock as a batch,
+so they never interleave with one.
 """
 
 from __future__ import annotations
@@ -39,10 +42,13 @@ from .port import (
     DuplicateEventError,
     NewEvent,
     RecordedEvent,
+    RestoreError,
+    Snapshot,
+    SnapshotInfo,
     StoreClosedError,
     StoreError,
 )
-from .schema import EVENT_ID_MAX, STREAM_MAX, TYPE_MAX
+from .schema import EVENT_ID_MAX, FINGERPRINT_MAX, STREAM_MAX, TYPE_MAX
 
 DEFAULT_MAX_BATCH: Final = 2000
 """Most events the writer puts in one transaction (a bigger single append still goes whole)."""
@@ -79,6 +85,14 @@ class WriteTransaction(Protocol):
 
     async def insert(self, events: Sequence[RecordedEvent]) -> None:
         """Insert all rows at once; raise :class:`KeyConflict` on a unique-key violation."""
+        ...
+
+    async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+        """Store ``snapshot`` (replacing one at its position); keep the ``keep`` newest."""
+        ...
+
+    async def delete_snapshots(self) -> int:
+        """Delete every snapshot; how many there were."""
         ...
 
 
@@ -169,6 +183,16 @@ def _check(append: Append) -> tuple[NewEvent, ...]:
     return events
 
 
+def _check_record(record: RecordedEvent) -> None:
+    """Reject a recorded event the schema cannot hold (an import of a foreign file)."""
+    if not record.stream or len(record.stream) > STREAM_MAX:
+        raise RestoreError(f"stream name must have 1 to {STREAM_MAX} characters: {record!r}")
+    if not record.event_id or len(record.event_id) > EVENT_ID_MAX:
+        raise RestoreError(f"event id must have 1 to {EVENT_ID_MAX} characters: {record!r}")
+    if not record.type or len(record.type) > TYPE_MAX:
+        raise RestoreError(f"event type must have 1 to {TYPE_MAX} characters: {record!r}")
+
+
 def _repeated_id(append: Append) -> DuplicateEventError:
     return DuplicateEventError(f"append to {append.stream!r} repeats an event id")
 
@@ -213,6 +237,8 @@ class GroupCommitStore(ABC):
         # Writer-owned caches; advanced only after a commit returned.
         self._versions: dict[str, int] = {}
         self._position = 0
+        self._write_lock = asyncio.Lock()
+        """Held by each batch commit, import and snapshot write: one write at a time."""
 
     # ----------------------------------------------------------------- adapter hooks
 
@@ -249,6 +275,14 @@ class GroupCommitStore(ABC):
     @abstractmethod
     async def stream_versions(self) -> dict[str, int]:
         """Every stream with its current version."""
+
+    @abstractmethod
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Every stored snapshot, newest (highest position) first."""
+
+    @abstractmethod
+    async def read_snapshot(self, position: int) -> Snapshot | None:
+        """The snapshot at ``position``, if there is one."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -359,6 +393,84 @@ class GroupCommitStore(ABC):
         self._wakeup.set()
         return futures
 
+    # ----------------------------------------------------------------- imports, snapshots
+
+    def _check_open(self) -> None:
+        if self._state is not _State.OPEN:
+            raise StoreClosedError(f"the store is {self._state.value}")
+
+    async def restore(self, records: Sequence[RecordedEvent]) -> None:
+        """Write events recorded elsewhere verbatim (an import), in one transaction.
+
+        They must continue this log exactly: positions from the last one + 1 without a gap,
+        each stream's versions from its current version + 1, ids not yet used; otherwise
+        `RestoreError` (or `DuplicateEventError`) and nothing is written. Followers see them
+        as if appended.
+        """
+        self._check_open()
+        rows = list(records)
+        if not rows:
+            return
+        for record in rows:
+            _check_record(record)
+        async with self._write_lock:
+            self._check_open()
+            position = self._position
+            async with self._transaction() as txn:
+                streams = sorted({r.stream for r in rows})
+                missing = [s for s in streams if s not in self._versions]
+                loaded = await txn.load_versions(missing) if missing else {}
+                versions = {s: self._versions.get(s, loaded.get(s, 0)) for s in streams}
+                for record in rows:
+                    if record.position != position + 1:
+                        raise RestoreError(
+                            f"event {record.event_id!r} is at position {record.position}, but "
+                            f"the log continues at {position + 1}; import into an empty log "
+                            "(or one that ends just before it)"
+                        )
+                    if record.version != versions[record.stream] + 1:
+                        raise RestoreError(
+                            f"event {record.event_id!r} is version {record.version} of "
+                            f"{record.stream!r}, which is at version {versions[record.stream]}"
+                        )
+                    position += 1
+                    versions[record.stream] += 1
+                try:
+                    await txn.insert(rows)
+                except KeyConflict as exc:
+                    raise DuplicateEventError(
+                        f"an imported event id is already recorded: {exc}; nothing was written"
+                    ) from None
+            self._position = position
+            self._versions.update(versions)
+        if self._followers:
+            self._publish(rows)
+
+    async def save_snapshot(self, snapshot: Snapshot, keep: int = 2) -> None:
+        """Store a snapshot (replacing one at the same position), then delete all but the
+        ``keep`` newest."""
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1: {keep}")
+        if snapshot.position < 0:
+            raise ValueError(f"a snapshot position must be >= 0: {snapshot.position}")
+        for name in ("fingerprint", "checksum"):
+            value = getattr(snapshot, name)
+            if not value or len(value) > FINGERPRINT_MAX:
+                raise ValueError(f"snapshot {name} must have 1 to {FINGERPRINT_MAX} characters")
+        self._check_open()
+        async with self._write_lock:
+            self._check_open()
+            async with self._transaction() as txn:
+                await txn.put_snapshot(snapshot, keep)
+
+    async def delete_snapshots(self) -> int:
+        """Delete every snapshot; how many there were."""
+        self._check_open()
+        async with self._write_lock:
+            self._check_open()
+            async with self._transaction() as txn:
+                return await txn.delete_snapshots()
+
     # ----------------------------------------------------------------- the writer
 
     async def _run_writer(self) -> None:
@@ -374,7 +486,8 @@ class GroupCommitStore(ABC):
                 batch = self._take_batch()
                 if batch:
                     self._inflight = batch
-                    await self._commit(batch)
+                    async with self._write_lock:
+                        await self._commit(batch)
                     self._inflight = []
         finally:
             for pending in self._inflight:

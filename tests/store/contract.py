@@ -25,6 +25,8 @@ from store import (
     GroupCommitStore,
     NewEvent,
     RecordedEvent,
+    RestoreError,
+    Snapshot,
     StoreClosedError,
     StoreError,
 )
@@ -651,3 +653,96 @@ class EventStoreContract:
         assert stop[0].position < min(r.position for r in b_before)
         assert after.result()[0].position > max(r.position for r in b_before)
         assert_gap_free(await store.read())
+
+    # ------------------------------------------------------------------ imports
+
+    async def test_restore_writes_recorded_events_verbatim(self, store: GroupCommitStore) -> None:
+        records = [
+            RecordedEvent(1, "a", 1, "x1", "T", '{"n":1}', 1_000),
+            RecordedEvent(2, "b", 1, "x2", "U", '{"n":2}', 1_005),
+            RecordedEvent(3, "a", 2, "x3", "T", "{}", 1_007),
+        ]
+        await wait(store.restore(records))
+        assert await store.read() == records
+        assert await store.stream_versions() == {"a": 2, "b": 1}
+        [after] = await wait(store.append(app("a", expected=2)))
+        assert (after.position, after.version) == (4, 3)
+
+    async def test_restore_continues_a_log_exactly(self, store: GroupCommitStore) -> None:
+        await wait(store.append(app("a")))
+        await wait(store.restore([RecordedEvent(2, "a", 2, "x2", "T", "{}", 5)]))
+        assert [r.event_id for r in await store.read()][1:] == ["x2"]
+
+    @pytest.mark.parametrize(
+        ("position", "version", "why"),
+        [(3, 2, "position 3"), (2, 3, "version 3"), (1, 1, "position 1")],
+    )
+    async def test_restore_refuses_what_does_not_continue_the_log(
+        self, store: GroupCommitStore, position: int, version: int, why: str
+    ) -> None:
+        await wait(store.append(app("a")))
+        bad = [RecordedEvent(position, "a", version, "x", "T", "{}", 5)]
+        error = await fails(store.restore(bad), RestoreError)
+        assert why in str(error)
+        assert len(await store.read()) == 1
+
+    async def test_restore_of_a_used_id_writes_nothing(self, store: GroupCommitStore) -> None:
+        [first] = await wait(store.append(app("a")))
+        batch = [
+            RecordedEvent(2, "b", 1, "fresh", "T", "{}", 5),
+            RecordedEvent(3, "b", 2, first.event_id, "T", "{}", 5),
+        ]
+        await fails(store.restore(batch), DuplicateEventError)
+        assert await store.read() == [first]
+        [after] = await wait(store.append(app("b", expected=0)))
+        assert after.position == 2
+
+    async def test_followers_see_restored_events(self, store: GroupCommitStore) -> None:
+        follower = store.follow()
+        try:
+            records = [RecordedEvent(n, "a", n, f"x{n}", "T", "{}", 5) for n in (1, 2)]
+            await wait(store.restore(records))
+            assert await take(follower, 2) == records
+        finally:
+            await follower.aclose()
+
+    async def test_restore_on_a_closed_store_fails(self, make_store: StoreFactory) -> None:
+        store = make_store()
+        await store.open()
+        await store.close()
+        await fails(store.restore([RecordedEvent(1, "a", 1, "x", "T", "{}", 5)]),
+                    StoreClosedError)
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def test_snapshots_are_kept_newest_first(self, store: GroupCommitStore) -> None:
+        for position in (10, 30, 20):
+            await wait(store.save_snapshot(
+                Snapshot(position, "code", f"sum{position}", position * 2, b"x" * position),
+                keep=2,
+            ))
+        infos = await store.snapshots()
+        assert [(i.position, i.checksum, i.created_at, i.size) for i in infos] == [
+            (30, "sum30", 60, 30), (20, "sum20", 40, 20),
+        ]
+        assert await store.read_snapshot(10) is None
+        snapshot = await store.read_snapshot(30)
+        assert snapshot == Snapshot(30, "code", "sum30", 60, b"x" * 30)
+
+    async def test_a_snapshot_at_the_same_position_replaces_it(
+        self, store: GroupCommitStore
+    ) -> None:
+        await wait(store.save_snapshot(Snapshot(5, "old", "a", 1, b"1")))
+        await wait(store.save_snapshot(Snapshot(5, "new", "b", 2, b"22")))
+        assert await store.read_snapshot(5) == Snapshot(5, "new", "b", 2, b"22")
+        assert len(await store.snapshots()) == 1
+        assert await store.delete_snapshots() == 1
+        assert await store.snapshots() == []
+
+    async def test_malformed_snapshots_raise(self, store: GroupCommitStore) -> None:
+        with pytest.raises(ValueError, match="keep"):
+            await store.save_snapshot(Snapshot(1, "f", "c", 1, b""), keep=0)
+        with pytest.raises(ValueError, match="fingerprint"):
+            await store.save_snapshot(Snapshot(1, "", "c", 1, b""))
+        with pytest.raises(ValueError, match="position"):
+            await store.save_snapshot(Snapshot(-1, "f", "c", 1, b""))

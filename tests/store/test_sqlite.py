@@ -24,10 +24,12 @@ from store import (
     ConcurrencyError,
     GroupCommitStore,
     NewEvent,
+    NotAnEventLog,
     RecordedEvent,
     SqliteEventStore,
     StoreClosedError,
     StoreError,
+    check_event_log,
     migrate,
     open_store,
 )
@@ -156,6 +158,50 @@ def test_alembic_offline_sql(db_path: Path, capsys: pytest.CaptureFixture[str]) 
     command.upgrade(alembic_config(f"sqlite:///{db_path}"), "head", sql=True)
     assert "CREATE TABLE events" in capsys.readouterr().out
     assert not db_path.exists()
+
+
+async def test_upgrading_a_log_of_revision_0001_keeps_its_events(db_path: Path) -> None:
+    await migrate(db_path, "0001")
+    _execute(db_path, "INSERT INTO events VALUES (1, 'a', 1, 'e1', 'T', '{}', 7)")
+    assert _query(db_path, "SELECT name FROM sqlite_master WHERE name = 'snapshots'") == []
+    store = SqliteEventStore(db_path)
+    await store.open()
+    try:
+        assert [r.event_id for r in await store.read()] == ["e1"]
+        assert await store.snapshots() == []
+    finally:
+        await store.close()
+    assert _query(db_path, "SELECT version_num FROM alembic_version") == [(HEAD,)]
+
+
+# ---------------------------------------------------------------------- what a path holds
+
+
+async def test_check_event_log_accepts_a_log_of_any_revision(db_path: Path) -> None:
+    await migrate(db_path, "0001")
+    await check_event_log(db_path)
+    assert _query(db_path, "SELECT version_num FROM alembic_version") == [("0001",)]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda path: None, "no event log at"),
+        (lambda path: path.mkdir(), "is not a file"),
+        (lambda path: path.write_text("hello, not a database " * 100), "is not an event log"),
+        (lambda path: _execute(path, "CREATE TABLE t (x)"), "without an events table"),
+    ],
+    ids=["missing", "directory", "text file", "other database"],
+)
+async def test_check_event_log_refuses_what_is_not_a_log(
+    db_path: Path, make: Callable[[Path], None], message: str
+) -> None:
+    make(db_path)
+    before = {p.name: p.read_bytes() for p in db_path.parent.iterdir() if p.is_file()}
+    with pytest.raises(NotAnEventLog, match=message):
+        await check_event_log(db_path)
+    after = {p.name: p.read_bytes() for p in db_path.parent.iterdir() if p.is_file()}
+    assert after == before  # nothing created or changed
 
 
 # ---------------------------------------------------------------------- reopening
