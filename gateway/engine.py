@@ -31,6 +31,7 @@ from gateway.errors import (
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
+from gateway.snapshots import KEEP, load_latest, seal
 from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
 from lanes import replay as fold
@@ -67,8 +68,9 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
 )
-from lanes.replay import is_agent_stream
+from lanes.replay import LogFold, is_agent_stream
 from lanes.requests import Kind
+from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
 from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
 
@@ -79,6 +81,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.engine")
 CALL_ATTEMPTS = 4
 """How often delivering a sub-agent call is tried while the target is unavailable."""
+SNAPSHOT_EVERY = 100_000
+"""Agent events committed between two snapshots of the fold, by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +151,18 @@ class Engine:
         broker: Broker | None = None,
         gates: Mapping[str, ProviderGate] | None = None,
         agent_gates: Mapping[str, str] | None = None,
+        snapshot_every: int | None = SNAPSHOT_EVERY,
+        ids: Callable[[], str] | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
         orders accepted by the trading gate go to ``broker`` (none: they stay open).
         ``gates`` are the provider gates by name (started and stopped with the engine);
-        ``agent_gates`` names the gate each agent's LLM calls go through (none: ungated)."""
+        ``agent_gates`` names the gate each agent's LLM calls go through (none: ungated).
+        A snapshot of the fold is stored once ``snapshot_every`` agent events were folded or
+        committed since the last one, and at a graceful stop (None: never); ``ids`` makes
+        event ids (default: `EventIds`)."""
+        if snapshot_every is not None and snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1 or None: {snapshot_every}")
         self.broker = broker
         self.gates: dict[str, ProviderGate] = dict(gates or {})
         self._agent_gates = dict(agent_gates or {})
@@ -166,7 +177,16 @@ class Engine:
             reasoners = lambda _agent_id: shared  # noqa: E731
         self._reasoners = reasoners
         self._agents: dict[str, _Agent] = {}
-        self._ids = EventIds()
+        self._ids = ids or EventIds()
+        self._snapshot_every = snapshot_every
+        self._since_snapshot = 0
+        """Agent events folded or committed that the newest snapshot does not hold."""
+        self._position = 0
+        self._anchor = ""
+        """The last committed agent event seen: its position and id."""
+        self._snapshotting: asyncio.Task[None] | None = None
+        self.snapshot_loaded: int | None = None
+        """The position of the snapshot the start continued from, if any."""
         self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
         self._rebuilds: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -187,11 +207,12 @@ class Engine:
         await self.store.open()
         for gate in self.gates.values():
             await gate.start()
-        with gc_paused():
-            records = await self.store.read()
-            entries = [Entry(r.position, r.stream, decode(r.type, r.data)) for r in records
-                       if is_agent_stream(r.stream)]
-            states = fold(entries)
+        log_fold, records, stale = await self._load()
+        states = log_fold.states
+        if self._snapshot_every is not None and records and (
+            self._since_snapshot >= self._snapshot_every or stale
+        ):
+            self._snapshot(log_fold, stale)  # before any input: the fold is exactly the log
         for agent_id in {*states, *self._configs}:
             state = states.get(agent_id) or AgentState(agent_id=agent_id)
             self._agents[agent_id] = _Agent(state)
@@ -204,7 +225,7 @@ class Engine:
         for agent in self._agents.values():
             self._feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
             self._schedule(agent)
-        for parent, call in _undelivered_calls(entries):
+        for parent, call in list(log_fold.calls.values()):
             self._deliver_call(parent, call)
         if self.broker is not None:  # orders still open in the log go to the broker again
             for agent in self._agents.values():
@@ -213,18 +234,70 @@ class Engine:
                                                   order.intent), f"place {order.order_id}")
         await self.flush()
 
+    async def _load(self) -> tuple[LogFold, list[RecordedEvent], list[int]]:
+        """The fold of the whole log: from the newest usable snapshot, plus the events after
+        it; the events read; the positions of snapshots ignored (outdated or damaged)."""
+        with gc_paused():
+            loaded = await load_latest(self.store)
+            log_fold = loaded.fold
+            records = await self.store.read(after=log_fold.position)
+            log_fold.add(Entry(r.position, r.stream, decode(r.type, r.data)) for r in records
+                         if is_agent_stream(r.stream))
+        if loaded.snapshot is not None:
+            self.snapshot_loaded = loaded.snapshot.position
+        self._since_snapshot = sum(1 for r in records if is_agent_stream(r.stream))
+        if records:
+            log_fold.position = self._position = records[-1].position
+            self._anchor = records[-1].event_id
+        else:
+            self._position = log_fold.position
+        return log_fold, records, list(loaded.ignored)
+
+    def _snapshot(self, log_fold: LogFold, replacing: Sequence[int] = ()) -> None:
+        """Store a snapshot of ``log_fold`` in the background (serialised now, while the
+        states cannot change; compressed and written off the loop), deleting the unusable
+        ones at ``replacing``."""
+        if self._snapshotting is not None and not self._snapshotting.done():
+            return
+        raw = dump_fold(log_fold, self._anchor)
+        self._since_snapshot = 0
+        self._snapshotting = spawn(self._write_snapshot(log_fold.position, raw, replacing),
+                                   "snapshot")
+
+    async def _write_snapshot(self, position: int, raw: bytes, replacing: Sequence[int]) -> None:
+        try:
+            snapshot = await asyncio.to_thread(seal, position, raw, self.clock.now_ms())
+            if replacing:
+                await self.store.delete_snapshots(replacing)
+            await self.store.save_snapshot(snapshot, KEEP)
+        except StoreError as error:  # a cache: the log is intact, the next one will do
+            log.warning("snapshot at %d not stored: %s", position, error)
+
+    def _quiet(self) -> bool:
+        """Whether the live states are exactly the fold of the log up to ``_position``, with
+        no sub-agent call on its way: nothing decided is uncommitted, no agent is being
+        rebuilt, no call is being delivered."""
+        return not (self._in_flight or self._rebuilds or self._deliveries
+                    or any(agent.recovering for agent in self._agents.values()))
+
+    def _live_fold(self) -> LogFold:
+        states = {agent_id: agent.state for agent_id, agent in self._agents.items()}
+        return LogFold(states=states, position=self._position)
+
     async def stop(self, *, graceful: bool = True) -> None:
         """Stop taking inputs, abort runs, cancel timers, finish every commit, close the store.
 
         Gracefully, runs in flight are recorded as aborted (reason ``shutdown``) with their
-        requests back at the head of the queue; otherwise (as if the process died) the next
-        start records them (reason ``restart``).
+        requests back at the head of the queue, and a snapshot of the fold is stored;
+        otherwise (as if the process died) the next start records them (reason
+        ``restart``).
         """
         if graceful and self._running:
             now = self.clock.now_ms()
             for agent in self._agents.values():
                 if not agent.recovering:
                     self._feed(agent, Stopping(at=now))
+        calls_cut_off = bool(self._deliveries)
         self._running = False
         for agent in self._agents.values():
             if agent.timer is not None:
@@ -235,6 +308,13 @@ class Engine:
         for gate in self.gates.values():  # after the runs: their slots are given back
             await gate.stop()
         await self.flush()
+        if self._snapshotting is not None:
+            await self._snapshotting
+        if (graceful and self._snapshot_every is not None and self._since_snapshot
+                and not calls_cut_off and self._quiet()):
+            self._snapshot(self._live_fold())
+        if self._snapshotting is not None:
+            await self._snapshotting
         await self.store.close()
 
     async def flush(self) -> None:
@@ -436,6 +516,14 @@ class Engine:
             self._recover(agent, future)
             return
         self.commit_latency.observe(time.perf_counter() - decided)
+        records = future.result()
+        last = records[-1]
+        if last.position > self._position:
+            self._position, self._anchor = last.position, last.event_id
+        self._since_snapshot += len(records)
+        if (self._snapshot_every is not None and self._since_snapshot >= self._snapshot_every
+                and self._running and self._quiet()):
+            self._snapshot(self._live_fold())
         if not self._running or agent.recovering:
             return
         for decision in decisions:
@@ -627,18 +715,6 @@ class Engine:
         if self._running and agent.state.active is not None:
             self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
-
-
-def _undelivered_calls(entries: list[Entry]) -> list[tuple[str, AgentCallDispatched]]:
-    """Calls committed as dispatched whose target never received them (a crash between)."""
-    received = {e.event.request.request_id for e in entries
-                if isinstance(e.event, RequestReceived)}
-    given_up = {e.event.call_id for e in entries if isinstance(e.event, CallUndeliverable)}
-    return [
-        (e.stream, e.event) for e in entries
-        if isinstance(e.event, AgentCallDispatched)
-        and e.event.call_id not in received and e.event.call_id not in given_up
-    ]
 
 
 def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lanes.decide import decide
 from lanes.events import (
     INPUT_TYPES,
+    AgentCallDispatched,
+    CallUndeliverable,
     ControlApplied,
     Decision,
     Event,
@@ -56,13 +58,53 @@ def replay(
         if batch is None:
             batch = batches[entry.stream] = []
         batch.append(entry.event)
+    _fold_batches(states, batches)
+    return states
+
+
+def _fold_batches(states: dict[str, AgentState], batches: dict[str, list[Event]]) -> None:
     for stream, events in batches.items():
         if is_agent_stream(stream):
             state = states.get(stream)
             if state is None:
                 state = states[stream] = AgentState(agent_id=stream)
             fold(state, events)
-    return states
+
+
+Call = tuple[str, AgentCallDispatched]
+"""A sub-agent call and the agent that dispatched it."""
+
+
+@dataclass(slots=True)
+class LogFold:
+    """What a start needs from the log up to ``position``: every agent's state, and the
+    sub-agent calls committed as dispatched that their target has not received (nor given up
+    on) yet, by call id. A snapshot stores exactly this (`lanes.snapshot`)."""
+
+    states: dict[str, AgentState] = field(default_factory=dict)
+    position: int = 0
+    calls: dict[str, Call] = field(default_factory=dict)
+
+    def add(self, entries: Iterable[Entry]) -> None:
+        """Fold more of the log (entries in position order, after ``position``)."""
+        batches: dict[str, list[Event]] = {}
+        calls = self.calls
+        position = self.position
+        for entry in entries:
+            stream, event = entry.stream, entry.event
+            position = entry.position
+            batch = batches.get(stream)
+            if batch is None:
+                batch = batches[stream] = []
+            batch.append(event)
+            if type(event) is AgentCallDispatched:
+                calls[event.call_id] = (stream, event)
+            elif type(event) is CallUndeliverable:
+                calls.pop(event.call_id, None)
+            elif calls and type(event) is RequestReceived:
+                calls.pop(event.request.request_id, None)
+        _fold_batches(self.states, batches)
+        self.position = position
 
 
 @dataclass(frozen=True, slots=True)

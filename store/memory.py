@@ -144,7 +144,8 @@ class _MemoryTransaction:
         current[snapshot.position] = snapshot
         self._snapshots = {p: current[p] for p in sorted(current, reverse=True)[:keep]}
 
-    async def delete_snapshots(self) -> int:
+    async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
         current = self._store._snapshots if self._snapshots is None else self._snapshots
-        self._snapshots = {}
-        return len(current)
+        doomed = set(current) if positions is None else set(positions) & set(current)
+        self._snapshots = {p: s for p, s in current.items() if p not in doomed}
+        return len(doomed)

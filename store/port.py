@@ -174,8 +174,8 @@ class EventStore(Protocol):
     async def read_snapshot(self, position: int) -> Snapshot | None:
         """The snapshot at ``position``, if there is one."""
 
-    async def delete_snapshots(self) -> int:
-        """Delete every snapshot; how many there were."""
+    async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
+        """Delete the snapshots at ``positions`` (default: every one); how many there were."""
 
     def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
         """Every committed event after ``after``, then each new one as it commits.

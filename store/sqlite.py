@@ -269,8 +269,11 @@ class _SqliteTransaction:
         kept = [row[0] for row in await conn.execute(newest)]
         await conn.execute(delete(snapshots).where(snapshots.c.position.not_in(kept)))
 
-    async def delete_snapshots(self) -> int:
-        result = await self._conn.execute(delete(snapshots))
+    async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
+        stmt = delete(snapshots)
+        if positions is not None:
+            stmt = stmt.where(snapshots.c.position.in_(positions))
+        result = await self._conn.execute(stmt)
         return int(result.rowcount)
 
 

@@ -91,8 +91,8 @@ class WriteTransaction(Protocol):
         """Store ``snapshot`` (replacing one at its position); keep the ``keep`` newest."""
         ...
 
-    async def delete_snapshots(self) -> int:
-        """Delete every snapshot; how many there were."""
+    async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
+        """Delete the snapshots at ``positions`` (None: every one); how many there were."""
         ...
 
 
@@ -463,13 +463,13 @@ class GroupCommitStore(ABC):
             async with self._transaction() as txn:
                 await txn.put_snapshot(snapshot, keep)
 
-    async def delete_snapshots(self) -> int:
-        """Delete every snapshot; how many there were."""
+    async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
+        """Delete the snapshots at ``positions`` (default: every one); how many there were."""
         self._check_open()
         async with self._write_lock:
             self._check_open()
             async with self._transaction() as txn:
-                return await txn.delete_snapshots()
+                return await txn.delete_snapshots(None if positions is None else list(positions))
 
     # ----------------------------------------------------------------- the writer
 

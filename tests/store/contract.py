@@ -736,6 +736,9 @@ class EventStoreContract:
         await wait(store.save_snapshot(Snapshot(5, "new", "b", 2, b"22")))
         assert await store.read_snapshot(5) == Snapshot(5, "new", "b", 2, b"22")
         assert len(await store.snapshots()) == 1
+        await wait(store.save_snapshot(Snapshot(9, "new", "c", 3, b"")))
+        assert await store.delete_snapshots([5, 7]) == 1
+        assert [i.position for i in await store.snapshots()] == [9]
         assert await store.delete_snapshots() == 1
         assert await store.snapshots() == []
 

@@ -1,0 +1,131 @@
+"""Snapshots of the agents' fold in the store: a cache that makes a restart on a large log fast.
+
+A snapshot is the `LogFold` up to a position (`lanes.snapshot`), compressed, with a checksum
+of what is stored and the fingerprint of the code that made it. It is never the truth: one
+that is damaged, made by other code (a different fold, event shapes or format), or that does
+not match the log (its anchor event is not at its position) is ignored, and the start folds
+from an older one or from the beginning, then stores a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import inspect
+import logging
+import zlib
+from dataclasses import dataclass, field
+
+from lanes.codec import AGENT_CODEC
+from lanes.replay import LogFold
+from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, dump_fold, load_fold
+from store.port import EventStore, Snapshot, SnapshotInfo
+
+log = logging.getLogger("gateway.snapshots")
+
+FOLD_MODULES = (
+    "lanes.config", "lanes.events", "lanes.requests", "lanes.rules", "lanes.tables",
+    "lanes.state", "lanes.evolve", "lanes.replay", "lanes.snapshot", "lanes.codec",
+    "lanes.upcast",
+)
+"""The modules whose code decides what a fold is (and what a snapshot of one holds)."""
+
+KEEP = 2
+"""Snapshots kept in the store: the newest, and one to fall back on."""
+
+
+def fold_fingerprint() -> str:
+    """A name for the code that folds: the snapshot format, the event types with their
+    versions, and the source of `FOLD_MODULES`. Any change to them, even a comment, makes
+    older snapshots outdated (they are rebuilt once: never wrong, at worst one slow start)."""
+    digest = hashlib.sha256(f"format {SNAPSHOT_FORMAT}\n".encode())
+    for name in sorted(AGENT_CODEC.types):
+        digest.update(f"{name} v{AGENT_CODEC.version(name)}\n".encode())
+    for module_name in FOLD_MODULES:
+        module = importlib.import_module(module_name)
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):  # no source shipped: fall back on the module's name
+            source = module_name
+        digest.update(source.encode())
+    return digest.hexdigest()
+
+
+FINGERPRINT = fold_fingerprint()
+
+
+def pack(fold: LogFold, anchor: str, created_at: int) -> Snapshot:
+    """A snapshot of ``fold`` (the id of the event at its position is ``anchor``).
+
+    Serialising reads the states, so call it while they cannot change; compressing and
+    hashing (`seal`) may then run in a thread.
+    """
+    return seal(fold.position, dump_fold(fold, anchor), created_at)
+
+
+def seal(position: int, raw: bytes, created_at: int) -> Snapshot:
+    """Compress and checksum serialised fold bytes into a snapshot."""
+    data = zlib.compress(raw, 1)
+    return Snapshot(position, FINGERPRINT, hashlib.sha256(data).hexdigest(), created_at, data)
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What `load_latest` found: the fold to continue from (empty when no snapshot was
+    usable), the snapshot it came from, and why newer snapshots were ignored."""
+
+    fold: LogFold
+    snapshot: SnapshotInfo | None = None
+    ignored: dict[int, str] = field(default_factory=dict)
+    """Position -> why that snapshot cannot be used."""
+
+
+async def load_latest(store: EventStore, upto: int | None = None) -> Loaded:
+    """The newest usable snapshot at or below position ``upto`` (default: any)."""
+    loaded = Loaded(LogFold())
+    last: int | None = None
+    for info in await store.snapshots():
+        if upto is not None and info.position > upto:
+            continue
+        if info.fingerprint != FINGERPRINT:
+            loaded.ignored[info.position] = "made by other code (outdated)"
+            continue
+        if last is None:
+            last = await store.last_position()
+        fold = await _open(store, info, last)
+        if isinstance(fold, str):
+            loaded.ignored[info.position] = fold
+            continue
+        loaded.fold, loaded.snapshot = fold, info
+        break
+    for position, reason in loaded.ignored.items():
+        log.warning("snapshot at %d: %s; ignored", position, reason)
+    return loaded
+
+
+async def _open(store: EventStore, info: SnapshotInfo, last: int) -> LogFold | str:
+    """The fold in a snapshot, or why it cannot be used."""
+    if info.position > last:
+        return f"ahead of the log (which ends at {last})"
+    snapshot = await store.read_snapshot(info.position)
+    if snapshot is None:
+        return "deleted meanwhile"
+    if hashlib.sha256(snapshot.data).hexdigest() != snapshot.checksum:
+        return "checksum mismatch (damaged)"
+    try:
+        # Decompressing and validating are the slow part: off the event loop.
+        fold, anchor = await asyncio.to_thread(_unpack, snapshot.data)
+    except (zlib.error, BadSnapshot) as error:
+        return f"does not load ({error})"
+    if fold.position != info.position:
+        return f"holds position {fold.position}, stored at {info.position} (damaged)"
+    if fold.position:
+        at = await store.read(fold.position - 1, 1)
+        if not at or at[0].event_id != anchor:
+            return "made from another log (its anchor event is not at its position)"
+    return fold
+
+
+def _unpack(data: bytes) -> tuple[LogFold, str]:
+    return load_fold(zlib.decompress(data))
