@@ -68,9 +68,10 @@ from gateway.protocol import (
 from lanes import AgentConfig, AgentRequest, Entry, InvalidRequest, parse_request, status
 from lanes import replay as fold
 from lanes.codec import decode
-from lanes.events import OperatorAction
+from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
-from lanes.gate_events import GateLimits
+from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
+from lanes.replay import is_agent_stream
 from lanes.requests import ControlAction, FieldError, WireModel
 from lanes.state import AgentState
 from store.port import RecordedEvent
@@ -90,6 +91,10 @@ MAX_IN_FLIGHT_BYTES = 32 << 20
 """Bytes of frames one connection may have waiting before reading pauses."""
 SEND_TIMEOUT_S = 10.0
 """A client that has not taken a frame in this long is closed as a slow reader."""
+CAUSE_PAGE = 256
+"""Events read per step when walking back from an event to the input that caused it."""
+MAX_CAUSE_DECISIONS = 1_000
+"""Decisions of one input returned with it (a queue clear may make many)."""
 
 
 @dataclass
@@ -132,6 +137,9 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/runs/{run_id}/abort", api.abort, methods=["POST"]),
         Route("/api/agents/{agent_id}/config", api.configure, methods=["POST"]),
         Route("/api/events", api.events),
+        Route("/api/events/{position:int}", api.event_cause),
+        Route("/api/event-types", api.event_types),
+        Route("/api/agents/{agent_id}/events", api.agent_events),
         Route("/api/replay", api.replay),
         Route("/api/providers", api.providers),
         Route("/api/providers/{name}", api.provider),
@@ -396,6 +404,74 @@ class _Api:
         return _json({"events": found, "next": cursor})
 
     @_guarded
+    async def event_cause(self, request: Request) -> Response:
+        """One event, the input that caused it (itself, if it is an input) and every
+        decision made of that input: the events of one input are consecutive in its
+        stream, so the input is the nearest earlier event of an input type."""
+        principal = self._principal(request)
+        principal.check_read()
+        position = int(request.path_params["position"])
+        found = await self.engine.store.read(after=max(0, position - 1), limit=1)
+        if not found or found[0].position != position or not principal.may_see(found[0].stream):
+            raise BadFrame("not_found", f"no event at position {position} that this token "
+                           "may see; list events with GET /api/events")
+        record = found[0]
+        inputs = _input_types(record.stream)
+        cause: RecordedEvent | None = None
+        top = record.version
+        while cause is None and top > 0:  # walk back a page at a time
+            page = await self.engine.store.read_stream(
+                record.stream, after_version=max(0, top - CAUSE_PAGE), limit=CAUSE_PAGE)
+            for earlier in reversed([r for r in page if r.version <= top]):
+                if earlier.type in inputs:
+                    cause = earlier
+                    break
+            top -= CAUSE_PAGE
+        decisions: list[RecordedEvent] = []
+        if cause is not None:
+            after = await self.engine.store.read_stream(
+                record.stream, after_version=cause.version, limit=MAX_CAUSE_DECISIONS + 1)
+            for later in after:
+                if later.type in inputs:
+                    break
+                decisions.append(later)
+        return _json({
+            "event": event_json(record),
+            "input": None if cause is None else event_json(cause),
+            "decisions": [event_json(r) for r in decisions[:MAX_CAUSE_DECISIONS]],
+            "truncated": len(decisions) > MAX_CAUSE_DECISIONS,
+        })
+
+    @_guarded
+    async def event_types(self, request: Request) -> Response:
+        """Which event types are inputs and which are decisions, for agent streams and
+        provider gate streams (a client classifies events without a copy of the list)."""
+        self._principal(request).check_read()
+        return _json({
+            "agent": {"inputs": [t.__name__ for t in INPUT_TYPES],
+                      "decisions": [t.__name__ for t in DECISION_TYPES]},
+            "provider": {"inputs": [t.__name__ for t in GATE_INPUT_TYPES],
+                         "decisions": [t.__name__ for t in GATE_DECISION_TYPES]},
+        })
+
+    @_guarded
+    async def agent_events(self, request: Request) -> Response:
+        """One agent's stream, newest last: the ``limit`` (<= 2000, default 500) events with
+        a version below ``beforeVersion`` (default: the newest). Page back with the first
+        version you got."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        query = request.query_params
+        limit = min(max(_int_param(query, "limit", 500), 1), 2000)
+        before = _int_param(query, "beforeVersion", 0)
+        # The state's version may run ahead of the commit, never behind it.
+        top = self.engine.state(agent_id).version if before == 0 else before - 1
+        records = [r for r in await self.engine.store.read_stream(
+            agent_id, after_version=max(0, top - limit), limit=limit) if r.version <= top]
+        return _json({"agentId": agent_id, "events": [event_json(r) for r in records],
+                      "more": bool(records) and records[0].version > 1})
+
+    @_guarded
     async def replay(self, request: Request) -> Response:
         """An agent's queue exactly as it was at a log position (``agent``, ``position``:
         default the last), rebuilt from the log, with the events around that position
@@ -580,6 +656,12 @@ def _int_param(query: Mapping[str, str], name: str, default: int) -> int:
     if value < 0:
         raise BadFrame("invalid", f"{name} must be >= 0", field=name)
     return value
+
+
+def _input_types(stream: str) -> frozenset[str]:
+    """The names of the input event types of a stream (agent or provider gate)."""
+    types = INPUT_TYPES if is_agent_stream(stream) else GATE_INPUT_TYPES
+    return frozenset(t.__name__ for t in types)
 
 
 def _same_origin(origin: str, host: str | None) -> bool:

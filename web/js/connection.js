@@ -1,0 +1,146 @@
+// The WebSocket side: authenticate by first frame, subscribe (resuming from the last position
+// seen), and reconnect by itself with backoff. Emits "status", "hello", "snapshot", "event",
+// "denied" and "gap" as DOM events on the connection object.
+
+const PING_EVERY_MS = 10_000;
+const SILENCE_LIMIT_MS = 25_000;
+const MAX_CATCH_UP = 20_000;
+
+export class Connection extends EventTarget {
+  /** `backlog`: events to replay from the log before going live on the first subscribe. */
+  constructor(token, {backlog = 2000, url = null} = {}) {
+    super();
+    this.token = token;
+    this.backlog = backlog;
+    this.url = url || `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/control`;
+    this.state = "idle";           // idle | connecting | open | closed
+    this.lastPosition = null;      // the position of the last event processed
+    this.attempt = 0;
+    this.since = null;             // when the connection was lost
+    this.nextTry = null;
+    this.hello = null;
+    this.ws = null;
+    this.stopped = false;
+    this.timer = null;
+    this.lastHeard = 0;
+  }
+
+  start() {
+    this.stopped = false;
+    this._open();
+    this.pinger = setInterval(() => this._ping(), PING_EVERY_MS / 2);
+  }
+
+  stop() {
+    this.stopped = true;
+    clearInterval(this.pinger);
+    clearTimeout(this.timer);
+    if (this.ws) this.ws.close(1000, "bye");
+    this._status("idle");
+  }
+
+  /** Drop the socket now (it reconnects by itself). */
+  drop() { if (this.ws) this.ws.close(4000, "dropped"); }
+
+  _status(state, detail = {}) {
+    this.state = state;
+    this.dispatchEvent(new CustomEvent("status", {detail: {state, ...detail}}));
+  }
+
+  _emit(name, detail) { this.dispatchEvent(new CustomEvent(name, {detail})); }
+
+  _open() {
+    clearTimeout(this.timer);
+    this._status("connecting", {attempt: this.attempt});
+    let ws;
+    try {
+      ws = new WebSocket(this.url);
+    } catch {
+      this._retry();
+      return;
+    }
+    this.ws = ws;
+    let denied = false;
+    ws.onopen = () => {
+      this.lastHeard = Date.now();
+      ws.send(JSON.stringify({type: "auth", token: this.token}));
+    };
+    ws.onmessage = (message) => {
+      this.lastHeard = Date.now();
+      let frame;
+      try { frame = JSON.parse(message.data); } catch { return; }
+      if (frame.type === "event") {
+        if (this.lastPosition !== null && frame.position <= this.lastPosition) return;
+        this.lastPosition = frame.position;
+        this._emit("event", frame);
+      } else if (frame.type === "hello") {
+        this.hello = frame;
+        this._emit("hello", frame);
+        this._subscribe(frame);
+      } else if (frame.type === "snapshot") {
+        const resumed = this.attempt > 0 || this.lastPosition !== null;
+        this.attempt = 0;
+        this.since = null;
+        this._status("open", {resumed, position: frame.position});
+        if (this.lastPosition !== null && frame.position - this.lastPosition > MAX_CATCH_UP) {
+          // Too far behind to replay everything: skip ahead, and say so.
+          const from = frame.position - MAX_CATCH_UP;
+          this._emit("gap", {from: this.lastPosition, to: from});
+          this.lastPosition = from;
+          ws.send(JSON.stringify({type: "subscribe", id: "panel", after: from,
+            providers: this.hello.agents === null}));
+          return;
+        }
+        if (this.lastPosition === null) this.lastPosition = Math.max(0, this.firstAfter);
+        this._emit("snapshot", frame);
+      } else if (frame.type === "error") {
+        if (frame.code === "unauthorized") {
+          denied = true;
+          this._emit("denied", frame);
+        } else if (frame.code === "unavailable") {
+          ws.close(4001, "subscription ended");
+        }
+      }
+    };
+    ws.onclose = () => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      if (denied) { this.stopped = true; this._status("idle"); return; }
+      if (!this.stopped) this._retry();
+    };
+  }
+
+  async _subscribe(hello) {
+    let after = this.lastPosition;
+    if (after === null) {
+      // First subscription: replay the recent log so the event list is not empty.
+      try {
+        const health = await (await fetch("/healthz", {cache: "no-store"})).json();
+        after = Math.max(0, health.position - this.backlog);
+      } catch { after = 0; }
+      this.firstAfter = after;
+    }
+    if (this.ws?.readyState !== WebSocket.OPEN) return;
+    this.ws.send(JSON.stringify({type: "subscribe", id: "panel", after,
+      providers: hello.agents === null}));
+  }
+
+  _retry() {
+    this.attempt += 1;
+    this.since = this.since || Date.now();
+    const wait = Math.min(5000, 300 * 2 ** Math.min(this.attempt - 1, 5)) * (0.8 + Math.random() * 0.4);
+    this.nextTry = Date.now() + wait;
+    this._status("closed", {attempt: this.attempt, since: this.since, nextTry: this.nextTry});
+    this.timer = setTimeout(() => this._open(), wait);
+  }
+
+  _ping() {
+    const ws = this.ws;
+    if (!ws || ws.readyState !== WebSocket.OPEN) return;
+    if (Date.now() - this.lastHeard > SILENCE_LIMIT_MS) {
+      ws.close(4002, "silent");  // a half-open connection: start again
+      return;
+    }
+    ws.send(JSON.stringify({type: "ping", id: "keepalive"}));
+  }
+}

@@ -1,0 +1,248 @@
+// Agent detail: the two lanes side by side (control actions with their results; the active run
+// and the pending list), the controls the token allows, and time travel over the agent's log.
+
+import {h, replace, setState, setText, stateBadge} from "../dom.js";
+import {budget, clock, duration} from "../format.js";
+import {Model} from "../model.js";
+import {ACTIONS} from "../controls.js";
+import {pendingTable, runCard} from "./queue.js";
+import {createTimeline} from "./timeline.js";
+
+const PAGE = 1000;
+const QUEUE_REFRESH_MS = 250;
+const CONTROL_DECISIONS = new Set(["ControlApplied", "RunsHeld", "RunsUnheld", "OperatorApplied", "OperatorRejected"]);
+
+/** The control lane's history: every control input with the decisions made of it, newest first. */
+export function controlActions(stream) {
+  const groups = [];
+  let current = null;
+  for (const e of stream) {
+    if (e.input) {
+      current = {input: e, decisions: []};
+      groups.push(current);
+    } else if (current) {
+      current.decisions.push(e);
+    }
+  }
+  return groups.filter((g) => {
+    const d = g.input.data;
+    const control = (g.input.type === "RequestReceived" && d.request?.kind === "user_control" && d.request.payload?.action)
+      || g.input.type === "OperatorCommand";
+    return control || g.decisions.some((x) => CONTROL_DECISIONS.has(x.type));
+  }).reverse();
+}
+
+function describeAction(group) {
+  const d = group.input.data;
+  if (group.input.type === "RequestReceived") {
+    const r = d.request;
+    const what = r.payload?.action || (r.kind === "system_alert" ? `system_alert ${r.payload?.code ?? ""}` : r.kind);
+    return `${what}${d.principal ? ` by ${d.principal}` : ""}`;
+  }
+  if (group.input.type === "OperatorCommand") return `${d.action}${d.run_id ? ` ${d.run_id}` : ""} by ${d.principal}`;
+  return group.input.type;
+}
+
+function describeResult(group) {
+  const parts = [];
+  let ok = true;
+  for (const e of group.decisions) {
+    const d = e.data;
+    if (e.type === "ControlApplied" || e.type === "RunsHeld") parts.push(`${d.from_state} → ${d.to_state}`);
+    else if (e.type === "RunAborted") parts.push(`aborted ${d.run_id}`);
+    else if (e.type === "OperatorApplied") parts.push(`applied${d.detail ? `: ${d.detail}` : ""}`);
+    else if (e.type === "OrderCancelRequested") parts.push(`cancel ${d.order_id}`);
+    else if (e.type === "RunsUnheld") parts.push("hold lifted");
+    else if (e.type === "RequestRepeated") parts.push(`repeat (first: ${d.first_decision})`);
+    else if (e.type === "RequestRejected" || e.type === "OperatorRejected") { ok = false; parts.push(`refused: ${d.reason}`); }
+  }
+  return {text: parts.join(" · ") || "no change", ok};
+}
+
+export function createAgentView(ctx) {
+  const section = document.getElementById("agent-view");
+  let agentId = null;
+  let stream = [];
+  let more = false;
+  let loaded = false;
+  let queue = null;
+  let queueTimer = null;
+  let generation = 0;
+  let timeline = null;
+  let parts = null;
+
+  function build(id) {
+    agentId = id;
+    generation += 1;
+    stream = [];
+    more = false;
+    loaded = false;
+    queue = null;
+    const result = h("p", {class: "result", id: "control-result", role: "status"});
+    const report = (r) => {
+      result.textContent = r.text;
+      result.className = `result ${r.ok ? "ok" : "bad"}`;
+    };
+    parts = {
+      badge: stateBadge("ACTIVE"), mode: h("span", {class: "tag"}), lane: h("span", {class: "tag"}),
+      flags: h("span"), result,
+      controlFacts: h("dl", {class: "facts"}), actions: h("ul", {class: "list", id: "control-actions", "aria-label": "Control actions and their results"}),
+      laneFacts: h("dl", {class: "facts"}), run: h("div", {id: "active-run"}),
+      pendingTitle: h("h4", {id: "pending-title"}), pending: h("div", {id: "pending"}),
+      missing: h("p", {class: "error", hidden: true}),
+    };
+    timeline = createTimeline(ctx, id, {loadEarlier});
+    const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
+      Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
+    replace(section,
+      h("p", {}, h("a", {href: "#/overview"}, "← All agents")),
+      h("div", {class: "agent-head"}, h("h2", {id: "agent-title"}, id), parts.badge, parts.mode, parts.lane, parts.flags),
+      parts.missing, controls, controls ? result : null,
+      h("div", {class: "lanes live"},
+        h("section", {class: "card", "aria-labelledby": "control-lane-title"},
+          h("h3", {id: "control-lane-title"}, "Control lane"), parts.controlFacts,
+          h("h4", {}, "Actions and their results"), parts.actions),
+        h("section", {class: "card", "aria-labelledby": "reasoning-lane-title"},
+          h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
+          h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending)),
+      timeline.el);
+    return load(id, generation);
+  }
+
+  async function load(id, mine) {
+    const path = `/api/agents/${encodeURIComponent(id)}`;
+    try {
+      const [page] = await Promise.all([ctx.api.get(`${path}/events`, {limit: PAGE}), refreshQueue()]);
+      if (mine !== generation) return;
+      stream = page.events.map((e) => ctx.model.entry(e));
+      more = page.more;
+      // Events that arrived live while the page was being read.
+      for (const e of ctx.model.events) if (e.stream === id && e.version > (stream.at(-1)?.version ?? 0)) stream.push(e);
+      loaded = true;
+      timeline.set(stream, more);
+      renderActions();
+    } catch (error) {
+      if (mine !== generation) return;
+      parts.missing.hidden = false;
+      parts.missing.textContent = `Cannot load ${id}: ${error.message}`;
+    }
+  }
+
+  async function loadEarlier() {
+    if (!stream.length) return;
+    const mine = generation;
+    const page = await ctx.api.get(`/api/agents/${encodeURIComponent(agentId)}/events`,
+      {beforeVersion: stream[0].version, limit: PAGE});
+    if (mine !== generation) return;
+    const older = page.events.map((e) => ctx.model.entry(e));
+    stream = [...older, ...stream];
+    more = page.more;
+    timeline.set(stream, more, older.length);
+  }
+
+  async function refreshQueue() {
+    queueTimer = null;
+    const id = agentId;
+    try {
+      const answer = await ctx.api.get(`/api/agents/${encodeURIComponent(id)}/queue`);
+      if (id !== agentId) return;
+      queue = {...answer, _at: Date.now()};
+      renderLanes();
+    } catch {
+      // disconnected: the banner says so; the next event or tick tries again
+    }
+  }
+
+  function scheduleQueue() {
+    if (queueTimer === null) queueTimer = setTimeout(refreshQueue, QUEUE_REFRESH_MS);
+  }
+
+  function renderHead() {
+    const a = ctx.model.agents.get(agentId);
+    if (!a) {
+      if (ctx.model.agents.size) {
+        parts.missing.hidden = false;
+        parts.missing.textContent = `No agent ${agentId} in this token's scope.`;
+      }
+      return;
+    }
+    parts.missing.hidden = true;
+    setState(parts.badge, a.trading);
+    setText(parts.mode, `mode ${a.mode}`);
+    setText(parts.lane, a.activeRun ? "busy" : "idle");
+    const flags = [a.held ? `runs held: ${a.held}` : null,
+      a.suppressedUntil ? `suppressed until ${clock(a.suppressedUntil)}` : null].filter(Boolean).join(" · ");
+    setText(parts.flags, flags);
+    parts.flags.className = flags ? "tag warn" : "";
+    const elapsed = Model.elapsed(a);
+    replace(parts.controlFacts,
+      h("dt", {}, "Trading"), h("dd", {}, a.trading),
+      h("dt", {}, "Open orders"), h("dd", {}, String(a.openOrders)),
+      h("dt", {}, "Controls applied"), h("dd", {}, String(a.counters.controls)),
+      h("dt", {}, "Runs held"), h("dd", {}, a.held ?? "no"));
+    replace(parts.laneFacts,
+      h("dt", {}, "Mode"), h("dd", {}, a.mode),
+      h("dt", {}, "Runs this hour"), h("dd", {}, budget(a.runsLastHour, a.budgets?.maxRunsPerHour)),
+      h("dt", {}, "Runs today"), h("dd", {}, budget(a.runsLastDay, a.budgets?.maxRunsPerDay)),
+      h("dt", {}, "Cooldown"), h("dd", {}, a.cooldownRemainingMs > elapsed ? duration(a.cooldownRemainingMs - elapsed) : "–"),
+      h("dt", {}, "Aborts · drops · dedupes"), h("dd", {}, `${a.counters.aborts} · ${a.counters.drops} · ${a.counters.dedupes}`),
+      h("dt", {}, "Budget suppressions"), h("dd", {}, String(a.counters.suppressions)));
+  }
+
+  function renderLanes() {
+    if (!queue) return;
+    const elapsed = Model.elapsed(queue);
+    const steers = queue.run ? stream.filter((e) => e.type === "RunSteered" && e.data.run_id === queue.run.runId) : [];
+    replace(parts.run, runCard(queue.run, {elapsed, kinds: ctx.model.kinds, steers}));
+    setText(parts.pendingTitle, `Pending, in order (${queue.pending.length})`);
+    replace(parts.pending, pendingTable(queue.pending, {elapsed, id: "pending-table"}));
+  }
+
+  function renderActions() {
+    const groups = controlActions(stream).slice(0, 100);
+    if (!groups.length) {
+      replace(parts.actions, h("li", {class: "muted"}, "No control action in the loaded log."));
+      return;
+    }
+    replace(parts.actions, ...groups.map((g) => {
+      const result = describeResult(g);
+      return h("li", {"data-position": g.input.position},
+        h("span", {class: "muted"}, `${clock(g.input.recordedAt)} · `), h("strong", {}, describeAction(g)), " → ",
+        h("span", {class: result.ok ? "" : "error"}, result.text));
+    }));
+  }
+
+  return {
+    section,
+    title: "Agent",
+    async show(params) {
+      if (params.id !== agentId) await build(params.id);
+      else scheduleQueue();
+      renderHead();
+      if (params.at !== undefined) await timeline.travelTo(Number(params.at));
+      timeline.redraw();
+    },
+    change(detail) {
+      if (!agentId) return;
+      let mine = false;
+      if (loaded) {
+        for (const e of detail.events) {
+          if (e.stream === agentId && e.version > (stream.at(-1)?.version ?? 0)) {
+            stream.push(e);
+            mine = true;
+          }
+        }
+      }
+      if (mine) {
+        timeline.set(stream, more);
+        renderActions();
+        scheduleQueue();
+      }
+      if (detail.agents) renderHead();
+    },
+    tick() {
+      renderHead();
+      renderLanes();
+    },
+  };
+}

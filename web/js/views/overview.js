@@ -1,0 +1,155 @@
+// Overview: every agent as a row — trading state, mode, queue, active run, counters, budget
+// use — sortable, filterable, virtualised, with live durations.
+
+import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
+import {budget, clock, duration, num} from "../format.js";
+import {Model} from "../model.js";
+import {VirtualTable} from "../virtual.js";
+
+const SEVERITY = {HALTED: 0, REDUCING: 1, ACTIVE: 2};
+const age = (a) => (a.oldestPendingAgeMs === null ? -1 : a.oldestPendingAgeMs + Model.elapsed(a));
+const runFor = (a) => (a.activeRun ? a.activeRun.durationMs + Model.elapsed(a) : -1);
+const cooldown = (a) => Math.max(0, a.cooldownRemainingMs - Model.elapsed(a));
+
+const COLUMNS = [
+  {key: "agent", label: "Agent", sort: (a) => a.agentId},
+  {key: "trading", label: "Trading", sort: (a) => SEVERITY[a.trading] ?? 3},
+  {key: "mode", label: "Mode", sort: (a) => a.mode},
+  {key: "pending", label: "Pending", sort: (a) => a.pending, num: true},
+  {key: "oldest", label: "Oldest pending", sort: age, num: true},
+  {key: "run", label: "Active run", sort: runFor},
+  {key: "aborts", label: "Aborts", sort: (a) => a.counters.aborts, num: true},
+  {key: "drops", label: "Drops", sort: (a) => a.counters.drops, num: true},
+  {key: "dedupes", label: "Dedupes", sort: (a) => a.counters.dedupes, num: true},
+  {key: "suppressions", label: "Budget suppr.", sort: (a) => a.counters.suppressions, num: true},
+  {key: "hour", label: "Runs / hour", sort: (a) => a.runsLastHour, num: true},
+  {key: "day", label: "Runs / day", sort: (a) => a.runsLastDay, num: true},
+  {key: "cooldown", label: "Cooldown", sort: cooldown, num: true},
+];
+
+export function createOverview(ctx) {
+  const section = document.getElementById("overview-view");
+  const sort = {key: "agent", dir: 1};
+  const summary = h("p", {class: "summary live", "aria-live": "off"});
+  const filter = h("input", {type: "search", id: "agent-filter", placeholder: "agent id…", "aria-controls": "agents-table"});
+  const state = h("select", {id: "state-filter", "aria-controls": "agents-table"},
+    h("option", {value: ""}, "all states"), ...["ACTIVE", "REDUCING", "HALTED"].map((s) => h("option", {value: s}, s)));
+  const busy = h("input", {type: "checkbox", id: "pending-filter"});
+  const heads = COLUMNS.map((c) => {
+    const button = h("button", {type: "button", class: "sort", text: c.label,
+      onclick: () => {
+        sort.dir = sort.key === c.key ? -sort.dir : (c.num ? -1 : 1);
+        sort.key = c.key;
+        render();
+      }});
+    return h("th", {scope: "col", class: c.num ? "num" : null, "data-col": c.key}, button);
+  });
+  if (ctx.controls) heads.push(h("th", {scope: "col"}, "Actions"));
+  const table = h("table", {id: "agents-table", "aria-label": "Agents", "aria-rowcount": 1},
+    h("thead", {}, h("tr", {"aria-rowindex": 1}, heads)), h("tbody"));
+  const scroller = h("div", {class: "scroller tall live", id: "agents-scroller"}, table);
+  const empty = h("p", {class: "muted", hidden: true}, "No agent matches the filters.");
+  replace(section,
+    h("h2", {id: "overview-title"}, "Overview"), summary,
+    h("div", {class: "toolbar", role: "search", "aria-label": "Filter agents"},
+      h("label", {for: "agent-filter"}, "Filter"), filter,
+      h("label", {for: "state-filter"}, "State"), state,
+      h("label", {}, busy, "only agents with pending work")),
+    scroller, empty);
+  for (const input of [filter, state, busy]) input.addEventListener("input", () => { scroller.scrollTop = 0; render(); });
+
+  const virtual = new VirtualTable({
+    scroller, tbody: table.tBodies[0], columns: heads.length, key: (a) => a.agentId,
+    create: (a) => row(a), update: fill,
+  });
+
+  function row(a) {
+    const cells = {};
+    const tr = h("tr", {"data-agent": a.agentId});
+    for (const c of COLUMNS) {
+      const td = h("td", {class: c.num ? "num" : null, "data-col": c.key});
+      cells[c.key] = td;
+      tr.append(td);
+    }
+    cells.agent.append(h("a", {href: `#/agent/${encodeURIComponent(a.agentId)}`, text: a.agentId}));
+    cells.trading.append(cells.badge = stateBadge(a.trading));
+    cells.runText = h("span");
+    cells.runTag = h("span", {class: "tag"});
+    cells.run.append(cells.runText, " ", cells.runTag);
+    if (ctx.controls) {
+      tr.append(h("td", {}, h("div", {class: "actions"},
+        ctx.controls.button(a.agentId, "emergency_stop", null, {small: true, label: "Stop"}))));
+    }
+    tr._cells = cells;
+    return tr;
+  }
+
+  function fill(tr, a, index) {
+    const c = tr._cells;
+    setAttr(tr, "aria-rowindex", index + 2);
+    const cls = a.trading === "HALTED" ? "halted" : a.trading === "REDUCING" ? "reducing" : "";
+    if (tr.className !== cls) tr.className = cls;
+    setState(c.badge, a.trading);
+    setText(c.mode, a.mode);
+    setText(c.pending, num(a.pending));
+    setText(c.oldest, a.oldestPendingAgeMs === null ? "–" : duration(age(a)));
+    setText(c.runText, a.activeRun ? `${a.activeRun.runId} · ${duration(runFor(a))}` : "idle");
+    const tag = a.held ? ["held", "tag bad", `runs held until resume: ${a.held}`]
+      : a.suppressedUntil ? ["suppressed", "tag warn", `runs suppressed by a budget until ${clock(a.suppressedUntil)}`]
+      : ["", "tag", null];
+    setText(c.runTag, tag[0]);
+    setAttr(c.runTag, "class", tag[1]);
+    setAttr(c.runTag, "title", tag[2]);
+    c.runTag.hidden = !tag[0];
+    setText(c.aborts, num(a.counters.aborts));
+    setText(c.drops, num(a.counters.drops));
+    setText(c.dedupes, num(a.counters.dedupes));
+    setText(c.suppressions, num(a.counters.suppressions));
+    setText(c.hour, budget(a.runsLastHour, a.budgets?.maxRunsPerHour));
+    setText(c.day, budget(a.runsLastDay, a.budgets?.maxRunsPerDay));
+    setText(c.cooldown, cooldown(a) ? duration(cooldown(a)) : "–");
+  }
+
+  function items() {
+    const text = filter.value.trim().toLowerCase();
+    const wanted = state.value;
+    const column = COLUMNS.find((c) => c.key === sort.key);
+    const list = [...ctx.model.agents.values()].filter((a) => (!text || a.agentId.toLowerCase().includes(text))
+      && (!wanted || a.trading === wanted) && (!busy.checked || a.pending > 0 || a.activeRun));
+    return list.sort((x, y) => {
+      const a = column.sort(x);
+      const b = column.sort(y);
+      return (a < b ? -1 : a > b ? 1 : 0) * sort.dir || (x.agentId < y.agentId ? -1 : 1);
+    });
+  }
+
+  function render() {
+    const list = items();
+    const agents = ctx.model.agents;
+    const counts = {ACTIVE: 0, REDUCING: 0, HALTED: 0};
+    let pending = 0;
+    for (const a of agents.values()) {
+      counts[a.trading] += 1;
+      pending += a.pending;
+    }
+    const rate = ctx.model.charts.rate.get(Math.floor(ctx.model.serverNow() / 1000) - 1) || 0;
+    setText(summary, `${agents.size} agents · ${counts.ACTIVE} active · ${counts.REDUCING} reducing · `
+      + `${counts.HALTED} halted · ${num(pending)} pending · log position ${num(ctx.model.position)} · ${num(rate)} events/s`);
+    summary.dataset.position = ctx.model.position;
+    for (const th of heads.slice(0, COLUMNS.length)) {
+      setAttr(th, "aria-sort", th.dataset.col === sort.key ? (sort.dir > 0 ? "ascending" : "descending") : null);
+    }
+    setAttr(table, "aria-rowcount", list.length + 1);
+    empty.hidden = list.length > 0 || agents.size === 0;
+    virtual.setItems(list);
+    virtual.render();
+  }
+
+  return {
+    section,
+    title: "Overview",
+    show() { render(); },
+    change(detail) { if (detail.agents || detail.events.length) render(); },
+    tick() { render(); },
+  };
+}
