@@ -59,7 +59,7 @@ async def open_panel(browser: Browser) -> AsyncIterator[OpenPanel]:
     assert errors == [], errors
 
 
-async def screenshot(page: Page, name: str) -> None:
+async def screenshot(page: Page, name: str, full_page: bool = False) -> None:
     """Keep a picture of a view as a test artefact (``tests/browser/artefacts``)."""
     ARTEFACTS.mkdir(exist_ok=True)
-    await page.screenshot(path=ARTEFACTS / f"{name}.png", full_page=False)
+    await page.screenshot(path=ARTEFACTS / f"{name}.png", full_page=full_page)

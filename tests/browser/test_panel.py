@@ -113,7 +113,7 @@ async def test_an_emergency_stop_from_the_panel_halts_the_agent_and_logs_the_abo
         await page.get_by_role("link", name="bravo").first.click()
         await expect(page.locator("#control-actions li").first).to_contain_text(
             "emergency_stop by ops → ACTIVE → HALTED · aborted bravo-r1")
-        await screenshot(page, "agent-halted")
+        await screenshot(page, "agent-halted", full_page=True)
 
 
 async def test_a_viewer_token_sees_no_controls(tmp_path: Path, open_panel: OpenPanel) -> None:
@@ -168,7 +168,7 @@ async def test_scrubbing_the_timeline_back_shows_the_earlier_pending_list_of_the
                                                             "position": target})).json()
         assert shown == [p["requestId"] for p in then["queue"]["pending"]] == ids[1:3]
         await expect(replay.locator('[aria-current="true"]')).to_contain_text("RequestQueued")
-        await screenshot(page, "time-travel")
+        await screenshot(page, "time-travel", full_page=True)
 
         await page.get_by_role("button", name="Back to live").click()
         await expect(replay).not_to_have_attribute("data-position", str(target))

@@ -93,6 +93,7 @@ export function createAgentView(ctx) {
     };
     timeline = createTimeline(ctx, id, {loadEarlier});
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
+      h("span", {class: "who-for", "aria-hidden": "true"}, `${id}:`),
       Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
     replace(section,
       h("p", {}, h("a", {href: "#/overview"}, "← All agents")),

@@ -77,7 +77,7 @@ export function createOverview(ctx) {
     cells.runTag = h("span", {class: "tag"});
     cells.run.append(cells.runText, " ", cells.runTag);
     if (ctx.controls) {
-      tr.append(h("td", {}, h("div", {class: "actions"},
+      tr.append(h("td", {class: "act"}, h("div", {class: "actions"},
         ctx.controls.button(a.agentId, "emergency_stop", null, {small: true, label: "Stop"}))));
     }
     tr._cells = cells;
