@@ -12,76 +12,55 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.report import status_table
-from gateway.runtime import gc_paused
-from lanes import Entry, replay, status, verify
-from lanes.codec import decode
-from lanes.gate import decode_gate_event, verify_gate
-from lanes.replay import is_agent_stream
-from store import RecordedEvent, SqliteEventStore, migrate
+from store import migrate
 
 
-async def _records(db: Path) -> list[RecordedEvent]:
-    store = SqliteEventStore(db)
-    await store.open()
+def _debug(args: argparse.Namespace) -> int:
+    """The replay debugger's commands (`gateway.debugger`); bad input exits 2."""
+    from gateway import debugger
+
     try:
-        return await store.read()
-    finally:
-        await store.close()
-
-
-async def _entries(db: Path) -> list[Entry]:
-    """The agents' events (provider gate streams are not agents)."""
-    records = await _records(db)
-    with gc_paused():
-        return [Entry(r.position, r.stream, decode(r.type, r.data))
-                for r in records if is_agent_stream(r.stream)]
-
-
-async def _replay(db: Path, agent: str | None, at: int | None) -> int:
-    entries = [e for e in await _entries(db) if at is None or e.position <= at]
-    states = replay(entries)
-    if agent is not None and agent not in states:
-        print(f"gateway: no agent {agent!r} in {db}", file=sys.stderr)
+        if args.command == "replay":
+            return asyncio.run(debugger.replay_command(args.db, args.agent, args.at, print))
+        if args.command == "timeline":
+            return asyncio.run(debugger.timeline_command(
+                args.db, args.agent, getattr(args, "from"), args.to, print))
+        if args.command == "verify":
+            return asyncio.run(debugger.verify_command(args.db, print))
+        if args.command == "whatif":
+            return debugger.whatif_command(args.db, args.config, print)
+        if args.command == "export":
+            return _export(args)
+        return _import(args)
+    except debugger.DebugError as error:
+        print(f"gateway {args.command}: {error}", file=sys.stderr)
         return 2
-    chosen = [states[agent]] if agent else [states[a] for a in sorted(states)]
-    now = max((s.now for s in chosen), default=0)
-    for line in status_table(status(s, now) for s in chosen):
-        print(line)
-    for state in chosen:
-        if state.pending:
-            print(f"\n{state.agent_id} pending:")
-            for p in state.pending:
-                print(f"  {p.request.request_id:<16} {p.request.kind.value:<16} "
-                      f"{p.request.priority.value:<7} {p.mode.value:<14} {p.request.dedupe_key}")
-    return 0
 
 
-async def _verify(db: Path) -> int:
-    records = await _records(db)
-    with gc_paused():
-        entries = [Entry(r.position, r.stream, decode(r.type, r.data))
-                   for r in records if is_agent_stream(r.stream)]
-        gates: dict[str, list[RecordedEvent]] = {}
-        for r in records:
-            if not is_agent_stream(r.stream):
-                gates.setdefault(r.stream, []).append(r)
-    divergence = verify(entries)
-    if divergence is not None:
-        print(divergence.describe())
-        return 1
-    for stream, stream_records in sorted(gates.items()):
-        found = verify_gate(stream, (decode_gate_event(r.type, r.data) for r in stream_records))
-        if found is not None:
-            record = stream_records[min(found.index, len(stream_records) - 1)]
-            print(f"divergence in {stream} at position {record.position}:\n"
-                  f"  input:      {found.input}\n  recorded:   {found.recorded}\n"
-                  f"  re-decided: {found.redecided}")
-            return 1
-    gate_events = sum(len(v) for v in gates.values())
-    print(f"verify: {len(entries)} agent events and {gate_events} provider gate events "
-          f"({len(gates)} gates) re-decided, no divergence")
-    return 0
+def _export(args: argparse.Namespace) -> int:
+    from gateway.debugger import export_command
+
+    def note(line: str) -> None:
+        print(line, file=sys.stderr)  # stdout may be the export itself
+
+    if args.out is None or str(args.out) == "-":
+        return asyncio.run(export_command(args.db, sys.stdout, note))
+    with open(args.out, "w", encoding="utf-8") as sink:
+        return asyncio.run(export_command(args.db, sink, note))
+
+
+def _import(args: argparse.Namespace) -> int:
+    from gateway.debugger import DebugError, import_command, read_export
+
+    if str(args.file) == "-":
+        records = read_export(sys.stdin)
+    else:
+        try:
+            with open(args.file, encoding="utf-8") as source:
+                records = read_export(source)
+        except OSError as error:
+            raise DebugError(f"cannot read {args.file}: {error.strerror}") from None
+    return asyncio.run(import_command(args.db, records, print))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -145,17 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenario.add_argument("--pace", type=float, default=1.0, help="time scale of the scenario")
     mig = commands.add_parser("migrate", help="create or upgrade the event log schema")
     mig.add_argument("--db", type=Path, required=True)
-    rep = commands.add_parser("replay", help="fold a log and print every agent's state")
-    rep.add_argument("db", type=Path)
-    rep.add_argument("--agent")
-    rep.add_argument("--at", type=int, help="stop at this log position")
-    ver = commands.add_parser("verify", help="re-decide every recorded input and compare")
-    ver.add_argument("db", type=Path)
+    _debugger_commands(commands)
     commands.add_parser("schema", help="print the JSON Schema of every wire frame")
     args = parser.parse_args(argv)
-    if args.command in ("replay", "verify") and not args.db.exists():
-        print(f"gateway: no event log at {args.db}", file=sys.stderr)
-        return 2
+    if args.command in DEBUGGER_COMMANDS:
+        return _debug(args)
 
     if args.command == "scenario":
         from gateway.demo import run_demo
@@ -172,9 +145,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(json.dumps(json_schemas(), indent=2))
         return 0
-    if args.command == "replay":
-        return asyncio.run(_replay(args.db, args.agent, args.at))
-    return asyncio.run(_verify(args.db))
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+DEBUGGER_COMMANDS = ("replay", "timeline", "verify", "whatif", "export", "import")
+POINT_HELP = "a log position (integer) or a time (ISO 8601, UTC unless an offset is given)"
+
+
+def _point(text: str) -> object:
+    from gateway.debugger import parse_point
+
+    try:
+        return parse_point(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rep = commands.add_parser(
+        "replay", help="every agent's state (or one agent's, in full) at a point of the log")
+    rep.add_argument("db", type=Path)
+    rep.add_argument("--agent", help="show this agent in full")
+    rep.add_argument("--at", type=_point, metavar="POSITION|TIME",
+                     help=f"where to stop: {POINT_HELP} (default: the end)")
+    line = commands.add_parser(
+        "timeline", help="each input of an agent and the decisions it caused, with reasons")
+    line.add_argument("db", type=Path)
+    line.add_argument("--agent", required=True)
+    line.add_argument("--from", type=_point, metavar="POSITION|TIME", help=POINT_HELP)
+    line.add_argument("--to", type=_point, metavar="POSITION|TIME", help=POINT_HELP)
+    ver = commands.add_parser(
+        "verify", help="re-decide every recorded input and compare (exit 1 at a divergence)")
+    ver.add_argument("db", type=Path)
+    what = commands.add_parser(
+        "whatif", help="re-run the recorded inputs under another config and compare")
+    what.add_argument("db", type=Path)
+    what.add_argument("--config", type=Path, required=True,
+                      help="a gateway config whose [[agents]] tables give the other policy")
+    exp = commands.add_parser("export", help="write the whole log as JSON Lines")
+    exp.add_argument("db", type=Path)
+    exp.add_argument("--format", choices=["jsonl"], default="jsonl")
+    exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    imp = commands.add_parser(
+        "import", help="read a JSON Lines export into a log (new, or ending just before it)")
+    imp.add_argument("db", type=Path)
+    imp.add_argument("file", type=Path, help="the export (- for stdin)")
 
 
 if __name__ == "__main__":

@@ -128,10 +128,11 @@ class _Group:
 
 
 class EventIds:
-    """Unique event ids without a syscall each: a random prefix per process and a counter."""
+    """Unique event ids without a syscall each: a random prefix per process and a counter
+    (a fixed ``prefix`` makes them repeatable, for recordings)."""
 
-    def __init__(self) -> None:
-        self._prefix = os.urandom(6).hex()
+    def __init__(self, prefix: str | None = None) -> None:
+        self._prefix = os.urandom(6).hex() if prefix is None else prefix
         self._counter = itertools.count(1)
 
     def __call__(self) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from lanes.decide import decide
@@ -109,52 +109,132 @@ class LogFold:
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
-    """The first place where re-deciding the recorded inputs disagrees with the log."""
+    """The first place where re-deciding the recorded inputs disagrees with the log.
+
+    ``recorded`` is what the log holds at ``position`` (None: the stream ends there) and
+    ``redecided`` what `decide` makes of ``input`` (recorded at ``input_position``) there
+    (None: nothing more).
+    """
 
     position: int
     stream: str
     input: Event | None
     recorded: Event | None
     redecided: Decision | None
+    input_position: int | None = None
 
     def describe(self) -> str:
         """One paragraph a person can act on."""
+        at = "" if self.input_position is None else f" (position {self.input_position})"
         return (
             f"divergence at position {self.position} in stream {self.stream!r}:\n"
-            f"  input:      {self.input!r}\n"
+            f"  input{at}: {self.input!r}\n"
             f"  recorded:   {self.recorded!r}\n"
             f"  re-decided: {self.redecided!r}"
         )
 
 
+_INPUTS = frozenset(INPUT_TYPES)
+
+
+class Verifier:
+    """Re-decides a log fed to it in position order, in as many pieces as wanted.
+
+    `feed` returns the first divergence as soon as it is seen (and every later call returns
+    the same); `finish` also reports decisions a stream's last input should have had and the
+    log does not hold.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, AgentState] = {}
+        self._expected: dict[str, deque[Decision]] = {}
+        self._inputs: dict[str, tuple[int, Event]] = {}
+        self._last: dict[str, int] = {}
+        self.divergence: Divergence | None = None
+        self.events = 0
+        """Agent events checked so far."""
+        self.inputs = 0
+        """Of which inputs re-decided."""
+
+    def feed(self, entries: Iterable[Entry]) -> Divergence | None:
+        """Check more of the log; the first divergence so far, or None."""
+        if self.divergence is not None:
+            return self.divergence
+        states, expected, inputs, last = self._states, self._expected, self._inputs, self._last
+        events = inputs_seen = 0
+        for entry in entries:
+            stream, event = entry.stream, entry.event
+            if stream.startswith(PROVIDER_PREFIX):
+                continue
+            events += 1
+            queue = expected.get(stream)
+            if queue is None:
+                queue = expected[stream] = deque()
+            last[stream] = entry.position
+            if type(event) in _INPUTS:
+                if queue:
+                    self.divergence = self._diverged(entry.position, stream, event, queue[0])
+                    break
+                state = states.get(stream)
+                if state is None:
+                    state = states[stream] = AgentState(agent_id=stream)
+                inputs[stream] = (entry.position, event)
+                inputs_seen += 1
+                queue.extend(decide(state, event))  # type: ignore[arg-type]  # an input
+                continue
+            redecided = queue.popleft() if queue else None
+            if redecided != event:
+                self.divergence = self._diverged(entry.position, stream, event, redecided)
+                break
+        self.events += events
+        self.inputs += inputs_seen
+        return self.divergence
+
+    def finish(self) -> Divergence | None:
+        """The first divergence of the whole log, or None: it means the same today."""
+        if self.divergence is None:
+            for stream, queue in self._expected.items():
+                if queue:
+                    self.divergence = self._diverged(self._last[stream] + 1, stream, None,
+                                                     queue[0])
+                    break
+        return self.divergence
+
+    def _diverged(self, position: int, stream: str, recorded: Event | None,
+                  redecided: Decision | None) -> Divergence:
+        input_position, event = self._inputs.get(stream, (None, None))
+        return Divergence(position, stream, event, recorded, redecided, input_position)
+
+
 def verify(entries: Iterable[Entry]) -> Divergence | None:
     """Re-run `decide` over every recorded input; the first disagreement, or None."""
-    states: dict[str, AgentState] = {}
-    expected: dict[str, deque[Decision]] = {}
-    inputs: dict[str, Event] = {}
-    last: dict[str, int] = {}
+    verifier = Verifier()
+    verifier.feed(entries)
+    return verifier.finish()
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One recorded input and the decisions it caused, as the log holds them."""
+
+    input: Entry
+    decisions: tuple[Entry, ...]
+
+
+def steps(entries: Iterable[Entry]) -> Iterator[Step]:
+    """The log of one stream (in position order) as inputs with their decisions. Decisions
+    before the first input (a log cut in the middle) are left out."""
+    current: Entry | None = None
+    decisions: list[Entry] = []
     for entry in entries:
-        stream, event = entry.stream, entry.event
-        if not is_agent_stream(stream):
-            continue
-        queue = expected.setdefault(stream, deque())
-        last[stream] = entry.position
-        if isinstance(event, INPUT_TYPES):
-            if queue:
-                return Divergence(entry.position, stream, inputs[stream], event, queue[0])
-            state = states.get(stream)
-            if state is None:
-                state = states[stream] = AgentState(agent_id=stream)
-            inputs[stream] = event
-            queue.extend(decide(state, event))
-            continue
-        redecided = queue.popleft() if queue else None
-        if redecided != event:
-            return Divergence(entry.position, stream, inputs.get(stream), event, redecided)
-    for stream, queue in expected.items():
-        if queue:
-            return Divergence(last[stream] + 1, stream, inputs[stream], None, queue[0])
-    return None
+        if type(entry.event) in _INPUTS:
+            if current is not None:
+                yield Step(current, tuple(decisions))
+            current, decisions = entry, []
+        elif current is not None:
+            decisions.append(entry)
+    if current is not None:
+        yield Step(current, tuple(decisions))
 
 
 def request_outcomes(entries: Iterable[Entry]) -> dict[str, str]:

@@ -23,6 +23,7 @@ class MemoryEventStore(GroupCommitStore):
     It shares the group-commit writer with the SQLite store: appends are batched the same way
     and a "commit" yields to the event loop before it takes effect, so futures, version checks,
     idempotency and followers behave exactly as with a database. Reads also work after close.
+    ``committed`` is a log it starts with (what another memory store held: a restart).
     """
 
     def __init__(
@@ -31,12 +32,16 @@ class MemoryEventStore(GroupCommitStore):
         clock: Clock | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+        committed: Sequence[RecordedEvent] = (),
     ) -> None:
         super().__init__(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
         self._log: list[RecordedEvent] = []
         self._by_id: dict[str, RecordedEvent] = {}
         self._streams: dict[str, list[RecordedEvent]] = {}
         self._snapshots: dict[int, Snapshot] = {}
+        if [r.position for r in committed] != list(range(1, len(committed) + 1)):
+            raise ValueError("a committed log has positions 1, 2, ... without a gap")
+        self._commit_rows(list(committed))
 
     async def _start(self) -> int:
         return len(self._log)
