@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, WebSocket, async_playwright, expect
 
 CHROMIUM = Path("/usr/bin/chromium")
 INSTALLED = CHROMIUM.exists()
@@ -42,13 +42,15 @@ async def open_panel(browser: Browser) -> AsyncIterator[OpenPanel]:
     """Open the panel at ``url`` logged in with ``token``; script errors fail the test."""
     errors: list[str] = []
 
-    async def open_(url: str, token: str,
-                    scheme: Literal["light", "dark"] = "light") -> Page:
+    async def open_(url: str, token: str, scheme: Literal["light", "dark"] = "light",
+                    on_websocket: Callable[[WebSocket], None] | None = None) -> Page:
         context = await browser.new_context(viewport={"width": 1440, "height": 900},
                                             color_scheme=scheme)
         context.set_default_timeout(WAIT_MS)
         page = await context.new_page()
         page.on("pageerror", lambda error: errors.append(f"{url}: {error}"))
+        if on_websocket is not None:
+            page.on("websocket", on_websocket)
         await page.goto(url + "/")
         await page.get_by_label("Token").fill(token)
         await page.get_by_role("button", name="Connect").click()

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, WebSocket, expect
 from websockets.asyncio.client import connect
 
 from gateway.server import Running
@@ -182,8 +183,16 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:
     db = tmp_path / "panel.db"
+    sockets: list[Frames] = []
+
+    def watch(ws: WebSocket) -> None:
+        frames = Frames()
+        sockets.append(frames)
+        ws.on("framesent", lambda text: frames.sent.append(json.loads(text)))
+        ws.on("framereceived", frames.receive)
+
     async with live_gateway(trio(db), db) as running, Relay(port_of(running)) as relay:
-        page = await open_panel(relay.url, CONTROL)
+        page = await open_panel(relay.url, CONTROL, on_websocket=watch)
         banner = page.locator("#banner")
         await expect(banner).to_be_hidden()
         relay.cut()
@@ -204,6 +213,23 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
         received = page.locator('#event-list [data-type="RequestReceived"]')
         await expect(received).to_have_count(1)
         await expect(received).to_contain_text("while you were away")
+        # The new socket subscribed after the last position the panel had processed.
+        seen = max(p for frames in sockets[:-1] for p in frames.positions)
+        assert [f["after"] for f in sockets[-1].sent if f["type"] == "subscribe"] == [seen]
+        assert missed["position"] > seen
+
+
+@dataclass
+class Frames:
+    """What the page sent on one WebSocket, and the positions of the events it received."""
+
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def receive(self, payload: str | bytes) -> None:
+        frame = json.loads(payload)
+        if frame["type"] == "event":
+            self.positions.append(frame["position"])
 
 
 async def test_two_hundred_agents_under_a_feed_flood_stay_smooth(

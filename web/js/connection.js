@@ -23,6 +23,7 @@ export class Connection extends EventTarget {
     this.stopped = false;
     this.timer = null;
     this.lastHeard = 0;
+    this.firstAfter = 0;         // where the first subscription started replaying the log
   }
 
   start() {
@@ -38,9 +39,6 @@ export class Connection extends EventTarget {
     if (this.ws) this.ws.close(1000, "bye");
     this._status("idle");
   }
-
-  /** Drop the socket now (it reconnects by itself). */
-  drop() { if (this.ws) this.ws.close(4000, "dropped"); }
 
   _status(state, detail = {}) {
     this.state = state;
@@ -78,10 +76,9 @@ export class Connection extends EventTarget {
         this._emit("hello", frame);
         this._subscribe(frame);
       } else if (frame.type === "snapshot") {
-        const resumed = this.attempt > 0 || this.lastPosition !== null;
         this.attempt = 0;
         this.since = null;
-        this._status("open", {resumed, position: frame.position});
+        this._status("open", {position: frame.position});
         if (this.lastPosition !== null && frame.position - this.lastPosition > MAX_CATCH_UP) {
           // Too far behind to replay everything: skip ahead, and say so.
           const from = frame.position - MAX_CATCH_UP;

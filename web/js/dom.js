@@ -54,3 +54,16 @@ export function replace(el, ...children) {
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false)
     .map((c) => (c instanceof Node ? c : document.createTextNode(String(c)))));
 }
+
+/**
+ * Rebuild part of the page without losing the keyboard focus: the element focused inside
+ * `container` before is found again afterwards by its `data-focus-key`.
+ */
+export function keepingFocus(container, rebuild) {
+  const focused = container.contains(document.activeElement) ? document.activeElement : null;
+  const key = focused?.dataset.focusKey;
+  rebuild();
+  if (key && !focused.isConnected) {
+    container.querySelector(`[data-focus-key="${CSS.escape(key)}"]`)?.focus({preventScroll: true});
+  }
+}

@@ -44,7 +44,7 @@ function route(focus = false) {
     if (link.dataset.viewLink === view) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
-  document.title = `${view === "agent" ? params.id : session.current.title} · Gateway panel`;
+  document.title = `${view === "agent" ? params.id : session.current.title} · Trading agent gateway`;
   session.current.show(params);
   if (focus) $("main").focus({preventScroll: true});
 }

@@ -70,8 +70,7 @@ export class Model extends EventTarget {
     this.types = new Set();       // every event type seen
     this.snapshotPosition = 0;
     this.position = 0;
-    this.caughtUp = 0;            // events replayed after the latest snapshot
-    this.clockOffset = 0;         // server clock minus ours, estimated from live events
+    this.clockOffset = null;      // server clock minus ours, estimated from live events
     this.charts = new Series();
     this.dirty = new Set();
     this.providersDirty = false;
@@ -105,7 +104,7 @@ export class Model extends EventTarget {
     clearTimeout(this.refreshTimer);
   }
 
-  serverNow() { return Date.now() + this.clockOffset; }
+  serverNow() { return Date.now() + (this.clockOffset ?? 0); }
 
   /** Milliseconds since a status was read (to advance its durations and ages). */
   static elapsed(status) { return Math.max(0, Date.now() - status._at); }
@@ -118,7 +117,6 @@ export class Model extends EventTarget {
     }
     this.snapshotPosition = frame.position;
     this.position = Math.max(this.position, frame.position);
-    this.caughtUp = 0;
     this.dirty.clear();
     this._changed({agents: true, providers: true});
   }
@@ -150,10 +148,12 @@ export class Model extends EventTarget {
     if (this.events.length > LOG_CAPACITY * 1.1) this.events.splice(0, this.events.length - LOG_CAPACITY);
     this.charts.add(entry);
     this.position = Math.max(this.position, frame.position);
-    if (frame.position <= this.snapshotPosition) {
-      this.caughtUp += 1;  // already in the snapshot's status: for the log and charts only
-    } else {
-      this.clockOffset = Math.max(this.clockOffset, frame.recordedAt - Date.now());
+    // Events up to the snapshot's position are in its status already: log and charts only.
+    if (frame.position > this.snapshotPosition) {
+      // An event is recorded before it reaches us: the largest gap seen is the closest
+      // estimate of how far the server's clock is ahead of ours (or behind, if negative).
+      const gap = frame.recordedAt - Date.now();
+      this.clockOffset = this.clockOffset === null ? gap : Math.max(this.clockOffset, gap);
       if (entry.provider) {
         this.providersDirty = true;
       } else {

@@ -154,6 +154,21 @@ export function createAgentView(ctx) {
     }
   }
 
+  /** Back to this agent after another view: take the events that came meanwhile. */
+  async function catchUp() {
+    if (!loaded) return;
+    const last = stream.at(-1)?.version ?? 0;
+    const newer = ctx.model.events.filter((e) => e.stream === agentId && e.version > last);
+    if (newer.length && newer[0].version !== last + 1) {
+      await build(agentId);  // some fell out of the model's window: read the stream again
+      return;
+    }
+    stream.push(...newer);
+    timeline.set(stream, more);
+    renderActions();
+    scheduleQueue();
+  }
+
   function scheduleQueue() {
     if (queueTimer === null) queueTimer = setTimeout(refreshQueue, QUEUE_REFRESH_MS);
   }
@@ -218,7 +233,7 @@ export function createAgentView(ctx) {
     title: "Agent",
     async show(params) {
       if (params.id !== agentId) await build(params.id);
-      else scheduleQueue();
+      else await catchUp();
       renderHead();
       if (params.at !== undefined) await timeline.travelTo(Number(params.at));
       timeline.redraw();

@@ -207,7 +207,11 @@ export function createEvents(ctx) {
       refilter();
       if (params.position !== undefined) select(Number(params.position));
       const probe = rows.values().next().value;
-      if (probe) rowHeight = probe.getBoundingClientRect().height || rowHeight;
+      const measured = probe?.getBoundingClientRect().height;
+      if (measured && Math.abs(measured - rowHeight) > 0.5) {
+        rowHeight = measured;
+        render();
+      }
     },
     change(detail) {
       options();

@@ -1,7 +1,7 @@
 // Provider gate: each provider's limits, usage in the current windows, waiting agents,
 // breaker state and next retry, live.
 
-import {h, replace} from "../dom.js";
+import {h, keepingFocus, replace} from "../dom.js";
 import {clock, duration, num} from "../format.js";
 import {Model} from "../model.js";
 
@@ -40,7 +40,7 @@ function card(p, model) {
     p.waitingAgents.length ? h("table", {class: "plain", "aria-label": `Agents waiting at ${p.name}`},
       h("thead", {}, h("tr", {}, ["Agent", "Waiting", "Oldest wait", "Tokens"].map((c) => h("th", {scope: "col"}, c)))),
       h("tbody", {}, p.waitingAgents.map((w) => h("tr", {},
-        h("td", {}, h("a", {href: `#/agent/${encodeURIComponent(w.agentId)}`}, w.agentId)),
+        h("td", {}, h("a", {href: `#/agent/${encodeURIComponent(w.agentId)}`, "data-focus-key": `${p.name}/${w.agentId}`}, w.agentId)),
         h("td", {class: "num"}, num(w.waiting)),
         h("td", {class: "num"}, duration(w.oldestWaitMs + Model.elapsed(p))),
         h("td", {class: "num"}, num(w.tokens))))))
@@ -69,7 +69,7 @@ export function createProviders(ctx) {
     note.textContent = list.length
       ? "Every LLM call of every agent takes a slot from its provider's gate, which keeps all agents together inside the provider's limits."
       : "No provider gate is configured.";
-    replace(grid, ...list.map((p) => card(p, ctx.model)));
+    keepingFocus(grid, () => replace(grid, ...list.map((p) => card(p, ctx.model))));
   }
 
   return {

@@ -2,7 +2,7 @@
 // keys) and the queue is shown exactly as it was then, rebuilt by the gateway's replay API,
 // with the decisions around that position.
 
-import {h, replace, setAttr, setText, stateBadge} from "../dom.js";
+import {h, keepingFocus, replace, setAttr, setText, stateBadge} from "../dom.js";
 import {BAD_TYPES, CONTROL_TYPES, clock} from "../format.js";
 import {Model} from "../model.js";
 import {pendingTable, runCard} from "./queue.js";
@@ -90,7 +90,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     const queue = answer.queue;
     const around = answer.around.map((raw) => ctx.model.entry(raw));
     result.dataset.position = answer.position;
-    replace(result,
+    keepingFocus(result, () => replace(result,
       h("div", {},
         h("h4", {}, `Queue as at position ${answer.position} (${clock(answer.at)})`),
         h("dl", {class: "facts"},
@@ -104,7 +104,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
         h("h4", {}, "Decisions around it"),
         h("ul", {class: "list around", "aria-label": "Events around the position"}, around.map((e) => {
           const li = h("li", {"aria-current": e.position === answer.eventPosition ? "true" : null,
-            tabindex: 0, role: "button", "data-position": e.position},
+            tabindex: 0, role: "button", "data-position": e.position, "data-focus-key": e.position},
             h("span", {class: "mono"}, e.position), h("span", {}, e.type), h("span", {class: "muted"}, Model.summary(e)));
           const go = () => {
             const i = entries.findIndex((x) => x.position === e.position);
@@ -113,7 +113,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
           li.addEventListener("click", go);
           li.addEventListener("keydown", (k) => { if (k.key === "Enter" || k.key === " ") { k.preventDefault(); go(); } });
           return li;
-        }))));
+        })))));
   }
 
   function update() {
