@@ -169,7 +169,8 @@ async def test_scrubbing_the_timeline_back_shows_the_earlier_pending_list_of_the
                                                             "position": target})).json()
         assert shown == [p["requestId"] for p in then["queue"]["pending"]] == ids[1:3]
         await expect(replay.locator('[aria-current="true"]')).to_contain_text("RequestQueued")
-        await screenshot(page, "time-travel", full_page=True)
+        await replay.evaluate("e => e.scrollIntoView({block: 'end'})")
+        await screenshot(page, "time-travel")
 
         await page.get_by_role("button", name="Back to live").click()
         await expect(replay).not_to_have_attribute("data-position", str(target))

@@ -84,7 +84,7 @@ export function createAgentView(ctx) {
       result.className = `result ${r.ok ? "ok" : "bad"}`;
     };
     parts = {
-      badge: stateBadge("ACTIVE"), mode: h("span", {class: "tag"}), lane: h("span", {class: "tag"}),
+      badge: stateBadge(ctx.model.agents.get(id)?.trading ?? ""), mode: h("span", {class: "tag"}), lane: h("span", {class: "tag"}),
       flags: h("span"), result,
       controlFacts: h("dl", {class: "facts"}), actions: h("ul", {class: "list", id: "control-actions", "aria-label": "Control actions and their results"}),
       laneFacts: h("dl", {class: "facts"}), run: h("div", {id: "active-run"}),
@@ -107,6 +107,7 @@ export function createAgentView(ctx) {
           h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
           h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending)),
       timeline.el);
+    renderHead();  // what the model knows already, while the lanes and the log load
     return load(id, generation);
   }
 

@@ -101,7 +101,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
         h("h4", {}, `Pending then (${queue.pending.length})`),
         pendingTable(queue.pending, {id: "replay-pending", label: `Pending requests at position ${answer.position}`})),
       h("div", {},
-        h("h4", {}, "Decisions around it"),
+        h("h4", {}, "Inputs and decisions around it"),
         h("ul", {class: "list around", "aria-label": "Events around the position"}, around.map((e) => {
           const li = h("li", {"aria-current": e.position === answer.eventPosition ? "true" : null,
             tabindex: 0, role: "button", "data-position": e.position, "data-focus-key": e.position},
