@@ -19,6 +19,7 @@ ARTEFACTS = Path(__file__).resolve().parent / "artefacts"
 WAIT_MS = 10_000
 
 OpenPanel = Callable[..., Awaitable[Page]]
+expect.set_options(timeout=WAIT_MS)
 
 
 @pytest.fixture
