@@ -368,6 +368,12 @@ class _Api:
         principal.check_admin()
         principal.check_agent(agent_id)
         config = await self._body(request, AgentConfig)
+        gate = self.engine.gate_of(agent_id)
+        if gate is not None and config.run_timeout_ms >= gate.limits.lease_ms:
+            raise BadFrame("invalid", f"runTimeoutMs {config.run_timeout_ms} is not shorter "
+                           f"than the slot lease of provider {gate.provider!r} "
+                           f"({gate.limits.lease_ms} ms): a slot must never expire under a "
+                           "live run", field="runTimeoutMs")
         changed = await self.engine.configure(agent_id, config, principal.name)
         return _json({"changed": changed, "config": config.model_dump(mode="json")})
 
@@ -535,8 +541,23 @@ class _Api:
         (recorded as ``GateLimitsChanged`` in the provider's stream)."""
         principal = self._principal(request)
         principal.check_admin()
+        if principal.agents is not None:
+            raise Forbidden("a token scoped to some agents cannot change a provider's limits "
+                            "(they are shared by every agent)")
         gate = self._gate(request)
-        limits = await self._body(request, GateLimits)
+        given = await self._body(request, GateLimits)
+        try:  # the keys given replace those in force; the others stay
+            limits = GateLimits.model_validate({
+                **gate.limits.model_dump(by_alias=False),
+                **{name: getattr(given, name) for name in given.model_fields_set}})
+        except ValidationError as error:
+            raise InvalidRequest.from_validation_error(error) from None
+        for agent_id in self.engine.agent_ids:
+            timeout = self.engine.state(agent_id).config.run_timeout_ms
+            if self.engine.gate_of(agent_id) is gate and limits.lease_ms <= timeout:
+                raise BadFrame("invalid", f"leaseMs {limits.lease_ms} is not longer than the "
+                               f"run timeout of agent {agent_id!r} ({timeout} ms): a slot "
+                               "must never expire under a live run", field="leaseMs")
         changed = await gate.set_limits(limits)
         return _json({"changed": changed, "limits": limits.model_dump(mode="json")})
 

@@ -244,6 +244,8 @@ class ProviderConfig(ConfigModel):
         if self.api_key is not None and self.api_key_env is not None:
             _raise("api_key_env", "set either api_key or api_key_env, not both")
         if self.api_key is not None:
+            if not self.api_key.get_secret_value():
+                _raise("api_key", "must not be empty")
             self._secret = self.api_key
             return self
         variable = self.api_key_env or KEY_VARIABLES[self.kind]
@@ -350,6 +352,17 @@ class GatewayConfig(ConfigModel):
             if entry.reasoner.kind == "llm" and provider.kind == "simulated":
                 problems.append((where, f"provider {name!r} is simulated: an llm reasoner "
                                  "needs an anthropic or openai provider"))
+            if entry.reasoner.kind == "simulated" and provider.kind != "simulated":
+                problems.append((where, f"provider {name!r} is a real one: a simulated "
+                                 "reasoner's made-up answers would mislead its gate (breaker, "
+                                 "usage); give it a provider of kind 'simulated'"))
+            out_limit = provider.limits.output_tokens_per_minute
+            if isinstance(entry.reasoner, LLMReasonerConfig) and out_limit is not None \
+                    and entry.reasoner.max_tokens > out_limit:
+                problems.append((("agents", i, "reasoner", "max_tokens"),
+                                 f"{entry.reasoner.max_tokens} is over provider {name!r}'s "
+                                 f"output_tokens_per_minute ({out_limit}): no call could ever "
+                                 "be granted"))
             timeout = entry.config.run_timeout_ms
             if provider.limits.lease_ms <= timeout:
                 problems.append((("providers", j, "limits", "lease_ms"),

@@ -14,10 +14,12 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from gateway.clock import Clock, Timer
 from gateway.engine import EventIds
 from gateway.errors import GatewayError
+from gateway.tasks import spawn
 from lanes.gate import (
     GateState,
     GateStatus,
@@ -43,7 +45,7 @@ from lanes.gate_events import (
     SlotRequested,
 )
 from lanes.requests import Priority
-from store.port import Append, EventStore, NewEvent, RecordedEvent
+from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.gate")
 
@@ -84,6 +86,10 @@ class ProviderGate:
         self._timer_due: int | None = None
         self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
         self._running = False
+        self._rebuild: asyncio.Task[None] | None = None
+        """Set while the gate rebuilds itself from its log after a failed append."""
+        self._held: list[GateInput] = []
+        """Inputs that arrived during a rebuild, decided once it is done."""
 
     async def start(self) -> None:
         """Rebuild the gate from its stream, free what a previous process held, and apply
@@ -98,7 +104,8 @@ class ProviderGate:
         fold_gate(self._state, (decode_gate_event(r.type, r.data) for r in records))
         self._running = True
         now = self.clock.now_ms()
-        for slot_id in [*self._state.leases, *self._state.waiting]:
+        # Waiting ones first: freeing a lease first would grant them to nobody.
+        for slot_id in [*self._state.waiting, *self._state.leases]:
             self._feed(SlotCancelled(at=now, slot_id=slot_id))
         if self._state.version == 0 or self._state.limits != self._limits:
             self._feed(GateLimitsChanged(at=now, limits=self._limits))
@@ -108,6 +115,9 @@ class ProviderGate:
     async def stop(self) -> None:
         """Stop deciding; waiters are refused, timers cancelled, commits finished."""
         self._running = False
+        if self._rebuild is not None:
+            self._rebuild.cancel()
+            await asyncio.gather(self._rebuild, return_exceptions=True)
         if self._timer is not None:
             self._timer.cancel()
         for future in self._waiters.values():
@@ -116,9 +126,12 @@ class ProviderGate:
         await self.flush()
 
     async def flush(self) -> None:
-        """Wait for every append decided so far."""
-        while self._in_flight:
-            await asyncio.wait(list(self._in_flight))
+        """Wait for every append decided so far (and for a rebuild in progress)."""
+        while self._in_flight or self._rebuild is not None:
+            waiting: list[asyncio.Future[Any]] = [*self._in_flight]
+            if self._rebuild is not None:
+                waiting.append(self._rebuild)
+            await asyncio.wait(waiting)
 
     def status(self) -> GateStatus:
         """Limits, window usage, waiting agents, breaker and next retry, now."""
@@ -158,8 +171,8 @@ class ProviderGate:
                                  output_tokens=output_tokens))
         try:
             return await future
-        except asyncio.CancelledError:
-            self.cancel(slot_id)
+        except BaseException:
+            self.cancel(slot_id)  # withdrawn (aborted) or failed: never left behind
             raise
         finally:
             self._waiters.pop(slot_id, None)
@@ -171,9 +184,9 @@ class ProviderGate:
         """Give a slot back with how the provider answered (and its rate-limit headers)."""
         self._feed(SlotReleased(
             at=self.clock.now_ms(), slot_id=slot.slot_id, outcome=outcome,
-            input_tokens=input_tokens, output_tokens=output_tokens,
-            retry_after_ms=retry_after_ms, remaining_requests=remaining_requests,
-            remaining_tokens=remaining_tokens, reset_at=reset_at))
+            input_tokens=_count(input_tokens), output_tokens=_count(output_tokens),
+            retry_after_ms=_count(retry_after_ms), remaining_requests=_count(remaining_requests),
+            remaining_tokens=_count(remaining_tokens), reset_at=reset_at))
 
     def cancel(self, slot_id: str) -> None:
         """Free a slot, waiting or granted, without an answer (abort, crash)."""
@@ -200,6 +213,9 @@ class ProviderGate:
     def _feed(self, event: GateInput) -> None:
         if not self._running:
             return
+        if self._rebuild is not None:
+            self._held.append(event)
+            return
         state = self._state
         base = state.version
         decisions = decide_gate(state, event)
@@ -214,13 +230,18 @@ class ProviderGate:
                    future: asyncio.Future[list[RecordedEvent]]) -> None:
         self._in_flight.discard(future)
         if future.cancelled() or future.exception() is not None:
-            # The gate ran ahead of its log: refuse the waiters of this batch; the state is
-            # rebuilt at the next start (a lost grant is freed by its lease deadline).
-            log.error("gate %s: append failed", self.provider)
+            # The gate ran ahead of its log: refuse the waiters of this batch and rebuild
+            # the state from the log (what was not recorded never happened).
+            log.error("gate %s: append failed; rebuilding it from its log", self.provider)
             for decision in decisions:
                 waiter = self._waiters.get(getattr(decision, "slot_id", ""))
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(GatewayError("the gate could not record the slot"))
+            if self._rebuild is None and self._running:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = self._timer_due = None
+                self._rebuild = spawn(self._rebuilt(), f"rebuild {self.stream}")
             return
         for decision in decisions:
             if isinstance(decision, SlotGranted):
@@ -236,6 +257,23 @@ class ProviderGate:
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(SlotRefusedError(decision))
 
+    async def _rebuilt(self) -> None:
+        while True:
+            try:
+                while self._in_flight:
+                    await asyncio.wait(list(self._in_flight))
+                records = await self.store.read_stream(self.stream)
+                break
+            except StoreError:
+                await asyncio.sleep(0.5)  # the store is failing: retry in real time
+        self._state = fold_gate(GateState(provider=self.stream),
+                                (decode_gate_event(r.type, r.data) for r in records))
+        self._rebuild = None
+        held, self._held = self._held, []
+        for event in held:
+            self._feed(event)
+        self._schedule()
+
     def _schedule(self) -> None:
         due = next_gate_due(self._state, self.clock.now_ms())
         if due == self._timer_due:
@@ -248,3 +286,8 @@ class ProviderGate:
     def _tick(self) -> None:
         self._timer = self._timer_due = None
         self._feed(GateTimer(at=self.clock.now_ms()))
+
+
+def _count(value: int | None) -> int | None:
+    """A count from outside (a provider's header): never negative in the log."""
+    return None if value is None else max(0, value)

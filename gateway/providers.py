@@ -124,7 +124,7 @@ def _int(value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        return int(value.strip())
+        return max(0, int(value.strip()))  # a negative count is nonsense: read it as 0
     except ValueError:
         return None
 
@@ -303,6 +303,11 @@ class AnthropicClient:
                 final = await stream.get_final_message()
         except (anthropic.AnthropicError, httpx2.HTTPError, TimeoutError) as err:
             raise self._failure(err) from None
+        except (ValueError, AssertionError, KeyError, TypeError, AttributeError) as err:
+            # A 200 whose body is not the API's (empty, not SSE, bad JSON): the provider's
+            # fault, classified so that the gate counts it and the run may retry.
+            raise ProviderCallError(CallOutcome.SERVER_ERROR,
+                                    f"malformed answer: {type(err).__name__}") from None
         usage = final.usage
         input_tokens = (usage.input_tokens + (usage.cache_creation_input_tokens or 0)
                         + (usage.cache_read_input_tokens or 0))
@@ -382,6 +387,11 @@ class OpenAIClient:
                             stop_reason = choice.finish_reason or stop_reason
         except (openai.OpenAIError, httpx2.HTTPError, TimeoutError) as err:
             raise self._failure(err) from None
+        except (ValueError, AssertionError, KeyError, TypeError, AttributeError) as err:
+            # A 200 whose body is not the API's (empty, not SSE, bad JSON): the provider's
+            # fault, classified so that the gate counts it and the run may retry.
+            raise ProviderCallError(CallOutcome.SERVER_ERROR,
+                                    f"malformed answer: {type(err).__name__}") from None
         text = "".join(parts)
         if usage is None:  # a server that ignores include_usage: estimate rather than say 0
             input_tokens = _estimate_tokens(system, *(m.content for m in messages))

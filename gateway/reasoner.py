@@ -16,7 +16,8 @@ from gateway.clock import Clock
 from gateway.errors import GatewayError
 from gateway.llm import Completion, LLMClient, Message, ProviderCallError
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
-from lanes.gate_events import CallOutcome
+from lanes.gate import full_jitter
+from lanes.gate_events import THROTTLED, CallOutcome
 from lanes.requests import RANK, AgentRequest, Priority, WireModel
 
 if TYPE_CHECKING:
@@ -93,7 +94,9 @@ class RunContext:
         if gate is None:
             self.calls += 1
             return await make()
+        failures = 0
         while True:
+            failed: ProviderCallError | None = None
             async with gate.using(self.agent_id, self.run_id, self.priority, input_tokens,
                                   output_tokens) as slot:
                 self.calls += 1
@@ -109,13 +112,27 @@ class RunContext:
                         raise SpendLimitError(gate.provider, str(error)) from None
                     if error.outcome is CallOutcome.REJECTED:
                         raise
-                    continue  # the gate decides whether and when the next attempt goes
-                hints = completion.hints
-                gate.release(slot, CallOutcome.OK, input_tokens=completion.input_tokens,
-                             output_tokens=completion.output_tokens,
-                             remaining_requests=hints.remaining_requests,
-                             remaining_tokens=hints.remaining_tokens, reset_at=hints.reset_at)
-                return completion
+                    failures += 1
+                    if failures > gate.limits.max_attempts:
+                        raise  # the gate ignored the release (its lease had expired)
+                    failed = error
+                else:
+                    hints = completion.hints
+                    gate.release(slot, CallOutcome.OK, input_tokens=completion.input_tokens,
+                                 output_tokens=completion.output_tokens,
+                                 remaining_requests=hints.remaining_requests,
+                                 remaining_tokens=hints.remaining_tokens,
+                                 reset_at=hints.reset_at)
+                    return completion
+            assert failed is not None  # (the block returns or raises otherwise)
+            if failed.outcome not in THROTTLED:
+                # A 5xx or a timeout schedules no provider-wide backoff (the breaker watches
+                # those): this run waits before its own next attempt, with full jitter.
+                limits = gate.limits
+                ceiling = min(limits.backoff_cap_ms,
+                              limits.backoff_base_ms << min(failures - 1, 20))
+                await self.clock.sleep(full_jitter(self.run_id, failures, ceiling))
+            # Then the gate decides whether and when the next attempt goes.
 
     def set_steerable(self, steerable: bool) -> None:
         """Tell the gateway whether this run can take a steer now (it is recorded)."""

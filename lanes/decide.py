@@ -442,8 +442,11 @@ def _spend_limit(state: AgentState, event: SpendLimitHit, emit: Emit) -> None:
         after = TRADING_TRANSITIONS.get((before, ControlAction.PAUSE), before)
         emit(RunsHeld(provider=event.provider, reason=event.reason, from_state=before,
                       to_state=after))
-    if _not_active(state, event.run_id) is None:
+    stale = _not_active(state, event.run_id)
+    if stale is None:
         emit(RunFailed(run_id=event.run_id, error=f"{event.provider}: {event.reason}"))
+    else:  # the account is out of credit all the same: held, and the result is ignored
+        emit(RunResultIgnored(run_id=event.run_id, reason=stale))
 
 
 @_on(CallUndeliverable)

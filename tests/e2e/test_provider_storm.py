@@ -80,10 +80,18 @@ async def test_a_429_then_a_529_storm_is_ridden_out_and_every_run_finishes(
     # Bounded: every scripted failure was tried once and each run then succeeded once.
     assert len(fake.calls) == 7 + len(AGENTS)
     assert fake.pending_faults == 0
-    # No retry storm: nothing went out before the 429's retry-after had passed.
-    first = fake.calls[0].at_ms
-    later = [c.at_ms for c in fake.calls if c.at_ms > first + 50]
-    assert later and min(later) >= first + 1_000
+    # No retry storm: after the 429 came back, the gate granted nothing until its
+    # retry-after had passed (each grant is timed by the input that caused it).
+    limited_at, now, grants_after = None, 0, []
+    for record in await store.read_stream("provider:claude"):
+        data = json.loads(record.data)
+        now = data.get("at", now)
+        if record.type == "SlotReleased" and data["outcome"] == "rate_limited":
+            limited_at = now
+        elif record.type == "SlotGranted" and limited_at is not None:
+            grants_after.append(now)
+    assert limited_at is not None and grants_after
+    assert min(grants_after) >= limited_at + 1_000
     types = await gate_types(store)
     assert "BreakerOpened" in types and "BreakerHalfOpened" in types
     assert types.index("BreakerClosed") > types.index("BreakerOpened")

@@ -102,6 +102,12 @@ token = "scoped-token-secret-3456"
 role = "control"
 agents = ["desk"]
 
+[[tokens]]
+name = "desk-admin"
+token = "scoped-admin-secret-7890"
+role = "admin"
+agents = ["desk"]
+
 [[providers]]
 name = "sim"
 kind = "simulated"
@@ -154,10 +160,20 @@ async def test_the_provider_gate_is_visible_over_http_metrics_and_the_status_str
         bad = await http.post("/api/providers/sim/limits", json={"requestsPerMinute": 0},
                               headers=admin)
         assert bad.status_code == 422 and bad.json()["field"] == "requestsPerMinute"
+        scoped_admin = {"Authorization": "Bearer scoped-admin-secret-7890"}
+        refused = await http.post("/api/providers/sim/limits", json=body, headers=scoped_admin)
+        assert refused.status_code == 403  # the gate is shared by agents outside its scope
+        short = await http.post("/api/providers/sim/limits", json={"leaseMs": 1_000},
+                                headers=admin)
+        assert short.status_code == 422 and short.json()["field"] == "leaseMs"
         changed = await http.post("/api/providers/sim/limits", json=body, headers=admin)
         assert changed.status_code == 200 and changed.json()["changed"] is True
         now = (await http.get("/api/providers/sim", headers=viewer)).json()
         assert now["limits"]["requestsPerMinute"] == 120
+        assert now["limits"]["leaseMs"] == 180_000  # keys not given keep their value
+        long_run = await http.post("/api/agents/desk/config", headers=admin,
+                                   json={"mode": "followup", "runTimeoutMs": 600_000})
+        assert long_run.status_code == 422 and long_run.json()["field"] == "runTimeoutMs"
         async with connect(ws_url, additional_headers=scoped, open_timeout=TIMEOUT) as ws:
             assert (await receive(ws))["type"] == "hello"
             await ws.send(json.dumps({"type": "subscribe", "id": "s", "providers": True}))

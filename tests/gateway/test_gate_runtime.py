@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from gateway.clock import FakeClock
+from gateway.errors import GatewayError
 from gateway.gate import ProviderGate, SlotRefusedError
 from lanes.gate import GateState, decode_gate_event, fold_gate
 from lanes.gate_events import CallOutcome, GateLimits
@@ -136,3 +137,30 @@ async def test_a_restart_frees_the_slots_a_crashed_process_held_or_waited_for() 
     slot = await asyncio.wait_for(restarted.acquire("c", "c-r1"), TIMEOUT)  # capacity is back
     restarted.release(slot, CallOutcome.OK)
     await restarted.stop()
+
+
+async def test_a_failed_append_is_refused_and_the_gate_rebuilds_itself_from_its_log() -> None:
+    from tests.gateway.test_engine import FailingOnce
+
+    clock, inner = FakeClock(), MemoryEventStore()
+    store = FailingOnce(inner)
+    await inner.open()
+    gate = ProviderGate(store, "anthropic", GateLimits(max_concurrent=1), clock)  # type: ignore[arg-type]
+    await gate.start()
+    held = await gate.acquire("a", "a-r1")
+    store.fail_next = True
+    with pytest.raises(GatewayError, match="could not record"):
+        await gate.acquire("b", "b-r1")
+    await gate.flush()
+    # What was not recorded never happened; what was recorded still holds; it works on.
+    assert gate.state == await log_state(inner)
+    assert gate.status().in_flight == 1
+    waiting = asyncio.create_task(gate.acquire("c", "c-r1"))
+    await next_event(inner, "SlotQueued", after=await inner.last_position() - 1)
+    gate.release(held, CallOutcome.OK)
+    slot = await asyncio.wait_for(waiting, TIMEOUT)
+    gate.release(slot, CallOutcome.OK, remaining_requests=-1)  # nonsense header: clamped
+    await gate.flush()
+    assert gate.state == await log_state(inner)
+    assert gate.status().in_flight == 0
+    await gate.stop()

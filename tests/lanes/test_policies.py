@@ -473,7 +473,7 @@ def test_a_spend_limit_fails_the_run_pauses_the_agent_and_holds_runs_until_resum
     assert next_due(bench.state, bench.now) is None
     # A second spend limit (a late one for the same run) neither holds twice nor fails again.
     assert types(bench.feed(SpendLimitHit(at=bench.now, run_id=run_id, provider="anthropic",
-                                          reason="again"))) == []
+                                          reason="again"))) == ["RunResultIgnored"]
     decisions = bench.control("resume")
     assert types(decisions) == ["ControlApplied", "RunsUnheld", "RunStarted"]
     after = status(bench.state, bench.now)
@@ -488,6 +488,7 @@ def test_a_spend_limit_while_halted_keeps_the_agent_halted() -> None:
     decisions = bench.feed(
         SpendLimitHit(at=bench.now, run_id=run_id, provider="openai", reason="insufficient_quota")
     )
-    assert types(decisions) == ["RunsHeld"]  # the run was aborted by the stop already
+    # The run was aborted by the stop already: its late result is ignored.
+    assert types(decisions) == ["RunsHeld", "RunResultIgnored"]
     assert bench.state.trading is TradingState.HALTED
     assert types(bench.control("resume"))[:2] == ["ControlApplied", "RunsUnheld"]

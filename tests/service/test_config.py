@@ -216,6 +216,11 @@ provider = "claude"
          "duplicate provider name"),
         (MINIMAL + '[[providers]]\nname = "x"\nkind = "mistral"\n', "providers[0].kind",
          "'mistral'"),
+        (MINIMAL + CLAUDE + 'api_key = ""\n', "providers[0].api_key", "must not be empty"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n[[agents]]\nid = "s"\n[agents.reasoner]\n'
+         'provider = "claude"\n', "agents[1].reasoner.provider", "a real one"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\n[providers.limits]\noutput_tokens_per_minute = 500\n'
+         + LLM_AGENT, "agents[1].reasoner.max_tokens", "no call could ever be granted"),
     ],
 )
 def test_each_provider_problem_names_its_key(text: str, path: str, words: str) -> None:
