@@ -88,6 +88,14 @@ def openapi_document() -> dict[str, Any]:
                 "The event log, paged", obj, params=(),
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),
                        ("limit", "integer")))},
+            "/api/events/{position}": {"get": _op(
+                "One event, the input that caused it and that input's decisions", obj,
+                params=("position",))},
+            "/api/event-types": {"get": _op(
+                "Which event types are inputs and which are decisions", obj, params=())},
+            f"{agent}/events": {"get": _op(
+                "One agent's log, newest last, paged back by version", obj,
+                query=(("beforeVersion", "integer"), ("limit", "integer")))},
             "/api/replay": {"get": _op(
                 "An agent's status and queue as they were at a log position, with the "
                 "events around it", obj, params=(),

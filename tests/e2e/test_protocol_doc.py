@@ -27,3 +27,23 @@ def test_the_schema_command_prints_every_frame(capsys: object) -> None:
     assert printed == json.loads(json.dumps(json_schemas()))
     client = json.dumps(printed["client"])
     assert all(f'"{kind}"' in client for kind in CLIENT_TYPES)
+
+
+def test_every_http_route_is_in_the_openapi_document_and_the_protocol_doc() -> None:
+    from starlette.routing import Route
+
+    from gateway.app import Service, create_app
+    from gateway.auth import TokenBook
+    from gateway.engine import Engine
+    from gateway.openapi import openapi_document
+    from store import MemoryEventStore
+
+    app = create_app(Service(engine=Engine(MemoryEventStore(), {}), tokens=TokenBook([])))
+    paths = openapi_document()["paths"]
+    for route in app.routes:
+        if isinstance(route, Route) and route.path != "/openapi.json":
+            path = route.path.replace("{position:int}", "{position}")
+            assert path in paths, path
+            if path.startswith("/api/"):
+                shown = path.replace("{agent_id}", "{id}").replace("{run_id}", "{runId}")
+                assert shown.split("{")[0].rstrip("/") in DOC, path
