@@ -58,26 +58,25 @@ def cap_victim(
     lowest class present, ``new`` drops the newest and ``old``/``summarize`` the oldest.
     The incoming request is the newest of all.
     """
-    lowest: int | None = None
-    for entry in pending:
-        rank = RANK[entry.request.priority]
-        if rank < RANK[Priority.HIGH] and (lowest is None or rank < lowest):
-            lowest = rank
-    incoming_rank = RANK[incoming.priority]
-    if incoming_rank < RANK[Priority.HIGH] and (lowest is None or incoming_rank < lowest):
-        return Victim(None, incoming.priority)
+    # Runs on every arrival at a full queue (a flood): the scans are list searches, in C,
+    # and the priorities are compared by identity (hashing an enum member runs Python).
+    priorities = [entry.request.priority for entry in pending]
+    lowest = _LOW if _LOW in priorities else _NORMAL if _NORMAL in priorities else None
+    priority = incoming.priority
+    if priority is not _HIGH and (lowest is None or (priority is _LOW and lowest is _NORMAL)):
+        return Victim(None, priority)  # the incoming one is of a lower class than any
     if lowest is None:
         return None
-    if policy is DropPolicy.NEW:
-        if incoming_rank == lowest:
-            return Victim(None, incoming.priority)
-        indexes = range(len(pending) - 1, -1, -1)
-    else:
-        indexes = range(len(pending))
-    for index in indexes:
-        if RANK[pending[index].request.priority] == lowest:
-            return Victim(index, pending[index].request.priority)
-    raise AssertionError("unreachable: a request of the lowest rank exists")
+    if policy is _NEW:
+        if priority is lowest:
+            return Victim(None, priority)
+        priorities.reverse()
+        return Victim(len(priorities) - 1 - priorities.index(lowest), lowest)
+    return Victim(priorities.index(lowest), lowest)
+
+
+_HIGH, _NORMAL, _LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
+_NEW = DropPolicy.NEW
 
 
 @dataclass(frozen=True, slots=True)
