@@ -26,7 +26,7 @@ def _debug(args: argparse.Namespace) -> int:
             return asyncio.run(debugger.timeline_command(
                 args.db, args.agent, getattr(args, "from"), args.to, print))
         if args.command == "verify":
-            return asyncio.run(debugger.verify_command(args.db, print))
+            return asyncio.run(debugger.verify_command(args.db, print, args.jobs))
         if args.command == "whatif":
             return debugger.whatif_command(args.db, args.config, print)
         if args.command == "export":
@@ -161,6 +161,12 @@ def _point(text: str) -> object:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
+    return int(text)
+
+
 def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rep = commands.add_parser(
         "replay", help="every agent's state (or one agent's, in full) at a point of the log")
@@ -177,6 +183,9 @@ def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     ver = commands.add_parser(
         "verify", help="re-decide every recorded input and compare (exit 1 at a divergence)")
     ver.add_argument("db", type=Path)
+    ver.add_argument("--jobs", type=_positive, metavar="N",
+                     help="processes re-deciding streams side by side (default: one per CPU "
+                          "for a large log)")
     what = commands.add_parser(
         "whatif", help="re-run the recorded inputs under another config and compare")
     what.add_argument("db", type=Path)

@@ -11,8 +11,11 @@ agent, a position past the end of the log, a config that does not validate.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
 import tomllib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import IO, Any
 from gateway.config import ConfigError, validate_config
 from gateway.describe import describe
 from gateway.progress import Progress, summary
+from gateway.runtime import gc_paused
 from gateway.snapshots import load_latest
 from gateway.transfer import BadExport, event_line, header, parse
 from lanes import AgentConfig, AgentState, status
@@ -60,7 +64,7 @@ from lanes.events import (
     TimerElapsed,
 )
 from lanes.gate import decode_gate_event, verify_gate
-from lanes.replay import Divergence, Entry, LogFold, Verifier, is_agent_stream, steps
+from lanes.replay import Divergence, Entry, LogFold, Verifier, first, is_agent_stream, steps
 from lanes.whatif import AgentWhatIf, Tally, whatif
 from store import (
     DuplicateEventError,
@@ -181,12 +185,13 @@ def entries_of(records: Iterable[RecordedEvent]) -> list[Entry]:
 async def fold_until(store: SqliteEventStore, position: int, label: str) -> LogFold:
     """The fold of the log up to ``position``: from the newest usable snapshot at or below
     it, then the events after it."""
-    loaded = await load_latest(store, upto=position)
-    log_fold = loaded.fold
-    with Progress(label, position - log_fold.position) as bar:
-        async for page in pages(store, log_fold.position, position):
-            log_fold.add(entries_of(page))
-            bar.advance(len(page))
+    with gc_paused():
+        loaded = await load_latest(store, upto=position)
+        log_fold = loaded.fold
+        with Progress(label, position - log_fold.position) as bar:
+            async for page in pages(store, log_fold.position, position):
+                log_fold.add(entries_of(page))
+                bar.advance(len(page))
     log_fold.position = position
     return log_fold
 
@@ -489,34 +494,49 @@ def _order(event: Event) -> str:
 # -------------------------------------------------------------------------------- verify
 
 
-async def verify_command(db: Path, out: Out) -> int:
+PARALLEL_FROM = 200_000
+"""Agent events from which `verify_command` re-decides streams in several processes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What re-deciding some agent streams found."""
+
+    events: int
+    inputs: int
+    divergence: Divergence | None
+    unreadable: str | None = None
+
+
+async def verify_command(db: Path, out: Out, jobs: int | None = None) -> int:
     """Re-decide every recorded input (agents and provider gates); 1 at the first
-    divergence, printed with its position, input, recorded and re-decided events."""
+    divergence, printed with its position, input, recorded and re-decided events.
+
+    Agent streams are independent, so a large log is verified in ``jobs`` processes, each
+    taking whole streams (default: one per CPU from `PARALLEL_FROM` agent events, else 1);
+    the answer is the same either way (`lanes.replay.first`)."""
     store = await open_log(db)
-    verifier = Verifier()
     gates: dict[str, list[RecordedEvent]] = {}
     try:
         last = await store.last_position()
-        with Progress("verify", last) as bar:
-            async for page in pages(store, 0, last):
-                entries = []
-                for record in page:
-                    if is_agent_stream(record.stream):
-                        entries.append(Entry(record.position, record.stream,
-                                             _decode(record)))
-                    else:
-                        gates.setdefault(record.stream, []).append(record)
-                bar.advance(len(page))
-                if verifier.feed(entries) is not None:
-                    break
-    except _Unreadable as error:
-        out(f"verify: FAILED: {error}")
-        return 1
+        versions = await store.stream_versions()
+        agents = {s: v for s, v in versions.items() if is_agent_stream(s)}
+        jobs = jobs or (os.cpu_count() or 1 if sum(agents.values()) >= PARALLEL_FROM else 1)
+        with gc_paused(), Progress("verify", last) as bar:
+            if jobs > 1 and len(agents) > 1:
+                for stream in set(versions) - set(agents):
+                    gates[stream] = await store.read_stream(stream)
+                    bar.advance(len(gates[stream]))
+                verified = await _verify_in_processes(db, agents, jobs, bar)
+            else:
+                verified = await _verify_in_order(store, last, gates, bar)
     finally:
         await store.close()
-    divergence = verifier.finish()
-    if divergence is not None:
-        for line in divergence_report(divergence):
+    if verified.unreadable is not None:
+        out(f"verify: FAILED: {verified.unreadable}")
+        return 1
+    if verified.divergence is not None:
+        for line in divergence_report(verified.divergence):
             out(line)
         return 1
     for stream, records in sorted(gates.items()):
@@ -528,10 +548,81 @@ async def verify_command(db: Path, out: Out) -> int:
                 f"  re-decided: {found.redecided}")
             return 1
     gate_events = sum(len(v) for v in gates.values())
-    out(f"verify: {verifier.events:,} agent events ({verifier.inputs:,} inputs re-decided) and "
+    processes = f" in {jobs} processes" if jobs > 1 and len(agents) > 1 else ""
+    out(f"verify: {verified.events:,} agent events ({verified.inputs:,} inputs re-decided) and "
         f"{gate_events:,} provider gate events ({len(gates)} gates): no divergence; "
-        f"{summary(last, 'events', bar.elapsed)}")
+        f"{summary(last, 'events', bar.elapsed)}{processes}")
     return 0
+
+
+async def _verify_in_order(store: SqliteEventStore, last: int,
+                           gates: dict[str, list[RecordedEvent]], bar: Progress) -> Verified:
+    """The whole log in position order, stopping at the first divergence."""
+    verifier = Verifier()
+    try:
+        async for page in pages(store, 0, last):
+            entries = []
+            for record in page:
+                if is_agent_stream(record.stream):
+                    entries.append(Entry(record.position, record.stream, _decode(record)))
+                else:
+                    gates.setdefault(record.stream, []).append(record)
+            bar.advance(len(page))
+            if verifier.feed(entries) is not None:
+                break
+    except _Unreadable as error:
+        return Verified(verifier.events, verifier.inputs, None, str(error))
+    return Verified(verifier.events, verifier.inputs, verifier.finish())
+
+
+async def _verify_in_processes(db: Path, streams: Mapping[str, int], jobs: int,
+                               bar: Progress) -> Verified:
+    """Whole streams re-decided in ``jobs`` processes, the results put together."""
+    groups: list[list[str]] = [[] for _ in range(min(len(streams), jobs * 4))]
+    sizes = [0] * len(groups)
+    for stream in sorted(streams, key=lambda s: -streams[s]):  # biggest first, to the least
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(stream)
+        sizes[smallest] += streams[stream]
+    loop = asyncio.get_running_loop()
+    results = []
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        waiting = [loop.run_in_executor(pool, verify_streams, str(db), group)
+                   for group in groups if group]
+        for done in asyncio.as_completed(waiting):
+            result = await done
+            bar.advance(result.events)
+            results.append(result)
+    unreadable = next((r.unreadable for r in results if r.unreadable is not None), None)
+    return Verified(sum(r.events for r in results), sum(r.inputs for r in results),
+                    first(r.divergence for r in results), unreadable)
+
+
+def verify_streams(db: str, streams: list[str]) -> Verified:
+    """Re-decide whole agent streams of the log at ``db`` (run in a worker process)."""
+    return asyncio.run(_verify_streams(Path(db), streams))
+
+
+async def _verify_streams(db: Path, streams: list[str]) -> Verified:
+    store = SqliteEventStore(db)
+    await store.open()
+    events = inputs = 0
+    found: list[Divergence | None] = []
+    try:
+        with gc_paused():
+            for stream in streams:
+                verifier = Verifier()
+                verifier.feed(Entry(r.position, r.stream, _decode(r))
+                              for r in await store.read_stream(stream))
+                found.append(verifier.finish())
+                events += verifier.events
+                inputs += verifier.inputs
+    except _Unreadable as error:
+        return Verified(events, inputs, None, str(error))
+    finally:
+        await store.close()
+    return Verified(events, inputs, first(found))
 
 
 class _Unreadable(Exception):
@@ -613,10 +704,12 @@ def whatif_command(db: Path, config_path: Path, out: Out) -> int:
         finally:
             await store.close()
 
-    records = asyncio.run(read())
-    entries = entries_of(records)
-    with Progress("what-if", len(entries)) as bar:
-        report = whatif(entries, configs, bar.advance)
+    with gc_paused():
+        records = asyncio.run(read())
+        entries = entries_of(records)
+        del records
+        with Progress("what-if", len(entries)) as bar:
+            report = whatif(entries, configs, bar.advance)
     in_log = {agent.agent_id for agent in report}
     out(f"what-if: {db} re-run under the agents of {config_path}")
     out("  model (lanes.whatif): recorded inputs at their times, timers re-derived; each run\n"
@@ -718,6 +811,8 @@ async def import_command(db: Path, records: Sequence[RecordedEvent], out: Out) -
     try:
         if await asyncio.to_thread(db.exists):
             await check_event_log(db)
+        elif not await asyncio.to_thread(db.parent.is_dir):
+            raise DebugError(f"cannot create {db}: no directory {db.parent}")
     except NotAnEventLog as error:
         raise DebugError(str(error)) from None
     store = SqliteEventStore(db)

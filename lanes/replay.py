@@ -142,7 +142,8 @@ class Verifier:
 
     `feed` returns the first divergence as soon as it is seen (and every later call returns
     the same); `finish` also reports decisions a stream's last input should have had and the
-    log does not hold.
+    log does not hold. Streams are independent: verifying each stream on its own and taking
+    the `first` of the results gives the same answer.
     """
 
     def __init__(self) -> None:
@@ -191,19 +192,29 @@ class Verifier:
         return self.divergence
 
     def finish(self) -> Divergence | None:
-        """The first divergence of the whole log, or None: it means the same today."""
+        """The first divergence of the whole log, or None: it means the same today. A
+        decision missing at the end of a stream counts only when no event disagreed."""
         if self.divergence is None:
-            for stream, queue in self._expected.items():
-                if queue:
-                    self.divergence = self._diverged(self._last[stream] + 1, stream, None,
-                                                     queue[0])
-                    break
+            missing = [(self._last[stream] + 1, stream) for stream, queue
+                       in self._expected.items() if queue]
+            if missing:
+                position, stream = min(missing)
+                self.divergence = self._diverged(position, stream, None,
+                                                 self._expected[stream][0])
         return self.divergence
 
     def _diverged(self, position: int, stream: str, recorded: Event | None,
                   redecided: Decision | None) -> Divergence:
         input_position, event = self._inputs.get(stream, (None, None))
         return Divergence(position, stream, event, recorded, redecided, input_position)
+
+
+def first(divergences: Iterable[Divergence | None]) -> Divergence | None:
+    """The divergence a whole log has, from those of its streams verified one by one: the
+    earliest event that disagrees, else the earliest decision missing at a stream's end."""
+    found = [d for d in divergences if d is not None]
+    disagreeing = [d for d in found if d.recorded is not None]
+    return min(disagreeing or found, key=lambda d: d.position, default=None)
 
 
 def verify(entries: Iterable[Entry]) -> Divergence | None:

@@ -166,8 +166,8 @@ def _state(image: AgentImage) -> AgentState:
         if len({len(column) for column in group}) > 1:
             raise BadSnapshot(f"{image.agent_id}: columns of unequal length")
     # One string object per distinct decision, as a live state has.
-    decisions: dict[str, str] = {}
-    seen_decisions = [decisions.setdefault(d, d) for d in image.seen_decisions]
+    decisions = {d: d for d in set(image.seen_decisions)}
+    seen_decisions = list(map(decisions.__getitem__, image.seen_decisions))
     return AgentState(
         agent_id=image.agent_id,
         config=image.config,

@@ -265,6 +265,11 @@ def test_export_to_stdout_is_the_log_alone(desk: Path, capsys: Capture) -> None:
     assert err.startswith("export: 149 events in")
 
 
+def test_import_into_a_missing_directory_says_so(tmp_path: Path, capsys: Capture) -> None:
+    code, _, err = run(capsys, "import", str(tmp_path / "no" / "x.db"), str(files("desk")[0]))
+    assert code == 2 and "no directory" in err
+
+
 def test_import_into_a_log_that_does_not_end_just_before_refuses(
     desk: Path, capsys: Capture
 ) -> None:
@@ -313,3 +318,22 @@ def test_the_progress_bar_draws_on_a_terminal_only() -> None:
     assert "verify [##############..............]  50% 500/1,000 events" in terminal.getvalue()
     assert terminal.getvalue().endswith("\r\033[K")  # cleared at the end
     assert pipe.getvalue() == ""
+
+
+def test_verify_in_several_processes_finds_the_same_divergence(
+    tmp_path: Path, capsys: Capture
+) -> None:
+    lines = files("desk")[0].read_text().splitlines()
+    lines[52] = lines[52].replace('"mode":"followup"', '"mode":"queue"')  # position 52
+    source, db = tmp_path / "tampered.jsonl", tmp_path / "tampered.db"
+    source.write_text("\n".join(lines) + "\n")
+    assert main(["import", str(db), str(source)]) == 0
+    capsys.readouterr()
+    in_order = run(capsys, "verify", str(db), "--jobs", "1")
+    side_by_side = run(capsys, "verify", str(db), "--jobs", "2")
+    assert in_order == side_by_side
+    assert in_order[0] == 1 and "DIVERGED at position 52" in in_order[1]
+    clean = imported("desk", tmp_path)
+    capsys.readouterr()
+    code, out, _ = run(capsys, "verify", str(clean), "--jobs", "2")
+    assert code == 0 and out.rstrip().endswith("in 2 processes")
