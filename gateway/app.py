@@ -65,9 +65,8 @@ from gateway.protocol import (
     Subscribe,
     Unsubscribe,
 )
-from lanes import AgentConfig, AgentRequest, Entry, InvalidRequest, parse_request, status
-from lanes import replay as fold
-from lanes.codec import decode
+from gateway.snapshots import state_after
+from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
 from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
@@ -494,8 +493,7 @@ class _Api:
         around = min(_int_param(query, "around", 10), 200)
         records = await self.engine.store.read_stream(agent_id)
         upto = [r for r in records if r.position <= position]
-        state = fold(Entry(r.position, r.stream, decode(r.type, r.data)) for r in upto
-                     ).get(agent_id) or AgentState(agent_id=agent_id)
+        state = await state_after(self.engine.store, agent_id, upto)  # a snapshot if worth it
         index = len(upto)
         nearby = records[max(0, index - around):index + around]
         return _json({
