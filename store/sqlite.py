@@ -10,7 +10,7 @@ from operator import attrgetter
 from typing import Any, Final
 from urllib.parse import quote
 
-from sqlalchemy import delete, func, insert, inspect, select
+from sqlalchemy import delete, func, insert, inspect, literal, select, union_all
 from sqlalchemy.engine import URL
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
@@ -70,6 +70,8 @@ _SNAPSHOT_INFO: Final = select(
 ).order_by(snapshots.c.position.desc())
 _IN_CHUNK: Final = 10_000
 """Most bound values in one ``IN (...)``; a default-sized batch always fits in one query."""
+_VERSION_CHUNK: Final = 200
+"""Streams per version query (SQLite allows 500 terms in a compound SELECT)."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -231,15 +233,18 @@ class _SqliteTransaction:
         self._insert = insert
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        # One max() per stream, each a single index lookup; a GROUP BY over ``IN (...)``
+        # would read every index entry of those streams (all of a large log at a restart).
         found: dict[str, int] = {}
-        for start in range(0, len(streams), _IN_CHUNK):
-            chunk = streams[start : start + _IN_CHUNK]
-            result = await self._conn.execute(
-                select(events.c.stream, func.max(events.c.version))
-                .where(events.c.stream.in_(chunk))
-                .group_by(events.c.stream)
-            )
-            found.update((stream, int(version)) for stream, version in result)
+        for start in range(0, len(streams), _VERSION_CHUNK):
+            chunk = streams[start : start + _VERSION_CHUNK]
+            result = await self._conn.execute(union_all(*(
+                select(literal(stream), func.max(events.c.version)).where(
+                    events.c.stream == stream)
+                for stream in chunk
+            )))
+            found.update((stream, int(version)) for stream, version in result
+                         if version is not None)
         return found
 
     async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
