@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,9 @@ def _debug(args: argparse.Namespace) -> int:
     except debugger.DebugError as error:
         print(f"gateway {args.command}: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -215,9 +215,17 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: str =
 
 
 def _ms(value: int | None) -> str | None:
+    """A duration for people: ``850ms``, ``12.5s``, ``3h12m``, ``40d``."""
     if value is None:
         return None
-    return f"{value / 1000:.1f}s" if value >= 10_000 else f"{value}ms"
+    if value < 10_000:
+        return f"{value}ms"
+    if value < 600_000:
+        return f"{value / 1000:.1f}s"
+    minutes = value // 60_000
+    if minutes < 48 * 60:
+        return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+    return f"{minutes // (24 * 60)}d"
 
 
 def _limit(used: int, limit: int | None) -> str:
@@ -343,13 +351,15 @@ def agent_report(state: AgentState, where: str) -> list[str]:
             f"  {'requests':<16}{', '.join(p.request.request_id for p in run.requests)}",
             f"  {'steerable':<16}{'yes' if run.steerable else 'no'} ({run.steers} steers)",
         ]
+    cooling = view.cooldown_remaining_ms
     lines += ["", "budgets:", *("  " + line for line in table(
-        ["budget", "used", "limit", "until"],
+        ["budget", "now", "limit", "until"],
         [["runs last hour", view.runs_last_hour, budgets.max_runs_per_hour, None],
          ["runs last day", view.runs_last_day, budgets.max_runs_per_day, None],
-         ["no-trade cooldown", _ms(view.cooldown_remaining_ms), _ms(budgets.no_trade_cooldown_ms),
-          clock(state.cooldown_until) if view.cooldown_remaining_ms else None],
-         ["suppressed", "yes" if state.suppressed else "no",
+         ["no-trade cooldown", _ms(cooling) if cooling else None,
+          _ms(budgets.no_trade_cooldown_ms) if budgets.no_trade_cooldown_ms else "off",
+          clock(state.cooldown_until) if cooling else None],
+         ["runs suppressed", "yes" if state.suppressed else "no",
           None if state.suppressed is None else state.suppressed[0],
           None if state.suppressed is None else clock(state.suppressed[1])]],
         "<>><"))]
@@ -363,10 +373,13 @@ def agent_report(state: AgentState, where: str) -> list[str]:
             [[o.order_id, o.intent.symbol, o.intent.side, f"{o.intent.qty:g}",
               f"{o.filled_qty:g}", "yes" if o.cancel_requested else "no"]
              for o in state.orders.values()], "<<<>><")]
+    cells = [cell for pair in vars_of(state.counters).items() for cell in pair]
+    per_row = 4  # counters a line
+    cells += [""] * (-len(cells) % (2 * per_row))
+    rows = [cells[i:i + 2 * per_row] for i in range(0, len(cells), 2 * per_row)]
     lines += ["", "counters:"]
-    lines += ["  " + line for line in table(
-        ["counter", "value"],
-        [[name, value] for name, value in vars_of(state.counters).items()], "<>")]
+    headless = table([""] * (2 * per_row), rows, "<>" * per_row)[2:]
+    lines += ["  " + line for line in headless]
     return lines
 
 
@@ -754,6 +767,9 @@ def whatif_report(agent: AgentWhatIf) -> list[str]:
     changes = agent.config_changes()
     if agent.config is None:
         heading = "recorded config kept"
+        if agent.whatif != agent.recorded:
+            heading += (" (re-simulated, it differs from its log: the model does not "
+                        "reproduce this log exactly; compare with the what-if column)")
     elif not changes:
         heading = "same config as recorded"
     else:
