@@ -208,9 +208,9 @@ class Engine:
         await self.store.open()
         for gate in self.gates.values():
             await gate.start()
-        log_fold, records, stale = await self._load()
+        log_fold, stale = await self._load()
         states = log_fold.states
-        if self._snapshot_every is not None and records and (
+        if self._snapshot_every is not None and log_fold.position and (
             self._since_snapshot >= self._snapshot_every or stale
         ):
             self._snapshot(log_fold, stale)  # before any input: the fold is exactly the log
@@ -235,9 +235,9 @@ class Engine:
                                                   order.intent), f"place {order.order_id}")
         await self.flush()
 
-    async def _load(self) -> tuple[LogFold, list[RecordedEvent], list[int]]:
+    async def _load(self) -> tuple[LogFold, list[int]]:
         """The fold of the whole log: from the newest usable snapshot, plus the events after
-        it; the events read; the positions of snapshots ignored (outdated or damaged)."""
+        it; and the positions of snapshots ignored (outdated or damaged)."""
         with gc_paused():
             loaded = await load_latest(self.store)
             log_fold = loaded.fold
@@ -248,11 +248,12 @@ class Engine:
             self.snapshot_loaded = loaded.snapshot.position
         self._since_snapshot = sum(1 for r in records if is_agent_stream(r.stream))
         if records:
-            log_fold.position = self._position = records[-1].position
+            log_fold.position = records[-1].position
             self._anchor = records[-1].event_id
-        else:
-            self._position = log_fold.position
-        return log_fold, records, list(loaded.ignored)
+        elif log_fold.position:
+            self._anchor = (await self.store.read(log_fold.position - 1, 1))[0].event_id
+        self._position = log_fold.position
+        return log_fold, list(loaded.ignored)
 
     def _snapshot(self, log_fold: LogFold, replacing: Sequence[int] = ()) -> None:
         """Store a snapshot of ``log_fold`` in the background (serialised now, while the
@@ -278,8 +279,8 @@ class Engine:
         """Whether the live states are exactly the fold of the log up to ``_position``, with
         no sub-agent call on its way: nothing decided is uncommitted, no agent is being
         rebuilt, no call is being delivered."""
-        return not (self._in_flight or self._rebuilds or self._deliveries
-                    or any(agent.recovering for agent in self._agents.values()))
+        # An agent being rebuilt has its rebuild task in ``_rebuilds`` until it is back.
+        return not (self._in_flight or self._rebuilds or self._deliveries)
 
     def _live_fold(self) -> LogFold:
         states = {agent_id: agent.state for agent_id, agent in self._agents.items()}

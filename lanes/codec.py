@@ -1,8 +1,7 @@
 """Events to and from JSON text: the type name is the class name, the data its fields.
 
 Data carries the version of its type's shape (see `lanes.upcast`): decoding data of an older
-version upcasts it first, and data of a newer version (or with fields this code does not know)
-is refused rather than half-read.
+version upcasts it first, and data of a newer version is refused rather than half-read.
 """
 
 from __future__ import annotations

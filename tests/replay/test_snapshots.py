@@ -292,3 +292,28 @@ async def test_one_agents_state_at_a_position_is_the_same_from_a_snapshot(
                                        if e.position <= position).get(agent_id, plain)
     finally:
         await engine.stop(graceful=False)
+
+
+async def test_a_bad_snapshot_beside_a_good_one_is_deleted_even_with_nothing_to_fold(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    db = tmp_path / "events.db"
+    await record_scenario(db, clock, graceful=True)
+    store = SqliteEventStore(db)
+    await store.open()
+    [good] = await store.snapshots()
+    ahead = snapshots.seal(good.position + 50, dump_fold(LogFold(position=good.position + 50),
+                                                         "x"), 1)
+    await store.save_snapshot(ahead)
+    await store.close()
+    engine = await start(db, clock)
+    try:
+        assert engine.snapshot_loaded == good.position
+    finally:
+        await engine.stop(graceful=False)
+    store = SqliteEventStore(db)
+    await store.open()
+    try:
+        assert [info.position for info in await store.snapshots()] == [good.position]
+    finally:
+        await store.close()
