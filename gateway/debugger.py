@@ -94,9 +94,6 @@ class Point:
     position: int | None = None
     time_ms: int | None = None
 
-    def __str__(self) -> str:
-        return str(self.position) if self.position is not None else clock(self.time_ms or 0)
-
 
 def parse_point(text: str) -> Point:
     """A position (an integer >= 0) or a time (ISO 8601; UTC when no offset is given)."""
@@ -122,8 +119,9 @@ def clock(ms: int) -> str:
 
 async def resolve(store: SqliteEventStore, point: Point, last: int, option: str) -> int:
     """The log position a `Point` names: a position as given (it must exist), a time as the
-    last event recorded at or before it (0: before the first). Times are found by bisection,
-    as the log's recorded times never go back."""
+    last event recorded at or before it (0: before the first). Times are found by bisection:
+    recorded times go forward with positions (if the store's clock was ever set back, the
+    answer is one of the events recorded around that time)."""
     if point.position is not None:
         if point.position > last:
             raise DebugError(f"{option} {point.position}: the log ends at position {last}")
@@ -182,18 +180,36 @@ def entries_of(records: Iterable[RecordedEvent]) -> list[Entry]:
             for r in records if is_agent_stream(r.stream)]
 
 
-async def fold_until(store: SqliteEventStore, position: int, label: str) -> LogFold:
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """The fold of the log up to a position, and how it was made."""
+
+    fold: LogFold
+    snapshot: int | None
+    """The position of the snapshot it started from, if any."""
+    events: int
+    """Events read after it."""
+    seconds: float
+
+    def summary(self, command: str) -> str:
+        """``replay: from the snapshot at 990,000, folded 1,234 events in 0.31 s, ...``."""
+        start = "" if self.snapshot is None else f"from the snapshot at {self.snapshot:,}, "
+        return f"{command}: {start}folded {summary(self.events, 'events', self.seconds)}"
+
+
+async def fold_until(store: SqliteEventStore, position: int, label: str) -> Folded:
     """The fold of the log up to ``position``: from the newest usable snapshot at or below
     it, then the events after it."""
-    with gc_paused():
+    with gc_paused(), Progress(label, None) as bar:
         loaded = await load_latest(store, upto=position)
         log_fold = loaded.fold
-        with Progress(label, position - log_fold.position) as bar:
-            async for page in pages(store, log_fold.position, position):
-                log_fold.add(entries_of(page))
-                bar.advance(len(page))
+        bar.total = position - log_fold.position
+        async for page in pages(store, log_fold.position, position):
+            log_fold.add(entries_of(page))
+            bar.advance(len(page))
     log_fold.position = position
-    return log_fold
+    snapshot = None if loaded.snapshot is None else loaded.snapshot.position
+    return Folded(log_fold, snapshot, bar.done, bar.elapsed)
 
 
 # -------------------------------------------------------------------------------- tables
@@ -241,11 +257,11 @@ async def replay_command(db: Path, agent: str | None, at: Point | None, out: Out
     try:
         last = await store.last_position()
         position = last if at is None else await resolve(store, at, last, "--at")
-        log_fold = await fold_until(store, position, "replay")
+        folded = await fold_until(store, position, "replay")
         recorded_at = (await store.read(position - 1, 1))[0].recorded_at if position else None
     finally:
         await store.close()
-    states = log_fold.states
+    states = folded.fold.states
     where = f"position {position} of {last}"
     if recorded_at is not None:
         where += f", recorded {clock(recorded_at)} UTC"
@@ -255,6 +271,7 @@ async def replay_command(db: Path, agent: str | None, at: Point | None, out: Out
             raise DebugError(_no_agent(agent, db, states, position))
         for line in agent_report(state, where):
             out(line)
+        out(f"\n{folded.summary('replay')}")
         return 0
     if not states:
         out(f"{db}: no agent events up to {where}")
@@ -270,6 +287,7 @@ async def replay_command(db: Path, agent: str | None, at: Point | None, out: Out
             out(f"\n{state.agent_id}: {len(state.pending)} pending")
             for line in pending_table(state):
                 out("  " + line)
+    out(f"\n{folded.summary('replay')}")
     return 0
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from lanes.codec import AGENT_CODEC, decode
 from lanes.evolve import fold
 from lanes.replay import LogFold
-from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, dump_fold, load_fold
+from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, load_fold
 from lanes.state import AgentState
 from store.port import EventStore, RecordedEvent, Snapshot, SnapshotInfo
 
@@ -61,17 +61,10 @@ def fold_fingerprint() -> str:
 FINGERPRINT = fold_fingerprint()
 
 
-def pack(fold: LogFold, anchor: str, created_at: int) -> Snapshot:
-    """A snapshot of ``fold`` (the id of the event at its position is ``anchor``).
-
-    Serialising reads the states, so call it while they cannot change; compressing and
-    hashing (`seal`) may then run in a thread.
-    """
-    return seal(fold.position, dump_fold(fold, anchor), created_at)
-
-
 def seal(position: int, raw: bytes, created_at: int) -> Snapshot:
-    """Compress and checksum serialised fold bytes into a snapshot."""
+    """A snapshot of a fold serialised by `lanes.snapshot.dump_fold` (which reads the states:
+    call it while they cannot change), compressed and checksummed (this may run in a
+    thread)."""
     data = zlib.compress(raw, 1)
     return Snapshot(position, FINGERPRINT, hashlib.sha256(data).hexdigest(), created_at, data)
 

@@ -55,6 +55,7 @@ def test_replay_prints_every_agent_in_tables(desk: Path, capsys: Capture) -> Non
         ["btc", "ACTIVE", "collect"], ["eth", "ACTIVE", "followup"],
         ["news", "ACTIVE", "steer-backlog"]]
     assert "received" in out and "suppressions" in out
+    assert out.rstrip().splitlines()[-1].startswith("replay: folded 149 events in ")
 
 
 def test_replay_at_a_position_shows_the_agent_as_it_was_then(
