@@ -297,6 +297,8 @@ class Simulation:
         """Simulate; the simulated log (positions count from 1 within the agent)."""
         configured = False
         for done, entry in enumerate(self.entries, start=1):
+            if progress is not None and done % 1000 == 0:
+                progress(1000)
             event = entry.event
             if type(event) not in _INPUTS or isinstance(event, _SKIPPED):
                 continue
@@ -313,8 +315,6 @@ class Simulation:
                 event = OperatorCommand(at=at, action=event.action, principal=event.principal,
                                         run_id=self._standing[event.run_id])
             self._feed(event)  # type: ignore[arg-type]
-            if progress is not None and done % 1000 == 0:
-                progress(1000)
         self._drain((self.end, _LAST + 1))
         if progress is not None:
             progress(len(self.entries) % 1000)

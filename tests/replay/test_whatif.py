@@ -213,3 +213,9 @@ def test_a_recorded_reconfiguration_is_replaced_by_the_other_config() -> None:
     assert recorded.dropped == 1  # under the recorded cap of 2
     assert agent.whatif.dropped == 0  # the other config held throughout
     assert agent.config_changes() == [("mode", "queue", "followup"), ("cap", 2, 50)]
+
+
+def test_progress_is_told_about_every_recorded_event() -> None:
+    told: list[int] = []
+    whatif(golden("flood"), {}, told.append)
+    assert sum(told) == len(golden("flood"))
