@@ -66,7 +66,7 @@ from lanes.events import (
     TimerElapsed,
     TradingState,
 )
-from lanes.evolve import evolve
+from lanes.evolve import evolve, held_ids
 from lanes.requests import AgentRequest, ControlAction, Kind, Priority
 from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key, fingerprint
 from lanes.state import AgentState
@@ -178,7 +178,8 @@ def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
     request = event.request
     request_id = request.request_id
     first = state.seen.get(request_id)
-    if first is not None and state.now - first[1] <= state.config.idempotency_window_ms:
+    if first is not None and (state.now - first[1] <= state.config.idempotency_window_ms
+                              or request_id in held_ids(state)):  # (still held: never twice)
         if first[2] != fingerprint(request):
             emit(
                 RequestRejected(

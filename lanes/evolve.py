@@ -167,6 +167,34 @@ def _prune(entries: dict[str, Any], horizon: int, limit: int) -> None:
         del entries[key]
 
 
+def _prune_seen(state: AgentState, horizon: int, limit: int) -> None:
+    """`_prune` for request ids, except those still pending or running: a request is
+    remembered as long as it is held, so its id can never be queued twice."""
+    seen = state.seen
+    if not seen:
+        return
+    oldest = next(iter(seen.values()))
+    if oldest[1] >= horizon and len(seen) <= limit:
+        return
+    held = held_ids(state)
+    doomed: list[str] = []
+    for key, value in seen.items():
+        if value[1] >= horizon and len(seen) - len(doomed) <= limit:
+            break
+        if key not in held:
+            doomed.append(key)
+    for key in doomed:
+        del seen[key]
+
+
+def held_ids(state: AgentState) -> set[str]:
+    """Ids of the requests the agent holds: pending, and in the active run."""
+    held = {p.request.request_id for p in state.pending}
+    if state.active is not None:
+        held.update(p.request.request_id for p in state.active.requests)
+    return held
+
+
 def _advance(state: AgentState, at: int) -> None:
     state.now = max(state.now, at)
 
@@ -190,7 +218,7 @@ def _received(state: AgentState, event: RequestReceived) -> None:
     counters.received += 1
     if counters.received % PRUNE_EVERY == 0:
         config = state.config
-        _prune(state.seen, state.now - config.idempotency_window_ms, config.idempotency_max)
+        _prune_seen(state, state.now - config.idempotency_window_ms, config.idempotency_max)
         _prune(state.recent_keys, state.now - config.dedupe_window_ms, config.idempotency_max)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lanes import AgentConfig, Budgets, Mode, next_due, replay, status
-from lanes.config import HOUR_MS, DropPolicy
+from lanes.config import DAY_MS, HOUR_MS, DropPolicy
 from lanes.events import (
     AbortReason,
     AgentCallDispatched,
@@ -492,3 +492,15 @@ def test_a_spend_limit_while_halted_keeps_the_agent_halted() -> None:
     assert types(decisions) == ["RunsHeld", "RunResultIgnored"]
     assert bench.state.trading is TradingState.HALTED
     assert types(bench.control("resume"))[:2] == ["ControlApplied", "RunsUnheld"]
+
+
+def test_a_request_id_is_never_queued_twice_even_after_the_idempotency_window() -> None:
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, idempotency_window_ms=1_000, cap=500))
+    bench.control("emergency_stop")
+    first = bench.make()
+    assert types(bench.submit(first)) == ["RequestQueued"]
+    bench.advance(DAY_MS)  # far past the window, and still pending (HALTED)
+    for _ in range(2 * PRUNE_EVERY):  # enough arrivals to prune the id memory
+        bench.send()
+    assert types(bench.submit(first)) == ["RequestRepeated"]
+    assert bench.pending_ids().count(first.request_id) == 1
