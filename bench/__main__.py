@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import estop_latency, replay_speed, scale, throughput, ws_ingest
+from bench import estop_latency, gate, replay_speed, scale, throughput, ws_ingest
 from bench.common import Figure, machine, table
 
 
@@ -32,6 +32,8 @@ def main() -> None:
          lambda: ws_ingest.measure(count=20_000 // size, batched=100_000 // size)),
         ("Emergency-stop latency under a feed flood (`python -m bench.estop_latency`)",
          lambda: estop_latency.measure(stops=200 // size, seconds=max(3, 10 // size))),
+        ("Provider gate: 100 agents saturating 600 RPM (`python -m bench.gate`)",
+         lambda: gate.measure(minutes=max(1, 10 // size))),
     ]
     lines = [f"# Benchmark report\n\n{time.strftime('%Y-%m-%d %H:%M')} — {machine()}\n"]
     for title, run in sections:

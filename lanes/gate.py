@@ -48,6 +48,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from heapq import heapify, heappop, heappush
 from typing import Any, TypeVar
 
 from lanes.codec import Codec
@@ -123,6 +124,8 @@ class Waiting:
     """Its start tag in the fair order (virtual time, in tokens)."""
     seq: int
     """Arrival order, the last tie-break."""
+    left: bool = field(default=False, compare=False, repr=False)
+    """It no longer waits (`GateIndex` drops it when it reaches a front)."""
 
     @property
     def tokens(self) -> int:
@@ -142,6 +145,8 @@ class Lease:
     output_tokens: int
     granted_at: int
     deadline: int
+    ended: bool = field(default=False, compare=False, repr=False)
+    """It is no longer held (`GateIndex` drops it when it reaches the front)."""
 
 
 @dataclass(slots=True)
@@ -195,6 +200,86 @@ class GateCounters:
     output_tokens: int = 0
 
 
+RANKS = range(len(RANK))
+"""The priority ranks, low (0) to high: `RANK` numbers them from 0."""
+WaitingKey = tuple[int, int, Waiting]
+"""(key, seq, entry): ``seq`` is unique, so entries themselves are never compared."""
+
+
+@dataclass(frozen=True, slots=True)
+class HotLimits:
+    """The limits read on every decision, as plain attributes (reading an attribute of a
+    pydantic model costs several times more)."""
+
+    requests_per_minute: int | None
+    input_tokens_per_minute: int | None
+    output_tokens_per_minute: int | None
+    max_concurrent: int | None
+    max_wait_ms: int
+    lease_ms: int
+    priority_aging_ms: int
+    max_attempts: int
+    breaker_threshold: int
+
+    @classmethod
+    def of(cls, limits: GateLimits) -> HotLimits:
+        """The hot part of ``limits``."""
+        return cls(
+            limits.requests_per_minute,
+            limits.input_tokens_per_minute,
+            limits.output_tokens_per_minute,
+            limits.max_concurrent,
+            limits.max_wait_ms,
+            limits.lease_ms,
+            limits.priority_aging_ms,
+            limits.max_attempts,
+            limits.breaker_threshold,
+        )
+
+
+@dataclass(slots=True)
+class GateIndex:
+    """What the gate reads on every decision, derived from its state so that no decision
+    scans every request: `GateState.waiting` and `GateState.leases` sorted the ways the
+    gate reads them, the limits as plain attributes, and the next request in line.
+
+    Each collection holds every live entry and perhaps some that have left (they are
+    dropped once they reach the front, or all at once when they outnumber the live ones);
+    its front is always live. `evolve_gate` keeps it up to date (and `next_in_line` fills
+    in ``head``), so a fold rebuilds one that answers the same; it takes no part in the
+    state's equality.
+    """
+
+    limits: HotLimits
+    arrivals: tuple[deque[Waiting], ...] = field(
+        default_factory=lambda: tuple(deque() for _ in RANKS)
+    )
+    """Per rank (low 0, normal 1, high 2): that class's requests in arrival order."""
+    fair: tuple[list[WaitingKey], ...] = field(default_factory=lambda: tuple([] for _ in RANKS))
+    """Per rank: a heap of that class's requests by (fair tag, seq)."""
+    deadlines: list[WaitingKey] = field(default_factory=list)
+    """A heap of every waiting request by (wait deadline, seq)."""
+    leases: list[tuple[int, int, Lease]] = field(default_factory=list)
+    """A heap of the leases by (lease deadline, seq)."""
+    head: Waiting | None = None
+    """`next_in_line`, remembered until the waiting requests or the limits change..."""
+    head_known: bool = False
+    """...which sets this to False."""
+    cleared: Waiting | None = None
+    """The request `_settle` has just found within every limit and is granting: applying
+    that `SlotGranted` need not check the limits again (every other grant is checked)."""
+
+    @classmethod
+    def of(cls, state: GateState) -> GateIndex:
+        """The index of ``state``."""
+        index = cls(HotLimits.of(state.limits))
+        for entry in sorted(state.waiting.values(), key=lambda entry: entry.seq):
+            _index_waiting(index, entry)
+        for n, lease in enumerate(state.leases.values(), 1):  # -n: apart from any seq
+            heappush(index.leases, (lease.deadline, -n, lease))
+        return index
+
+
 @dataclass(slots=True)
 class GateState:
     """One provider's gate. Mutable, but only `evolve_gate` changes it."""
@@ -228,6 +313,19 @@ class GateState:
     runs: dict[str, RunAttempts] = field(default_factory=dict)
     """Run id -> its failed attempts in a row, oldest first."""
     counters: GateCounters = field(default_factory=GateCounters)
+    index: GateIndex = field(init=False, compare=False, repr=False)
+    """Derived from the rest (see `GateIndex`)."""
+
+    def __post_init__(self) -> None:
+        self.index = GateIndex.of(self)
+
+
+# Enum members the decisions read all the time, bound once: on CPython 3.11 reading one off
+# its class (``Breaker.OPEN``) goes through `EnumType.__getattr__`'s lookup hook and costs
+# about as much as a dict update.
+_CLOSED, _OPEN, _HALF_OPEN = Breaker.CLOSED, Breaker.OPEN, Breaker.HALF_OPEN
+_RELEASED, _CANCELLED, _LEASE_EXPIRED = FreedBy.RELEASED, FreedBy.CANCELLED, FreedBy.LEASE_EXPIRED
+_OK, _SPEND_LIMIT = CallOutcome.OK, CallOutcome.SPEND_LIMIT
 
 
 def window_usage(state: GateState, now: int) -> tuple[int, int, int]:
@@ -245,11 +343,12 @@ def window_usage(state: GateState, now: int) -> tuple[int, int, int]:
 
 def blocker(state: GateState, entry: Waiting) -> str | None:
     """Why ``entry`` cannot be granted right now, or None if it can."""
-    now, limits = state.now, state.limits
-    if state.breaker is Breaker.OPEN:
-        return f"the circuit breaker is open until {state.breaker_until}"
-    if state.breaker is Breaker.HALF_OPEN and state.probe is not None:
-        return "the circuit breaker is half-open and its probe call is in flight"
+    now, limits, breaker = state.now, state.index.limits, state.breaker
+    if breaker is not _CLOSED:
+        if breaker is _OPEN:
+            return f"the circuit breaker is open until {state.breaker_until}"
+        if state.probe is not None:
+            return "the circuit breaker is half-open and its probe call is in flight"
     if now < state.not_before:
         return f"backing off until {state.not_before} (attempt {state.attempt})"
     cap = limits.max_concurrent
@@ -264,7 +363,11 @@ def blocker(state: GateState, entry: Waiting) -> str | None:
             and hint.tokens_since + entry.tokens > hint.remaining_tokens
         ):
             return f"the provider reports too few tokens left until {hint.reset_at}"
-    requests, inputs, outputs = window_usage(state, now)
+    window = state.window
+    if window and window[0].at <= now - WINDOW_MS:  # some grants have left the window
+        requests, inputs, outputs = window_usage(state, now)
+    else:
+        requests, inputs, outputs = state.used_requests, state.used_input, state.used_output
     rpm = limits.requests_per_minute
     if rpm is not None and requests + 1 > rpm:
         return f"requests_per_minute: {rpm} granted in the last 60 s"
@@ -277,24 +380,44 @@ def blocker(state: GateState, entry: Waiting) -> str | None:
     return None
 
 
+def _exhausted(state: GateState) -> bool:
+    """Whether a limit that holds every request alike is used up, so that `blocker` holds
+    whichever is next in line: a shortcut for a saturated gate, cheaper than finding that
+    request and asking `blocker`."""
+    limits = state.index.limits
+    rpm = limits.requests_per_minute
+    if (
+        rpm is not None
+        and state.used_requests >= rpm
+        and state.window[0].at > state.now - WINDOW_MS  # (then the totals are exact)
+    ):
+        return True
+    cap = limits.max_concurrent
+    if cap is not None and len(state.leases) >= cap:
+        return True
+    breaker = state.breaker
+    if breaker is not _CLOSED and (breaker is _OPEN or state.probe is not None):
+        return True
+    return state.now < state.not_before
+
+
 def next_in_line(state: GateState) -> Waiting | None:
     """The waiting request granted next: the class whose oldest request arrived first, once
     each class's arrivals are moved earlier by ``rank * priority_aging_ms``; then, within
     that class, the smallest fair tag (then arrival)."""
-    aging = state.limits.priority_aging_ms
-    oldest: dict[int, int] = {}
-    for entry in state.waiting.values():  # arrival order: the first of a class is its oldest
-        oldest.setdefault(RANK[entry.priority], entry.queued_at)
-    if not oldest:
-        return None
-    rank = min(oldest, key=lambda r: (oldest[r] - r * aging, -r))
-    best: Waiting | None = None
-    for entry in state.waiting.values():
-        if RANK[entry.priority] == rank and (
-            best is None or (entry.tag, entry.seq) < (best.tag, best.seq)
-        ):
-            best = entry
-    return best
+    index = state.index
+    if not index.head_known:
+        aging = index.limits.priority_aging_ms
+        chosen, first = -1, 0
+        for rank in RANKS:  # low to high: on a tie the higher class wins
+            arrivals = index.arrivals[rank]
+            if arrivals:
+                aged = arrivals[0].queued_at - rank * aging
+                if chosen < 0 or aged <= first:
+                    chosen, first = rank, aged
+        index.head = index.fair[chosen][0][2] if chosen >= 0 else None
+        index.head_known = True
+    return index.head
 
 
 def full_jitter(slot_id: str, attempt: int, ceiling: int) -> int:
@@ -338,7 +461,8 @@ def fold_gate(state: GateState, events: Iterable[GateEvent]) -> GateState:
 
 
 def _input(state: GateState, event: Any) -> None:
-    state.now = max(state.now, event.at)
+    if event.at > state.now:  # the clock never goes back
+        state.now = event.at
 
 
 for _cls in GATE_INPUT_TYPES:
@@ -351,21 +475,71 @@ def _queued(state: GateState, event: SlotQueued) -> None:
     if slot_id in state.waiting or slot_id in state.leases:
         raise IllegalTransition(f"slot {slot_id} is already held")
     state.seq += 1
-    start = max(state.vtime, state.finish.get(event.agent_id, 0))
-    state.finish[event.agent_id] = start + max(1, event.input_tokens + event.output_tokens)
-    state.waiting[slot_id] = Waiting(
-        slot_id=slot_id,
-        agent_id=event.agent_id,
-        run_id=event.run_id,
-        priority=event.priority,
-        input_tokens=event.input_tokens,
-        output_tokens=event.output_tokens,
-        queued_at=state.now,
-        deadline=event.wait_deadline,
-        tag=start,
-        seq=state.seq,
+    # (Conditional expressions rather than `max`, and positional arguments rather than
+    # keywords, here and in the other hot paths: each costs several times less to run.)
+    finish, tokens = state.finish.get(event.agent_id, 0), event.input_tokens + event.output_tokens
+    start = finish if finish > state.vtime else state.vtime
+    state.finish[event.agent_id] = start + (tokens if tokens > 1 else 1)
+    entry = state.waiting[slot_id] = Waiting(  # the fields in order
+        slot_id,
+        event.agent_id,
+        event.run_id,
+        event.priority,
+        event.input_tokens,
+        event.output_tokens,
+        state.now,
+        event.wait_deadline,
+        start,
+        state.seq,
     )
+    _index_waiting(state.index, entry)
     state.counters.queued += 1
+
+
+def _index_waiting(index: GateIndex, entry: Waiting) -> None:
+    index.head_known = False
+    rank = RANK[entry.priority]
+    index.arrivals[rank].append(entry)
+    heappush(index.fair[rank], (entry.tag, entry.seq, entry))
+    heappush(index.deadlines, (entry.deadline, entry.seq, entry))
+
+
+def _unwait(state: GateState, slot_id: str) -> Waiting:
+    """Remove a waiting request; the index drops it once it reaches a front."""
+    waiting, index = state.waiting, state.index
+    entry = waiting.pop(slot_id)
+    entry.left = True
+    index.head_known = False
+    rank = RANK[entry.priority]
+    arrivals, fair, deadlines = index.arrivals[rank], index.fair[rank], index.deadlines
+    if len(arrivals) + len(fair) + len(deadlines) > 6 * len(waiting) + 192:
+        # Mostly entries that left: index the live ones again, in arrival order.
+        for queue in index.arrivals:
+            queue.clear()
+        for heap in index.fair:
+            heap.clear()
+        deadlines.clear()
+        for live in waiting.values():
+            _index_waiting(index, live)
+        return entry
+    while arrivals and arrivals[0].left:
+        arrivals.popleft()
+    while fair and fair[0][2].left:
+        heappop(fair)
+    while deadlines and deadlines[0][2].left:
+        heappop(deadlines)
+    return entry
+
+
+def _unlease(state: GateState, slot_id: str) -> None:
+    """Remove a lease; the index drops it once it reaches the front."""
+    leases, heap = state.leases, state.index.leases
+    leases.pop(slot_id).ended = True
+    if len(heap) > 2 * len(leases) + 64:
+        heap[:] = [item for item in heap if not item[2].ended]
+        heapify(heap)
+    while heap and heap[0][2].ended:
+        heappop(heap)
 
 
 def _prune_window(state: GateState) -> None:
@@ -381,18 +555,19 @@ def _prune_window(state: GateState) -> None:
 
 @_on(SlotGranted)
 def _granted(state: GateState, event: SlotGranted) -> None:
+    cleared, state.index.cleared = state.index.cleared, None
     entry = state.waiting.get(event.slot_id)
     if entry is None:
         raise IllegalTransition(f"slot {event.slot_id} granted but it is not waiting")
-    if event.probe != (state.breaker is Breaker.HALF_OPEN):
+    if event.probe != (state.breaker is _HALF_OPEN):
         raise IllegalTransition(
             f"slot {event.slot_id} granted with probe={event.probe} while the breaker is "
             f"{state.breaker.value}"
         )
-    why = blocker(state, entry)
+    why = None if entry is cleared else blocker(state, entry)
     if why is not None:
         raise IllegalTransition(f"slot {event.slot_id} granted while {why}")
-    del state.waiting[event.slot_id]
+    _unwait(state, event.slot_id)
     _prune_window(state)
     charge = Charge(event.slot_id, state.now, entry.input_tokens, entry.output_tokens)
     state.window.append(charge)
@@ -400,17 +575,19 @@ def _granted(state: GateState, event: SlotGranted) -> None:
     state.used_requests += 1
     state.used_input += entry.input_tokens
     state.used_output += entry.output_tokens
-    state.leases[event.slot_id] = Lease(
-        slot_id=entry.slot_id,
-        agent_id=entry.agent_id,
-        run_id=entry.run_id,
-        priority=entry.priority,
-        input_tokens=entry.input_tokens,
-        output_tokens=entry.output_tokens,
-        granted_at=state.now,
-        deadline=event.lease_deadline,
+    lease = state.leases[event.slot_id] = Lease(  # the fields in order
+        entry.slot_id,
+        entry.agent_id,
+        entry.run_id,
+        entry.priority,
+        entry.input_tokens,
+        entry.output_tokens,
+        state.now,
+        event.lease_deadline,
     )
-    state.vtime = max(state.vtime, entry.tag)
+    heappush(state.index.leases, (lease.deadline, entry.seq, lease))
+    if entry.tag > state.vtime:
+        state.vtime = entry.tag
     if event.probe:
         state.probe = event.slot_id
     hint = state.hint
@@ -425,7 +602,8 @@ def _refused(state: GateState, event: SlotRefused) -> None:
     # A request refused on arrival was never waiting: nothing to remove.
     if event.slot_id in state.leases:
         raise IllegalTransition(f"slot {event.slot_id} refused but it is granted")
-    state.waiting.pop(event.slot_id, None)
+    if event.slot_id in state.waiting:
+        _unwait(state, event.slot_id)
     state.counters.refused += 1
 
 
@@ -433,19 +611,19 @@ def _refused(state: GateState, event: SlotRefused) -> None:
 def _freed(state: GateState, event: SlotFreed) -> None:
     slot_id = event.slot_id
     lease = state.leases.get(slot_id)
-    if lease is None and (event.by is FreedBy.LEASE_EXPIRED or slot_id not in state.waiting):
+    if lease is None and (event.by is _LEASE_EXPIRED or slot_id not in state.waiting):
         raise IllegalTransition(f"slot {slot_id} freed ({event.by.value}) but it is not held")
     counters = state.counters
-    if event.by is FreedBy.RELEASED:
+    if event.by is _RELEASED:
         counters.released += 1
-    elif event.by is FreedBy.CANCELLED:
+    elif event.by is _CANCELLED:
         counters.cancelled += 1
     else:
         counters.expired += 1
     if lease is None:
-        del state.waiting[slot_id]
+        _unwait(state, slot_id)
         return
-    del state.leases[slot_id]
+    _unlease(state, slot_id)
     if state.probe == slot_id:
         state.probe = None
     charge = state.charges.get(slot_id)
@@ -461,11 +639,12 @@ def _freed(state: GateState, event: SlotFreed) -> None:
     outcome = event.outcome
     if outcome is None:
         return
-    _count_attempt(state, lease.run_id, outcome)
-    if outcome is CallOutcome.OK:
+    if state.runs or outcome is not _OK:  # (else there is nothing to count or forget)
+        _count_attempt(state, lease.run_id, outcome)
+    if outcome is _OK:
         state.attempt = 0
-    if state.breaker is Breaker.CLOSED:
-        if outcome is CallOutcome.OK:
+    if state.breaker is _CLOSED:
+        if outcome is _OK:
             state.failures = 0
         elif outcome in UNHEALTHY:
             state.failures += 1
@@ -474,7 +653,7 @@ def _freed(state: GateState, event: SlotFreed) -> None:
 def _count_attempt(state: GateState, run_id: str, outcome: CallOutcome) -> None:
     runs = state.runs
     previous = runs.pop(run_id, None)  # re-inserted last: the memory stays in time order
-    if outcome in RETRYABLE or outcome is CallOutcome.SPEND_LIMIT:
+    if outcome in RETRYABLE or outcome is _SPEND_LIMIT:
         failures = 1 if previous is None else previous.failures + 1
         runs[run_id] = RunAttempts(failures, state.now, outcome)
     horizon = state.now - RUN_MEMORY_MS
@@ -509,11 +688,11 @@ def _hints(state: GateState, event: ProviderHintsNoted) -> None:
 
 @_on(BreakerOpened)
 def _opened(state: GateState, event: BreakerOpened) -> None:
-    if state.breaker is Breaker.OPEN:
+    if state.breaker is _OPEN:
         raise IllegalTransition("breaker opened while it is open")
     if state.probe is not None:
         raise IllegalTransition(f"breaker opened while probe {state.probe} is in flight")
-    state.breaker = Breaker.OPEN
+    state.breaker = _OPEN
     state.breaker_until = event.until
     state.failures = 0
     state.counters.breaker_opens += 1
@@ -521,18 +700,18 @@ def _opened(state: GateState, event: BreakerOpened) -> None:
 
 @_on(BreakerHalfOpened)
 def _half_opened(state: GateState, event: BreakerHalfOpened) -> None:
-    if state.breaker is not Breaker.OPEN or state.now < state.breaker_until:
+    if state.breaker is not _OPEN or state.now < state.breaker_until:
         raise IllegalTransition(
             f"breaker half-opened while {state.breaker.value} until {state.breaker_until}"
         )
-    state.breaker = Breaker.HALF_OPEN
+    state.breaker = _HALF_OPEN
 
 
 @_on(BreakerClosed)
 def _closed(state: GateState, event: BreakerClosed) -> None:
-    if state.breaker is not Breaker.HALF_OPEN or state.probe is not None:
+    if state.breaker is not _HALF_OPEN or state.probe is not None:
         raise IllegalTransition(f"breaker closed while {state.breaker.value}")
-    state.breaker = Breaker.CLOSED
+    state.breaker = _CLOSED
     state.failures = 0
 
 
@@ -544,6 +723,8 @@ def _spend_limit(state: GateState, event: SpendLimitReached) -> None:
 @_on(GateLimitsApplied)
 def _limits(state: GateState, event: GateLimitsApplied) -> None:
     state.limits = event.limits
+    state.index.limits = HotLimits.of(event.limits)
+    state.index.head_known = False  # the aging may have changed
 
 
 # ------------------------------------------------------------------------------- decide
@@ -570,11 +751,14 @@ def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
     """
     decider = _DECIDERS[type(event)]
     now, version = state.now, state.version
-    evolve_gate(state, event)
+    if event.at > state.now:  # `evolve_gate(state, event)` inlined: see `_input`
+        state.now = event.at
+    state.version += 1
     decisions: list[GateDecision] = []
 
     def emit(decision: GateDecision) -> None:
-        evolve_gate(state, decision)
+        _HANDLERS[type(decision)](state, decision)  # `evolve_gate`, inlined: a hot path
+        state.version += 1
         decisions.append(decision)
 
     decider(state, event, emit)
@@ -584,64 +768,89 @@ def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
     return decisions
 
 
+_NEVER = 1 << 63
+"""Later than any time (ms since the epoch)."""
+
+
 def next_gate_due(state: GateState, after: int) -> int | None:
     """The earliest time later than ``after`` at which a `GateTimer` may decide something:
     a lease or a wait bound ends, the breaker's cooldown ends, or, while requests wait, a
     backoff or provider reset ends, or a window frees space."""
-    due: int | None = None
-
-    def consider(at: int) -> None:
-        nonlocal due
-        if at > after and (due is None or at < due):
-            due = at
-
-    for lease in state.leases.values():
-        consider(lease.deadline)
-    if state.breaker is Breaker.OPEN:
-        consider(state.breaker_until)
+    # The fronts of the index and of the window are their earliest times; only if one is
+    # not later than ``after`` (a caller ahead of the state's clock) is the rest looked at.
+    index = state.index
+    due = index.leases[0][0] if index.leases else _NEVER
+    if due <= after:
+        due = _earliest_after(state.leases.values(), after)
+    if state.breaker is _OPEN and after < state.breaker_until < due:
+        due = state.breaker_until
     if not state.waiting:
-        return due
-    consider(state.not_before)
-    if state.hint is not None:
-        consider(state.hint.reset_at)
-    for charge in state.window:
-        if charge.at + WINDOW_MS > after:
-            consider(charge.at + WINDOW_MS)
-            break
-    for entry in state.waiting.values():
-        consider(entry.deadline)
-    return due
+        return None if due == _NEVER else due
+    if after < state.not_before < due:
+        due = state.not_before
+    hint = state.hint
+    if hint is not None and after < hint.reset_at < due:
+        due = hint.reset_at
+    window = state.window
+    if window:
+        frees = window[0].at + WINDOW_MS
+        if frees <= after:  # the first grant (oldest first) to leave after ``after``
+            frees = next((c.at + WINDOW_MS for c in window if c.at + WINDOW_MS > after), _NEVER)
+        if frees < due:
+            due = frees
+    bound = index.deadlines[0][0]
+    if bound <= after:
+        bound = _earliest_after(state.waiting.values(), after)
+    if bound < due:
+        due = bound
+    return None if due == _NEVER else due
+
+
+def _earliest_after(entries: Iterable[Waiting | Lease], after: int) -> int:
+    """The earliest deadline later than ``after`` among ``entries``, or `_NEVER`."""
+    return min([e.deadline for e in entries if e.deadline > after], default=_NEVER)
 
 
 def _settle(state: GateState, emit: Emit) -> None:
     """What time alone decides, after every input: leases expire, the breaker half-opens,
     overdue requests are refused, and whatever fits is granted in the fair order."""
     now = state.now
-    for lease in [lease for lease in state.leases.values() if lease.deadline <= now]:
-        emit(
-            SlotFreed(
-                slot_id=lease.slot_id,
-                by=FreedBy.LEASE_EXPIRED,
-                detail=f"lease ended at {lease.deadline} without a release (granted at "
-                f"{lease.granted_at} to run {lease.run_id} of {lease.agent_id})",
-            )
-        )
-    if state.breaker is Breaker.OPEN and now >= state.breaker_until:
+    leases = state.index.leases
+    if leases and leases[0][0] <= now:  # the front is the earliest deadline
+        _expire_leases(state, now, emit)
+    if state.breaker is _OPEN and now >= state.breaker_until:
         emit(BreakerHalfOpened())
-    _refuse_overdue(state, now, emit)
-    while state.waiting:
+    deadlines = state.index.deadlines
+    if deadlines and deadlines[0][0] < now:  # the front is the earliest wait bound
+        _refuse_overdue(state, now, emit)
+    while state.waiting and not _exhausted(state):
         entry = next_in_line(state)
         assert entry is not None
         if blocker(state, entry) is not None:
             break
+        state.index.cleared = entry  # nothing changes before `_granted` applies it
         emit(
             SlotGranted(
                 slot_id=entry.slot_id,
-                lease_deadline=now + state.limits.lease_ms,
-                probe=state.breaker is Breaker.HALF_OPEN,
+                lease_deadline=now + state.index.limits.lease_ms,
+                probe=state.breaker is _HALF_OPEN,
             )
         )
-    _refuse_overdue(state, now + 1, emit)
+    if deadlines and deadlines[0][0] <= now:
+        _refuse_overdue(state, now + 1, emit)
+
+
+def _expire_leases(state: GateState, now: int, emit: Emit) -> None:
+    """Free the leases that ended at ``now`` or earlier, in the order they were granted."""
+    for lease in [lease for lease in state.leases.values() if lease.deadline <= now]:
+        emit(
+            SlotFreed(
+                slot_id=lease.slot_id,
+                by=_LEASE_EXPIRED,
+                detail=f"lease ended at {lease.deadline} without a release (granted at "
+                f"{lease.granted_at} to run {lease.run_id} of {lease.agent_id})",
+            )
+        )
 
 
 def _refuse(state: GateState, entry: Waiting, code: Refusal, reason: str, emit: Emit) -> None:
@@ -659,8 +868,6 @@ def _refuse(state: GateState, entry: Waiting, code: Refusal, reason: str, emit: 
 def _refuse_overdue(state: GateState, before: int, emit: Emit) -> None:
     """Refuse the requests whose wait bound is earlier than ``before``."""
     overdue = [entry for entry in state.waiting.values() if entry.deadline < before]
-    if not overdue:
-        return
     head = next_in_line(state)
     for entry in overdue:
         held = blocker(state, entry)
@@ -679,7 +886,7 @@ def _refuse_overdue(state: GateState, before: int, emit: Emit) -> None:
 
 def _hopeless(state: GateState, deadline: int) -> tuple[Refusal, str] | None:
     """Why a request waiting until ``deadline`` certainly cannot be granted in time."""
-    if state.breaker is Breaker.OPEN and state.breaker_until > deadline:
+    if state.breaker is _OPEN and state.breaker_until > deadline:
         return Refusal.BREAKER_OPEN, (
             f"the circuit breaker is open until {state.breaker_until}, past this request's "
             f"wait bound {deadline}: the provider is failing"
@@ -692,7 +899,9 @@ def _hopeless(state: GateState, deadline: int) -> tuple[Refusal, str] | None:
     return None
 
 
-def _too_large(limits: GateLimits, input_tokens: int, output_tokens: int) -> str | None:
+def _too_large(
+    limits: GateLimits | HotLimits, input_tokens: int, output_tokens: int
+) -> str | None:
     itpm, otpm = limits.input_tokens_per_minute, limits.output_tokens_per_minute
     if itpm is not None and input_tokens > itpm:
         return (
@@ -708,6 +917,9 @@ def _too_large(limits: GateLimits, input_tokens: int, output_tokens: int) -> str
 
 
 def _refuse_hopeless(state: GateState, emit: Emit) -> None:
+    deadlines = state.index.deadlines
+    if not deadlines or _hopeless(state, deadlines[0][0]) is None:
+        return  # if the earliest wait bound can be met, every later one can
     for entry in list(state.waiting.values()):
         hopeless = _hopeless(state, entry.deadline)
         if hopeless is not None:
@@ -720,13 +932,13 @@ def _requested(state: GateState, event: SlotRequested, emit: Emit) -> None:
     if slot_id in state.waiting or slot_id in state.leases:
         return  # a redelivered request: it already waits or holds its slot
     refused: tuple[Refusal, str] | None = None
-    limits = state.limits
+    limits = state.index.limits
     deadline = state.now + limits.max_wait_ms
     too_large = _too_large(limits, event.input_tokens, event.output_tokens)
     attempts = state.runs.get(event.run_id)
     if too_large is not None:
         refused = Refusal.TOO_LARGE, too_large
-    elif attempts is not None and attempts.last is CallOutcome.SPEND_LIMIT:
+    elif attempts is not None and attempts.last is _SPEND_LIMIT:
         refused = (
             Refusal.SPEND_LIMIT,
             (f"run {event.run_id} hit the provider's spend limit: it is not retried"),
@@ -771,7 +983,7 @@ def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
     lease = state.leases.get(slot_id)
     if lease is None:
         if slot_id in state.waiting:
-            emit(SlotFreed(slot_id=slot_id, by=FreedBy.RELEASED, detail="released while waiting"))
+            emit(SlotFreed(slot_id=slot_id, by=_RELEASED, detail="released while waiting"))
         else:
             emit(
                 SlotReleaseIgnored(
@@ -786,8 +998,8 @@ def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
     emit(
         SlotFreed(
             slot_id=slot_id,
-            by=FreedBy.RELEASED,
-            detail=f"released after {now - lease.granted_at} ms: {outcome.value}",
+            by=_RELEASED,
+            detail=f"released after {now - lease.granted_at} ms: {outcome}",  # (its value)
             outcome=outcome,
             input_tokens=event.input_tokens,
             output_tokens=event.output_tokens,
@@ -803,7 +1015,7 @@ def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
                     reset_at=reset_at,
                 )
             )
-    if outcome is CallOutcome.SPEND_LIMIT:
+    if outcome is _SPEND_LIMIT:
         emit(SpendLimitReached(agent_id=lease.agent_id, run_id=lease.run_id))
         for entry in [e for e in state.waiting.values() if e.run_id == lease.run_id]:
             _refuse(state, entry, Refusal.SPEND_LIMIT, "the run hit the spend limit", emit)
@@ -817,7 +1029,7 @@ def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
             )
         else:
             emit(BreakerClosed())
-    elif state.breaker is Breaker.CLOSED and state.failures >= limits.breaker_threshold:
+    elif state.breaker is _CLOSED and state.failures >= state.index.limits.breaker_threshold:
         emit(
             BreakerOpened(
                 until=now + limits.breaker_cooldown_ms,
@@ -850,7 +1062,7 @@ def _cancelled(state: GateState, event: SlotCancelled, emit: Emit) -> None:
         detail = "cancelled while granted: the run was aborted or crashed"
     else:
         return  # cancelling what is not held is a no-op (a cancel after a release, say)
-    emit(SlotFreed(slot_id=slot_id, by=FreedBy.CANCELLED, detail=detail))
+    emit(SlotFreed(slot_id=slot_id, by=_CANCELLED, detail=detail))
 
 
 @_decides(GateTimer)

@@ -6,10 +6,26 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lanes.gate import Breaker, GateState, decide_gate, fold_gate, verify_gate, window_usage
+from lanes.evolve import IllegalTransition
+from lanes.gate import (
+    RANKS,
+    Breaker,
+    GateState,
+    HotLimits,
+    Waiting,
+    _exhausted,
+    blocker,
+    decide_gate,
+    fold_gate,
+    next_gate_due,
+    next_in_line,
+    verify_gate,
+    window_usage,
+)
 from lanes.gate_events import (
     GATE_INPUT_TYPES,
     WINDOW_MS,
@@ -23,6 +39,7 @@ from lanes.gate_events import (
     GateLimits,
     GateLimitsApplied,
     GateLimitsChanged,
+    Refusal,
     SlotFreed,
     SlotGranted,
     SlotQueued,
@@ -30,8 +47,8 @@ from lanes.gate_events import (
     SlotReleased,
     SlotRequested,
 )
-from lanes.requests import Priority
-from tests.lanes.test_gate import GateBench
+from lanes.requests import RANK, Priority
+from tests.lanes.test_gate import T0, GateBench, names
 
 limit_sets = st.builds(
     GateLimits,
@@ -304,3 +321,158 @@ def test_plain_traffic_reaches_the_decisions_the_invariants_are_about() -> None:
         "BreakerHalfOpened",
     } <= kinds
     assert any(isinstance(e, SlotFreed) and e.by is FreedBy.LEASE_EXPIRED for e in bench.log)
+
+
+# ------------------------------------------------------------- the index vs a naive scan
+
+
+def naive_next_in_line(state: GateState) -> Waiting | None:
+    """`next_in_line` by scanning every waiting request (the index's reference)."""
+    aging = state.limits.priority_aging_ms
+    oldest: dict[int, int] = {}
+    for entry in state.waiting.values():  # arrival order: the first of a class is its oldest
+        oldest.setdefault(RANK[entry.priority], entry.queued_at)
+    if not oldest:
+        return None
+    rank = min(oldest, key=lambda r: (oldest[r] - r * aging, -r))
+    return min(
+        (e for e in state.waiting.values() if RANK[e.priority] == rank),
+        key=lambda e: (e.tag, e.seq),
+    )
+
+
+def naive_next_gate_due(state: GateState, after: int) -> int | None:
+    """`next_gate_due` by scanning every lease, charge and waiting request."""
+    times = [lease.deadline for lease in state.leases.values()]
+    if state.breaker is Breaker.OPEN:
+        times.append(state.breaker_until)
+    if state.waiting:
+        times.append(state.not_before)
+        if state.hint is not None:
+            times.append(state.hint.reset_at)
+        times += [charge.at + WINDOW_MS for charge in state.window]
+        times += [entry.deadline for entry in state.waiting.values()]
+    return min((at for at in times if at > after), default=None)
+
+
+def check_index(state: GateState) -> None:
+    """The index holds exactly the live requests and leases, its fronts are the earliest,
+    and what it answers is what a scan of the state answers."""
+    index = state.index
+    assert index.limits == HotLimits.of(state.limits)
+    assert index.cleared is None  # consumed by the grant it was set for
+    for rank in RANKS:
+        members = [e for e in state.waiting.values() if RANK[e.priority] == rank]
+        arrivals = index.arrivals[rank]
+        assert [e for e in arrivals if not e.left] == members
+        assert not arrivals or not arrivals[0].left
+        fair = index.fair[rank]
+        assert sorted(k for k in fair if not k[2].left) == sorted(
+            (e.tag, e.seq, e) for e in members
+        )
+        assert not fair or fair[0] == min(fair)
+        assert not fair or not fair[0][2].left
+    deadlines = index.deadlines
+    assert sorted(k[1] for k in deadlines if not k[2].left) == sorted(
+        e.seq for e in state.waiting.values()
+    )
+    assert not deadlines or (deadlines[0] == min(deadlines) and not deadlines[0][2].left)
+    assert all(waiting is state.waiting[waiting.slot_id] for _, _, waiting in deadlines
+               if not waiting.left)
+    leases = index.leases
+    assert {lease.slot_id for _, _, lease in leases if not lease.ended} == set(state.leases)
+    assert all(lease is state.leases[lease.slot_id] for _, _, lease in leases if not lease.ended)
+    assert not leases or (leases[0] == min(leases) and not leases[0][2].ended)
+    assert next_in_line(state) is naive_next_in_line(state)
+    if _exhausted(state):  # the shortcut is sound: nothing waiting could be granted
+        assert all(blocker(state, entry) is not None for entry in state.waiting.values())
+    times = {state.now, state.not_before, state.breaker_until}
+    times |= {lease.deadline for lease in state.leases.values()}
+    times |= {entry.deadline for entry in state.waiting.values()}
+    times |= {charge.at + WINDOW_MS for charge in state.window}
+    for at in times:  # every time that matters, and either side of it
+        for after in (at - 1, at, at + 1):
+            assert next_gate_due(state, after) == naive_next_gate_due(state, after), after
+
+
+class IndexCheckedBench(GateBench):
+    """A bench that checks the index against a scan of the state after every input."""
+
+    def feed(self, event: GateInput) -> list[GateDecision]:
+        decisions = super().feed(event)
+        check_index(self.state)
+        return decisions
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limits=limit_sets, script=st.lists(actions, min_size=5, max_size=80))
+def test_the_index_answers_what_a_scan_of_the_state_answers_at_every_step(
+    limits: GateLimits, script: list[tuple[str, Any]]
+) -> None:
+    bench = IndexCheckedBench(limits)
+    runs: dict[int, str] = {}
+    for action, arg in script:
+        play(bench, action, arg, runs)
+    folded = fold_gate(GateState(provider=bench.state.provider), bench.round_tripped())
+    check_index(folded)
+    assert next_in_line(folded) == next_in_line(bench.state)
+
+
+def test_the_index_drops_what_left_even_behind_a_request_that_waits_long() -> None:
+    """Requests that leave behind an old one at the front stay in the index until they
+    outnumber the live ones; then it is rebuilt, and still answers as a scan does."""
+    bench = IndexCheckedBench(GateLimits(max_concurrent=1, max_wait_ms=600_000))
+    bench.request("held")
+    bench.request("old", priority="low")  # waits behind "held" all along, first in line
+    for n in range(400):
+        bench.request(f"s{n}", agent_id=f"agent_{n % 7}", priority=list(Priority)[n % 3])
+        bench.cancel(f"s{n}")
+    index = bench.state.index
+    assert len(index.deadlines) <= 6 + 192  # rebuilt, not grown with every cancel
+    assert names(bench.release("held")) == ["SlotFreed", "SlotGranted"]
+    assert set(bench.state.leases) == {"old"}
+
+
+def test_a_class_that_ties_after_aging_goes_to_the_higher_priority() -> None:
+    aging = 10_000
+    bench = IndexCheckedBench(GateLimits(max_concurrent=1, priority_aging_ms=aging))
+    bench.request("held")
+    bench.request("normal", priority="normal")
+    bench.advance(aging)
+    bench.request("high", priority="high")  # arrived one aging period later: a tie
+    bench.release("held")
+    assert set(bench.state.leases) == {"high"}
+
+
+def test_new_limits_can_change_which_class_is_next() -> None:
+    bench = IndexCheckedBench(GateLimits(max_concurrent=1, priority_aging_ms=1_000))
+    bench.request("held")
+    bench.request("low", priority="low")
+    bench.advance(5_000)
+    bench.request("high", priority="high")  # 5 s later: more than 2 aging periods
+    assert next_in_line(bench.state) is bench.state.waiting["low"]
+    bench.limits(max_concurrent=1, priority_aging_ms=30_000)
+    assert next_in_line(bench.state) is bench.state.waiting["high"]
+
+
+def test_a_grant_that_settle_did_not_check_is_still_checked() -> None:
+    """`_settle` skips checking again only the grant it has just checked: a recorded grant
+    over a limit still raises when folded."""
+    bench = GateBench(GateLimits(requests_per_minute=1))
+    bench.request("s1")
+    bench.request("s2")
+    log = [*bench.log, SlotGranted(slot_id="s2", lease_deadline=T0 + 1)]
+    with pytest.raises(IllegalTransition, match="requests_per_minute"):
+        fold_gate(GateState(provider="anthropic"), log)
+
+
+def test_a_request_past_its_wait_bound_is_refused_even_if_its_timer_came_late() -> None:
+    """The runtime's timer may fire late: an input after a wait bound refuses the request
+    before anything is granted."""
+    bench = IndexCheckedBench(GateLimits(max_concurrent=1, max_wait_ms=5_000))
+    bench.request("held")
+    bench.request("late")
+    bench.now += 10_000  # no timer at the bound
+    decisions = bench.release("held")
+    assert names(decisions) == ["SlotFreed", "SlotRefused"]
+    assert isinstance(decisions[1], SlotRefused) and decisions[1].code is Refusal.WAITED_TOO_LONG

@@ -1,0 +1,313 @@
+"""The provider gate saturated: 100 agents on a 600 RPM limit for 10 simulated minutes.
+
+Every agent always wants the provider: it asks for a slot, waits, calls for a simulated
+latency (1.5 to 6 s), releases with its actual usage (input as estimated, output 25 to 100 %
+of the estimate), and asks again at once (1 s later if refused). The pure core (`lanes.gate`)
+runs in virtual time, fed as the live gate feeds it: the inputs, and a `GateTimer` whenever
+`next_gate_due` says something is due. The variants, reported apart:
+
+- **equal**: 100 equal agents (normal priority, 1,500-4,000 input and 400-1,000 output
+  tokens estimated per call);
+- **priorities**: 20 high, 50 normal and 30 low agents (the aging between classes at work);
+- **token sizes**: half the agents send prompts and answers 4x bigger (the fair share is
+  meant to be tokens);
+- **token sizes, input TPM binding**: the same agents under an input-token limit that runs
+  out long before the RPM does (not timed).
+
+Measures:
+
+- **utilisation** = requests granted in the period / (RPM x minutes): the most a sliding
+  60 s window can grant (goal >= 98 %); where input tokens bind, input tokens granted /
+  (ITPM x minutes);
+- **Jain's index** J(x) = (sum x)^2 / (n sum x^2), shown x 100, over the granted requests of
+  equal agents (100 % is perfectly even, 100/n % is one agent taking all; goal >= 99 %),
+  and over granted tokens where the agents differ in size;
+- **wait** from `SlotRequested` to its `SlotGranted`, in virtual time (p50 / p99 / max);
+- **overhead per slot**: the recorded inputs are fed again to a fresh gate with nothing else
+  in the loop: wall time of `decide_gate` / slots granted, which is one slot's whole life
+  (its request, its grant by a timer or a release, its release, the timers it causes); the
+  best of 5 runs, after `gateway.runtime.tune_gc` as in the gateway. Then with what the live
+  gate adds per input: `next_gate_due` after each input, and `encode_gate_event` of each
+  deciding input and its decisions.
+
+    uv run python -m bench.gate [--agents N] [--rpm N] [--minutes N]
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from bench.common import Figure, run
+from gateway.runtime import tune_gc
+from lanes.gate import GateState, decide_gate, encode_gate_event, next_gate_due
+from lanes.gate_events import (
+    WINDOW_MS,
+    CallOutcome,
+    GateDecision,
+    GateInput,
+    GateLimits,
+    GateLimitsChanged,
+    GateTimer,
+    SlotGranted,
+    SlotRefused,
+    SlotReleased,
+    SlotRequested,
+)
+from lanes.requests import Priority
+
+START = 1_771_297_800_000  # 2026-02-17T03:10:00Z
+LATENCY_MS = (1_500, 6_000)
+"""A simulated provider call takes this long (uniform)."""
+RETRY_MS = 1_000
+"""An agent whose request was refused asks again this much later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """One simulated agent: its priority and the range of its token estimates."""
+
+    name: str
+    priority: Priority = Priority.NORMAL
+    input_tokens: tuple[int, int] = (1_500, 4_000)
+    output_tokens: tuple[int, int] = (400, 1_000)
+    group: str = "all"
+    """Agents of one group are equal: Jain's index is taken within a group."""
+
+
+@dataclass(slots=True)
+class Sim:
+    """What one simulation granted, and the inputs it fed (to replay for timing)."""
+
+    limits: GateLimits
+    agents: list[Agent]
+    end: int
+    granted: dict[str, int] = field(default_factory=dict)
+    """Agent -> requests granted in the period."""
+    tokens: dict[str, int] = field(default_factory=dict)
+    """Agent -> estimated tokens granted in the period."""
+    input_tokens: int = 0
+    """Estimated input tokens granted in the period, all agents."""
+    waits: dict[str, list[int]] = field(default_factory=dict)
+    """Agent -> every wait, ms."""
+    refused: int = 0
+    inputs: list[GateInput] = field(default_factory=list)
+
+
+def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 1) -> Sim:
+    """Run the agents against one gate for ``minutes`` of virtual time."""
+    rng = random.Random(seed)
+    sim = Sim(limits, agents, START + minutes * WINDOW_MS)
+    for agent in agents:
+        sim.granted[agent.name] = sim.tokens[agent.name] = 0
+        sim.waits[agent.name] = []
+    by_name = {agent.name: agent for agent in agents}
+    state = GateState(provider="sim")
+    asked: dict[str, tuple[int, SlotRequested]] = {}  # slot id -> (asked at, request)
+    calling: dict[str, SlotRequested] = {}  # granted slots whose call is under way
+    later: list[tuple[int, str, str]] = []  # a heap of (at, "release" | "ask", slot | agent)
+    ids = itertools.count(1)
+
+    def feed(event: GateInput) -> None:
+        sim.inputs.append(event)
+        for decision in decide_gate(state, event):
+            handle(decision, event.at)
+
+    def handle(decision: GateDecision, now: int) -> None:
+        if isinstance(decision, SlotGranted):
+            at, request = asked.pop(decision.slot_id)
+            if now < sim.end:
+                sim.granted[request.agent_id] += 1
+                sim.tokens[request.agent_id] += request.input_tokens + request.output_tokens
+                sim.input_tokens += request.input_tokens
+            sim.waits[request.agent_id].append(now - at)
+            calling[decision.slot_id] = request
+            heapq.heappush(later, (now + rng.randint(*LATENCY_MS), "release", decision.slot_id))
+        elif isinstance(decision, SlotRefused):
+            sim.refused += 1
+            del asked[decision.slot_id]
+            heapq.heappush(later, (now + RETRY_MS, "ask", decision.agent_id))
+
+    def ask(agent: Agent, now: int) -> None:
+        n = next(ids)
+        request = SlotRequested(
+            at=now,
+            slot_id=f"s{n}",
+            agent_id=agent.name,
+            run_id=f"run{n}",
+            priority=agent.priority,
+            input_tokens=rng.randint(*agent.input_tokens),
+            output_tokens=rng.randint(*agent.output_tokens),
+        )
+        asked[request.slot_id] = now, request
+        feed(request)
+
+    def release(now: int, slot_id: str) -> None:
+        request = calling.pop(slot_id)
+        feed(
+            SlotReleased(
+                at=now,
+                slot_id=slot_id,
+                outcome=CallOutcome.OK,
+                input_tokens=request.input_tokens,
+                output_tokens=rng.randint(request.output_tokens // 4, request.output_tokens),
+            )
+        )
+        ask(by_name[request.agent_id], now)
+
+    feed(GateLimitsChanged(at=START, limits=limits))
+    for agent in agents:
+        ask(agent, START)
+    now = START
+    while now < sim.end:
+        due = next_gate_due(state, now)
+        if later and (due is None or later[0][0] <= due):
+            now, action, name = heapq.heappop(later)
+            if action == "release":
+                release(now, name)
+            else:
+                ask(by_name[name], now)
+        elif due is not None:
+            now = due
+            feed(GateTimer(at=now))
+        else:
+            break
+    return sim
+
+
+def jain(values: Sequence[int]) -> float:
+    """Jain's fairness index: 1 when all are equal, 1/n when one takes everything."""
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares else 1.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def replay_us(
+    inputs: list[GateInput], due: bool = False, encode: bool = False, repeat: int = 5
+) -> float:
+    """Microseconds per granted slot to decide ``inputs`` again on a fresh gate, and with
+    ``due`` ask `next_gate_due` after each (as the live gate arms its timer), and with
+    ``encode`` encode each deciding input and its decisions (as the live gate appends
+    them): the best of ``repeat`` runs."""
+    best = float("inf")
+    slots = 0
+    for _ in range(repeat):
+        state = GateState(provider="sim")
+        tune_gc()
+        start = time.perf_counter()
+        for event in inputs:
+            decisions = decide_gate(state, event)
+            if due:
+                next_gate_due(state, event.at)
+            if encode and decisions:
+                encode_gate_event(event)
+                for decision in decisions:
+                    encode_gate_event(decision)
+        best = min(best, time.perf_counter() - start)
+        slots = state.counters.granted
+    return best / slots * 1e6
+
+
+def two_sizes(n: int) -> list[Agent]:
+    """Half the agents (the odd ones) send prompts and answers 4x bigger than the others."""
+    big = Agent("", input_tokens=(6_000, 16_000), output_tokens=(1_600, 4_000), group="4x")
+    return [replace(big, name=f"a{i}") if i % 2 else Agent(f"a{i}", group="1x") for i in range(n)]
+
+
+def mixed_priorities(n: int) -> list[Agent]:
+    """A fifth of the agents high, three tenths low, the rest normal."""
+    high, low = n // 5, n * 3 // 10
+    ranks = [Priority.HIGH] * high + [Priority.LOW] * low + [Priority.NORMAL] * (n - high - low)
+    return [Agent(f"a{i}", priority=p, group=p.value) for i, p in enumerate(ranks)]
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """Who shares the gate, and under which limits besides the RPM."""
+
+    agents: Callable[[int], list[Agent]]
+    input_tokens_per_minute: int | None = None
+    """If set, the input tokens rather than the requests are what runs out."""
+    timed: bool = True
+    """Whether to measure the gate's cost per slot on this variant."""
+
+
+VARIANTS: dict[str, Variant] = {
+    "equal": Variant(lambda n: [Agent(f"a{i}") for i in range(n)]),
+    "priorities": Variant(mixed_priorities),
+    "token sizes": Variant(two_sizes),
+    "token sizes, input TPM binding": Variant(two_sizes, 1_000_000, timed=False),
+}
+
+
+def measure(agents: int = 100, rpm: int = 600, minutes: int = 10) -> list[Figure]:
+    """Every variant's utilisation, fairness and waits, and the gate's cost per slot."""
+    figures: list[Figure] = []
+    for name, variant in VARIANTS.items():
+        itpm = variant.input_tokens_per_minute
+        limits = GateLimits(requests_per_minute=rpm, input_tokens_per_minute=itpm)
+        sim = simulate(variant.agents(agents), limits, minutes)
+        tag = f"[{name}]"
+        groups: dict[str, list[Agent]] = {}
+        for agent in sim.agents:
+            groups.setdefault(agent.group, []).append(agent)
+        if itpm is None:
+            figures.append(Figure(f"{tag} utilisation: granted / (RPM x minutes)",
+                                  100 * sum(sim.granted.values()) / (rpm * minutes), "%",
+                                  ">= 98 %"))
+        else:
+            figures.append(Figure(f"{tag} utilisation: input tokens granted / (ITPM x minutes)",
+                                  100 * sim.input_tokens / (itpm * minutes), "%"))
+        for group, members in groups.items():
+            part = "" if len(groups) == 1 else f" {group} ({len(members)} agents)"
+            counts = [sim.granted[a.name] for a in members]
+            waits = [w / 1000 for a in members for w in sim.waits[a.name]]
+            figures += [
+                Figure(f"{tag}{part} Jain's index over granted requests", 100 * jain(counts),
+                       "%", ">= 99 %"),
+                Figure(f"{tag}{part} granted per agent", mean(counts), "requests"),
+                Figure(f"{tag}{part} wait, p99", percentile(waits, 0.99),
+                       f"s (p50 {percentile(waits, 0.5):.2f} s, max {max(waits):.1f} s)"),
+            ]
+        if variant.agents is two_sizes:
+            tokens = {group: mean([sim.tokens[a.name] for a in members])
+                      for group, members in groups.items()}
+            figures += [
+                Figure(f"{tag} Jain's index over granted tokens, all agents",
+                       100 * jain(list(sim.tokens.values())), "%"),
+                Figure(f"{tag} tokens granted per 4x agent / per 1x agent",
+                       tokens["4x"] / tokens["1x"], "x", "1 if shared by tokens, 4 by requests"),
+            ]
+        if sim.refused:
+            figures.append(Figure(f"{tag} requests refused", sim.refused, "requests"))
+        if variant.timed:
+            figures += [
+                Figure(f"{tag} gate overhead per slot: decide_gate", replay_us(sim.inputs),
+                       "us", "< 20 us"),
+                Figure(f"{tag} ... and next_gate_due after each input",
+                       replay_us(sim.inputs, due=True), "us"),
+                Figure(f"{tag} ... and encode_gate_event of every event",
+                       replay_us(sim.inputs, due=True, encode=True), "us"),
+            ]
+    return figures
+
+
+def mean(values: Sequence[float]) -> float:
+    """The mean of ``values``."""
+    return sum(values) / len(values)
+
+
+if __name__ == "__main__":
+    run(measure, agents=100, rpm=600, minutes=10)
