@@ -12,7 +12,12 @@ runs in virtual time, fed as the live gate feeds it: the inputs, and a `GateTime
 - **token sizes**: half the agents send prompts and answers 4x bigger (the fair share is
   meant to be tokens);
 - **token sizes, input TPM binding**: the same agents under an input-token limit that runs
-  out long before the RPM does (not timed).
+  out long before the RPM does (not timed);
+- **token sizes, concurrency binding**: the same agents, no per-minute limit, at most 10
+  calls in flight, so the queue is contended all the time and the fair order alone decides
+  who goes next (not timed). Under a sliding window the shares follow the window instead:
+  capacity comes back exactly as it was taken 60 s earlier, and agents that call again
+  right away take it as it frees, so the shares there stay close to even per request.
 
 Measures:
 
@@ -242,6 +247,9 @@ class Variant:
     """If set, the input tokens rather than the requests are what runs out."""
     timed: bool = True
     """Whether to measure the gate's cost per slot on this variant."""
+    max_concurrent: int | None = None
+    """If set, calls in flight rather than requests per minute are what runs out (the
+    queue is then contended all the time, which is where the fair order decides)."""
 
 
 VARIANTS: dict[str, Variant] = {
@@ -249,6 +257,7 @@ VARIANTS: dict[str, Variant] = {
     "priorities": Variant(mixed_priorities),
     "token sizes": Variant(two_sizes),
     "token sizes, input TPM binding": Variant(two_sizes, 1_000_000, timed=False),
+    "token sizes, concurrency binding": Variant(two_sizes, timed=False, max_concurrent=10),
 }
 
 
@@ -257,13 +266,18 @@ def measure(agents: int = 100, rpm: int = 600, minutes: int = 10) -> list[Figure
     figures: list[Figure] = []
     for name, variant in VARIANTS.items():
         itpm = variant.input_tokens_per_minute
-        limits = GateLimits(requests_per_minute=rpm, input_tokens_per_minute=itpm)
+        cap = variant.max_concurrent
+        limits = GateLimits(requests_per_minute=rpm if cap is None else None,
+                            input_tokens_per_minute=itpm, max_concurrent=cap)
         sim = simulate(variant.agents(agents), limits, minutes)
         tag = f"[{name}]"
         groups: dict[str, list[Agent]] = {}
         for agent in sim.agents:
             groups.setdefault(agent.group, []).append(agent)
-        if itpm is None:
+        if cap is not None:
+            figures.append(Figure(f"{tag} calls granted (max {cap} in flight)",
+                                  sum(sim.granted.values()), "requests"))
+        elif itpm is None:
             figures.append(Figure(f"{tag} utilisation: granted / (RPM x minutes)",
                                   100 * sum(sim.granted.values()) / (rpm * minutes), "%",
                                   ">= 98 %"))
