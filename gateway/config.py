@@ -303,23 +303,11 @@ class GatewayConfig(ConfigModel):
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:
         problems: list[tuple[tuple[str | int, ...], str]] = []
-        agents: dict[str, int] = {}
-        for i, entry in enumerate(self.agents):
-            if entry.id in agents:
-                problems.append(
-                    (("agents", i, "id"), f"duplicate agent id {entry.id!r} "
-                     f"(also agents[{agents[entry.id]}])")
-                )
-            agents.setdefault(entry.id, i)
-        names: dict[str, int] = {}
+        agents = _first_of_each("agents", "id", "agent id",
+                                [e.id for e in self.agents], problems)
+        _first_of_each("tokens", "name", "token name", [t.name for t in self.tokens], problems)
         secrets_seen: dict[str, int] = {}
         for i, token in enumerate(self.tokens):
-            if token.name in names:
-                problems.append(
-                    (("tokens", i, "name"), f"duplicate token name {token.name!r} "
-                     f"(also tokens[{names[token.name]}])")
-                )
-            names.setdefault(token.name, i)
             key = "token" if token.token is not None else "token_env"
             if token.secret in secrets_seen:
                 problems.append(
@@ -330,14 +318,8 @@ class GatewayConfig(ConfigModel):
             for k, agent in enumerate(token.agents or ()):
                 if agent not in agents:
                     problems.append((("tokens", i, "agents", k), _unknown_agent(agent)))
-        providers: dict[str, int] = {}
-        for i, provider in enumerate(self.providers):
-            if provider.name in providers:
-                problems.append(
-                    (("providers", i, "name"), f"duplicate provider name {provider.name!r} "
-                     f"(also providers[{providers[provider.name]}])")
-                )
-            providers.setdefault(provider.name, i)
+        providers = _first_of_each("providers", "name", "provider name",
+                                   [p.name for p in self.providers], problems)
         for i, entry in enumerate(self.agents):
             name = entry.reasoner.provider
             if name is None:
@@ -369,14 +351,8 @@ class GatewayConfig(ConfigModel):
                                  f"{provider.limits.lease_ms} ms is not longer than the run "
                                  f"timeout of agent {entry.id!r} ({timeout} ms): a slot must "
                                  "never expire under a live run"))
-        rules: dict[str, int] = {}
+        _first_of_each("hooks", "name", "hook name", [r.name for r in self.hooks], problems)
         for i, rule in enumerate(self.hooks):
-            if rule.name in rules:
-                problems.append(
-                    (("hooks", i, "name"), f"duplicate hook name {rule.name!r} "
-                     f"(also hooks[{rules[rule.name]}])")
-                )
-            rules.setdefault(rule.name, i)
             for k, agent in enumerate(rule.agents):
                 if agent not in agents:
                     problems.append((("hooks", i, "agents", k), _unknown_agent(agent)))
@@ -568,6 +544,18 @@ def _raise(field: str, message: str) -> None:
             )
         ],
     )
+
+
+def _first_of_each(section: str, key: str, label: str, names: Sequence[str],
+                   problems: list[tuple[tuple[str | int, ...], str]]) -> dict[str, int]:
+    """Each name's first index in ``section``; every repeat is a problem at its key."""
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in first:
+            problems.append(((section, i, key),
+                             f"duplicate {label} {name!r} (also {section}[{first[name]}])"))
+        first.setdefault(name, i)
+    return first
 
 
 def _unknown_agent(agent: str) -> str:
