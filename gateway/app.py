@@ -245,7 +245,7 @@ class _Api:
             raise BadFrame("too_large", f"body over {self.service.max_frame_bytes} bytes")
         try:
             data = json.loads(raw)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # too deeply nested: not a crash
             raise BadFrame("malformed_json", f"body is not JSON: {error}") from None
         try:
             return model.model_validate(data)
@@ -869,7 +869,7 @@ class Session:
     def _parse(self, raw: str) -> Any:
         try:
             data = json.loads(raw)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # too deeply nested: not a crash
             raise BadFrame("malformed_json", f"not JSON: {error}") from None
         if not isinstance(data, dict):
             raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
@@ -1049,7 +1049,7 @@ def _text(message: Any) -> str:
 
 def _guess_id(raw: str) -> str | None:
     """The client's frame id, if the frame is JSON enough to have one."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
         value = json.loads(raw).get("id")
         return value if isinstance(value, str) and len(value) <= 128 else None
     return None
