@@ -42,7 +42,9 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
             await engine.report(agent_id, broker_report)
 
     broker = PaperBroker(report, clock)
-    clients = build_clients(config)
+    # The LLM SDKs take seconds to import: only when a provider needs them (a fast restart).
+    real = any(p.kind != "simulated" for p in config.providers)
+    clients = build_clients(config) if real else {}
     reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
     engine = Engine(store, config.agent_configs(), clock=clock,
                     reasoners=reasoners.__getitem__, broker=broker,
