@@ -22,7 +22,7 @@ from lanes import verify
 from tests.e2e.live import TIMEOUT
 from tests.security.server import Threaded, raw_http, received_ids, threaded, trigger
 
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=50, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 CODES = set(HTTP_STATUS)
