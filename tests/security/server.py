@@ -11,6 +11,8 @@ from collections.abc import Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import httpx
+
 from lanes import AgentConfig, Entry, Mode
 from lanes.events import RequestReceived
 from store import MemoryEventStore
@@ -42,6 +44,14 @@ class Threaded:
             return await log_of(self.live.engine.store)
 
         return self.call(read())
+
+    def http(self, token: str | None = None) -> httpx.Client:
+        """A sync HTTP client, with that bearer token. One connection per request: with
+        keep-alive each answer waits ~40 ms for a delayed ACK (Nagle), 25x slower here."""
+        headers = {"Connection": "close"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.Client(base_url=self.live.http, timeout=TIMEOUT, headers=headers)
 
     @property
     def host(self) -> str:

@@ -30,6 +30,13 @@ def gw() -> Iterator[Threaded]:
         yield gateway
 
 
+@pytest.fixture(scope="module")
+def http(gw: Threaded) -> Iterator[httpx.Client]:
+    """One client for the module (making one costs more than a hundred requests)."""
+    with gw.http() as client:
+        yield client
+
+
 # ----------------------------------------------------------------------- role matrix
 
 OK, NO, ANON = "ok", 403, 401
@@ -103,29 +110,27 @@ def _expected(table: dict[str, Any], token: str | None) -> Any:
 @pytest.mark.parametrize(("method", "path", "body", "table"), MATRIX,
                          ids=[f"{m} {p}" for m, p, _, _ in MATRIX])
 def test_every_route_answers_each_role_and_scope_as_documented(
-    gw: Threaded, method: str, path: str, body: str | None, table: dict[str, Any]
+    http: httpx.Client, method: str, path: str, body: str | None, table: dict[str, Any]
 ) -> None:
     agent = path.split("/")[3] if path.startswith("/api/agents/") else "btc"
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT) as http:
-        for token in ROLES:
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            payload = _body(body, agent) if body else None
-            response = http.request(method, path, headers=headers, json=payload)
-            expected = _expected(table, token)
-            where = f"{method} {path} as {token}: {response.status_code} {response.text[:200]}"
-            if expected == OK:  # allowed: past auth, whatever the route then answers
-                assert response.status_code not in (401, 403), where
-                assert response.status_code < 500, where
-            else:
-                assert response.status_code == expected, where
-                error = response.json()
-                assert error["code"] == ("unauthorized" if expected == 401 else "forbidden")
-                assert HTTP_STATUS[error["code"]] == expected
+    for token in ROLES:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        payload = _body(body, agent) if body else None
+        response = http.request(method, path, headers=headers, json=payload)
+        expected = _expected(table, token)
+        where = f"{method} {path} as {token}: {response.status_code} {response.text[:200]}"
+        if expected == OK:  # allowed: past auth, whatever the route then answers
+            assert response.status_code not in (401, 403), where
+            assert response.status_code < 500, where
+        else:
+            assert response.status_code == expected, where
+            error = response.json()
+            assert error["code"] == ("unauthorized" if expected == 401 else "forbidden")
+            assert HTTP_STATUS[error["code"]] == expected
 
 
 def test_a_scoped_token_lists_and_reads_only_its_agents(gw: Threaded) -> None:
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT,
-                      headers={"Authorization": "Bearer scoped-secret"}) as http:
+    with gw.http("scoped-secret") as http:
         assert [a["agentId"] for a in http.get("/api/agents").json()] == ["btc"]
         streams = {e["stream"] for e in http.get("/api/events?limit=1000").json()["events"]}
         assert streams <= {"btc"}
@@ -202,8 +207,8 @@ def test_the_own_and_allowed_origins_are_accepted(gw: Threaded, origin: str) -> 
 
 
 def test_a_foreign_origin_cannot_post_but_may_read(gw: Threaded) -> None:
-    headers = {"Authorization": "Bearer admin-secret", "Origin": "https://evil.example"}
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT, headers=headers) as http:
+    with gw.http("admin-secret") as http:
+        http.headers["Origin"] = "https://evil.example"
         before = len(gw.log())
         refused = http.post("/api/agents/btc/requests", json=trigger("btc"))
         assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
@@ -251,7 +256,7 @@ SECRETS = [*TOKENS, "wrong-secret-xyz"]
 
 
 def _authenticate_every_way(gw: Threaded) -> None:
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT) as http:
+    with gw.http() as http:
         for token in SECRETS:
             auth = {"Authorization": f"Bearer {token}"}
             http.get("/api/agents", headers=auth)
@@ -277,8 +282,7 @@ INJECTIONS = ["x' OR 1=1--", "btc' OR '1'='1", "btc; DROP TABLE events;--", "../
 @pytest.mark.parametrize("param", ["agent", "type"])
 def test_injected_filters_find_nothing_and_change_nothing(gw: Threaded, param: str) -> None:
     before = gw.log()
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT,
-                      headers={"Authorization": "Bearer admin-secret"}) as http:
+    with gw.http("admin-secret") as http:
         assert http.post("/api/agents/btc/requests", json=trigger("btc")).status_code == 200
         for value in INJECTIONS:
             response = http.get("/api/events", params={param: value, "limit": "1000"})
@@ -310,8 +314,7 @@ def test_injected_agent_ids_in_paths_are_unknown_and_change_nothing(
 
 def test_requests_with_injected_ids_are_stored_verbatim_or_refused(gw: Threaded) -> None:
     before = received_ids(gw.log())
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT,
-                      headers={"Authorization": "Bearer admin-secret"}) as http:
+    with gw.http("admin-secret") as http:
         for value in ["../../etc/passwd", "x' OR 1=1--", "a\x00b"]:
             request = {**trigger("btc"), "requestId": value}
             http.post("/api/agents/btc/requests", json=request)

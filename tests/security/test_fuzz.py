@@ -22,7 +22,7 @@ from lanes import verify
 from tests.e2e.live import TIMEOUT
 from tests.security.server import Threaded, raw_http, received_ids, threaded, trigger
 
-FUZZ = settings(max_examples=50, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 CODES = set(HTTP_STATUS)
@@ -246,8 +246,7 @@ def test_fuzzed_http_bodies_and_queries_get_json_errors_never_500(
     gw: Threaded, acked: set[str]
 ) -> None:
     before = gw.log()
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT,
-                      headers={"Authorization": "Bearer admin-secret"}) as http:
+    with gw.http("admin-secret") as http:
 
         @FUZZ
         @given(path=st.sampled_from(POSTS), body=bodies,
