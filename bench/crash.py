@@ -41,7 +41,7 @@ import httpx
 
 from gateway.client import ConnectionLost, ControlClient, FeedClient, GatewayClientError
 from gateway.protocol import AckFrame, ErrorFrame
-from lanes import Entry, replay, verify
+from lanes import AgentState, Entry, replay, verify
 from lanes.codec import decode
 from lanes.events import (
     AbortReason,
@@ -291,12 +291,13 @@ class Load:
                 self.unacked_ticks.pop(n, None)
 
 
-async def read_log(db: Path) -> list[Entry]:
+async def read_log(db: Path, after: int = 0) -> list[Entry]:
+    """The agents' events after position ``after``, decoded."""
     store = SqliteEventStore(db)
     await store.open()
     try:
         return [Entry(r.position, r.stream, decode(r.type, r.data))
-                for r in await store.read() if is_agent_stream(r.stream)]
+                for r in await store.read(after) if is_agent_stream(r.stream)]
     finally:
         await store.close()
 
@@ -346,11 +347,15 @@ async def crash_run(workdir: Path, kills: int, seed: int = 0, min_load_ms: int =
     ledger = Ledger(report)
     load = Load(ledger, rng)
     cut_off: set[str] = set()
+    states: dict[str, AgentState] = {}
+    seen = 0
     for _ in range(kills):
         await one_round(config, db, log, load, rng.uniform(min_load_ms, max_load_ms) / 1000,
                         report)
-        cut_off |= {s.active.run_id for s in replay(await read_log(db)).values()
-                    if s.active is not None}
+        new = await read_log(db, seen)  # the log is only appended to: fold what is new
+        seen = new[-1].position if new else seen
+        states = replay(new, states)
+        cut_off |= {s.active.run_id for s in states.values() if s.active is not None}
     # One last start records the last kill's cut-off runs; then a graceful stop.
     process, _ = await start(config, db, log)
     try:
