@@ -291,3 +291,19 @@ def test_a_deeply_nested_frame_is_an_error_frame_not_a_dropped_connection(
         assert recv(ws)["code"] in {"malformed_json", "too_large"}
         ws.send(json.dumps({"type": "ping", "id": "p"}))
         assert recv(ws)["type"] == "pong"
+
+
+def test_fuzzed_first_frames_before_auth_are_refused_with_1008(gw: Threaded) -> None:
+    @settings(FUZZ, max_examples=30)
+    @given(raw=raw_frames | st.builds(lambda t: json.dumps({"type": "auth", "token": t}),
+                                      st.text(max_size=600)))
+    def example(raw: str | bytes) -> None:
+        with connect(f"{gw.live.ws}/ws/control", open_timeout=TIMEOUT) as ws:
+            ws.send(raw)
+            answer = recv(ws)
+            assert answer["type"] == "error" and answer["code"] in CODES - {"internal"}, answer
+            with pytest.raises(ConnectionClosed) as closed:
+                recv(ws)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+    example()
