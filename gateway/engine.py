@@ -703,20 +703,27 @@ class Engine:
 
     async def _rebuild(self, agent: _Agent) -> None:
         agent_id = agent.state.agent_id
-        while True:
-            try:
-                while self._in_flight:
-                    await asyncio.wait(list(self._in_flight))
-                records = await self.store.read_stream(agent_id)
-                break
-            except StoreError:
-                await asyncio.sleep(0.5)  # the store is failing: retry in real time
+        records = await read_settled(self.store, agent_id, self._in_flight)
         entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
         agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
         agent.recovering = False
         if self._running and agent.state.active is not None:
             self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
+
+
+async def read_settled(store: EventStore, stream: str,
+                       in_flight: set[asyncio.Future[list[RecordedEvent]]]
+                       ) -> list[RecordedEvent]:
+    """A stream as committed once every append in ``in_flight`` has settled, retried in
+    real time while the store fails (recovery after a failed append)."""
+    while True:
+        try:
+            while in_flight:
+                await asyncio.wait(list(in_flight))
+            return await store.read_stream(stream)
+        except StoreError:
+            await asyncio.sleep(0.5)
 
 
 def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:

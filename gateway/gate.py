@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from gateway.clock import Clock, Timer
-from gateway.engine import EventIds
+from gateway.engine import EventIds, read_settled
 from gateway.errors import GatewayError
 from gateway.tasks import spawn
 from lanes.gate import (
@@ -45,7 +45,7 @@ from lanes.gate_events import (
     SlotRequested,
 )
 from lanes.requests import Priority
-from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
+from store.port import Append, EventStore, NewEvent, RecordedEvent
 
 log = logging.getLogger("gateway.gate")
 
@@ -258,14 +258,7 @@ class ProviderGate:
                     waiter.set_exception(SlotRefusedError(decision))
 
     async def _rebuilt(self) -> None:
-        while True:
-            try:
-                while self._in_flight:
-                    await asyncio.wait(list(self._in_flight))
-                records = await self.store.read_stream(self.stream)
-                break
-            except StoreError:
-                await asyncio.sleep(0.5)  # the store is failing: retry in real time
+        records = await read_settled(self.store, self.stream, self._in_flight)
         self._state = fold_gate(GateState(provider=self.stream),
                                 (decode_gate_event(r.type, r.data) for r in records))
         self._rebuild = None
