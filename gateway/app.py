@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -1055,14 +1055,4 @@ def _guess_id(raw: str) -> str | None:
     return None
 
 
-@contextlib.asynccontextmanager
-async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
-    """Start the engine with the app and stop it gracefully with it."""
-    await engine.start()
-    try:
-        yield
-    finally:
-        await engine.stop()
-
-
-__all__ = ["Role", "Service", "create_app", "engine_lifespan"]
+__all__ = ["Role", "Service", "create_app"]

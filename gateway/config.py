@@ -574,12 +574,15 @@ def build_gates(config: GatewayConfig, store: EventStore, clock: Clock) -> dict[
 
 def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
     """A client for each anthropic or openai provider (a simulated one needs none)."""
+    real = [p for p in config.providers if p.kind != "simulated"]
+    if not real:
+        return {}  # the LLM SDKs take seconds to import: only when a provider needs them
     from gateway.providers import build_client
 
     return {
         p.name: build_client(p.kind, p.model, api_key=p.secret, base_url=p.base_url,
                              timeout_s=p.timeout_s)
-        for p in config.providers if p.kind != "simulated"
+        for p in real
     }
 
 

@@ -242,11 +242,11 @@ class Engine:
             loaded = await load_latest(self.store)
             log_fold = loaded.fold
             records = await self.store.read(after=log_fold.position)
-            log_fold.add(Entry(r.position, r.stream, decode(r.type, r.data)) for r in records
-                         if is_agent_stream(r.stream))
+            tail = [r for r in records if is_agent_stream(r.stream)]
+            log_fold.add(Entry(r.position, r.stream, decode(r.type, r.data)) for r in tail)
         if loaded.snapshot is not None:
             self.snapshot_loaded = loaded.snapshot.position
-        self._since_snapshot = sum(1 for r in records if is_agent_stream(r.stream))
+        self._since_snapshot = len(tail)
         if records:
             log_fold.position = records[-1].position
             self._anchor = records[-1].event_id

@@ -16,7 +16,7 @@ from gateway.clock import Clock
 from gateway.errors import GatewayError
 from gateway.llm import Completion, LLMClient, Message, ProviderCallError
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
-from lanes.gate import full_jitter
+from lanes.gate import backoff_ceiling, full_jitter
 from lanes.gate_events import THROTTLED, CallOutcome
 from lanes.requests import RANK, AgentRequest, Priority, WireModel
 
@@ -68,8 +68,6 @@ class RunContext:
         self.clock = clock
         self.gate = gate
         """The provider gate every LLM call of this run goes through (None: ungated)."""
-        self.calls = 0
-        """Calls made to the provider (attempts included)."""
         self._report_steerable = report_steerable
         self._steers: asyncio.Queue[AgentRequest] = asyncio.Queue()
 
@@ -92,14 +90,12 @@ class RunContext:
         """
         gate = self.gate
         if gate is None:
-            self.calls += 1
             return await make()
         failures = 0
         while True:
             failed: ProviderCallError | None = None
             async with gate.using(self.agent_id, self.run_id, self.priority, input_tokens,
                                   output_tokens) as slot:
-                self.calls += 1
                 try:
                     completion = await make()
                 except ProviderCallError as error:
@@ -128,9 +124,7 @@ class RunContext:
             if failed.outcome not in THROTTLED:
                 # A 5xx or a timeout schedules no provider-wide backoff (the breaker watches
                 # those): this run waits before its own next attempt, with full jitter.
-                limits = gate.limits
-                ceiling = min(limits.backoff_cap_ms,
-                              limits.backoff_base_ms << min(failures - 1, 20))
+                ceiling = backoff_ceiling(gate.limits, failures)
                 await self.clock.sleep(full_jitter(self.run_id, failures, ceiling))
             # Then the gate decides whether and when the next attempt goes.
 
@@ -191,16 +185,20 @@ class SimulatedReasoner:
         latency = self._random.uniform(*self.latency_ms)
         prompts = list(ctx.requests)
 
+        def estimate() -> tuple[int, int]:
+            """One turn's tokens (the simulation uses exactly what it estimates)."""
+            return 400 + 120 * len(prompts), 80 + 40 * len(prompts) // self.turns
+
         async def think() -> Completion:
             await ctx.clock.sleep(latency / self.turns)
-            return Completion(text="", input_tokens=400 + 120 * len(prompts),
-                              output_tokens=80 + 40 * len(prompts) // self.turns)
+            input_tokens, output_tokens = estimate()
+            return Completion(text="", input_tokens=input_tokens, output_tokens=output_tokens)
 
         for turn in range(self.turns):
             if self.steerable and turn == 0:
                 ctx.set_steerable(True)
-            await ctx.call(think, input_tokens=400 + 120 * len(prompts),
-                           output_tokens=80 + 40 * len(prompts) // self.turns)
+            input_tokens, output_tokens = estimate()
+            await ctx.call(think, input_tokens=input_tokens, output_tokens=output_tokens)
             prompts += ctx.take_steers()
         if self.steerable:
             ctx.set_steerable(False)

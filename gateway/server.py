@@ -42,9 +42,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
             await engine.report(agent_id, broker_report)
 
     broker = PaperBroker(report, clock)
-    # The LLM SDKs take seconds to import: only when a provider needs them (a fast restart).
-    real = any(p.kind != "simulated" for p in config.providers)
-    clients = build_clients(config) if real else {}
+    clients = build_clients(config)
     reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
     engine = Engine(store, config.agent_configs(), clock=clock,
                     reasoners=reasoners.__getitem__, broker=broker,

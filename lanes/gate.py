@@ -420,6 +420,11 @@ def next_in_line(state: GateState) -> Waiting | None:
     return index.head
 
 
+def backoff_ceiling(limits: GateLimits, attempt: int) -> int:
+    """The longest backoff of an ``attempt`` (1, 2, ...): base x 2^(attempt-1), capped."""
+    return min(limits.backoff_cap_ms, limits.backoff_base_ms << min(attempt - 1, 40))
+
+
 def full_jitter(slot_id: str, attempt: int, ceiling: int) -> int:
     """A delay in ``[0, ceiling]``, uniform over slot ids and attempts, and deterministic."""
     digest = hashlib.sha256(f"{slot_id}:{attempt}".encode()).digest()
@@ -1038,7 +1043,7 @@ def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
         )
     if outcome in THROTTLED:
         attempt = state.attempt + 1
-        ceiling = min(limits.backoff_cap_ms, limits.backoff_base_ms << min(attempt - 1, 40))
+        ceiling = backoff_ceiling(limits, attempt)
         wait = full_jitter(slot_id, attempt, ceiling)
         reason = f"{outcome.value}: attempt {attempt}, full jitter up to {ceiling} ms"
         retry_after = event.retry_after_ms
