@@ -13,8 +13,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from store import migrate
-
 
 def _debug(args: argparse.Namespace) -> int:
     """The replay debugger's commands (`gateway.debugger`); bad input exits 2."""
@@ -141,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("demo", "serve"):
         return _serve(args)
     if args.command == "migrate":
+        from store import migrate
+
         asyncio.run(migrate(args.db))
         print(f"migrated {args.db}")
         return 0

@@ -62,6 +62,7 @@ from lanes.events import (
     RunsUnheld,
     SteerabilityChanged,
     TimerElapsed,
+    is_input,
 )
 from lanes.gate import decode_gate_event, verify_gate
 from lanes.replay import Divergence, Entry, LogFold, Verifier, first, is_agent_stream, steps
@@ -423,7 +424,6 @@ async def timeline_command(db: Path, agent: str, start: Point | None, end: Point
             raise DebugError(f"no agent {agent!r} in {db} (agents: {', '.join(agents) or 'none'})")
     finally:
         await store.close()
-    times = {r.position: r.recorded_at for r in records}
     entries = entries_of(records)
     shown = inputs = 0
     out(f"timeline of {agent}, positions {first}..{upto} (times are the inputs', UTC)")
@@ -434,8 +434,9 @@ async def timeline_command(db: Path, agent: str, start: Point | None, end: Point
             continue
         inputs += 1
         shown += 1 + len(step.decisions)
-        at = getattr(step.input.event, "at", times[position])
-        out(f"{position:>8}  {clock(at):<23}  {what_came_in(step.input.event)}")
+        event = step.input.event
+        assert is_input(event)  # (a step starts with its input)
+        out(f"{position:>8}  {clock(event.at):<23}  {what_came_in(event)}")
         for decision in step.decisions:
             out(f"{decision.position:>8}  {'':<23}    -> {explain(decision.event)}")
     out(f"\n{inputs} inputs and {shown - inputs} decisions of {agent} "
@@ -673,7 +674,7 @@ def divergence_report(divergence: Divergence) -> list[str]:
     def shown(event: Event | None) -> str:
         if event is None:
             return "(nothing)"
-        return f"{type(event).__name__}: {explain(event)}" if not _is_input(event) \
+        return f"{type(event).__name__}: {explain(event)}" if not is_input(event) \
             else what_came_in(event)
 
     input_at = divergence.input_position
@@ -688,10 +689,6 @@ def divergence_report(divergence: Divergence) -> list[str]:
         f"  recorded:   {divergence.recorded!r}",
         f"  re-decided: {divergence.redecided!r}",
     ]
-
-
-def _is_input(event: Event) -> bool:
-    return hasattr(event, "at")
 
 
 # ------------------------------------------------------------------------------- what-if

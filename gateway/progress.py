@@ -62,11 +62,6 @@ class Progress:
         end = self._ended if self._ended is not None else time.perf_counter()
         return end - self._started
 
-    @property
-    def rate(self) -> float:
-        """Units per second so far."""
-        return self.done / self.elapsed if self.elapsed > 0 else 0.0
-
     def line(self, now: float | None = None) -> str:
         """The bar as text: label, bar, share, count, rate and time left."""
         now = time.perf_counter() if now is None else now

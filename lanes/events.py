@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from pydantic import Field
 
@@ -234,6 +234,13 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     Stopping,
     Restarted,
 )
+INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
+"""The input classes, for a quick ``type(event) in INPUTS``."""
+
+
+def is_input(event: object) -> TypeGuard[Input]:
+    """Whether an event is an input (what came in) rather than a decision."""
+    return type(event) in INPUTS
 
 # ------------------------------------------------------------------------- decisions
 

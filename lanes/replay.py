@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from lanes.decide import decide
 from lanes.events import (
-    INPUT_TYPES,
+    INPUTS,
     AgentCallDispatched,
     CallUndeliverable,
     ControlApplied,
@@ -134,7 +134,6 @@ class Divergence:
         )
 
 
-_INPUTS = frozenset(INPUT_TYPES)
 
 
 class Verifier:
@@ -172,7 +171,7 @@ class Verifier:
             if queue is None:
                 queue = expected[stream] = deque()
             last[stream] = entry.position
-            if type(event) in _INPUTS:
+            if type(event) in INPUTS:
                 if queue:
                     self.divergence = self._diverged(entry.position, stream, event, queue[0])
                     break
@@ -238,7 +237,7 @@ def steps(entries: Iterable[Entry]) -> Iterator[Step]:
     current: Entry | None = None
     decisions: list[Entry] = []
     for entry in entries:
-        if type(entry.event) in _INPUTS:
+        if type(entry.event) in INPUTS:
             if current is not None:
                 yield Step(current, tuple(decisions))
             current, decisions = entry, []

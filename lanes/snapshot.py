@@ -97,8 +97,9 @@ def load_fold(data: bytes) -> tuple[LogFold, str]:
     try:
         image = _IMAGE.validate_json(data)
     except ValidationError as error:
-        if _format_of(data) not in (None, SNAPSHOT_FORMAT):
-            raise BadSnapshot(f"snapshot format {_format_of(data)}, this code reads "
+        found = _format_of(data)
+        if found not in (None, SNAPSHOT_FORMAT):
+            raise BadSnapshot(f"snapshot format {found}, this code reads "
                               f"{SNAPSHOT_FORMAT}") from None
         raise BadSnapshot(f"snapshot does not load: {error.error_count()} errors, first: "
                           f"{error.errors(include_url=False)[0]['msg']}") from None

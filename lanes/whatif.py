@@ -47,7 +47,7 @@ from typing import Any
 from lanes.config import AgentConfig
 from lanes.decide import decide, next_due
 from lanes.events import (
-    INPUT_TYPES,
+    INPUTS,
     BrokerReport,
     CallUndeliverable,
     ConfigChanged,
@@ -76,7 +76,6 @@ from lanes.events import (
 from lanes.replay import Entry, is_agent_stream
 from lanes.state import AgentState
 
-_INPUTS = frozenset(INPUT_TYPES)
 _RUN_REPORTS = (RunSteerability, RunFinished, RunErrored, SpendLimitHit)
 _SKIPPED = (TimerElapsed, BrokerReport, CallUndeliverable, *_RUN_REPORTS)
 _TIMER_FIRST = -1
@@ -130,7 +129,7 @@ def tally(entries: Iterable[Entry]) -> dict[str, Tally]:
             count = counters[stream] = Counter()
             arrivals[stream], waits[stream], now[stream] = {}, {}, 0
         kind = type(event)
-        if kind in _INPUTS:
+        if kind in INPUTS:
             now[stream] = max(now[stream], event.at)  # type: ignore[union-attr]
             if kind is RequestReceived:
                 count["received"] += 1
@@ -230,7 +229,7 @@ def run_book(entries: Sequence[Entry]) -> RunBook:
     now = 0
     for entry in entries:
         event = entry.event
-        if type(event) in _INPUTS:
+        if type(event) in INPUTS:
             now = max(now, event.at)  # type: ignore[union-attr]
             if isinstance(event, _RUN_REPORTS):
                 run = runs.get(event.run_id)
@@ -300,7 +299,7 @@ class Simulation:
             if progress is not None and done % 1000 == 0:
                 progress(1000)
             event = entry.event
-            if type(event) not in _INPUTS or isinstance(event, _SKIPPED):
+            if type(event) not in INPUTS or isinstance(event, _SKIPPED):
                 continue
             at: int = event.at  # type: ignore[union-attr]
             self._drain((at, entry.position))
@@ -448,7 +447,7 @@ def split_streams(entries: Iterable[Entry]) -> tuple[dict[str, list[Entry]], int
         if not is_agent_stream(entry.stream):
             continue
         streams.setdefault(entry.stream, []).append(entry)
-        if type(entry.event) in _INPUTS:
+        if type(entry.event) in INPUTS:
             end = max(end, entry.event.at)  # type: ignore[union-attr]
     return streams, end
 
