@@ -4,7 +4,6 @@ runs finish afterwards; the real anthropic and openai SDK clients make every cal
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -21,7 +20,7 @@ from lanes import AgentConfig, verify
 from lanes.gate import decode_gate_event, verify_gate
 from lanes.gate_events import GateLimits
 from store import MemoryEventStore
-from tests.gateway.support import TIMEOUT, log_of, next_event, request
+from tests.gateway.support import log_of, next_event, request
 
 AGENTS = ("btc", "eth", "sol")
 STORM = GateLimits(backoff_base_ms=50, backoff_cap_ms=200, max_attempts=8,
@@ -51,11 +50,9 @@ async def gate_types(store: MemoryEventStore) -> list[str]:
 
 
 async def wait_for_completions(store: MemoryEventStore, n: int) -> None:
-    async def count() -> None:
-        while sum(1 for e in await log_of(store)
-                  if type(e.event).__name__ == "RunCompleted") < n:
-            await next_event(store, "RunCompleted", after=await store.last_position())
-    await asyncio.wait_for(count(), TIMEOUT * 2)
+    after = 0
+    for _ in range(n):  # each waits with its own timeout
+        after = (await next_event(store, "RunCompleted", after=after)).position
 
 
 @pytest.mark.parametrize("kind", ["anthropic", "openai"])

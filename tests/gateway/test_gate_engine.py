@@ -126,6 +126,8 @@ async def test_a_429_backs_off_as_retry_after_says_then_the_run_finishes() -> No
     assert "retry-after 20000 ms" in json.loads(backoff.data)["reason"]
     await next_event(store, "SlotQueued", after=backoff.position)
     clock.advance(19_000)
+    await engine.gates["claude"].flush()  # whatever the timer decided is committed
+    await engine.flush()
     assert len(client.calls) == 1  # still backing off
     clock.advance(1_000)
     await next_event(store, "RunCompleted")
