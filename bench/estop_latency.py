@@ -25,6 +25,7 @@ import asyncio
 import json
 import multiprocessing
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -263,14 +264,16 @@ class Outcome:
     """The engine's mean time from a decision to its commit, over the flood."""
 
 
-def _ready() -> None:
-    time.sleep(0.3)  # long enough that each pool worker gets one of these
+def _ready(barrier: threading.Barrier) -> None:
+    barrier.wait(TIMEOUT)  # both pool workers are up once both have got here
 
 
 async def _measure(stops: int, rate: int, seconds: float, agents: int, window: int,
                    pool: ProcessPoolExecutor) -> Outcome:
     loop = asyncio.get_running_loop()
-    await asyncio.gather(*(loop.run_in_executor(pool, _ready) for _ in range(2)))
+    with multiprocessing.Manager() as manager:
+        barrier = manager.Barrier(2)
+        await asyncio.gather(*(loop.run_in_executor(pool, _ready, barrier) for _ in range(2)))
     blocker = Blocker(agents)
     names = agent_names(agents)
     config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + 100))
