@@ -6,12 +6,36 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import estop_latency, gate, replay_speed, scale, throughput, ws_ingest
+from bench import crash, estop_latency, gate, peers, replay_speed, scale, throughput, ws_ingest
 from bench.common import Figure, machine, table
+
+
+def crash_figures(kills: int) -> list[Figure]:
+    """`bench.crash.crash_run` in a scratch directory, as figures."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = asyncio.run(crash.crash_run(Path(scratch), kills))
+    restart_ms = [s * 1000 for s in report.restart_s]
+    return [
+        Figure("kills (SIGKILL at a random moment under load)", report.kills, "kills"),
+        Figure("acknowledged requests", report.acked, "requests"),
+        Figure("acknowledged requests lost", report.lost, "requests", "0"),
+        Figure("requests decided twice as new", report.duplicated, "requests", "0"),
+        Figure("runs cut off by a kill", report.cut_off_runs, "runs"),
+        Figure("... recorded as aborted (restart) at the next start", report.aborted_recorded,
+               "runs", "all"),
+        Figure("restart to /healthz 200, p50", statistics.median(restart_ms), "ms"),
+        Figure("restart to /healthz 200, max", max(restart_ms), "ms"),
+        Figure("`gateway verify` exit code on the final log",
+               -1 if report.verify_exit is None else report.verify_exit, "", "0"),
+        Figure("problems found by the checks", len(report.problems), "", "0"),
+    ]
 
 
 def main() -> None:
@@ -20,25 +44,48 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args()
     size = 10 if args.quick else 1
-    sections: list[tuple[str, Callable[[], list[Figure]]]] = [
-        ("Durable throughput (`python -m bench.throughput`)",
-         lambda: throughput.measure(count=100_000 // size)),
-        ("Replay and verify (`python -m bench.replay_speed`)",
-         lambda: replay_speed.measure(events=1_000_000 // size)),
-        ("Cost per decision by agent count (`python -m bench.scale`)",
-         lambda: scale.measure(count=200_000 // size)),
-        ("Feed ingest over one WebSocket vs a bare websockets server "
-         "(`python -m bench.ws_ingest`)",
-         lambda: ws_ingest.measure(count=20_000 // size, batched=100_000 // size)),
-        ("Emergency-stop latency under a feed flood (`python -m bench.estop_latency`)",
-         lambda: estop_latency.measure(stops=200 // size, seconds=max(3, 10 // size))),
-        ("Provider gate: 100 agents saturating 600 RPM (`python -m bench.gate`)",
-         lambda: gate.measure(minutes=max(1, 10 // size))),
+    requests, events, decisions = 100_000 // size, 1_000_000 // size, 200_000 // size
+    agents, frames, batched = 10_000 // size, 20_000 // size, 100_000 // size
+    stops, seconds, minutes = 200 // size, max(3, 10 // size), max(1, 10 // size)
+    kills = 5 if args.quick else 20
+    # Each section: its title, the command that reproduces it alone, and the run.
+    sections: list[tuple[str, str, Callable[[], list[Figure]]]] = [
+        ("Durable throughput vs raw sqlite3 writing the same rows",
+         f"bench.throughput --requests {requests}",
+         lambda: throughput.measure(count=requests)),
+        ("Durable enqueue vs persist-queue, eventsourcing and raw sqlite3 "
+         "(all WAL, synchronous=FULL)",
+         f"bench.peers --requests {requests}",
+         lambda: peers.measure(count=requests)),
+        ("Replay and verify",
+         f"bench.replay_speed --events {events}",
+         lambda: replay_speed.measure(events=events)),
+        ("Cost per decision at 10 and 10,000 agents, memory per agent",
+         f"bench.scale --requests {decisions} --agents {agents}",
+         lambda: scale.measure(count=decisions, agents=agents)),
+        ("Feed ingest over one WebSocket vs a bare websockets server",
+         f"bench.ws_ingest --requests {frames} --batched {batched}",
+         lambda: ws_ingest.measure(count=frames, batched=batched)),
+        ("Emergency-stop latency under a feed flood",
+         f"bench.estop_latency --stops {stops} --seconds {seconds}",
+         lambda: estop_latency.measure(stops=stops, seconds=seconds)),
+        ("Provider gate: 100 agents saturating 600 RPM",
+         f"bench.gate --minutes {minutes}",
+         lambda: gate.measure(minutes=minutes)),
+        ("Crash safety: kill -9 under load, restarted on the same log",
+         f"bench.crash --kills {kills}",
+         lambda: crash_figures(kills)),
     ]
-    lines = [f"# Benchmark report\n\n{time.strftime('%Y-%m-%d %H:%M')} — {machine()}\n"]
-    for title, run in sections:
-        lines += [f"## {title}\n", table(run()), ""]
-        print("\n".join(lines[-3:]), flush=True)
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [f"# Benchmark report\n\n{now} — {machine()}\n",
+             f"Whole suite: `uv run python -m bench{' --quick' if args.quick else ''}`\n"]
+    print("\n".join(lines), flush=True)
+    for title, command, run in sections:
+        began = time.monotonic()
+        figures = run()
+        lines += [f"## {title}\n", f"`uv run python -m {command}` "
+                  f"({time.monotonic() - began:.0f} s)\n", table(figures), ""]
+        print("\n".join(lines[-4:]), flush=True)
     out = Path(__file__).parent / "results" / "report.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from lanes import AgentRequest, parse_request
 
@@ -28,8 +29,11 @@ class Figure:
 
     def row(self) -> str:
         """A Markdown table row."""
-        value = f"{self.value:,.2f}" if self.value < 100 else f"{self.value:,.0f}"
-        return f"| {self.name} | {value} {self.unit} | {self.goal} |"
+        if isinstance(self.value, int):
+            value = f"{self.value:,}"
+        else:
+            value = f"{self.value:,.2f}" if self.value < 100 else f"{self.value:,.0f}"
+        return f"| {self.name} | {f'{value} {self.unit}'.strip()} | {self.goal} |"
 
 
 def table(figures: list[Figure]) -> str:
@@ -49,11 +53,24 @@ def run(measure: Callable[..., list[Figure]], **sizes: int) -> None:
 
 
 def machine() -> str:
-    """What ran the benchmark."""
+    """What ran the benchmark: Python, CPU, cores, memory, OS and SQLite."""
     import os
+    import sqlite3
 
+    def proc(path: str, key: str) -> str:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            return ""
+        return next((line.split(":", 1)[1].strip() for line in lines
+                     if line.startswith(key)), "")
+
+    cpu = proc("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
+    memory = proc("/proc/meminfo", "MemTotal")
+    gib = f", {int(memory.split()[0]) / 2**20:.0f} GiB" if memory else ""
     return (f"{platform.python_implementation()} {platform.python_version()} on "
-            f"{platform.machine()}, {os.cpu_count()} cores")
+            f"{platform.machine()} ({cpu}), {os.cpu_count()} cores{gib}, "
+            f"{platform.system()} {platform.release()}, SQLite {sqlite3.sqlite_version}")
 
 
 @contextmanager
