@@ -36,6 +36,7 @@ from gateway.errors import (
     Busy,
     Forbidden,
     GatewayError,
+    StorageUnreadable,
     Unauthorized,
     UnknownProvider,
 )
@@ -73,7 +74,7 @@ from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
 from lanes.replay import is_agent_stream
 from lanes.requests import ControlAction, FieldError, WireModel
 from lanes.state import AgentState
-from store.port import RecordedEvent
+from store.port import RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.app")
 WEB = Path(__file__).resolve().parents[1] / "web"
@@ -176,6 +177,8 @@ def error_frame(error: Exception, id: str | None = None,
     if isinstance(error, BadFrame):
         return ErrorFrame(id=id, code=error.code, message=str(error), field=error.field,
                           request_id=request_id)
+    if isinstance(error, StoreError):  # a read of the log failed (a write is StorageFailed)
+        error = StorageUnreadable(str(error))
     if isinstance(error, GatewayError):
         return ErrorFrame(id=id, code=error.code, message=str(error), request_id=request_id)
     log.exception("unexpected error", exc_info=error)
@@ -253,11 +256,22 @@ class _Api:
             raise InvalidRequest.from_validation_error(error) from None
 
     async def healthz(self, request: Request) -> Response:
-        """Liveness: 200 while the engine takes inputs."""
+        """200 while the engine takes inputs; 503 while it stops, or while the event log
+        cannot be written (``storage`` says why; reads go on)."""
         running = self.engine.running
-        return JSONResponse({"status": "ok" if running else "stopping",
-                             "position": await self.engine.store.last_position()},
-                            status_code=200 if running else 503)
+        body: dict[str, Any] = {"status": "ok" if running else "stopping"}
+        fault = self.engine.storage_fault
+        try:
+            body["position"] = await self.engine.store.last_position()
+        except StoreError as error:
+            body["storage"] = str(error)
+        if fault is not None:
+            body["storage"] = f"the event log cannot be written: {fault.reason}"
+            since = datetime.fromtimestamp(fault.since / 1000, UTC)
+            body["storageFailingSince"] = since.isoformat()
+        if running and "storage" in body:
+            body["status"] = "degraded"
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @_guarded
     async def metrics(self, request: Request) -> Response:

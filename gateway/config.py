@@ -2,7 +2,7 @@
 
 ```toml
 [server]            # host, port, allowed_origins, max_frame_bytes
-[store]             # path, synchronous
+[store]             # path, synchronous, busy_timeout_ms
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
                     # base_url, timeout_s, [providers.limits] (a `lanes.gate_events.GateLimits`)
@@ -106,10 +106,14 @@ class ServerConfig(ConfigModel):
 
 
 class StoreConfig(ConfigModel):
-    """The SQLite event log: its file (relative to the working directory) and durability."""
+    """The SQLite event log: its file (relative to the working directory), durability, and
+    how long a commit waits for a lock held by another process before it fails."""
 
     path: Path = Path("gateway.db")
     synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"
+    busy_timeout_ms: int = Field(default=5_000, ge=0, le=600_000)
+    """A commit that cannot get the write lock in this time fails (clients are answered
+    ``storage_failed`` and may retry); 0 fails at once."""
 
 
 class TokenConfig(ConfigModel):

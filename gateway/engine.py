@@ -72,7 +72,15 @@ from lanes.replay import LogFold, is_agent_stream
 from lanes.requests import Kind
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
-from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
+from store.port import (
+    Append,
+    ConcurrencyError,
+    EventStore,
+    NewEvent,
+    RecordedEvent,
+    StoreError,
+    WriteFailed,
+)
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -83,6 +91,10 @@ CALL_ATTEMPTS = 4
 """How often delivering a sub-agent call is tried while the target is unavailable."""
 SNAPSHOT_EVERY = 100_000
 """Agent events committed between two snapshots of the fold, by default."""
+REBUILD_BACKOFF_S = 0.05
+"""The wait before an agent whose commits keep failing is rebuilt again, doubled at each
+consecutive failure (the first rebuild is at once) up to `REBUILD_BACKOFF_MAX_S`."""
+REBUILD_BACKOFF_MAX_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +112,18 @@ class Ack:
 
 
 @dataclass(slots=True)
+class StorageFault:
+    """The event log refuses writes (locked by another process, disk full, I/O error)."""
+
+    reason: str
+    """Why, in words (no SQL)."""
+    since: int
+    """When the first commit failed (ms since the epoch)."""
+    failed: int = 1
+    """Commits failed since."""
+
+
+@dataclass(slots=True)
 class _Agent:
     state: AgentState
     timer: Timer | None = None
@@ -107,6 +131,8 @@ class _Agent:
     run: asyncio.Task[None] | None = None
     context: RunContext | None = None
     recovering: bool = False
+    failures: int = 0
+    """Consecutive failed commits (paces its rebuilds while the log cannot be written)."""
     run_started: dict[str, float] = field(default_factory=dict)
 
 
@@ -198,6 +224,8 @@ class Engine:
         self.run_durations = Histogram(DURATION_BUCKETS)
         """Seconds from a run's start to its end, however it ended."""
         self.requests_received = 0
+        self.storage_fault: StorageFault | None = None
+        """Set while commits fail (from the first failure to the next commit)."""
         self._running = False
 
     # ------------------------------------------------------------------- life cycle
@@ -347,8 +375,9 @@ class Engine:
         return sorted(self._agents)
 
     def state(self, agent_id: str) -> AgentState:
-        """The live state of an agent (decided; its latest events may still be committing)."""
-        return self._agent(agent_id).state
+        """The live state of an agent (decided; its latest events may still be committing;
+        while it is rebuilt after a failed commit, the state it had decided)."""
+        return self._agent(agent_id, writing=False).state
 
     def gate_of(self, agent_id: str) -> ProviderGate | None:
         """The provider gate an agent's LLM calls go through, if any."""
@@ -357,7 +386,7 @@ class Engine:
 
     def status(self, agent_id: str) -> AgentStatus:
         """Observability for one agent, now."""
-        return agent_status(self._agent(agent_id).state, self.clock.now_ms())
+        return agent_status(self.state(agent_id), self.clock.now_ms())
 
     # ----------------------------------------------------------------------- inputs
 
@@ -439,14 +468,15 @@ class Engine:
 
     # --------------------------------------------------------------------- the core
 
-    def _agent(self, agent_id: str) -> _Agent:
+    def _agent(self, agent_id: str, *, writing: bool = True) -> _Agent:
         if not self._running:
             raise NotRunning()
         agent = self._agents.get(agent_id)
         if agent is None:
             raise UnknownAgent(agent_id)
-        if agent.recovering:
-            raise AgentUnavailable(agent_id)
+        if writing and agent.recovering:
+            fault = self.storage_fault
+            raise AgentUnavailable(agent_id, None if fault is None else fault.reason)
         return agent
 
     def _feed(self, agent: _Agent, event: Input) -> _Outcome:
@@ -503,6 +533,13 @@ class Engine:
             return []
         try:
             return await asyncio.shield(outcome.future)
+        except WriteFailed as error:
+            raise StorageFailed(error.reason) from None
+        except ConcurrencyError:
+            # Decided on top of an append of its agent that failed: that failure is the cause.
+            fault = self.storage_fault
+            raise StorageFailed("an earlier append of this agent was not recorded" + (
+                "" if fault is None else f": {fault.reason}")) from None
         except StoreError as error:
             raise StorageFailed(str(error)) from None
 
@@ -515,8 +552,14 @@ class Engine:
     ) -> None:
         self._in_flight.discard(future)
         if future.cancelled() or future.exception() is not None:
+            error = None if future.cancelled() else future.exception()
+            if error is not None and not isinstance(error, ConcurrencyError):
+                self._storage_failed(error)  # a conflict follows an earlier failure
             self._recover(agent, future)
             return
+        agent.failures = 0
+        if self.storage_fault is not None:
+            self._storage_back()
         self.commit_latency.observe(time.perf_counter() - decided)
         records = future.result()
         last = records[-1]
@@ -681,15 +724,36 @@ class Engine:
 
     # ---------------------------------------------------------------------- recovery
 
+    def _storage_failed(self, error: BaseException) -> None:
+        """Note a failed commit; say so in the log once per fault (not once per append)."""
+        reason = error.reason if isinstance(error, WriteFailed) else str(error)
+        fault = self.storage_fault
+        if fault is not None and fault.reason == reason:
+            fault.failed += 1
+            return
+        log.error("the event log cannot be written: %s. Requests are refused (clients are "
+                  "told to retry) until it can be again; reads go on", reason)
+        self.storage_fault = StorageFault(reason, self.clock.now_ms(),
+                                          1 if fault is None else fault.failed + 1)
+
+    def _storage_back(self) -> None:
+        fault = self.storage_fault
+        assert fault is not None
+        self.storage_fault = None
+        log.warning("the event log is written again, %.1f s after the first failed commit "
+                    "(%d failed meanwhile)", (self.clock.now_ms() - fault.since) / 1000,
+                    fault.failed)
+
     def _recover(self, agent: _Agent, future: asyncio.Future[list[RecordedEvent]] | None) -> None:
         """A commit failed: the state ran ahead of the log. Rebuild it from the log."""
         if agent.recovering:
             return
         if future is not None:
             error = None if future.cancelled() else future.exception()
-            log.error(
+            log.debug(
                 "append for %s failed (%s); rebuilding it from the log", agent.state.agent_id, error
             )
+            agent.failures += 1
         agent.recovering = True
         if agent.run is not None:
             agent.run.cancel()
@@ -703,9 +767,16 @@ class Engine:
 
     async def _rebuild(self, agent: _Agent) -> None:
         agent_id = agent.state.agent_id
+        if self._running and agent.failures > 1:
+            # Its commits keep failing (a full disk fails them at once): do not spin.
+            await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S,
+                                    REBUILD_BACKOFF_S * 2 ** (agent.failures - 2)))
         records = await read_settled(self.store, agent_id, self._in_flight)
         entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
         agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
+        if records and records[-1].position > self._position:
+            # A commit reported as failed reached the log all the same: the fold holds it.
+            self._position, self._anchor = records[-1].position, records[-1].event_id
         agent.recovering = False
         if self._running and agent.state.active is not None:
             self._feed(agent, Restarted(at=self.clock.now_ms()))

@@ -26,8 +26,10 @@ class AgentUnavailable(GatewayError):
 
     code = "unavailable"
 
-    def __init__(self, agent_id: str) -> None:
-        super().__init__(f"agent {agent_id!r} is recovering from a storage error; retry")
+    def __init__(self, agent_id: str, detail: str | None = None) -> None:
+        cause = f" ({detail})" if detail else ""
+        super().__init__(f"agent {agent_id!r} is recovering from a storage error{cause}; "
+                         "nothing was taken: retry with the same requestId shortly")
         self.agent_id = agent_id
 
 
@@ -46,9 +48,16 @@ class StorageFailed(GatewayError):
     code = "storage_failed"
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"the request was not stored ({detail}); retry with the same requestId")
+        super().__init__(f"the request was not stored: {detail}; retry with the same requestId")
 
 
+class StorageUnreadable(GatewayError):
+    """The event log could not be read (a read, not a write, failed); retry shortly."""
+
+    code = "storage_failed"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{detail}; retry shortly")
 
 
 class Unauthorized(GatewayError):
@@ -126,6 +135,7 @@ __all__ = [
     "InvalidRequest",
     "NotRunning",
     "StorageFailed",
+    "StorageUnreadable",
     "Unauthorized",
     "UnknownAgent",
     "UnknownProvider",

@@ -33,7 +33,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
                   clock: Clock | None = None) -> Service:
     """Everything a config describes, wired together (the engine is not started yet)."""
     clock = clock or SystemClock()
-    store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous)
+    store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous,
+                             busy_timeout_ms=config.store.busy_timeout_ms)
     engine: Engine | None = None
 
     async def report(agent_id: str, broker_report: BrokerReport) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from .engine import BUSY_TIMEOUT_MS
 from .memory import MemoryEventStore
 from .migration import migrate
 from .port import (
@@ -21,6 +22,7 @@ from .port import (
     SnapshotInfo,
     StoreClosedError,
     StoreError,
+    WriteFailed,
 )
 from .sqlite import NotAnEventLog, SqliteEventStore, check_event_log
 from .writer import DEFAULT_FOLLOWER_BUFFER, DEFAULT_MAX_BATCH, Clock, GroupCommitStore
@@ -33,14 +35,15 @@ async def open_store(
     url: str | os.PathLike[str],
     *,
     synchronous: str = "FULL",
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     clock: Clock | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
     follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
 ) -> GroupCommitStore:
     """Build and open a store: ``"memory:"`` for memory, else a SQLite path or URL.
 
-    ``synchronous`` applies to SQLite only. The caller closes the store (``await
-    store.close()``, or use it as ``async with await open_store(...)``).
+    ``synchronous`` and ``busy_timeout_ms`` apply to SQLite only. The caller closes the store
+    (``await store.close()``, or use it as ``async with await open_store(...)``).
     """
     store: GroupCommitStore
     if os.fspath(url) == MEMORY_URL:
@@ -49,6 +52,7 @@ async def open_store(
         store = SqliteEventStore(
             url,
             synchronous=synchronous,
+            busy_timeout_ms=busy_timeout_ms,
             clock=clock,
             max_batch=max_batch,
             follower_buffer=follower_buffer,
@@ -74,6 +78,7 @@ __all__ = [
     "SqliteEventStore",
     "StoreClosedError",
     "StoreError",
+    "WriteFailed",
     "check_event_log",
     "migrate",
     "open_store",

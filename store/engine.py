@@ -15,7 +15,8 @@ SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 """Values accepted for SQLite's ``PRAGMA synchronous``."""
 
 BUSY_TIMEOUT_MS: Final = 5000
-"""How long a SQLite connection waits for a lock before failing with 'database is locked'."""
+"""How long a SQLite connection waits for a lock before failing with 'database is locked',
+by default."""
 
 
 def database_url(url_or_path: str | os.PathLike[str]) -> URL:
@@ -48,20 +49,30 @@ def check_synchronous(synchronous: str) -> str:
     return mode
 
 
-def create_engine(url: URL, *, synchronous: str = "FULL") -> AsyncEngine:
+def check_busy_timeout(busy_timeout_ms: int) -> int:
+    """Validate a ``PRAGMA busy_timeout`` value (ms, 0 to 600,000) and return it."""
+    if not 0 <= busy_timeout_ms <= 600_000:
+        raise ValueError(f"busy_timeout_ms must be 0 to 600000 ms, not {busy_timeout_ms!r}")
+    return busy_timeout_ms
+
+
+def create_engine(url: URL, *, synchronous: str = "FULL",
+                  busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> AsyncEngine:
     """An async engine for ``url``; on SQLite every new connection gets the store's PRAGMAs.
 
-    The PRAGMAs: ``busy_timeout=5000``, ``journal_mode=WAL``, ``synchronous=<synchronous>``
-    and ``foreign_keys=ON``.
+    The PRAGMAs: ``busy_timeout=<busy_timeout_ms>`` (how long a write waits for a lock held
+    by another process), ``journal_mode=WAL``, ``synchronous=<synchronous>`` and
+    ``foreign_keys=ON``.
     """
     engine = create_async_engine(url)
     if is_sqlite(url):
         mode = check_synchronous(synchronous)
+        busy = check_busy_timeout(busy_timeout_ms)
 
         def set_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                cursor.execute(f"PRAGMA busy_timeout={busy}")
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute(f"PRAGMA synchronous={mode}")
                 cursor.execute("PRAGMA foreign_keys=ON")

@@ -123,6 +123,10 @@ class _MemoryTransaction:
             if self._snapshots is not None:
                 self._store._snapshots = self._snapshots
 
+    async def last_position(self) -> int:
+        log = self._store._log
+        return log[-1].position if log else 0
+
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
         known = self._store._streams
         return {stream: len(known[stream]) for stream in streams if stream in known}

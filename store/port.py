@@ -87,6 +87,16 @@ class StoreError(Exception):
     """The store could not do what was asked; nothing of the failed append was written."""
 
 
+class WriteFailed(StoreError):
+    """The database refused a write (a batch of appends, an import, a snapshot): locked by
+    another process, disk full, I/O error. ``reason`` says why in words, without SQL; the
+    same write may succeed once the fault ends."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what} was not recorded: {reason}")
+        self.reason = reason
+
+
 class ConcurrencyError(StoreError):
     """The stream was not at the expected version: someone else appended first."""
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from operator import attrgetter
@@ -11,12 +13,19 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from sqlalchemy import delete, func, insert, inspect, literal, select, union_all
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from .engine import check_synchronous, create_engine, database_url, is_sqlite
+from .engine import (
+    BUSY_TIMEOUT_MS,
+    check_busy_timeout,
+    check_synchronous,
+    create_engine,
+    database_url,
+    is_sqlite,
+)
 from .migration import upgrade_engine
 from .port import RecordedEvent, Snapshot, SnapshotInfo, StoreClosedError, StoreError
 from .schema import events, snapshots
@@ -74,11 +83,57 @@ _VERSION_CHUNK: Final = 200
 """Streams per version query (SQLite allows 500 terms in a compound SELECT)."""
 
 
-def _reason(exc: BaseException) -> str:
-    """The driver's own message (no SQL, no parameters) for a database error."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        return str(exc.orig) or type(exc.orig).__name__
-    return str(exc) or type(exc).__name__
+_SQLITE_BUSY: Final = 5
+_SQLITE_LOCKED: Final = 6
+_SQLITE_READONLY: Final = 8
+_SQLITE_IOERR: Final = 10
+_SQLITE_FULL: Final = 13
+_NEARLY_FULL: Final = 1 << 20
+"""Free bytes under which a disk (or a file under its size limit) counts as full."""
+
+
+def _reason(exc: BaseException, path: str | None = None) -> str:
+    """What went wrong, in words a person can act on, with the driver's own message (no SQL,
+    no parameters). ``path`` (the database file) lets a failed write say whether its disk
+    is full or a file reached the process's size limit."""
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = str(orig) or type(orig).__name__
+    code = getattr(orig, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return f"the event log is locked by another process (SQLite: {text})"
+    if primary == _SQLITE_READONLY:
+        return f"the event log is read-only (SQLite: {text})"
+    if primary in (_SQLITE_FULL, _SQLITE_IOERR):
+        found = None if path is None else _space_problem(path)
+        if found is not None:
+            return f"{found} (SQLite: {text})"
+        if primary == _SQLITE_FULL:
+            return f"the disk holding the event log is full (SQLite: {text})"
+        return f"the disk holding the event log failed or is full (SQLite: {text})"
+    return text
+
+
+def _space_problem(path: str) -> str | None:
+    """Why files next to ``path`` cannot grow, if that is the trouble: a file of the log
+    at the process's file size limit (``ulimit -f``), or a full disk."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY:
+            files = [name for name in (path, f"{path}-wal", f"{path}-journal")
+                     if os.path.exists(name)]
+            largest = max(files, key=os.path.getsize, default=None)
+            if largest is not None and os.path.getsize(largest) + _NEARLY_FULL > soft:
+                return (f"{os.path.basename(largest)} reached this process's file size "
+                        f"limit of {soft} bytes (ulimit -f): raise it")
+        stat = os.statvfs(os.path.dirname(path) or ".")
+    except OSError:
+        return None
+    free = stat.f_bavail * stat.f_frsize
+    if free < _NEARLY_FULL:
+        return (f"the disk holding the event log is full ({free} bytes free in "
+                f"{os.path.dirname(path)}): free some space")
+    return None
 
 
 class SqliteEventStore(GroupCommitStore):
@@ -86,7 +141,8 @@ class SqliteEventStore(GroupCommitStore):
 
     ``url_or_path`` is a file path or a ``sqlite[+aiosqlite]:///`` URL. ``synchronous`` is
     SQLite's ``PRAGMA synchronous`` (``FULL`` makes every commit durable on power loss;
-    ``NORMAL`` may lose the last commits but never corrupts). ``clock`` gives ``recorded_at``
+    ``NORMAL`` may lose the last commits but never corrupts). ``busy_timeout_ms`` is how long
+    a commit waits for a lock another process holds before it fails. ``clock`` gives ``recorded_at``
     in ms (default: wall clock). ``max_batch`` bounds the events of one transaction and
     ``follower_buffer`` the events buffered for one follower.
 
@@ -99,6 +155,7 @@ class SqliteEventStore(GroupCommitStore):
         url_or_path: str | os.PathLike[str],
         *,
         synchronous: str = "FULL",
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         clock: Clock | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
@@ -109,6 +166,7 @@ class SqliteEventStore(GroupCommitStore):
             raise ValueError(f"not a SQLite URL: {url.render_as_string(hide_password=True)}")
         self._url = url
         self._synchronous = check_synchronous(synchronous)
+        self._busy_timeout_ms = check_busy_timeout(busy_timeout_ms)
         self._engine: AsyncEngine | None = None
         self._writer_conn: AsyncConnection | None = None
         self._compiled_insert: _CompiledInsert | None = None
@@ -121,7 +179,8 @@ class SqliteEventStore(GroupCommitStore):
         return self._engine
 
     async def _start(self) -> int:
-        engine = create_engine(self._url, synchronous=self._synchronous)
+        engine = create_engine(self._url, synchronous=self._synchronous,
+                               busy_timeout_ms=self._busy_timeout_ms)
         try:
             await upgrade_engine(engine)
             conn = await engine.connect()
@@ -155,11 +214,18 @@ class SqliteEventStore(GroupCommitStore):
             raise StoreClosedError("the store is not open")
         if self._compiled_insert is None:
             self._compiled_insert = _compile_insert(conn.dialect)
-        async with conn.begin():
-            yield _SqliteTransaction(conn, self._compiled_insert)
+        try:
+            async with conn.begin():
+                yield _SqliteTransaction(conn, self._compiled_insert)
+        except Exception:
+            # SQLAlchemy does not roll back after a failed COMMIT, and SQLite may keep that
+            # transaction open: end it here, or the next batch would run (and commit) in it.
+            with contextlib.suppress(Exception):
+                await conn.run_sync(_rollback_driver)
+            raise
 
     def _describe(self, exc: BaseException) -> str:
-        return _reason(exc)
+        return _reason(exc, self._url.database)
 
     @asynccontextmanager
     async def _reading(self) -> AsyncIterator[AsyncConnection]:
@@ -167,7 +233,8 @@ class SqliteEventStore(GroupCommitStore):
             async with self.engine.connect() as conn:
                 yield conn
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not read the event log: {_reason(exc)}") from exc
+            raise StoreError(
+                f"could not read the event log: {_reason(exc, self._url.database)}") from exc
 
     async def read(self, after: int = 0, limit: int | None = None) -> list[RecordedEvent]:
         """Events with position > ``after`` in position order, at most ``limit``."""
@@ -223,6 +290,11 @@ class SqliteEventStore(GroupCommitStore):
             return None if row is None else Snapshot(*row)
 
 
+def _rollback_driver(sync_conn: Connection) -> None:
+    """Roll back whatever transaction the driver's connection is in (none: no effect)."""
+    sync_conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+
+
 class _SqliteTransaction:
     """The writer's side of one SQLite transaction."""
 
@@ -231,6 +303,9 @@ class _SqliteTransaction:
     def __init__(self, conn: AsyncConnection, insert: _CompiledInsert) -> None:
         self._conn = conn
         self._insert = insert
+
+    async def last_position(self) -> int:
+        return int((await self._conn.execute(_MAX_POSITION)).scalar() or 0)
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
         # One max() per stream, each a single index lookup; a GROUP BY over ``IN (...)``

@@ -18,7 +18,7 @@ How a batch is written:
    (an id already stored), the transaction is rolled back and the batch is planned again with
    every id looked up first, so one bad append never fails the others.
 5. Only after the commit returned are the caches advanced, the futures resolved and the events
-   handed to followers. Any other failure fails the whole batch with :class:`StoreError` and
+   handed to followers. Any other failure fails the whole batch with :class:`WriteFailed` and
    leaves the caches as they were; the writer goes on with later appends.
 
 Imports (`GroupCommitStore.restore`) and snapshot writes take the same write lock as a batch,
@@ -32,8 +32,8 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Final, Protocol, Self
 
 from .port import (
@@ -47,6 +47,7 @@ from .port import (
     SnapshotInfo,
     StoreClosedError,
     StoreError,
+    WriteFailed,
 )
 from .schema import EVENT_ID_MAX, FINGERPRINT_MAX, STREAM_MAX, TYPE_MAX
 
@@ -74,6 +75,10 @@ class KeyConflict(Exception):
 
 class WriteTransaction(Protocol):
     """What the writer needs from an adapter inside one write transaction."""
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+        ...
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
         """Current versions of those of ``streams`` that exist (one query)."""
@@ -239,6 +244,8 @@ class GroupCommitStore(ABC):
         self._position = 0
         self._write_lock = asyncio.Lock()
         """Held by each batch commit, import and snapshot write: one write at a time."""
+        self._stale = False
+        """A write failed: the caches are read again before the next one (see `_resync`)."""
 
     # ----------------------------------------------------------------- adapter hooks
 
@@ -399,6 +406,31 @@ class GroupCommitStore(ABC):
         if self._state is not _State.OPEN:
             raise StoreClosedError(f"the store is {self._state.value}")
 
+    @asynccontextmanager
+    async def _writing(self, what: str) -> AsyncIterator[WriteTransaction]:
+        """A write transaction whose database failures become `WriteFailed` (what the store
+        itself raises, a refused import say, goes through as it is)."""
+        try:
+            async with self._transaction() as txn:
+                yield txn
+        except StoreError:
+            raise
+        except Exception as exc:
+            self._stale = True
+            raise WriteFailed(what, self._describe(exc)) from exc
+
+    async def _resync(self, txn: WriteTransaction) -> None:
+        """After a failed write, read the last position again and forget the versions.
+
+        A commit reported as failed may have reached the file all the same (an I/O error
+        after the write, say); planning the next batch on the old caches would then collide
+        with it on every attempt, for ever.
+        """
+        if self._stale:
+            self._position = await txn.last_position()
+            self._versions.clear()
+            self._stale = False
+
     async def restore(self, records: Sequence[RecordedEvent]) -> None:
         """Write events recorded elsewhere verbatim (an import), in one transaction.
 
@@ -415,8 +447,9 @@ class GroupCommitStore(ABC):
             _check_record(record)
         async with self._write_lock:
             self._check_open()
-            position = self._position
-            async with self._transaction() as txn:
+            async with self._writing("the import") as txn:
+                await self._resync(txn)
+                position = self._position
                 streams = sorted({r.stream for r in rows})
                 missing = [s for s in streams if s not in self._versions]
                 loaded = await txn.load_versions(missing) if missing else {}
@@ -460,7 +493,7 @@ class GroupCommitStore(ABC):
         self._check_open()
         async with self._write_lock:
             self._check_open()
-            async with self._transaction() as txn:
+            async with self._writing("the snapshot") as txn:
                 await txn.put_snapshot(snapshot, keep)
 
     async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
@@ -468,7 +501,7 @@ class GroupCommitStore(ABC):
         self._check_open()
         async with self._write_lock:
             self._check_open()
-            async with self._transaction() as txn:
+            async with self._writing("the deletion of snapshots") as txn:
                 return await txn.delete_snapshots(None if positions is None else list(positions))
 
     # ----------------------------------------------------------------- the writer
@@ -558,12 +591,11 @@ class GroupCommitStore(ABC):
                 # Some id is already stored: plan again knowing every stored id.
                 plan = await self._attempt(batch, lookup_all=True)
         except Exception as exc:
+            self._stale = True
             reason = self._describe(exc)
             for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_exception(
-                        StoreError(f"the append was not recorded: {reason}")
-                    )
+                    pending.future.set_exception(WriteFailed("the append", reason))
             return
         # Committed: advance the caches, then tell callers and followers.
         self._position = plan.position
@@ -589,6 +621,7 @@ class GroupCommitStore(ABC):
     async def _plan(
         self, txn: WriteTransaction, batch: list[_Pending], *, lookup_all: bool
     ) -> _Plan:
+        await self._resync(txn)
         cache = self._versions
         missing = list(
             dict.fromkeys(p.append.stream for p in batch if p.append.stream not in cache)

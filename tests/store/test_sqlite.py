@@ -29,6 +29,7 @@ from store import (
     SqliteEventStore,
     StoreClosedError,
     StoreError,
+    WriteFailed,
     check_event_log,
     migrate,
     open_store,
@@ -296,7 +297,7 @@ async def test_failing_transaction_fails_the_batch_and_the_store_goes_on(
     futures = store.append_many([app("s", expected=1), app("t", ev(), ev()), app("u")])
     for future in futures:
         error = await fails(future, StoreError)
-        assert type(error) is StoreError
+        assert type(error) is WriteFailed
         assert "events are read-only" in str(error)
         assert "INSERT" not in str(error)
     assert await store.last_position() == 1
