@@ -47,7 +47,7 @@ def main() -> None:
     requests, events, decisions = 100_000 // size, 1_000_000 // size, 200_000 // size
     agents, frames, batched = 10_000 // size, 20_000 // size, 100_000 // size
     stops, seconds, minutes = 200 // size, max(3, 10 // size), max(1, 10 // size)
-    kills = 5 if args.quick else 20
+    kills, rounds = (5, 1) if args.quick else (20, 3)
     # Each section: its title, the command that reproduces it alone, and the run.
     sections: list[tuple[str, str, Callable[[], list[Figure]]]] = [
         ("Durable throughput vs raw sqlite3 writing the same rows",
@@ -55,8 +55,8 @@ def main() -> None:
          lambda: throughput.measure(count=requests)),
         ("Durable enqueue vs persist-queue, eventsourcing and raw sqlite3 "
          "(all WAL, synchronous=FULL)",
-         f"bench.peers --requests {requests}",
-         lambda: peers.measure(count=requests)),
+         f"bench.peers --requests {requests} --rounds {rounds}",
+         lambda: peers.measure(count=requests, rounds=rounds)),
         ("Replay and verify",
          f"bench.replay_speed --events {events}",
          lambda: replay_speed.measure(events=events)),
