@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -80,7 +80,13 @@ log = logging.getLogger("gateway.app")
 WEB = Path(__file__).resolve().parents[1] / "web"
 POLICY_VIOLATION = 1008
 TOO_BIG = 1009
+TRY_AGAIN_LATER = 1013
 AUTH_TIMEOUT_S = 10.0
+"""Default time a connection has to authenticate (`Service.auth_timeout_s`)."""
+MAX_CONNECTIONS = 1_000
+"""Default WebSocket connections open at once (`Service.max_connections`)."""
+MAX_UNAUTHENTICATED = 100
+"""Default connections waiting for their auth frame (`Service.max_unauthenticated`)."""
 MAX_BAD_FRAMES = 20
 """Bad frames in a row before a connection is closed as abusive."""
 MAX_CLOCK_SKEW_MS = 60_000
@@ -90,11 +96,33 @@ MAX_IN_FLIGHT = 2_000
 MAX_IN_FLIGHT_BYTES = 32 << 20
 """Bytes of frames one connection may have waiting before reading pauses."""
 SEND_TIMEOUT_S = 10.0
-"""A client that has not taken a frame in this long is closed as a slow reader."""
+"""Default time a client may leave a frame untaken before it is closed as a slow reader
+(`Service.send_timeout_s`)."""
+REQUEST_TIMEOUT_S = 10.0
+"""Default time a connection has to send a whole request (`Service.request_timeout_s`)."""
+ENDPOINTS = ("feed", "control")
 CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""
 MAX_CAUSE_DECISIONS = 1_000
 """Decisions of one input returned with it (a queue clear may make many)."""
+
+
+@dataclass
+class Connections:
+    """The WebSocket connections open now and how many ended for each limit (for /metrics)."""
+
+    open: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ENDPOINTS, 0))
+    unauthenticated: int = 0
+    """Open connections still waiting for their auth frame."""
+    refused: int = 0
+    """Handshakes answered 503: a connection cap was full."""
+    auth_timeouts: int = 0
+    slow_readers: int = 0
+
+    @property
+    def total(self) -> int:
+        """Connections open on every endpoint."""
+        return sum(self.open.values())
 
 
 @dataclass
@@ -113,6 +141,20 @@ class Service:
     clients: Mapping[str, LLMClient] = field(default_factory=dict)
     """The LLM clients of the providers, closed when serving ends."""
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    max_connections: int = MAX_CONNECTIONS
+    """WebSocket connections open at once (both endpoints); past it a handshake is answered
+    503 with ``Retry-After``, so a flood of connections cannot grow memory without bound."""
+    max_unauthenticated: int = MAX_UNAUTHENTICATED
+    """Of those, connections waiting for their auth frame (a token in the header is checked
+    at once); past it a handshake without the header is answered 503."""
+    auth_timeout_s: float = AUTH_TIMEOUT_S
+    """A connection that has not authenticated in this long is closed (1008)."""
+    send_timeout_s: float = SEND_TIMEOUT_S
+    """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    """A connection must send a whole HTTP request (or WebSocket handshake) within this long
+    of connecting or of the request's first bytes (enforced by `gateway.server`)."""
+    connections: Connections = field(default_factory=lambda: Connections())
 
     def check_capacity(self) -> None:
         """Refuse new work while the writer is saturated (flow control, never unbounded)."""
@@ -243,7 +285,10 @@ class _Api:
         return agent_id
 
     async def _body(self, request: Request, model: type[BaseModel]) -> Any:
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # gone, or cut off by the server's request timeout
+            raise BadFrame("invalid", "the body ended before its Content-Length") from None
         if len(raw) > self.service.max_frame_bytes:
             raise BadFrame("too_large", f"body over {self.service.max_frame_bytes} bytes")
         try:
@@ -616,9 +661,34 @@ class _Api:
                     engine.run_durations.lines("gateway_run_duration_seconds")),
             *gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
                    lambda v: int(v.held is not None)),
+            *self._connection_metrics(),
             *self._gate_metrics(now),
         ]
         return "\n".join(lines) + "\n"
+
+    def _connection_metrics(self) -> list[str]:
+        connections = self.service.connections
+        return [
+            *family("gateway_websocket_connections", "gauge",
+                    "WebSocket connections open (authenticated or not).",
+                    [f'gateway_websocket_connections{{endpoint="{e}"}} {n}'
+                     for e, n in connections.open.items()]),
+            *family("gateway_websocket_unauthenticated", "gauge",
+                    "WebSocket connections waiting for their auth frame.",
+                    [f"gateway_websocket_unauthenticated {connections.unauthenticated}"]),
+            *family("gateway_websocket_refused_total", "counter",
+                    "WebSocket handshakes answered 503: a connection cap was full.",
+                    [f"gateway_websocket_refused_total {connections.refused}"]),
+            *family("gateway_websocket_closed_total", "counter",
+                    "WebSocket connections closed by a limit (1008).",
+                    [f'gateway_websocket_closed_total{{reason="auth_timeout"}} '
+                     f"{connections.auth_timeouts}",
+                     f'gateway_websocket_closed_total{{reason="slow_reader"}} '
+                     f"{connections.slow_readers}"]),
+            *family("gateway_asyncio_tasks", "gauge",
+                    "Tasks alive in the server's event loop (connections, commits, runs).",
+                    [f"gateway_asyncio_tasks {len(asyncio.all_tasks())}"]),
+        ]
 
     def _gate_metrics(self, now: int) -> list[str]:
         statuses = [(name, gate.status()) for name, gate in sorted(self.engine.gates.items())]
@@ -803,17 +873,49 @@ class Session:
                 not _same_origin(origin, self.ws.headers.get("host")):
             await self.ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
             return
-        await self.ws.accept()
+        connections = self.service.connections
+        # A token in the header is checked at once; only a client that authenticates by its
+        # first frame (a browser) waits unauthenticated, and those have a smaller share, so
+        # that anonymous connections cannot take every place from clients with tokens.
+        by_frame = not self.ws.headers.get("authorization")
+        if connections.total >= self.service.max_connections:
+            await self._refuse(f"{self.service.max_connections} WebSocket connections are "
+                               "open, the most this gateway takes (server.max_connections)")
+            return
+        if by_frame and connections.unauthenticated >= self.service.max_unauthenticated:
+            await self._refuse(f"{self.service.max_unauthenticated} WebSocket connections are "
+                               "waiting for their auth frame, the most this gateway takes "
+                               "(server.max_unauthenticated); a client that sends its token "
+                               "in the Authorization header is not counted")
+            return
+        connections.open[self.endpoint] += 1
+        connections.unauthenticated += by_frame
         try:
-            if not await self._authenticate():
-                return
-            await self._serve()
+            await self.ws.accept()
+            authenticated = await self._authenticate()
+            connections.unauthenticated -= by_frame
+            by_frame = False
+            if authenticated:
+                await self._serve()
         except WebSocketDisconnect:
             pass
         finally:
+            connections.open[self.endpoint] -= 1
+            connections.unauthenticated -= by_frame
             for task in [*self.tasks, *([self.subscription] if self.subscription else [])]:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _refuse(self, why: str) -> None:
+        """Answer the handshake 503 (``busy``, ``Retry-After``): a connection cap is full."""
+        self.service.connections.refused += 1
+        frame = ErrorFrame(code="busy", message=f"{why}; retry later")
+        response = JSONResponse(frame.model_dump(mode="json", exclude_none=True),
+                                status_code=HTTP_STATUS["busy"], headers={"Retry-After": "1"})
+        try:
+            await self.ws.send_denial_response(response)
+        except RuntimeError:  # a server without the denial extension: a plain refusal (403)
+            await self.ws.close(code=TRY_AGAIN_LATER, reason="too many connections")
 
     async def _authenticate(self) -> bool:
         tokens = self.service.tokens
@@ -822,7 +924,8 @@ class Session:
             if header:
                 principal = tokens.from_header(header)
             else:
-                message = await asyncio.wait_for(self.ws.receive(), AUTH_TIMEOUT_S)
+                message = await asyncio.wait_for(self.ws.receive(),
+                                                 self.service.auth_timeout_s)
                 if message["type"] == "websocket.disconnect":
                     return False
                 frame = self._parse(_text(message))
@@ -835,6 +938,7 @@ class Session:
             if isinstance(error, WebSocketDisconnect):
                 return False
             if isinstance(error, TimeoutError):
+                self.service.connections.auth_timeouts += 1
                 error = Unauthorized("no auth frame in time")
             await self._send(error_frame(error))
             await self.ws.close(code=POLICY_VIOLATION, reason=getattr(error, "code", "auth"))
@@ -848,8 +952,8 @@ class Session:
     async def _serve(self) -> None:
         while True:
             message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
+            if message["type"] == "websocket.disconnect" or self.closing:
+                return  # closing: a slow reader; what it sent after that is not taken
             raw = _text(message)
             try:
                 limit = self.service.max_frame_bytes
@@ -906,12 +1010,16 @@ class Session:
             if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
                 return
             try:
-                await asyncio.wait_for(self.ws.send_text(text), SEND_TIMEOUT_S)
+                await asyncio.wait_for(self.ws.send_text(text), self.service.send_timeout_s)
             except (RuntimeError, WebSocketDisconnect):
                 return
             except TimeoutError:
                 self.closing = True
+                self.service.connections.slow_readers += 1
                 log.warning("closing a connection that does not read its frames")
+                # Under `gateway.server` the close is queued behind the frames the client
+                # has not taken and the connection is dropped if it never takes them; a
+                # server that waits for room before a close gives up here.
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(
                         self.ws.close(code=POLICY_VIOLATION, reason="slow reader"), 1.0)
@@ -1038,6 +1146,8 @@ class Session:
         try:
             async with contextlib.aclosing(self.engine.store.follow(after)) as events:
                 async for record in events:
+                    if self.closing:
+                        return
                     if record.stream in agents:
                         await self._send(EventFrame(
                             position=record.position, stream=record.stream,

@@ -1,7 +1,9 @@
 """The gateway's TOML config file, validated by pydantic; every error names its key.
 
 ```toml
-[server]            # host, port, allowed_origins, max_frame_bytes
+[server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
+                    # max_unauthenticated, auth_timeout_s, send_timeout_s,
+                    # request_timeout_s
 [store]             # path, synchronous, busy_timeout_ms
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
@@ -103,6 +105,18 @@ class ServerConfig(ConfigModel):
     allowed_origins: tuple[Origin, ...] = ()
     """Browser ``Origin`` values allowed on WebSocket and mutating HTTP requests."""
     max_frame_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    max_connections: int = Field(default=1_000, ge=1, le=100_000)
+    """WebSocket connections open at once; past it a handshake is answered 503 (``busy``)."""
+    max_unauthenticated: int = Field(default=100, ge=1, le=100_000)
+    """Of those, connections waiting for their auth frame (browsers; a token in the header
+    is checked at once); past it a handshake without that header is answered 503."""
+    auth_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A WebSocket connection must authenticate within this long (else 1008)."""
+    send_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    request_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A connection must send a whole HTTP request (or WebSocket handshake) within this long
+    of connecting or of the request's first bytes, else it is dropped."""
 
 
 class StoreConfig(ConfigModel):

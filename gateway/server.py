@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 
 from gateway.app import Service, create_app
 from gateway.auth import Principal, TokenBook
@@ -65,6 +70,11 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         allowed_origins=frozenset(config.server.allowed_origins),
         max_frame_bytes=config.server.max_frame_bytes,
         clients=clients,
+        max_connections=config.server.max_connections,
+        max_unauthenticated=config.server.max_unauthenticated,
+        auth_timeout_s=config.server.auth_timeout_s,
+        send_timeout_s=config.server.send_timeout_s,
+        request_timeout_s=config.server.request_timeout_s,
     )
 
 
@@ -90,6 +100,96 @@ def bind(host: str, port: int) -> socket.socket:
     sock.bind((host, port))
     sock.listen(1024)
     return sock
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, except that a close is never held up by a client that
+    does not read: uvicorn waits for room in the send buffer before it writes a close frame
+    (forever, for such a client) and then closes gracefully (which waits for the buffer to
+    drain). Here the close frame is queued behind whatever the client has not taken, and the
+    connection is dropped if the closing handshake has not finished after ``close_timeout``,
+    so every close frees the connection in bounded time. A handshake refused with an HTTP
+    answer (`starlette.websockets.WebSocket.send_denial_response`) is not logged as an
+    error."""
+
+    async def send(self, message: Any) -> None:
+        if message["type"] != "websocket.close" or not self.handshake_complete \
+                or self.close_sent or self.initial_response is not None:
+            await super().send(message)
+            if message["type"] == "websocket.http.response.body" and self.close_sent:
+                # A refusal (503 over the connection cap) is a finished handshake: uvicorn
+                # would log an error for each one, a flood's worth of them.
+                self.handshake_complete = True
+            return
+        if self.disconnected:
+            raise ClientDisconnected()
+        if self.transport.is_closing():
+            return
+        code = message.get("code", 1000)
+        reason = message.get("reason", "") or ""
+        try:
+            self.conn.send_close(code, reason)
+        except InvalidState:  # the client's own close came first
+            raise ClientDisconnected() from None
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        if self.read_paused:  # the client's close reply must get through
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.abort)
+
+
+def http_protocol(request_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, except that a connection must send a whole request (or a
+    whole WebSocket handshake) within ``request_timeout_s`` of connecting or of the request's
+    first bytes: uvicorn times out only idle keep-alive connections, so a client that
+    connects and sends nothing, or half a request, would hold its connection forever."""
+
+    class HttpProtocol(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self.head_timer is None and self._partial():
+                self._arm()  # a request begins on a kept-alive connection
+            super().data_received(data)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if not self._partial():
+                self._disarm()  # the whole request is in (or the connection is done)
+
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            self._disarm()  # from here the WebSocket session has its own auth timeout
+            super().handle_websocket_upgrade(event)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self.head_timer = self.loop.call_later(request_timeout_s, self._timed_out)
+
+        def _disarm(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _partial(self) -> bool:
+            """Whether the client still owes the whole or the rest of a request."""
+            return self.conn.their_state is h11.IDLE or self.conn.their_state is h11.SEND_BODY
+
+        def _timed_out(self) -> None:
+            self.head_timer = None
+            if self._partial() and not self.transport.is_closing():
+                self.transport.abort()
+
+    return HttpProtocol
 
 
 @contextlib.asynccontextmanager
@@ -119,7 +219,8 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
 
     sock = bind(host, port)
     config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
-                            ws="websockets-sansio", log_level="warning",
+                            http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
+                            log_level="warning",
                             ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     bound_host, bound_port = sock.getsockname()[:2]
