@@ -95,6 +95,9 @@ REBUILD_BACKOFF_S = 0.05
 """The wait before an agent whose commits keep failing is rebuilt again, doubled at each
 consecutive failure (the first rebuild is at once) up to `REBUILD_BACKOFF_MAX_S`."""
 REBUILD_BACKOFF_MAX_S = 0.5
+FAULT_LOG_INTERVAL_S = 60.0
+"""A storage fault that comes back with the same reason within this long is not logged again
+(a nearly full disk takes small commits and refuses big ones: it would flap)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +229,10 @@ class Engine:
         self.requests_received = 0
         self.storage_fault: StorageFault | None = None
         """Set while commits fail (from the first failure to the next commit)."""
+        self._fault_said: tuple[str, float] | None = None
+        """The reason of the storage fault last logged, and when (monotonic seconds)."""
+        self._fault_open = False
+        """A logged storage fault whose end is not logged yet."""
         self._running = False
 
     # ------------------------------------------------------------------- life cycle
@@ -731,15 +738,25 @@ class Engine:
         if fault is not None and fault.reason == reason:
             fault.failed += 1
             return
-        log.error("the event log cannot be written: %s. Requests are refused (clients are "
-                  "told to retry) until it can be again; reads go on", reason)
         self.storage_fault = StorageFault(reason, self.clock.now_ms(),
                                           1 if fault is None else fault.failed + 1)
+        now = time.monotonic()
+        said = self._fault_said
+        if said is not None and said[0] == reason and now - said[1] < FAULT_LOG_INTERVAL_S:
+            log.debug("the event log cannot be written again: %s", reason)
+            return
+        log.error("the event log cannot be written: %s. Requests are refused (clients are "
+                  "told to retry) until it can be again; reads go on", reason)
+        self._fault_said = (reason, now)
+        self._fault_open = True
 
     def _storage_back(self) -> None:
         fault = self.storage_fault
         assert fault is not None
         self.storage_fault = None
+        if not self._fault_open:
+            return
+        self._fault_open = False
         log.warning("the event log is written again, %.1f s after the first failed commit "
                     "(%d failed meanwhile)", (self.clock.now_ms() - fault.since) / 1000,
                     fault.failed)

@@ -131,8 +131,8 @@ def _space_problem(path: str) -> str | None:
         return None
     free = stat.f_bavail * stat.f_frsize
     if free < _NEARLY_FULL:
-        return (f"the disk holding the event log is full ({free} bytes free in "
-                f"{os.path.dirname(path)}): free some space")
+        return (f"the disk holding the event log is full ({os.path.dirname(path)}): "
+                "free some space")
     return None
 
 

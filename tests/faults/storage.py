@@ -4,14 +4,28 @@ requests, and the checks of the log against what the clients were acknowledged."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.crash import CONFIG, CONTROL_TOKEN, FEED_TOKEN, ROOT, Ledger, Report, check, read_log
+import httpx
+
+from bench.crash import (
+    CONFIG,
+    CONTROL_TOKEN,
+    FEED_TOKEN,
+    ROOT,
+    Ledger,
+    Report,
+    check,
+    kill,
+    read_log,
+    start,
+)
 from gateway.client import ControlClient
 from gateway.protocol import AckFrame, ErrorFrame
 
@@ -21,15 +35,49 @@ STORAGE_CODES = frozenset({"storage_failed", "unavailable"})
 """What a client may be answered while the log cannot be written."""
 
 
-def write_config(workdir: Path, busy_timeout_ms: int = 5000) -> tuple[Path, Path]:
+def write_config(workdir: Path, busy_timeout_ms: int = 5000, db: Path | None = None
+                 ) -> tuple[Path, Path]:
     """The crash bench's config (three agents, simulated reasoners, a feed and a control
     token) with ``busy_timeout_ms``; the config and log paths."""
-    db = workdir / "events.db"
+    db = db or workdir / "events.db"
     config = workdir / "gateway.toml"
     text = CONFIG.format(db=db, feed=FEED_TOKEN, control=CONTROL_TOKEN).replace(
         'synchronous = "FULL"', f'synchronous = "FULL"\nbusy_timeout_ms = {busy_timeout_ms}')
     config.write_text(text)
     return config, db
+
+
+async def serve(config: Path, db: Path, log: Path, prefix: Sequence[str] = ()
+                ) -> tuple[asyncio.subprocess.Process, str]:
+    """`bench.crash.start`, with the command run under ``prefix`` (``nsenter ...``, say)."""
+    if not prefix:
+        return await start(config, db, log)
+    with log.open("ab") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            *prefix, sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+            "--db", str(db), "--port", "0", cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=stderr)
+    try:
+        assert process.stdout is not None
+        while True:
+            line = (await asyncio.wait_for(process.stdout.readline(), TIMEOUT)).decode()
+            if not line:
+                raise RuntimeError(f"the gateway exited early; see {log}")
+            if line.startswith("gateway serving on"):
+                url = line.split()[-1]
+                break
+
+        async def healthy() -> bool | None:
+            with contextlib.suppress(httpx.HTTPError):
+                async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+                    return True if (await http.get("/healthz")).status_code == 200 else None
+            return None
+
+        await until(healthy, "/healthz to answer 200")
+        return process, url
+    except BaseException:
+        await kill(process)
+        raise
 
 
 def request(request_id: str, agent: str = "btc", **fields: Any) -> dict[str, Any]:

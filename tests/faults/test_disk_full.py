@@ -9,6 +9,9 @@ wrong, reads keep answering, the process stays up, does not spin, and says so on
 log holds every acknowledged request exactly once and verifies clean. A stop while the log
 cannot grow (its last appends, snapshot and checkpoint fail) still ends the process, and the
 next start carries on from the log.
+
+Where the test runs as root, a real full disk too: a 1 MiB tmpfs in a mount namespace of its
+own (``ENOSPC``: SQLite's 'database or disk is full'), grown with a remount to end the fault.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import re
 import resource
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -45,6 +49,7 @@ from tests.faults.storage import (
     control,
     request,
     resubmit,
+    serve,
     server_log,
     write_config,
 )
@@ -281,3 +286,85 @@ async def test_a_commit_reported_failed_that_went_through_does_not_wedge_the_wri
             (1, "e1"), (2, "e2"), (3, "e3")]
     finally:
         await store.close()
+
+
+HOLDER = """
+set -e
+mount -t tmpfs -o size={size} tmpfs {dir}
+echo mounted
+exec sleep 600
+"""
+
+
+@contextlib.asynccontextmanager
+async def small_disk(directory: Path, size: str) -> AsyncIterator[int]:
+    """A tmpfs of ``size`` on ``directory``, in a mount namespace of its own (root only); the
+    pid of a process holding the namespace (``nsenter -t PID -m`` enters it; the files are at
+    ``/proc/PID/root/...``). Skips the test where the namespace or the mount is refused."""
+    missing = [tool for tool in ("unshare", "nsenter", "mount") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} here")
+    await asyncio.to_thread(directory.mkdir)
+    holder = await asyncio.create_subprocess_exec(
+        "unshare", "-m", "--propagation", "private", "sh", "-c",
+        HOLDER.format(size=size, dir=directory), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    assert holder.stdout is not None and holder.stderr is not None
+    try:
+        if await asyncio.wait_for(holder.stdout.readline(), TIMEOUT) != b"mounted\n":
+            await holder.wait()
+            refused = (await holder.stderr.read()).decode().strip()
+            pytest.skip(f"no tmpfs in a mount namespace here: {refused}")
+        yield holder.pid
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+        await holder.wait()
+
+
+async def test_a_full_tmpfs_refuses_writes_as_a_full_disk_and_recovers_when_it_grows(
+        tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    async with small_disk(disk, "1m") as holder:
+        config, db = write_config(tmp_path, db=disk / "events.db")
+        seen = Path(f"/proc/{holder}/root") / db.relative_to("/")  # the file, seen from here
+        log = tmp_path / "gateway.log"
+        ledger = Ledger(Report())
+        process, url = await serve(config, db, log, ["nsenter", "-t", str(holder), "-m"])
+        try:
+            async with ControlClient(url, CONTROL_TOKEN, reconnect=False, retries=0
+                                     ) as client, \
+                    httpx.AsyncClient(base_url=url, timeout=TIMEOUT, headers={
+                        "Authorization": f"Bearer {CONTROL_TOKEN}"}) as http:
+                batch, errors = await fill(client, ledger)
+                print(f"\nfull after {len(ledger.acks)} acked requests: {errors[0].message}")
+                assert errors and all(e.code in STORAGE_CODES for e in errors), errors
+                for error in errors:
+                    assert "disk holding the event log is full" in error.message, error
+                health = await http.get("/healthz")
+                assert health.status_code == 503, health.text
+                assert "disk holding the event log is full" in health.json()["storage"]
+                assert (await http.get("/api/agents/btc/events")).status_code == 200
+
+                grow = await asyncio.create_subprocess_exec(
+                    "nsenter", "-t", str(holder), "-m", "mount", "-o", "remount,size=64m",
+                    str(disk))
+                assert await asyncio.wait_for(grow.wait(), TIMEOUT) == 0
+                grown = time.monotonic()
+                await resubmit(client, ledger, batch)
+                print(f"recovered {(time.monotonic() - grown) * 1000:.0f} ms after it grew")
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(process.wait(), TIMEOUT) == 0
+        finally:
+            await kill(process)
+        # A copy to check (SQLite resolves /proc/PID/root to this namespace's root).
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        for path in seen.parent.iterdir():
+            shutil.copy(path, copy / path.name)
+        report = await check_log(copy / db.name, ledger)
+    assert report.problems == []
+    assert (report.lost, report.duplicated, report.verify_exit) == (0, 0, 0)
+    text = server_log(log)
+    print(text)
+    assert text.count("the event log cannot be written") == 1
