@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,8 +108,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     does not read: uvicorn waits for room in the send buffer before it writes a close frame
     (forever, for such a client) and then closes gracefully (which waits for the buffer to
     drain). Here the close frame is queued behind whatever the client has not taken, and the
-    connection is dropped if the closing handshake has not finished after ``close_timeout``,
-    so every close frees the connection in bounded time. A handshake refused with an HTTP
+    connection is reset if the closing handshake has not finished after ``close_timeout``
+    (10 s), so every close frees the connection in bounded time. A handshake refused with an HTTP
     answer (`starlette.websockets.WebSocket.send_denial_response`) is not logged as an
     error."""
 
@@ -137,7 +138,16 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         if self.read_paused:  # the client's close reply must get through
             self.read_paused = False
             self.transport.resume_reading()
-        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.abort)
+        self.close_timer = self.loop.call_later(self.close_timeout, self._drop)
+
+    def _drop(self) -> None:
+        """Reset the connection: what the client never took is thrown away, by the kernel
+        too (a plain close would leave it there, retrying to a client that does not read)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
 
 def http_protocol(request_timeout_s: float) -> type[H11Protocol]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import secrets
 import signal
@@ -127,20 +128,27 @@ class Gateway:
         found = await self.metrics()
         return int(sum(v for k, v in found.items() if k.startswith("gateway_websocket_conn")))
 
-    async def settled(self, connections: int, tasks: float | None = None) -> dict[str, float]:
-        """The metrics once the WebSocket connections (and the event loop's tasks, give or
-        take a few timers) are back to those counts; fails if they never are."""
+    def fds(self) -> int:
+        """File descriptors the process has open (each connection is one)."""
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+    async def settled(self, like: dict[str, float] | None = None) -> dict[str, float]:
+        """The metrics (and ``fds``) once no WebSocket connection is open and, if ``like``
+        (an earlier answer) is given, the event loop's tasks and the process's file
+        descriptors are back to its counts, give or take a few timers and the connection
+        that asks; fails if they never are."""
         async def back() -> dict[str, float] | None:
             found = await self.metrics()
-            open_now = sum(v for k, v in found.items() if k.startswith("gateway_websocket_conn"))
-            if open_now != connections:
+            found["fds"] = self.fds()
+            if sum(v for k, v in found.items() if k.startswith("gateway_websocket_conn")):
                 return None
-            if tasks is not None and found["gateway_asyncio_tasks"] > tasks + 5:
+            tasks = "gateway_asyncio_tasks"
+            if like is not None and (found[tasks] > like[tasks] + 5
+                                     or found["fds"] > like["fds"] + 2):
                 return None
             return found
 
-        found: dict[str, float] = await until(
-            back, f"connections back to {connections} (tasks {tasks})")
+        found: dict[str, float] = await until(back, f"everything freed (like {like})")
         return found
 
 
@@ -282,7 +290,7 @@ async def gather_limited(jobs: Sequence[Awaitable[Any]], limit: int = 100) -> li
 async def test_connections_that_never_authenticate_are_closed_at_the_auth_timeout(
     gw: Gateway
 ) -> None:
-    before = await gw.settled(0)
+    before = await gw.settled()
     count = 400
     timeouts = 'gateway_websocket_closed_total{reason="auth_timeout"}'
 
@@ -302,7 +310,7 @@ async def test_connections_that_never_authenticate_are_closed_at_the_auth_timeou
     took = time.monotonic() - began
     seen = Counter(ends)
     assert set(seen) <= {("unauthorized", 1008), 503}, seen
-    after = await gw.settled(0, before["gateway_asyncio_tasks"])
+    after = await gw.settled(before)
     assert after[timeouts] == before[timeouts] + seen["unauthorized", 1008]
     assert after["gateway_websocket_refused_total"] == \
         before["gateway_websocket_refused_total"] + seen[503]
@@ -326,7 +334,7 @@ async def test_connections_waiting_to_authenticate_cannot_take_the_places_of_tok
             assert "max_unauthenticated" in body["message"]
             async with operator(gw) as ws, gw.http() as http:  # a token in the header
                 assert await client_round(gw, ws, http) < ACK_BOUND_S
-        await gw.settled(0)
+        await gw.settled()
         async with connect(f"{gw.ws}/ws/control", open_timeout=TIMEOUT) as ws:  # room again
             await ws.send(json.dumps({"type": "auth", "token": VIEWER}))
             assert (await receive(ws))["type"] == "hello"
@@ -335,7 +343,7 @@ async def test_connections_waiting_to_authenticate_cannot_take_the_places_of_tok
 async def test_connections_over_the_cap_are_refused_with_503_and_all_are_freed_after(
     gw: Gateway
 ) -> None:
-    before = await gw.settled(0)
+    before = await gw.settled()
     extra = 100
     headers = {"Authorization": f"Bearer {VIEWER}"}
 
@@ -363,7 +371,7 @@ async def test_connections_over_the_cap_are_refused_with_503_and_all_are_freed_a
         gw.rss_kb.append(rss)
         async with operator(gw) as ws, gw.http() as http:  # room again for one more
             assert await client_round(gw, ws, http) < ACK_BOUND_S
-    after = await gw.settled(0, before["gateway_asyncio_tasks"])
+    after = await gw.settled(before)
     assert after["gateway_websocket_refused_total"] == \
         before["gateway_websocket_refused_total"] + extra + 1
     print(f"\n{CAP + extra} connections: {held} held, {extra + 1} refused with 503; slowest "
@@ -422,7 +430,7 @@ async def _dropped(gw: Gateway, data: bytes) -> None:
 async def test_connections_stalled_or_dropped_mid_handshake_or_mid_frame_are_freed(
     gw: Gateway
 ) -> None:
-    before = await gw.settled(0)
+    before = await gw.settled()
     per_kind = 100
     stalled = [_stalled(gw, data) for data in STALLS.values() for _ in range(per_kind)]
     dropped = [_dropped(gw, data) for data in [*STALLS.values(), _ws_head(CONTROL),
@@ -438,7 +446,7 @@ async def test_connections_stalled_or_dropped_mid_handshake_or_mid_frame_are_fre
     # Each stalled connection was dropped by the server once its request timeout passed.
     assert min(waits) >= REQUEST_TIMEOUT_S * 0.9
     assert max(waits) < REQUEST_TIMEOUT_S + 10
-    await gw.settled(0, before["gateway_asyncio_tasks"])
+    await gw.settled(before)
     gw.rss_kb.append(gw.rss())
     print(f"\n{len(stalled)} stalled connections dropped after {min(waits):.2f}-"
           f"{max(waits):.2f} s, {len(dropped)} dropped by the client; slowest ack "
@@ -463,7 +471,7 @@ async def _raw_http(gw: Gateway, method: str, path: str, body: bytes = b"") -> t
 async def test_an_http_request_flood_is_answered_and_leaves_room_for_a_client(
     gw: Gateway
 ) -> None:
-    before = await gw.settled(0)
+    before = await gw.settled()
     count = 2_000
 
     async def submit() -> int:
@@ -481,7 +489,7 @@ async def test_an_http_request_flood_is_answered_and_leaves_room_for_a_client(
         gw, gather_limited([submit() if n % 2 else read() for n in range(count)], 200))
     took = time.monotonic() - began
     assert Counter(statuses) == {200: count}, Counter(statuses)
-    await gw.settled(0, before["gateway_asyncio_tasks"])
+    await gw.settled(before)
     gw.rss_kb.append(gw.rss())
     print(f"\n{count} HTTP requests, 200 at a time, in {took:.1f} s; slowest ack "
           f"{slowest * 1000:.0f} ms over {rounds} rounds")
@@ -507,10 +515,23 @@ async def slow_subscriber(gw: Gateway) -> AsyncIterator[ClientConnection]:
         yield ws
 
 
-async def test_a_subscriber_that_never_reads_is_closed_as_a_slow_reader_with_bounded_memory(
+CLOSE_TIMEOUT_S = 10.0
+"""How long uvicorn's WebSocket protocol gives a closing handshake."""
+TCP_CLOSE = 7
+"""``tcpi_state`` of a connection that was reset."""
+
+
+def tcp_state(ws: ClientConnection) -> int:
+    """The TCP state of the client's socket, which the kernel keeps up to date even while
+    the client reads nothing."""
+    sock = ws.transport.get_extra_info("socket")
+    return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0])
+
+
+async def test_subscribers_that_never_read_are_closed_as_slow_readers_with_bounded_memory(
     gw: Gateway
 ) -> None:
-    before = await gw.settled(0)
+    before = await gw.settled()
     slow_closes = 'gateway_websocket_closed_total{reason="slow_reader"}'
     rss_before = gw.rss()
     samples = [rss_before]
@@ -524,10 +545,10 @@ async def test_a_subscriber_that_never_reads_is_closed_as_a_slow_reader_with_bou
 
     async def closed_as_slow() -> bool:
         samples.append(gw.rss())
-        return (await gw.metrics())[slow_closes] > before[slow_closes]
+        return (await gw.metrics())[slow_closes] == before[slow_closes] + 2
 
-    async with slow_subscriber(gw) as slow, operator(gw, VIEWER) as reader, \
-            operator(gw) as producer:
+    async with slow_subscriber(gw) as slow, slow_subscriber(gw) as deaf, \
+            operator(gw, VIEWER) as reader, operator(gw) as producer:
         assert (await answer(reader, {"type": "subscribe", "id": "s"}))["type"] == "snapshot"
         reading = asyncio.create_task(read_everything(reader))
         batches = 0
@@ -542,16 +563,25 @@ async def test_a_subscriber_that_never_reads_is_closed_as_a_slow_reader_with_bou
             gw.acked.update(a["requestId"] for a in acks["results"])
             batches += 1
         peak = max(samples)
-        # Its session ends (the reader and the producer are left) before the client has read
-        # anything more: the server does not wait for a client that does not read.
-        async def slow_one_gone() -> bool:
+        # Their sessions end (the reader and the producer are left) before the clients have
+        # read anything more: the server does not wait for a client that does not read.
+        async def slow_ones_gone() -> bool:
             return await gw.connections() == 2
 
-        await until(slow_one_gone, "the slow reader's session to end")
+        await until(slow_ones_gone, "the slow readers' sessions to end")
+        ended = time.monotonic()
         # The close frame waits behind the frames the client never took: read them.
         closed = await closing(slow)
         assert closed.rcvd is not None, "dropped without a close frame"
         assert (closed.rcvd.code, closed.rcvd.reason) == (1008, "slow reader")
+        # One that never reads them is reset once the closing handshake has had its time.
+        async def deaf_one_reset() -> bool:
+            return tcp_state(deaf) == TCP_CLOSE
+
+        await until(deaf_one_reset, "the connection of a client that never reads to be reset")
+        reset_after = time.monotonic() - ended
+        # At the end of the closing handshake's time, not whenever the kernel gives up.
+        assert reset_after < CLOSE_TIMEOUT_S + 4
         # The reading subscriber was not held up: every event, in order, no gap.
         last = (await answer(producer, {"type": "ping", "id": "p"}))["position"]
 
@@ -561,13 +591,13 @@ async def test_a_subscriber_that_never_reads_is_closed_as_a_slow_reader_with_bou
         await until(caught_up, "the reading subscriber to catch up")
         reading.cancel()
         assert positions == list(range(positions[0], positions[0] + len(positions)))
-    after = await gw.settled(0, before["gateway_asyncio_tasks"])
-    assert after[slow_closes] == before[slow_closes] + 1
+    after = await gw.settled(before)
+    assert after[slow_closes] == before[slow_closes] + 2
     rss_after = gw.rss()
     gw.rss_kb += [peak, rss_after]
     assert peak - rss_before < SLOW_RSS_BOUND_KB
-    print(f"\nslow reader closed after {batches * BATCH} requests of 40 kB "
-          f"({len(positions)} events); "
+    print(f"\nslow readers closed after {batches * BATCH} requests of 40 kB "
+          f"({len(positions)} events), the deaf one reset {reset_after:.1f} s later; "
           f"RSS {rss_before // 1024} -> peak {peak // 1024} -> {rss_after // 1024} MiB")
 
 
