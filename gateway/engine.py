@@ -268,7 +268,7 @@ class Engine:
                 for order in agent.state.orders.values():
                     self._spawn(self.broker.place(agent.state.agent_id, order.order_id,
                                                   order.intent), f"place {order.order_id}")
-        await self.flush()
+        await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
 
     async def _load(self) -> tuple[LogFold, list[int]]:
         """The fold of the whole log: from the newest usable snapshot, plus the events after
@@ -354,13 +354,14 @@ class Engine:
             await self._snapshotting
         await self.store.close()
 
-    async def flush(self) -> None:
+    async def flush(self, *, rebuilt: bool = True) -> None:
         """Wait until every append decided so far is committed (or has failed), every
-        sub-agent call is delivered (or recorded as undeliverable), and every agent rebuilt
-        after a failed commit is back."""
-        while self._in_flight or self._rebuilds or self._deliveries:
+        sub-agent call is delivered (or recorded as undeliverable), and (unless ``rebuilt``
+        is False) every agent rebuilt after a failed commit is back: while the log cannot
+        be written, an agent cut off in a run is rebuilt again and again."""
+        while self._in_flight or self._deliveries or (rebuilt and self._rebuilds):
             waiting: list[asyncio.Future[Any]] = [
-                *self._in_flight, *self._rebuilds, *self._deliveries
+                *self._in_flight, *self._deliveries, *(self._rebuilds if rebuilt else ())
             ]
             await asyncio.wait(waiting)
 

@@ -22,10 +22,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, start
+from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, read_log, start
 from gateway.client import ControlClient, GatewayClientError
 from gateway.config import ConfigError, parse_config
+from gateway.engine import Ack, Engine
+from gateway.errors import AgentUnavailable, StorageFailed
 from gateway.protocol import ErrorFrame
+from lanes import AgentConfig, AgentRequest, Mode, replay, verify
+from lanes.events import AbortReason, RunAborted
 from store import NewEvent, Snapshot, SqliteEventStore, WriteFailed
 from store.port import Append
 from tests.faults.storage import (
@@ -40,6 +44,8 @@ from tests.faults.storage import (
     until,
     write_config,
 )
+from tests.gateway.support import ManualReasoner
+from tests.gateway.support import request as agent_request
 
 BUSY_TIMEOUT_MS = 1000
 LOCKER = """
@@ -205,3 +211,52 @@ async def test_a_locked_log_refuses_each_kind_of_write_with_the_reason_then_goes
         await store.save_snapshot(snapshot)
     finally:
         await store.close()
+
+
+async def test_a_gateway_started_on_a_locked_log_serves_and_catches_up_when_it_is_free(
+        tmp_path: Path) -> None:
+    db = tmp_path / "events.db"
+    agents = {"btc": AgentConfig(mode=Mode.FOLLOWUP)}
+    reasoner = ManualReasoner()
+    engine = Engine(SqliteEventStore(db), agents, reasoners=lambda _: reasoner)
+    await engine.start()
+    acked = await engine.submit(agent_request("btc"))
+    cut_off = await reasoner.started()
+    await engine.stop(graceful=False)  # as if killed: the run is cut off
+
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    engine = Engine(SqliteEventStore(db, busy_timeout_ms=100), agents,
+                    reasoners=lambda _: reasoner)
+    try:
+        try:
+            # Its first appends (the cut-off run aborted, and started again) cannot be
+            # written; it starts all the same, and says why.
+            await asyncio.wait_for(engine.start(), TIMEOUT)
+            assert engine.storage_fault is not None
+            assert "locked by another process" in engine.storage_fault.reason
+            assert engine.state("btc").active is not None  # reads are served
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        # Free again: the agent catches up by itself and takes requests.
+        again = await until(lambda: _accepted(engine, agent_request("btc")),
+                            "the agent to take requests again")
+        assert again.decision == "accepted"
+        rerun = await reasoner.started()
+        assert rerun.run_id != cut_off.run_id
+        assert engine.storage_fault is None
+    finally:
+        await engine.stop()
+    log = await read_log(db)
+    aborted = [e.event for e in log if isinstance(e.event, RunAborted)]
+    assert [(a.run_id, a.reason) for a in aborted][:1] == [(cut_off.run_id, AbortReason.RESTART)]
+    assert acked.request_id in replay(log)["btc"].seen
+    assert verify(log) is None
+
+
+async def _accepted(engine: Engine, request: AgentRequest) -> Ack | None:
+    try:
+        return await engine.submit(request)
+    except (AgentUnavailable, StorageFailed):
+        return None
