@@ -197,7 +197,7 @@ def http_protocol(request_timeout_s: float) -> type[H11Protocol]:
         def _timed_out(self) -> None:
             self.head_timer = None
             if self._partial() and not self.transport.is_closing():
-                self.transport.abort()
+                self.transport.close()  # nothing was answered yet: nothing to wait for
 
     return HttpProtocol
 
