@@ -160,7 +160,7 @@ async def test_a_full_log_refuses_writes_clearly_keeps_reading_and_recovers(
     assert int(back.group(2)) < 60, "commits were retried in a tight loop while full"
 
 
-async def test_a_stop_while_the_log_is_full_ends_and_the_next_start_carries_on(
+async def test_a_stop_while_the_log_is_full_ends_and_the_next_start_carries_on_from_the_wal(
         tmp_path: Path) -> None:
     config, db = write_config(tmp_path)
     log = tmp_path / "gateway.log"
@@ -171,12 +171,20 @@ async def test_a_stop_while_the_log_is_full_ends_and_the_next_start_carries_on(
             limit_files(process.pid, tmp_path)
             batch, errors = await fill(client, ledger)
             assert_says_what_is_wrong(errors)
-        # Its last appends (runs aborted by the stop), snapshot and checkpoint all fail.
+        # Nor may the database file grow: the checkpoint at the close (the WAL copied into
+        # it) fails too, as do the stop's last appends (runs it aborts) and its snapshot.
+        resource.prlimit(process.pid, resource.RLIMIT_FSIZE,
+                         (db.stat().st_size, resource.RLIM_INFINITY))
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), TIMEOUT) == 0
     finally:
         await kill(process)
-    assert server_log(log).count("the event log cannot be written") == 1
+    text = server_log(log)
+    assert text.count("the event log cannot be written") == 2  # once per reason (limit)
+    assert re.search(r"snapshot at \d+ not stored: the snapshot was not recorded: "
+                     r"events\.db-wal reached this process's file size limit", text), text
+    wal = db.with_name(db.name + "-wal")
+    assert wal.exists() and wal.stat().st_size > 0, "the checkpoint went through after all"
 
     process, url = await start(config, db, log)
     try:
