@@ -889,19 +889,21 @@ class Session:
                                "in the Authorization header is not counted")
             return
         connections.open[self.endpoint] += 1
-        connections.unauthenticated += by_frame
+        if by_frame:
+            connections.unauthenticated += 1
         try:
-            await self.ws.accept()
-            authenticated = await self._authenticate()
-            connections.unauthenticated -= by_frame
-            by_frame = False
+            try:
+                await self.ws.accept()
+                authenticated = await self._authenticate()
+            finally:
+                if by_frame:
+                    connections.unauthenticated -= 1
             if authenticated:
                 await self._serve()
         except WebSocketDisconnect:
             pass
         finally:
             connections.open[self.endpoint] -= 1
-            connections.unauthenticated -= by_frame
             for task in [*self.tasks, *([self.subscription] if self.subscription else [])]:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
