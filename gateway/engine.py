@@ -13,12 +13,13 @@ import asyncio
 import itertools
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.clock import Clock, SystemClock, Timer
 from gateway.errors import (
@@ -69,7 +70,7 @@ from lanes.events import (
     TimerElapsed,
 )
 from lanes.replay import LogFold, is_agent_stream
-from lanes.requests import Kind
+from lanes.requests import ControlAction, Kind
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
 from store.port import (
@@ -95,6 +96,7 @@ REBUILD_BACKOFF_S = 0.05
 """The wait before an agent whose commits keep failing is rebuilt again, doubled at each
 consecutive failure (the first rebuild is at once) up to `REBUILD_BACKOFF_MAX_S`."""
 REBUILD_BACKOFF_MAX_S = 0.5
+NOT_DECIDED: Final = sys.maxsize
 FAULT_LOG_INTERVAL_S = 60.0
 """A storage fault that comes back with the same reason within this long is not logged again
 (a nearly full disk takes small commits and refuses big ones: it would flap)."""
@@ -126,6 +128,13 @@ class StorageFault:
     """Commits failed since."""
 
 
+HELD_ACTIONS: Final = frozenset({ControlAction.EMERGENCY_STOP, ControlAction.PAUSE,
+                                ControlAction.CANCEL_ALL, ControlAction.CANCEL_ORDER})
+"""Control actions that reduce risk: when one cannot be stored (the log refuses writes), the
+gateway holds it and stores it itself as soon as the log can be written, before anything else
+of its agent (a resume or a release is not held: it would act later than asked)."""
+
+
 @dataclass(slots=True)
 class _Agent:
     state: AgentState
@@ -137,6 +146,9 @@ class _Agent:
     failures: int = 0
     """Consecutive failed commits (paces its rebuilds while the log cannot be written)."""
     run_started: dict[str, float] = field(default_factory=dict)
+    held: dict[str, tuple[RequestReceived, int]] = field(default_factory=dict)
+    """Risk-reducing controls not known to be stored yet, by request id, with the stream
+    version their decision reaches (`NOT_DECIDED` while the agent was being rebuilt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,10 +412,16 @@ class Engine:
 
     async def submit(self, request: AgentRequest, principal: str | None = None) -> Ack:
         """Decide a request and answer once the decision is durable."""
-        agent = self._agent(request.agent_id)
         received = RequestReceived(at=self.clock.now_ms(), request=request, principal=principal)
+        try:
+            agent = self._agent(request.agent_id)
+        except AgentUnavailable as error:
+            raise self._hold(received, error) from None
         outcome = self._feed(agent, received)
-        records = await self._committed(outcome)
+        try:
+            records = await self._committed(outcome)
+        except StorageFailed as error:
+            raise self._hold(received, error) from None
         return _ack(request.request_id, outcome.decisions, records)
 
     async def submit_many(
@@ -419,13 +437,13 @@ class Engine:
         groups: dict[str, _Group] = {}
         placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
         for request in requests:
+            received = RequestReceived(at=at, request=request, principal=principal)
             try:
                 agent = self._agent(request.agent_id)
             except GatewayError as error:
-                placed.append(error)
+                placed.append(self._hold(received, error))
                 continue
             base = agent.state.version
-            received = RequestReceived(at=at, request=request, principal=principal)
             decisions, events = self._decide(agent, received)
             group = groups.get(request.agent_id)
             if group is None:
@@ -444,7 +462,9 @@ class Engine:
             try:
                 records = await self._committed(group.outcome)
             except GatewayError as error:
-                answers.append(error)
+                request = requests[len(answers)]
+                answers.append(self._hold(
+                    RequestReceived(at=at, request=request, principal=principal), error))
             else:
                 answers.append(_ack(request_id, decisions, records[offset:]))
         return answers
@@ -509,6 +529,8 @@ class Engine:
             return decisions, []
         ids = self._ids
         events = [NewEvent(ids(), *encode(item)) for item in (event, *decisions)]
+        if type(event) is RequestReceived and event.request.action in HELD_ACTIONS:
+            agent.held[event.request.request_id] = (event, state.version)
         # Stop early: an abort takes effect at once, and a steer reaches the run at once
         # (a failed commit cancels the run, so nothing uncommitted outlives the failure).
         for decision in decisions:
@@ -571,6 +593,8 @@ class Engine:
         self.commit_latency.observe(time.perf_counter() - decided)
         records = future.result()
         last = records[-1]
+        if agent.held:  # an agent's appends commit in order: all up to here are stored
+            agent.held = {rid: held for rid, held in agent.held.items() if held[1] > last.version}
         if last.position > self._position:
             self._position, self._anchor = last.position, last.event_id
         self._since_snapshot += len(records)
@@ -732,6 +756,22 @@ class Engine:
 
     # ---------------------------------------------------------------------- recovery
 
+    def _hold(self, received: RequestReceived, error: GatewayError) -> GatewayError:
+        """The error to answer a request that could not be stored with; a risk-reducing
+        control is held, to be stored by the gateway itself once the log can be written."""
+        request = received.request
+        agent = self._agents.get(request.agent_id)
+        if (agent is None or request.action not in HELD_ACTIONS
+                or not isinstance(error, StorageFailed | AgentUnavailable)):
+            return error
+        if request.request_id not in agent.held:
+            agent.held[request.request_id] = (received, NOT_DECIDED)
+        if isinstance(error, StorageFailed):
+            return StorageFailed(error.detail, held=True)
+        fault = self.storage_fault
+        return StorageFailed("the event log cannot be written" + (
+            "" if fault is None else f": {fault.reason}"), held=True)
+
     def _storage_failed(self, error: BaseException) -> None:
         """Note a failed commit; say so in the log once per fault (not once per append)."""
         reason = error.reason if isinstance(error, WriteFailed) else str(error)
@@ -796,8 +836,16 @@ class Engine:
             # A commit reported as failed reached the log all the same: the fold holds it.
             self._position, self._anchor = records[-1].position, records[-1].event_id
         agent.recovering = False
-        if self._running and agent.state.active is not None:
-            self._feed(agent, Restarted(at=self.clock.now_ms()))
+        seen = agent.state.seen
+        agent.held = {rid: held for rid, held in agent.held.items() if rid not in seen}
+        if self._running:
+            # Held stops first: a run cut off by the failure must not start again before them.
+            for received, _ in list(agent.held.values()):
+                self._feed(agent, RequestReceived(at=self.clock.now_ms(),
+                                                  request=received.request,
+                                                  principal=received.principal))
+            if agent.state.active is not None:
+                self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
 
 

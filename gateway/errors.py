@@ -47,8 +47,18 @@ class StorageFailed(GatewayError):
 
     code = "storage_failed"
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"the request was not stored: {detail}; retry with the same requestId")
+    def __init__(self, detail: str, *, held: bool = False) -> None:
+        if held:
+            super().__init__(
+                f"the control was not stored yet: {detail}. The gateway holds it and stores "
+                "and applies it itself, before anything else of this agent, as soon as the "
+                "log can be written (an emergency stop has stopped the agent's run already); "
+                "a retry with the same requestId is safe")
+        else:
+            super().__init__(
+                f"the request was not stored: {detail}; retry with the same requestId")
+        self.detail = detail
+        self.held = held
 
 
 class StorageUnreadable(GatewayError):

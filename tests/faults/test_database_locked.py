@@ -149,6 +149,9 @@ async def test_a_write_lock_held_elsewhere_refuses_writes_clearly_and_recovers(
             again = await client.submit_many(during)  # each taken once: the rest repeat it
             assert [(a.decision, a.repeated) for a in again  # type: ignore[union-attr]
                     ] == [(a.decision, True) for a in acks]
+            # The refused emergency stop was held and stored by the gateway itself.
+            held = await client.submit(control("stop-eth-1", "emergency_stop", "eth"))
+            assert held.decision == "accepted" and held.repeated
             # The control lane works again.
             for action in ("emergency_stop", "resume"):
                 ack = await client.submit(control(f"{action}-eth-2", action, "eth"))
