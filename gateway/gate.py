@@ -17,8 +17,8 @@ from functools import partial
 from typing import Any
 
 from gateway.clock import Clock, Timer
-from gateway.engine import EventIds, read_settled
-from gateway.errors import GatewayError
+from gateway.engine import REBUILD_BACKOFF_MAX_S, REBUILD_BACKOFF_S, EventIds, read_settled
+from gateway.errors import GatewayError, StorageFailed
 from gateway.tasks import spawn
 from lanes.gate import (
     GateState,
@@ -45,7 +45,7 @@ from lanes.gate_events import (
     SlotRequested,
 )
 from lanes.requests import Priority
-from store.port import Append, EventStore, NewEvent, RecordedEvent
+from store.port import Append, EventStore, NewEvent, RecordedEvent, WriteFailed
 
 log = logging.getLogger("gateway.gate")
 
@@ -89,6 +89,10 @@ class ProviderGate:
         self._rebuild: asyncio.Task[None] | None = None
         """Set while the gate rebuilds itself from its log after a failed append."""
         self._held: list[GateInput] = []
+        self._failures = 0
+        """Consecutive failed appends (paces rebuilds while the log cannot be written)."""
+        self._fault: str | None = None
+        """Why appends fail, while they do (said in the server's log once)."""
         """Inputs that arrived during a rebuild, decided once it is done."""
 
     async def start(self) -> None:
@@ -232,17 +236,29 @@ class ProviderGate:
         if future.cancelled() or future.exception() is not None:
             # The gate ran ahead of its log: refuse the waiters of this batch and rebuild
             # the state from the log (what was not recorded never happened).
-            log.error("gate %s: append failed; rebuilding it from its log", self.provider)
+            error = None if future.cancelled() else future.exception()
+            reason = error.reason if isinstance(error, WriteFailed) else str(error)
+            self._failures += 1
+            if reason != self._fault:
+                log.error("gate %s: its log cannot be written (%s); slots are refused until "
+                          "it can be again", self.provider, reason)
+                self._fault = reason
             for decision in decisions:
                 waiter = self._waiters.get(getattr(decision, "slot_id", ""))
                 if waiter is not None and not waiter.done():
-                    waiter.set_exception(GatewayError("the gate could not record the slot"))
+                    waiter.set_exception(StorageFailed(
+                        f"the provider gate {self.provider!r} could not record the slot: "
+                        f"{reason}"))
             if self._rebuild is None and self._running:
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = self._timer_due = None
                 self._rebuild = spawn(self._rebuilt(), f"rebuild {self.stream}")
             return
+        self._failures = 0
+        if self._fault is not None:
+            log.warning("gate %s: its log is written again", self.provider)
+            self._fault = None
         for decision in decisions:
             if isinstance(decision, SlotGranted):
                 waiter = self._waiters.get(decision.slot_id)
@@ -258,6 +274,9 @@ class ProviderGate:
                     waiter.set_exception(SlotRefusedError(decision))
 
     async def _rebuilt(self) -> None:
+        if self._failures > 1:  # its appends keep failing (a full disk): do not spin
+            await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S,
+                                    REBUILD_BACKOFF_S * 2 ** (self._failures - 2)))
         records = await read_settled(self.store, self.stream, self._in_flight)
         self._state = fold_gate(GateState(provider=self.stream),
                                 (decode_gate_event(r.type, r.data) for r in records))

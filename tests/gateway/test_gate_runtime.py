@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.clock import FakeClock
-from gateway.errors import GatewayError
+from gateway.errors import StorageFailed
 from gateway.gate import ProviderGate, SlotRefusedError
 from lanes.gate import GateState, decode_gate_event, fold_gate
 from lanes.gate_events import CallOutcome, GateLimits
@@ -149,8 +149,10 @@ async def test_a_failed_append_is_refused_and_the_gate_rebuilds_itself_from_its_
     await gate.start()
     held = await gate.acquire("a", "a-r1")
     store.fail_next = True
-    with pytest.raises(GatewayError, match="could not record"):
+    with pytest.raises(StorageFailed, match="could not record the slot: database or disk is "
+                       "full") as refused:
         await gate.acquire("b", "b-r1")
+    assert refused.value.code == "storage_failed"  # typed: the caller may retry
     await gate.flush()
     # What was not recorded never happened; what was recorded still holds; it works on.
     assert gate.state == await log_state(inner)
