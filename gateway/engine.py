@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from gateway.errors import (
     GatewayError,
     NotRunning,
     StorageFailed,
+    Superseded,
     UnknownAgent,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
@@ -97,6 +99,8 @@ REBUILD_BACKOFF_S = 0.05
 consecutive failure (the first rebuild is at once) up to `REBUILD_BACKOFF_MAX_S`."""
 REBUILD_BACKOFF_MAX_S = 0.5
 NOT_DECIDED: Final = sys.maxsize
+MAX_HELD: Final = 100
+"""Most controls held for one agent (beyond it, new ones are refused as usual)."""
 FAULT_LOG_INTERVAL_S = 60.0
 """A storage fault that comes back with the same reason within this long is not logged again
 (a nearly full disk takes small commits and refuses big ones: it would flap)."""
@@ -149,6 +153,11 @@ class _Agent:
     held: dict[str, tuple[RequestReceived, int]] = field(default_factory=dict)
     """Risk-reducing controls not known to be stored yet, by request id, with the stream
     version their decision reaches (`NOT_DECIDED` while the agent was being rebuilt)."""
+    refused: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_HELD))
+    """Other controls (resume, release) refused during a storage fault, by request id."""
+    superseded: set[str] = field(default_factory=set)
+    """Of those, the ones a held control came after: a retry of one is refused (it would
+    undo the later stop)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +366,11 @@ class Engine:
         for gate in self.gates.values():  # after the runs: their slots are given back
             await gate.stop()
         await self.flush()
+        for agent in self._agents.values():
+            if agent.held:
+                log.error("stopping with controls of %s that could not be stored (the event "
+                          "log refused them): %s; send them again after the restart",
+                          agent.state.agent_id, ", ".join(agent.held))
         if self._snapshotting is not None:
             await self._snapshotting
         if (graceful and self._snapshot_every is not None and self._since_snapshot
@@ -417,6 +431,8 @@ class Engine:
             agent = self._agent(request.agent_id)
         except AgentUnavailable as error:
             raise self._hold(received, error) from None
+        if agent.superseded and request.request_id in agent.superseded:
+            raise Superseded(request)
         outcome = self._feed(agent, received)
         try:
             records = await self._committed(outcome)
@@ -442,6 +458,9 @@ class Engine:
                 agent = self._agent(request.agent_id)
             except GatewayError as error:
                 placed.append(self._hold(received, error))
+                continue
+            if agent.superseded and request.request_id in agent.superseded:
+                placed.append(Superseded(request))
                 continue
             base = agent.state.version
             decisions, events = self._decide(agent, received)
@@ -531,6 +550,9 @@ class Engine:
         events = [NewEvent(ids(), *encode(item)) for item in (event, *decisions)]
         if type(event) is RequestReceived and event.request.action in HELD_ACTIONS:
             agent.held[event.request.request_id] = (event, state.version)
+            if agent.refused:  # a stop after a refused resume: that resume must not follow
+                agent.superseded.update(agent.refused)
+                agent.refused.clear()
         # Stop early: an abort takes effect at once, and a steer reaches the run at once
         # (a failed commit cancels the run, so nothing uncommitted outlives the failure).
         for decision in decisions:
@@ -761,15 +783,27 @@ class Engine:
         control is held, to be stored by the gateway itself once the log can be written."""
         request = received.request
         agent = self._agents.get(request.agent_id)
-        if (agent is None or request.action not in HELD_ACTIONS
+        action = request.action
+        if (agent is None or action is None
                 or not isinstance(error, StorageFailed | AgentUnavailable)):
             return error
-        if request.request_id not in agent.held:
+        if action not in HELD_ACTIONS:
+            agent.refused.append(request.request_id)
+            return error
+        if isinstance(error, AgentUnavailable) and request.request_id not in agent.held:
+            if len(agent.held) >= MAX_HELD:
+                return error
+            # Not decided (its agent is being rebuilt): the rebuild stores it first.
             agent.held[request.request_id] = (received, NOT_DECIDED)
+        elif request.request_id not in agent.held:
+            return error  # stored meanwhile after all (a commit reported failed went through)
+        if agent.refused:
+            agent.superseded.update(agent.refused)
+            agent.refused.clear()
         if isinstance(error, StorageFailed):
             return StorageFailed(error.detail, held=True)
         fault = self.storage_fault
-        return StorageFailed("the event log cannot be written" + (
+        return StorageFailed("the agent is being rebuilt from the log" + (
             "" if fault is None else f": {fault.reason}"), held=True)
 
     def _storage_failed(self, error: BaseException) -> None:
@@ -844,6 +878,11 @@ class Engine:
                 self._feed(agent, RequestReceived(at=self.clock.now_ms(),
                                                   request=received.request,
                                                   principal=received.principal))
+            config = self._configs.get(agent_id)
+            if config is not None and agent.state.config != config:
+                # The start's config change was not stored (the log refused it): again.
+                self._feed(agent, ConfigChanged(at=self.clock.now_ms(), config=config,
+                                                principal="config"))
             if agent.state.active is not None:
                 self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lanes.requests import FieldError, InvalidRequest
+from lanes.requests import AgentRequest, FieldError, InvalidRequest
 
 
 class GatewayError(Exception):
@@ -59,6 +59,21 @@ class StorageFailed(GatewayError):
                 f"the request was not stored: {detail}; retry with the same requestId")
         self.detail = detail
         self.held = held
+
+
+class Superseded(GatewayError):
+    """A control refused during a storage fault, sent again after a stop that was sent
+    after it and is now in force: applying it now would undo that stop."""
+
+    code = "conflict"
+
+    def __init__(self, request: AgentRequest) -> None:
+        action = request.action.value if request.action is not None else request.kind.value
+        super().__init__(
+            f"{action} {request.request_id!r} was refused while the event log could not be "
+            "written, and a stop sent after it is in force now: it is not applied. Send a new "
+            f"{action} (a new requestId) if you still want it")
+        self.request_id = request.request_id
 
 
 class StorageUnreadable(GatewayError):
@@ -146,6 +161,7 @@ __all__ = [
     "NotRunning",
     "StorageFailed",
     "StorageUnreadable",
+    "Superseded",
     "Unauthorized",
     "UnknownAgent",
     "UnknownProvider",

@@ -45,9 +45,25 @@ from lanes.gate_events import (
     SlotRequested,
 )
 from lanes.requests import Priority
-from store.port import Append, EventStore, NewEvent, RecordedEvent, WriteFailed
+from store.port import (
+    Append,
+    ConcurrencyError,
+    EventStore,
+    NewEvent,
+    RecordedEvent,
+    WriteFailed,
+)
 
 log = logging.getLogger("gateway.gate")
+
+
+class GateUnrecorded(StorageFailed):
+    """A slot the gate decided could not be recorded (its log refused the write)."""
+
+    def __init__(self, provider: str, reason: str) -> None:
+        GatewayError.__init__(self, f"the provider gate {provider!r} could not record the "
+                              f"slot: {reason}")
+        self.detail, self.held = reason, False
 
 
 class SlotRefusedError(GatewayError):
@@ -89,11 +105,11 @@ class ProviderGate:
         self._rebuild: asyncio.Task[None] | None = None
         """Set while the gate rebuilds itself from its log after a failed append."""
         self._held: list[GateInput] = []
+        """Inputs that arrived during a rebuild, decided once it is done."""
         self._failures = 0
         """Consecutive failed appends (paces rebuilds while the log cannot be written)."""
         self._fault: str | None = None
         """Why appends fail, while they do (said in the server's log once)."""
-        """Inputs that arrived during a rebuild, decided once it is done."""
 
     async def start(self) -> None:
         """Rebuild the gate from its stream, free what a previous process held, and apply
@@ -114,7 +130,7 @@ class ProviderGate:
         if self._state.version == 0 or self._state.limits != self._limits:
             self._feed(GateLimitsChanged(at=now, limits=self._limits))
         self._schedule()
-        await self.flush()
+        await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
 
     async def stop(self) -> None:
         """Stop deciding; waiters are refused, timers cancelled, commits finished."""
@@ -122,6 +138,8 @@ class ProviderGate:
         if self._rebuild is not None:
             self._rebuild.cancel()
             await asyncio.gather(self._rebuild, return_exceptions=True)
+            self._rebuild = None
+            self._held.clear()
         if self._timer is not None:
             self._timer.cancel()
         for future in self._waiters.values():
@@ -129,11 +147,12 @@ class ProviderGate:
                 future.cancel()
         await self.flush()
 
-    async def flush(self) -> None:
-        """Wait for every append decided so far (and for a rebuild in progress)."""
-        while self._in_flight or self._rebuild is not None:
+    async def flush(self, *, rebuilt: bool = True) -> None:
+        """Wait for every append decided so far (and, unless ``rebuilt`` is False, for a
+        rebuild in progress: while the log cannot be written, one follows another)."""
+        while self._in_flight or (rebuilt and self._rebuild is not None):
             waiting: list[asyncio.Future[Any]] = [*self._in_flight]
-            if self._rebuild is not None:
+            if rebuilt and self._rebuild is not None:
                 waiting.append(self._rebuild)
             await asyncio.wait(waiting)
 
@@ -237,7 +256,10 @@ class ProviderGate:
             # The gate ran ahead of its log: refuse the waiters of this batch and rebuild
             # the state from the log (what was not recorded never happened).
             error = None if future.cancelled() else future.exception()
-            reason = error.reason if isinstance(error, WriteFailed) else str(error)
+            if isinstance(error, ConcurrencyError) and self._fault is not None:
+                reason = self._fault  # decided on top of the append that failed: same cause
+            else:
+                reason = error.reason if isinstance(error, WriteFailed) else str(error)
             self._failures += 1
             if reason != self._fault:
                 log.error("gate %s: its log cannot be written (%s); slots are refused until "
@@ -246,9 +268,7 @@ class ProviderGate:
             for decision in decisions:
                 waiter = self._waiters.get(getattr(decision, "slot_id", ""))
                 if waiter is not None and not waiter.done():
-                    waiter.set_exception(StorageFailed(
-                        f"the provider gate {self.provider!r} could not record the slot: "
-                        f"{reason}"))
+                    waiter.set_exception(GateUnrecorded(self.provider, reason))
             if self._rebuild is None and self._running:
                 if self._timer is not None:
                     self._timer.cancel()
@@ -274,14 +294,19 @@ class ProviderGate:
                     waiter.set_exception(SlotRefusedError(decision))
 
     async def _rebuilt(self) -> None:
-        if self._failures > 1:  # its appends keep failing (a full disk): do not spin
-            await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S,
-                                    REBUILD_BACKOFF_S * 2 ** (self._failures - 2)))
-        records = await read_settled(self.store, self.stream, self._in_flight)
-        self._state = fold_gate(GateState(provider=self.stream),
-                                (decode_gate_event(r.type, r.data) for r in records))
-        self._rebuild = None
+        try:
+            if self._failures > 1:  # its appends keep failing (a full disk): do not spin
+                await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S,
+                                        REBUILD_BACKOFF_S * 2 ** (self._failures - 2)))
+            records = await read_settled(self.store, self.stream, self._in_flight)
+            self._state = fold_gate(GateState(provider=self.stream),
+                                    (decode_gate_event(r.type, r.data) for r in records))
+        finally:
+            self._rebuild = None  # also when cancelled: `flush` must not wait for it
         held, self._held = self._held, []
+        if self._state.limits != self._limits:
+            # The limits in force were not stored (the log refused them): again, first.
+            held.insert(0, GateLimitsChanged(at=self.clock.now_ms(), limits=self._limits))
         for event in held:
             self._feed(event)
         self._schedule()

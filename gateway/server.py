@@ -140,6 +140,22 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.resume_reading()
         self.close_timer = self.loop.call_later(self.close_timeout, self._drop)
 
+    def handle_close(self, event: Any) -> None:
+        super().handle_close(event)
+        self._drop_if_stuck()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._drop_if_stuck()
+
+    def _drop_if_stuck(self) -> None:
+        """uvicorn closes gracefully at the client's close frame or at shutdown, which waits
+        for the send buffer to drain: for a client that sent its close but reads nothing,
+        for ever. Reset it after ``close_timeout`` instead, if it has not drained by then."""
+        if (self.close_timer is None and not self.disconnected
+                and self.transport.get_write_buffer_size() > 0):
+            self.close_timer = self.loop.call_later(self.close_timeout, self._drop)
+
     def _drop(self) -> None:
         """Reset the connection: what the client never took is thrown away, by the kernel
         too (a plain close would leave it there, retrying to a client that does not read)."""

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 
 import pytest
 
+from gateway.clock import SystemClock
 from gateway.engine import Engine
-from gateway.errors import StorageFailed
+from gateway.errors import StorageFailed, Superseded
+from gateway.gate import ProviderGate
 from lanes import AgentConfig, verify
 from lanes.events import RequestReceived, RunStarted
+from lanes.gate_events import GateLimits
 from store import Append, MemoryEventStore, RecordedEvent, WriteFailed
 from tests.gateway.support import ManualReasoner, control, log_of, next_event, request
 
@@ -21,13 +25,20 @@ from tests.gateway.support import ManualReasoner, control, log_of, next_event, r
 class Refusing:
     """A store that refuses every append while ``refusing`` is set, as a locked log does."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: Sequence[RecordedEvent] = (), refusing: bool = False) -> None:
         self.inner = MemoryEventStore()
-        self.refusing = False
+        self.seed = seed
+        self.refusing = refusing
         self.refused = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
+
+    async def open(self) -> None:
+        """Open, holding the ``seed`` log."""
+        await self.inner.open()
+        if self.seed:
+            await self.inner.restore(self.seed)
 
     def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
         if not self.refusing:
@@ -66,15 +77,12 @@ async def test_an_emergency_stop_that_could_not_be_stored_is_stored_first_once_i
     # Still refused: an operator sending it again (or another stop) is told the same.
     with pytest.raises(StorageFailed, match="holds it"):
         await engine.submit(stop)
-    refused_while_down = store.refused
+    before = await store.inner.last_position()
 
     store.refusing = False  # the lock is gone: the held stop is stored by the gateway itself
-    received = await next_event(store.inner, "RequestReceived")
-    after = received.position
-    applied = await next_event(store.inner, "ControlApplied", after=after)
+    applied = await next_event(store.inner, "ControlApplied", after=before)
     assert json.loads(applied.data)["request_id"] == stop.request_id
     await engine.flush()
-    assert store.refused >= refused_while_down
     assert engine.status("btc").trading.value == "HALTED"
     log = await log_of(store.inner)
     stops = [e for e in log if isinstance(e.event, RequestReceived)
@@ -100,7 +108,8 @@ async def test_a_resume_that_could_not_be_stored_is_not_held(
         await engine.submit(resume)
     assert not refused.value.held
     store.refusing = False
-    ack = await engine.submit(request("eth"))  # the agent is back once it is rebuilt...
+    await engine.flush()  # the agent is rebuilt from the log...
+    ack = await engine.submit(request("eth"))
     assert ack.decision == "accepted"
     await engine.flush()
     log = await log_of(store.inner)
@@ -126,3 +135,72 @@ async def test_a_held_stop_in_a_batch_is_held_too(
     await engine.flush()
     assert engine.status("btc").trading.value == "HALTED"
     await engine.stop()
+
+
+async def test_a_resume_refused_before_a_held_stop_is_not_applied_after_it(
+    running: tuple[Engine, Refusing, ManualReasoner],
+) -> None:
+    engine, store, _ = running
+    await engine.submit(control("btc", "pause"))
+    store.refusing = True
+    resume = control("btc", "resume")  # sent first, refused (not held)
+    with pytest.raises(StorageFailed):
+        await engine.submit(resume)
+    stop = control("btc", "emergency_stop")  # sent second, held
+    with pytest.raises(StorageFailed, match="holds it"):
+        await engine.submit(stop)
+    before = await store.inner.last_position()
+    store.refusing = False
+    await next_event(store.inner, "ControlApplied", after=before)
+    await engine.flush()
+    # The client retries the refused resume as it was told to: it would undo the later stop.
+    with pytest.raises(Superseded, match="Send a new resume") as refused:
+        await engine.submit(resume)
+    assert refused.value.code == "conflict"  # not retried by clients
+    [answer] = await engine.submit_many([resume])
+    assert isinstance(answer, Superseded)
+    assert engine.status("btc").trading.value == "HALTED"
+    # A new resume, sent after the stop, is an operator's decision: applied.
+    assert (await engine.submit(control("btc", "resume"))).decision == "accepted"
+    await engine.stop()
+
+
+async def test_config_and_limits_refused_at_start_are_applied_once_the_log_can_be_written(
+) -> None:
+    inner = MemoryEventStore()
+    first = Engine(inner, {"btc": AgentConfig(cap=50)}, reasoners=lambda _: ManualReasoner())
+    await first.start()
+    await first.flush()
+    log = await inner.read()
+    await first.stop()
+    store = Refusing(log, refusing=True)  # the same log, in a store that refuses writes
+    gate = ProviderGate(store, "claude", GateLimits(requests_per_minute=60),  # type: ignore[arg-type]
+                        clock=SystemClock())
+    engine = Engine(store, {"btc": AgentConfig(cap=5)},  # type: ignore[arg-type]
+                    reasoners=lambda _: ManualReasoner(), gates={"claude": gate},
+                    agent_gates={"btc": "claude"})
+    await asyncio.wait_for(engine.start(), 10)  # serves although nothing can be written
+    before = await store.inner.last_position()
+    store.refusing = False
+    await next_event(store.inner, "ConfigChanged", after=before)
+    await next_event(store.inner, "GateLimitsChanged", after=before)
+    await engine.flush()
+    await gate.flush()
+    assert engine.state("btc").config.cap == 5
+    assert gate.state.limits.requests_per_minute == 60
+    await engine.stop()
+
+
+async def test_a_gate_stopped_while_it_rebuilds_after_failed_appends_stops() -> None:
+    store = Refusing()
+    await store.inner.open()
+    gate = ProviderGate(store, "claude", GateLimits(), clock=SystemClock())  # type: ignore[arg-type]
+    await gate.start()
+    store.refusing = True
+    wants = [asyncio.create_task(gate.acquire("a", f"r{n}")) for n in range(2)]
+    done, _ = await asyncio.wait(wants, timeout=10)
+    assert len(done) == 2
+    for want in wants:
+        error = want.exception()
+        assert isinstance(error, StorageFailed) and error.code == "storage_failed", error
+    await asyncio.wait_for(gate.stop(), 5)

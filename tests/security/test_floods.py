@@ -15,6 +15,7 @@ import re
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -508,7 +509,7 @@ async def slow_subscriber(gw: Gateway) -> AsyncIterator[ClientConnection]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
     async with connect(f"{gw.ws}/ws/control", sock=sock, open_timeout=TIMEOUT, max_queue=2,
-                       compression=None,
+                       compression=None, ping_interval=None,
                        additional_headers={"Authorization": f"Bearer {VIEWER}"}) as ws:
         assert (await receive(ws))["type"] == "hello"
         assert (await answer(ws, {"type": "subscribe", "id": "s"}))["type"] == "snapshot"
@@ -519,6 +520,14 @@ CLOSE_TIMEOUT_S = 10.0
 """How long uvicorn's WebSocket protocol gives a closing handshake."""
 TCP_CLOSE = 7
 """``tcpi_state`` of a connection that was reset."""
+
+
+def masked_close(code: int = 1000) -> bytes:
+    """A client's close frame, written straight to the socket (the client library would
+    also wait to read the server's)."""
+    payload, mask = struct.pack("!H", code), b"abcd"
+    return bytes([0x88, 0x80 | len(payload)]) + mask + bytes(
+        b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 def tcp_state(ws: ClientConnection) -> int:
@@ -545,10 +554,11 @@ async def test_subscribers_that_never_read_are_closed_as_slow_readers_with_bound
 
     async def closed_as_slow() -> bool:
         samples.append(gw.rss())
-        return (await gw.metrics())[slow_closes] == before[slow_closes] + 2
+        return (await gw.metrics())[slow_closes] == before[slow_closes] + 3
 
     async with slow_subscriber(gw) as slow, slow_subscriber(gw) as deaf, \
-            operator(gw, VIEWER) as reader, operator(gw) as producer:
+            slow_subscriber(gw) as closer, operator(gw, VIEWER) as reader, \
+            operator(gw) as producer:
         assert (await answer(reader, {"type": "subscribe", "id": "s"}))["type"] == "snapshot"
         reading = asyncio.create_task(read_everything(reader))
         batches = 0
@@ -574,9 +584,12 @@ async def test_subscribers_that_never_read_are_closed_as_slow_readers_with_bound
         closed = await closing(slow)
         assert closed.rcvd is not None, "dropped without a close frame"
         assert (closed.rcvd.code, closed.rcvd.reason) == (1008, "slow reader")
+        # One that answers with a close frame of its own but reads nothing is not let off
+        # into a graceful close that would wait for it for ever.
+        closer.transport.write(masked_close())
         # One that never reads them is reset once the closing handshake has had its time.
         async def deaf_one_reset() -> bool:
-            return tcp_state(deaf) == TCP_CLOSE
+            return tcp_state(deaf) == TCP_CLOSE and tcp_state(closer) == TCP_CLOSE
 
         await until(deaf_one_reset, "the connection of a client that never reads to be reset")
         reset_after = time.monotonic() - ended
@@ -592,7 +605,7 @@ async def test_subscribers_that_never_read_are_closed_as_slow_readers_with_bound
         reading.cancel()
         assert positions == list(range(positions[0], positions[0] + len(positions)))
     after = await gw.settled(before)
-    assert after[slow_closes] == before[slow_closes] + 2
+    assert after[slow_closes] == before[slow_closes] + 3
     rss_after = gw.rss()
     gw.rss_kb += [peak, rss_after]
     assert peak - rss_before < SLOW_RSS_BOUND_KB
