@@ -52,7 +52,8 @@ class StorageFailed(GatewayError):
             super().__init__(
                 f"the control was not stored yet: {detail}. The gateway holds it and stores "
                 "and applies it itself, before anything else of this agent, as soon as the "
-                "log can be written (an emergency stop has stopped the agent's run already); "
+                "log can be written, unless the process stops first (an emergency stop has "
+                "stopped the agent's run already); "
                 "a retry with the same requestId is safe")
         else:
             super().__init__(

@@ -754,7 +754,8 @@ class GroupCommitStore(ABC):
                     if record.position <= last:
                         continue
                     if record.position != last + 1:
-                        # Cannot happen while positions are gap-free; read to be safe.
+                        # A gap: a batch reported failed reached the log all the same and
+                        # was never handed out; read it from the log.
                         follower.lagging = True
                         continue
                     last = record.position
