@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -187,12 +188,14 @@ class Ledger:
         self.acks[answer.request_id] = Ack(answer.decision, answer.position, agent or "")
 
 
-async def start(config: Path, db: Path, log: Path) -> tuple[asyncio.subprocess.Process, str]:
-    """Spawn the gateway; return it and its URL once ``/healthz`` answers 200."""
+async def start(config: Path, db: Path, log: Path, prefix: Sequence[str] = ()
+                ) -> tuple[asyncio.subprocess.Process, str]:
+    """Spawn the gateway (under ``prefix``: ``nsenter ...``, say); return it and its URL
+    once ``/healthz`` answers 200."""
     stderr = log.open("ab")
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+            *prefix, sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
             "--db", str(db), "--port", "0", cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=stderr)
     finally:

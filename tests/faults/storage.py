@@ -4,15 +4,12 @@ requests, and the checks of the log against what the clients were acknowledged."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
-
-import httpx
 
 from bench.crash import (
     CONFIG,
@@ -22,9 +19,7 @@ from bench.crash import (
     Ledger,
     Report,
     check,
-    kill,
     read_log,
-    start,
 )
 from gateway.client import ControlClient
 from gateway.protocol import AckFrame, ErrorFrame
@@ -45,39 +40,6 @@ def write_config(workdir: Path, busy_timeout_ms: int = 5000, db: Path | None = N
         'synchronous = "FULL"', f'synchronous = "FULL"\nbusy_timeout_ms = {busy_timeout_ms}')
     config.write_text(text)
     return config, db
-
-
-async def serve(config: Path, db: Path, log: Path, prefix: Sequence[str] = ()
-                ) -> tuple[asyncio.subprocess.Process, str]:
-    """`bench.crash.start`, with the command run under ``prefix`` (``nsenter ...``, say)."""
-    if not prefix:
-        return await start(config, db, log)
-    with log.open("ab") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            *prefix, sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-            "--db", str(db), "--port", "0", cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE, stderr=stderr)
-    try:
-        assert process.stdout is not None
-        while True:
-            line = (await asyncio.wait_for(process.stdout.readline(), TIMEOUT)).decode()
-            if not line:
-                raise RuntimeError(f"the gateway exited early; see {log}")
-            if line.startswith("gateway serving on"):
-                url = line.split()[-1]
-                break
-
-        async def healthy() -> bool | None:
-            with contextlib.suppress(httpx.HTTPError):
-                async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
-                    return True if (await http.get("/healthz")).status_code == 200 else None
-            return None
-
-        await until(healthy, "/healthz to answer 200")
-        return process, url
-    except BaseException:
-        await kill(process)
-        raise
 
 
 def request(request_id: str, agent: str = "btc", **fields: Any) -> dict[str, Any]:

@@ -49,7 +49,6 @@ from tests.faults.storage import (
     control,
     request,
     resubmit,
-    serve,
     server_log,
     write_config,
 )
@@ -339,7 +338,7 @@ async def test_a_full_tmpfs_refuses_writes_as_a_full_disk_and_recovers_when_it_g
         seen = Path(f"/proc/{holder}/root") / db.relative_to("/")  # the file, seen from here
         log = tmp_path / "gateway.log"
         ledger = Ledger(Report())
-        process, url = await serve(config, db, log, ["nsenter", "-t", str(holder), "-m"])
+        process, url = await start(config, db, log, ["nsenter", "-t", str(holder), "-m"])
         try:
             async with ControlClient(url, CONTROL_TOKEN, reconnect=False, retries=0
                                      ) as client, \
