@@ -34,6 +34,7 @@ from store import (
     migrate,
     open_store,
 )
+from store import sqlite as sqlite_module
 from store.migration import HEAD, alembic_config
 from store.schema import metadata
 from store.sqlite import _SqliteTransaction
@@ -342,7 +343,14 @@ async def test_failing_commit_fails_the_batch(
     def failing_commit(self: AsyncAdapt_aiosqlite_connection) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
+    def insert_failing_commit(driver: Any, insert_sql: str, params: list[Any]) -> None:
+        conn = driver._conn  # the one-hop path: the rows go in, then the COMMIT fails
+        conn.executemany(insert_sql, params)
+        conn.rollback()
+        raise sqlite3.OperationalError("disk I/O error")
+
     monkeypatch.setattr(AsyncAdapt_aiosqlite_connection, "commit", failing_commit)
+    monkeypatch.setattr(sqlite_module, "_insert_and_commit", insert_failing_commit)
     futures = store.append_many([app("s", expected=1), app("t")])
     for future in futures:
         error = await fails(future, StoreError)
