@@ -438,6 +438,8 @@ class Engine:
             records = await self._committed(outcome)
         except StorageFailed as error:
             raise self._hold(received, error) from None
+        if agent.refused and request.request_id in agent.refused:
+            agent.refused.remove(request.request_id)  # stored at last: nothing to supersede
         return _ack(request.request_id, outcome.decisions, records)
 
     async def submit_many(
@@ -485,6 +487,8 @@ class Engine:
                 answers.append(self._hold(
                     RequestReceived(at=at, request=request, principal=principal), error))
             else:
+                if group.agent.refused and request_id in group.agent.refused:
+                    group.agent.refused.remove(request_id)  # stored at last
                 answers.append(_ack(request_id, decisions, records[offset:]))
         return answers
 

@@ -165,6 +165,24 @@ async def test_a_resume_refused_before_a_held_stop_is_not_applied_after_it(
     await engine.stop()
 
 
+async def test_a_refused_resume_stored_on_retry_is_not_superseded_by_a_later_stop(
+    running: tuple[Engine, Refusing, ManualReasoner],
+) -> None:
+    engine, store, _ = running
+    await engine.submit(control("btc", "pause"))
+    store.refusing = True
+    resume = control("btc", "resume")
+    with pytest.raises(StorageFailed):
+        await engine.submit(resume)
+    store.refusing = False
+    await engine.flush()
+    assert (await engine.submit(resume)).decision == "accepted"  # the retry goes in
+    await engine.submit(control("btc", "emergency_stop"))
+    again = await engine.submit(resume)  # a duplicate of a stored request: its first answer
+    assert again.repeated
+    await engine.stop()
+
+
 async def test_config_and_limits_refused_at_start_are_applied_once_the_log_can_be_written(
 ) -> None:
     inner = MemoryEventStore()
