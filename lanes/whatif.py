@@ -114,6 +114,14 @@ class Tally:
         return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
 
 
+_COUNTED: dict[type, str] = {
+    RunCompleted: "completed", RunFailed: "failed", RunAborted: "aborted",
+    RequestDropped: "dropped", RequestSummarized: "summarized", RequestDeduped: "deduped",
+    RequestRejected: "rejected", RunsSuppressed: "suppressions",
+}
+"""Decisions `tally` only counts, with the `Tally` field each one adds to."""
+
+
 def tally(entries: Iterable[Entry]) -> dict[str, Tally]:
     """The `Tally` of every agent stream of a log (entries in position order)."""
     counters: dict[str, Counter[str]] = {}
@@ -148,22 +156,10 @@ def tally(entries: Iterable[Entry]) -> dict[str, Tally]:
                 arrived = arrivals[stream].get(request_id)
                 if arrived is not None:
                     waits[stream].setdefault(request_id, t - arrived)
-        elif kind is RunCompleted:
-            count["completed"] += 1
-        elif kind is RunFailed:
-            count["failed"] += 1
-        elif kind is RunAborted:
-            count["aborted"] += 1
-        elif kind is RequestDropped:
-            count["dropped"] += 1
-        elif kind is RequestSummarized:
-            count["summarized"] += 1
-        elif kind is RequestDeduped:
-            count["deduped"] += 1
-        elif kind is RequestRejected:
-            count["rejected"] += 1
-        elif kind is RunsSuppressed:
-            count["suppressions"] += 1
+        else:
+            counted = _COUNTED.get(kind)
+            if counted is not None:
+                count[counted] += 1
     result = {}
     for stream, count in counters.items():
         ran = waits[stream]
