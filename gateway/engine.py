@@ -863,10 +863,8 @@ class Engine:
 
     async def _rebuild(self, agent: _Agent) -> None:
         agent_id = agent.state.agent_id
-        if self._running and agent.failures > 1:
-            # Its commits keep failing (a full disk fails them at once): do not spin.
-            await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S,
-                                    REBUILD_BACKOFF_S * 2 ** (agent.failures - 2)))
+        if self._running:
+            await pace_rebuild(agent.failures)
         records = await read_settled(self.store, agent_id, self._in_flight)
         entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
         agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
@@ -890,6 +888,14 @@ class Engine:
             if agent.state.active is not None:
                 self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
+
+
+async def pace_rebuild(failures: int) -> None:
+    """Wait before a rebuild after ``failures`` failed appends in a row: not after the first;
+    then `REBUILD_BACKOFF_S` doubling to `REBUILD_BACKOFF_MAX_S` (appends that keep failing,
+    as at a full disk, where they fail at once, must not spin)."""
+    if failures > 1:
+        await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S, REBUILD_BACKOFF_S * 2 ** (failures - 2)))
 
 
 async def read_settled(store: EventStore, stream: str,

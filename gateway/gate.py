@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from gateway.clock import Clock, Timer
-from gateway.engine import REBUILD_BACKOFF_MAX_S, REBUILD_BACKOFF_S, EventIds, read_settled
+from gateway.engine import EventIds, pace_rebuild, read_settled
 from gateway.errors import GatewayError, StorageFailed
 from gateway.tasks import spawn
 from lanes.gate import (
@@ -295,9 +295,7 @@ class ProviderGate:
 
     async def _rebuilt(self) -> None:
         try:
-            if self._failures > 1:  # its appends keep failing (a full disk): do not spin
-                await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S,
-                                        REBUILD_BACKOFF_S * 2 ** (self._failures - 2)))
+            await pace_rebuild(self._failures)
             records = await read_settled(self.store, self.stream, self._in_flight)
             self._state = fold_gate(GateState(provider=self.stream),
                                     (decode_gate_event(r.type, r.data) for r in records))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from bench.crash import (
 )
 from gateway.client import ControlClient
 from gateway.protocol import AckFrame, ErrorFrame
+from tests.gateway.support import until as wait_until
 
 T = TypeVar("T")
 TIMEOUT = 20.0
@@ -57,15 +57,8 @@ def control(request_id: str, action: str, agent: str = "btc") -> dict[str, Any]:
 
 
 async def until(probe: Callable[[], Awaitable[T | None]], what: str) -> T:
-    """Call ``probe`` until it returns something other than None (fails after `TIMEOUT`)."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        found = await probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)  # polling a condition, with a deadline
+    """`tests.gateway.support.until` with this module's `TIMEOUT`."""
+    return await wait_until(probe, what, TIMEOUT)
 
 
 def answered(ledger: Ledger, bodies: list[dict[str, Any]],

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.reasoner import RunContext, RunResult
 from lanes import AgentRequest, Entry, parse_request
@@ -17,6 +18,7 @@ from lanes.replay import is_agent_stream
 from store import EventStore, RecordedEvent
 
 TIMEOUT = 10.0
+T = TypeVar("T")
 _ids = itertools.count(1)
 
 
@@ -90,3 +92,17 @@ async def next_event(store: EventStore, type_name: str, after: int = 0) -> Recor
         raise AssertionError(f"the store closed before a {type_name} was committed")
 
     return await asyncio.wait_for(find(), TIMEOUT)
+
+
+async def until(probe: Callable[[], Awaitable[T | None]], what: str,
+                within_s: float = TIMEOUT) -> T:
+    """The first truthy result of ``probe``, polled for up to ``within_s`` seconds (then the
+    test fails): for a condition no event announces (a socket's state, a metric)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = await probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)  # polling a condition, with a deadline

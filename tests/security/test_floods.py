@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -33,9 +33,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bench.crash import read_log
 from lanes.events import RequestReceived
+from tests.gateway.support import until as wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+
 TIMEOUT = 30.0
+T = TypeVar("T")
 CAP = 500
 """server.max_connections of the gateway under test."""
 UNAUTHENTICATED_CAP = 300
@@ -153,16 +156,9 @@ class Gateway:
         return found
 
 
-async def until(probe: Callable[[], Awaitable[Any]], what: str) -> Any:
-    """The first truthy result of ``probe``, polled for up to TIMEOUT (then the test fails)."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        found = await probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)  # polling a condition, with a deadline
+async def until(probe: Callable[[], Awaitable[T | None]], what: str) -> T:
+    """`tests.gateway.support.until` with this module's `TIMEOUT`."""
+    return await wait_until(probe, what, TIMEOUT)
 
 
 def start(tmp: Path, **limits: float) -> Gateway:
