@@ -39,6 +39,7 @@ from gateway.errors import (
     StorageUnreadable,
     Unauthorized,
     UnknownProvider,
+    storage_fault_kind,
 )
 from gateway.gate import ProviderGate
 from gateway.hooks import HookEngine
@@ -312,7 +313,7 @@ class _Api:
             log.warning("health check: %s", error)
             body["storage"] = "the event log cannot be read (the server's log says why)"
         if fault is not None:  # anyone may ask: the kind of fault, not paths or limits
-            body["storage"] = f"the event log cannot be written: {_fault_kind(fault.reason)}"
+            body["storage"] = f"the event log cannot be written: {storage_fault_kind(fault.reason)}"
             since = datetime.fromtimestamp(fault.since / 1000, UTC)
             body["storageFailingSince"] = since.isoformat()
         if running and "storage" in body:
@@ -746,17 +747,6 @@ class _Api:
                       "Output tokens reported by the provider.",
                       lambda v: v.counters.output_tokens),
         ]
-
-
-def _fault_kind(reason: str) -> str:
-    """What kind of storage fault ``reason`` describes, without its paths and figures."""
-    for marker, kind in (("locked", "it is locked by another process"),
-                         ("read-only", "it is read-only"),
-                         ("file size limit", "a file reached the process's size limit"),
-                         ("full", "the disk is full")):
-        if marker in reason:
-            return kind
-    return "an I/O error (the server's log says which)"
 
 
 def _int_param(query: Mapping[str, str], name: str, default: int) -> int:

@@ -30,6 +30,7 @@ from gateway.errors import (
     StorageFailed,
     Superseded,
     UnknownAgent,
+    storage_fault_kind,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
@@ -251,7 +252,7 @@ class Engine:
         self.storage_fault: StorageFault | None = None
         """Set while commits fail (from the first failure to the next commit)."""
         self._fault_said: tuple[str, float] | None = None
-        """The reason of the storage fault last logged, and when (monotonic seconds)."""
+        """The kind of storage fault last logged, and when (monotonic seconds)."""
         self._fault_open = False
         """A logged storage fault whose end is not logged yet."""
         self._running = False
@@ -821,12 +822,13 @@ class Engine:
                                           1 if fault is None else fault.failed + 1)
         now = time.monotonic()
         said = self._fault_said
-        if said is not None and said[0] == reason and now - said[1] < FAULT_LOG_INTERVAL_S:
+        kind = storage_fault_kind(reason)  # a flapping disk changes the details
+        if said is not None and said[0] == kind and now - said[1] < FAULT_LOG_INTERVAL_S:
             log.debug("the event log cannot be written again: %s", reason)
             return
         log.error("the event log cannot be written: %s. Requests are refused (clients are "
                   "told to retry) until it can be again; reads go on", reason)
-        self._fault_said = (reason, now)
+        self._fault_said = (kind, now)
         self._fault_open = True
 
     def _storage_back(self) -> None:

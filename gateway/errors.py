@@ -130,6 +130,18 @@ class UnknownProvider(GatewayError):
         self.name = name
 
 
+def storage_fault_kind(reason: str) -> str:
+    """What kind of storage fault ``reason`` (a `store.WriteFailed` reason) describes,
+    without its paths and figures: for anyone who asks, and to tell one fault from another."""
+    for marker, kind in (("locked", "it is locked by another process"),
+                         ("read-only", "it is read-only"),
+                         ("file size limit", "a file reached the process's size limit"),
+                         ("full", "the disk is full")):
+        if marker in reason:
+            return kind
+    return "an I/O error (the server's log says which)"
+
+
 HTTP_STATUS: dict[str, int] = {
     "invalid": 422,
     "malformed_json": 400,
@@ -166,4 +178,5 @@ __all__ = [
     "Unauthorized",
     "UnknownAgent",
     "UnknownProvider",
+    "storage_fault_kind",
 ]
