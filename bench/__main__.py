@@ -13,7 +13,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import crash, estop_latency, gate, peers, replay_speed, scale, throughput, ws_ingest
+from bench import (
+    crash,
+    estop_latency,
+    fanout,
+    gate,
+    peers,
+    replay_speed,
+    scale,
+    throughput,
+    ws_ingest,
+)
 from bench.common import Figure, machine, table
 
 
@@ -66,6 +76,9 @@ def main() -> None:
         ("Feed ingest over one WebSocket vs a bare websockets server",
          f"bench.ws_ingest --requests {frames} --batched {batched}",
          lambda: ws_ingest.measure(count=frames, batched=batched)),
+        ("Event delivery to subscribers: one frame per event vs batched frames",
+         f"bench.fanout --requests {requests // 2}",
+         lambda: fanout.measure(count=requests // 2)),
         ("Emergency-stop latency under a feed flood",
          f"bench.estop_latency --stops {stops} --seconds {seconds}",
          lambda: estop_latency.measure(stops=stops, seconds=seconds)),

@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -50,12 +50,12 @@ from gateway.openapi import openapi_document
 from gateway.protocol import (
     CLIENT_FRAME,
     CLIENT_TYPES,
+    EVENTS_PER_FRAME,
     AckFrame,
     AcksFrame,
     Auth,
     BusyFrame,
     ErrorFrame,
-    EventFrame,
     Hello,
     Market,
     MarketAck,
@@ -838,6 +838,32 @@ def event_json(record: RecordedEvent) -> dict[str, Any]:
             "recordedAt": record.recorded_at}
 
 
+FRAME_TEXT_BUDGET = 256 * 1024
+"""An `EventsFrame` holds no more characters of events than this (unless one alone has)."""
+
+
+def event_frame_text(record: RecordedEvent) -> str:
+    """``record`` as the JSON text of an `EventFrame`, built around the stored JSON of its
+    data: the same JSON as the model gives, without parsing and encoding the data again."""
+    return (f'{{"type":"event","position":{record.position},"stream":{json.dumps(record.stream)},'
+            f'"version":{record.version},"eventType":{json.dumps(record.type)},'
+            f'"data":{record.data},"recordedAt":{record.recorded_at}}}')
+
+
+def events_frames(texts: list[str]) -> Iterator[str]:
+    """The texts of `EventsFrame`s holding the event frame ``texts`` in order: at most
+    `EVENTS_PER_FRAME` events and about `FRAME_TEXT_BUDGET` characters each."""
+    start = size = 0
+    for index, text in enumerate(texts):
+        if index > start and (index - start == EVENTS_PER_FRAME
+                              or size + len(text) > FRAME_TEXT_BUDGET):
+            yield '{"type":"events","events":[' + ",".join(texts[start:index]) + "]}"
+            start, size = index, 0
+        size += len(text)
+    if start < len(texts):
+        yield '{"type":"events","events":[' + ",".join(texts[start:]) + "]}"
+
+
 # ---------------------------------------------------------------------------- WebSocket
 
 
@@ -1009,7 +1035,9 @@ class Session:
 
     async def _send(self, frame: BaseModel) -> None:
         # Optional fields that are None are left out; Hello's scope is always sent.
-        text = frame.model_dump_json(exclude_none=not isinstance(frame, Hello))
+        await self._send_text(frame.model_dump_json(exclude_none=not isinstance(frame, Hello)))
+
+    async def _send_text(self, text: str) -> None:
         async with self.send_lock:
             if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
                 return
@@ -1147,16 +1175,15 @@ class Session:
                                              for n, g in sorted(gates.items())]))
         agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
+        follow = self.engine.store.follow_batches(after)
         try:
-            async with contextlib.aclosing(self.engine.store.follow(after)) as events:
-                async for record in events:
-                    if self.closing:
-                        return
-                    if record.stream in agents:
-                        await self._send(EventFrame(
-                            position=record.position, stream=record.stream,
-                            version=record.version, event_type=record.type,
-                            data=json.loads(record.data), recorded_at=record.recorded_at))
+            async with contextlib.aclosing(follow) as batches:
+                async for batch in batches:
+                    texts = [event_frame_text(r) for r in batch if r.stream in agents]
+                    for text in events_frames(texts) if frame.batch else texts:
+                        if self.closing:
+                            return
+                        await self._send_text(text)
         except asyncio.CancelledError:
             raise
         except Exception as error:

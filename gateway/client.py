@@ -42,6 +42,7 @@ from gateway.protocol import (
     AcksFrame,
     ErrorFrame,
     EventFrame,
+    EventsFrame,
     Hello,
     MarketAck,
     Pong,
@@ -145,7 +146,7 @@ class Subscription:
         return self.snapshot
 
     def _frame(self) -> dict[str, Any]:
-        frame: dict[str, Any] = {"type": "subscribe"}
+        frame: dict[str, Any] = {"type": "subscribe", "batch": True}
         if self.agents is not None:
             frame["agents"] = self.agents
         if self._received is not None:
@@ -390,6 +391,11 @@ class GatewayClient:
         if not isinstance(data, dict):
             raise ValueError("a frame that is not a JSON object")
         kind = data.get("type")
+        if kind == "events":
+            if self._subscription is not None:
+                for event in _parse(EventsFrame, data).events:
+                    self._subscription._push(event)
+            return
         if kind == "event":
             if self._subscription is not None:
                 self._subscription._push(_parse(EventFrame, data))

@@ -15,6 +15,8 @@ from lanes.requests import AgentRequest, WireModel
 
 PROTOCOL_VERSION = 1
 MAX_BATCH = 1_000
+EVENTS_PER_FRAME = 500
+"""The most events in one `EventsFrame` (fewer when they are big: about 256 KiB at most)."""
 ClientId = Annotated[str | None, Field(default=None, max_length=128)]
 
 # ------------------------------------------------------------------- client -> server
@@ -62,6 +64,10 @@ class Subscribe(WireModel):
     providers: bool = False
     """Also follow every provider gate (its status in the snapshot, its events after);
     needs a token that is not scoped to some agents."""
+    batch: bool = False
+    """Events come as `EventsFrame`s, each holding the events ready at once (up to
+    `EVENTS_PER_FRAME`), instead of one `EventFrame` each: far less work per event for a busy
+    follower (a browser's main thread, say)."""
     id: ClientId = None
 
 
@@ -171,6 +177,13 @@ class EventFrame(WireModel):
     recorded_at: int
 
 
+class EventsFrame(WireModel):
+    """Events in commit order, for a subscription with ``batch``; each as an `EventFrame`."""
+
+    type: Literal["events"] = "events"
+    events: list[EventFrame]
+
+
 class Pong(WireModel):
     """Answer to `Ping`."""
 
@@ -181,7 +194,7 @@ class Pong(WireModel):
 
 ServerFrame = Annotated[
     Hello | AckFrame | AcksFrame | MarketAck | ErrorFrame | BusyFrame | Snapshot | EventFrame
-    | Pong,
+    | EventsFrame | Pong,
     Field(discriminator="type"),
 ]
 

@@ -88,7 +88,12 @@ def _event(number: int, line: str) -> RecordedEvent:
     if not all(isinstance(v, str) for v in texts) or not isinstance(obj["data"], dict):
         raise BadExport(f"line {number}: stream, eventId and type must be strings and data "
                         "an object")
-    data = json.dumps(obj["data"], ensure_ascii=False, separators=(",", ":"))
+    try:
+        data = json.dumps(obj["data"], ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)
+    except ValueError:
+        raise BadExport(f"line {number}: data holds NaN or Infinity, which JSON does not "
+                        "allow") from None
     try:
         if is_agent_stream(obj["stream"]):
             decode(obj["type"], data)

@@ -195,3 +195,10 @@ class EventStore(Protocol):
         ends once the store is closed and everything committed was yielded; close it (for
         example with ``contextlib.aclosing``) when done.
         """
+
+    def follow_batches(
+        self, after: int = 0, limit: int = 2000
+    ) -> AsyncGenerator[list[RecordedEvent], None]:
+        """`follow` in lists: each one holds every event ready when it is taken (at least
+        one, at most ``limit``), in position order, continuing the one before it. Cheaper
+        for a follower that sends what it gets on (one frame per list, not per event)."""

@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Final, Protocol, Self
 
 from .port import (
@@ -730,6 +730,18 @@ class GroupCommitStore(ABC):
         once the store is closed and everything committed was yielded. Close it (``aclose()``
         or ``contextlib.aclosing``) when stopping early.
         """
+        async with aclosing(self.follow_batches(after)) as batches:
+            async for batch in batches:
+                for record in batch:
+                    yield record
+
+    async def follow_batches(
+        self, after: int = 0, limit: int = FOLLOW_PAGE
+    ) -> AsyncGenerator[list[RecordedEvent], None]:
+        """`follow` in lists: each one holds every event ready when it is taken (at least
+        one, at most ``limit``), in position order, continuing the one before it."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
         follower = _Follower(self._follower_buffer)
         # Subscribe before reading the backlog: what commits meanwhile is buffered or read.
         self._followers.add(follower)
@@ -740,26 +752,32 @@ class GroupCommitStore(ABC):
                     follower.lagging = False
                     follower.buffer.clear()
                     while True:
-                        page = await self.read(last, FOLLOW_PAGE)
-                        for record in page:
-                            if record.position > last:
-                                last = record.position
-                                yield record
-                        if len(page) < FOLLOW_PAGE:
+                        page = await self.read(last, limit)
+                        fresh = [record for record in page if record.position > last]
+                        if fresh:
+                            last = fresh[-1].position
+                            yield fresh
+                        if len(page) < limit:
                             break
                     continue
                 buffer = follower.buffer
                 if buffer:
-                    record = buffer.popleft()
-                    if record.position <= last:
-                        continue
-                    if record.position != last + 1:
-                        # A gap: a batch reported failed reached the log all the same and
-                        # was never handed out; read it from the log.
-                        follower.lagging = True
-                        continue
-                    last = record.position
-                    yield record
+                    batch: list[RecordedEvent] = []
+                    while buffer and len(batch) < limit:
+                        record = buffer[0]
+                        if record.position != last + 1:
+                            if record.position <= last:
+                                buffer.popleft()
+                                continue
+                            # A gap: a batch reported failed reached the log all the same
+                            # and was never handed out; read it from the log.
+                            follower.lagging = True
+                            break
+                        buffer.popleft()
+                        batch.append(record)
+                        last = record.position
+                    if batch:
+                        yield batch
                     continue
                 if self._state is _State.CLOSED:
                     return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import peers
+from bench import fanout, peers
 from bench.common import Figure
 
 
@@ -16,6 +16,15 @@ def test_peers_measures_every_peer_in_both_shapes() -> None:
             assert any(f.name.startswith(shape) and peer in f.name for f in rates), (
                 f"no {shape} figure for {peer}")
     assert any("gateway" in f.name and "/ persist-queue" in f.name for f in figures)
+
+
+def test_fanout_delivers_every_event_to_every_subscriber_both_ways() -> None:
+    figures = {f.name: f.value for f in fanout.measure(count=300, agents=5, subscribers=3)}
+    # 300 requests, each received and queued, after the agents' first runs: the whole log
+    # reaches every subscriber (measure raises if one got fewer events than the log holds).
+    assert figures["events in the log"] > 600
+    assert figures["... events per frame"] > 1
+    assert all(value > 0 for value in figures.values())
 
 
 def test_a_whole_count_prints_without_decimals() -> None:

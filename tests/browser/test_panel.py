@@ -217,7 +217,8 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
         await expect(received).to_contain_text("while you were away")
         # The new socket subscribed after the last position the panel had processed.
         seen = max(p for frames in sockets[:-1] for p in frames.positions)
-        assert [f["after"] for f in sockets[-1].sent if f["type"] == "subscribe"] == [seen]
+        assert [(f["after"], f["batch"]) for f in sockets[-1].sent
+                if f["type"] == "subscribe"] == [(seen, True)]
         assert missed["position"] > seen
 
 
@@ -230,8 +231,9 @@ class Frames:
 
     def receive(self, payload: str | bytes) -> None:
         frame = json.loads(payload)
-        if frame["type"] == "event":
-            self.positions.append(frame["position"])
+        assert frame["type"] != "event", "the panel subscribes with batch: events frames only"
+        if frame["type"] == "events":
+            self.positions += [event["position"] for event in frame["events"]]
 
 
 async def test_two_hundred_agents_under_a_feed_flood_stay_smooth(
@@ -247,7 +249,7 @@ async def test_two_hundred_agents_under_a_feed_flood_stay_smooth(
         rows = page.locator("#agents-table tbody tr[data-agent]")
         await expect(page.locator("#overview-view .summary")).to_contain_text("200 agents")
         await page.evaluate(FRAME_PROBE)
-        await flood(running, ids)
+        await flood(running, ids, frames=20)
         await expect_position(page, await running.service.engine.store.last_position())
         gaps: list[float] = await page.evaluate("window.__stopProbe()")
         assert await rows.count() < 60  # virtualised: 200 agents, a screenful of rows

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 from gateway.cli import main
 from gateway.errors import HTTP_STATUS
-from gateway.protocol import CLIENT_TYPES, json_schemas
+from gateway.protocol import CLIENT_TYPES, ServerFrame, json_schemas
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
 
@@ -16,6 +17,11 @@ def test_every_frame_type_and_error_code_is_documented() -> None:
     for kind in CLIENT_TYPES:
         if kind != "auth":
             assert f"| `{kind}` |" in DOC, kind
+    union = get_args(get_args(ServerFrame)[0])
+    server_types = [get_args(model.model_fields["type"].annotation)[0] for model in union]
+    assert "events" in server_types
+    for kind in server_types:
+        assert f"| `{kind}` |" in DOC, kind
     for code in HTTP_STATUS:
         if code not in {"not_found", "conflict"}:
             assert f"`{code}`" in DOC, code

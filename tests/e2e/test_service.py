@@ -127,6 +127,38 @@ async def test_a_subscriber_resumes_after_a_reconnect_without_gaps_or_duplicates
     assert len(seen) == len(set(seen))
 
 
+async def test_a_batched_subscriber_gets_the_same_events_in_fewer_frames(live: Live) -> None:
+    async with live.socket() as single, live.socket() as batched, \
+            live.socket("feed", "feed-secret") as feed:
+        for ws, batch in ((single, False), (batched, True)):
+            await ws.send(json.dumps({"type": "subscribe", "agents": ["btc", "eth"],
+                                      "after": 0, "batch": batch}))
+            assert (await receive(ws))["type"] == "snapshot"
+        await feed.send(json.dumps({"type": "submit_many", "id": "f", "requests": [
+            trigger(("btc", "eth", "news")[n % 3]) for n in range(600)]}))
+        assert (await receive(feed))["type"] == "acks"
+        expected = [r for r in await live.engine.store.read() if r.stream in {"btc", "eth"}]
+
+        async def events(ws: Any, kind: str) -> tuple[int, list[dict[str, Any]]]:
+            got: list[dict[str, Any]] = []
+            frames = 0
+            while len(got) < len(expected):
+                frame = await receive(ws)
+                assert frame["type"] == kind, frame
+                frames += 1
+                got += frame["events"] if kind == "events" else [frame]
+            return frames, got
+
+        singles, one_by_one = await events(single, "event")
+        frames, in_batches = await events(batched, "events")
+    assert in_batches == one_by_one
+    assert [(e["position"], e["stream"], e["version"], e["eventType"], e["data"],
+             e["recordedAt"]) for e in in_batches] == [
+        (r.position, r.stream, r.version, r.type, json.loads(r.data), r.recorded_at)
+        for r in expected]
+    assert singles == len(expected) > 400 and frames < 20
+
+
 async def test_every_error_frame_kind_and_the_connection_survives(live: Live) -> None:
     async with live.socket() as ws:
         async def ask(raw: str) -> dict[str, Any]:

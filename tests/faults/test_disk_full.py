@@ -297,6 +297,26 @@ async def test_a_commit_reported_failed_that_went_through_does_not_wedge_the_wri
         await store.close()
 
 
+
+async def test_a_follower_gets_a_commit_reported_failed_in_its_place(tmp_path: Path) -> None:
+    """The commit never reached the followers' buffers: they read it from the log, so the
+    events reach them in order, each once."""
+    store = FailingAfterCommit(tmp_path / "events.db")
+    await store.open()
+    try:
+        async with contextlib.aclosing(store.follow_batches(limit=10)) as batches:
+            await store.append(Append("s", [NewEvent("e1", "T", "{}")], None))
+            assert [r.event_id for r in await asyncio.wait_for(anext(batches), TIMEOUT)] == [
+                "e1"]
+            store.fail_next = True
+            with pytest.raises(WriteFailed):
+                await store.append(Append("s", [NewEvent("e2", "T", "{}")], None))
+            await store.append(Append("s", [NewEvent("e3", "T", "{}")], None))
+            got = await asyncio.wait_for(anext(batches), TIMEOUT)
+            assert [(r.position, r.event_id) for r in got] == [(2, "e2"), (3, "e3")]
+    finally:
+        await store.close()
+
 HOLDER = """
 set -e
 mount -t tmpfs -o size={size} tmpfs {dir}

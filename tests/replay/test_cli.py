@@ -287,8 +287,10 @@ def test_import_into_a_log_that_does_not_end_just_before_refuses(
         (lambda lines: [*lines[:3], lines[3].replace('"type":"', '"type":"X'), *lines[4:]],
          "line 4: unknown event type 'X"),
         (lambda lines: ["{}", *lines[1:]], "line 1: not a gateway-event-log export"),
+        (lambda lines: [*lines[:7], lines[7].replace('"BTCUSD"}', 'Infinity}', 1), *lines[8:]],
+         "line 8: data holds NaN or Infinity"),
     ],
-    ids=["truncated", "not JSON", "unknown type", "no header"],
+    ids=["truncated", "not JSON", "unknown type", "no header", "Infinity"],
 )
 def test_import_checks_every_line_before_writing_anything(
     tmp_path: Path, capsys: Capture, change: object, message: str

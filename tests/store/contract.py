@@ -593,6 +593,48 @@ class EventStoreContract:
         finally:
             await store.close()
 
+    async def test_follow_batches_hands_out_what_is_ready_at_once(
+        self, make_store: StoreFactory
+    ) -> None:
+        store = make_store(follower_buffer=8)
+        await store.open()
+        try:
+            await wait(store.append(app("s", *[ev() for _ in range(24)])))
+            async with contextlib.aclosing(store.follow_batches(limit=10)) as batches:
+                backlog = [await wait(anext(batches)) for _ in range(3)]
+                assert [len(b) for b in backlog] == [10, 10, 4]  # read a page at a time
+                await wait(store.append(app("t", *[ev() for _ in range(7)])))
+                live = await wait(anext(batches))
+                assert [r.stream for r in live] == ["t"] * 7  # one commit: one list
+                # Past the buffer while nobody takes: caught up from the log, in pages.
+                for _ in range(4):
+                    await wait(store.append(app("u", *[ev() for _ in range(5)])))
+                caught = [await wait(anext(batches)) for _ in range(2)]
+                assert [len(b) for b in caught] == [10, 10]
+                with pytest.raises(ValueError, match="limit"):
+                    await anext(store.follow_batches(limit=0))
+            assert_gap_free([r for b in [*backlog, live, *caught] for r in b])
+        finally:
+            await store.close()
+
+    async def test_follow_batches_while_appending(self, store: GroupCommitStore) -> None:
+        total = 300
+
+        async def produce() -> None:
+            for i in range(0, total, 10):
+                futures = store.append_many([app(f"s{(i + j) % 4}") for j in range(10)])
+                await asyncio.gather(*futures)
+
+        producer = asyncio.create_task(produce())
+        got: list[RecordedEvent] = []
+        async with contextlib.aclosing(store.follow_batches(limit=16)) as batches:
+            while len(got) < total:
+                batch = await wait(anext(batches))
+                assert 1 <= len(batch) <= 16
+                got += batch
+        await wait(producer)
+        assert_gap_free(got)
+
     async def test_follow_ends_when_the_store_closes(self, make_store: StoreFactory) -> None:
         store = make_store()
         await store.open()

@@ -1,6 +1,7 @@
 // The WebSocket side: authenticate by first frame, subscribe (resuming from the last position
-// seen), and reconnect by itself with backoff. Emits "status", "hello", "snapshot", "event",
-// "denied" and "gap" as DOM events on the connection object.
+// seen), and reconnect by itself with backoff. Emits "status", "hello", "snapshot", "event"
+// (one per event, also for those that came batched in one frame), "denied" and "gap" as DOM
+// events on the connection object.
 
 const PING_EVERY_MS = 10_000;
 const SILENCE_LIMIT_MS = 25_000;
@@ -67,10 +68,12 @@ export class Connection extends EventTarget {
       this.lastHeard = Date.now();
       let frame;
       try { frame = JSON.parse(message.data); } catch { return; }
-      if (frame.type === "event") {
-        if (this.lastPosition !== null && frame.position <= this.lastPosition) return;
-        this.lastPosition = frame.position;
-        this._emit("event", frame);
+      if (frame.type === "events") {
+        // One frame for the events ready at once: one task for the browser, not hundreds
+        // (which would hold back drawing under a flood).
+        for (const event of frame.events) this._event(event);
+      } else if (frame.type === "event") {
+        this._event(frame);
       } else if (frame.type === "hello") {
         this.hello = frame;
         this._emit("hello", frame);
@@ -84,7 +87,7 @@ export class Connection extends EventTarget {
           const from = frame.position - MAX_CATCH_UP;
           this._emit("gap", {from: this.lastPosition, to: from});
           this.lastPosition = from;
-          ws.send(JSON.stringify({type: "subscribe", id: "panel", after: from,
+          ws.send(JSON.stringify({type: "subscribe", id: "panel", after: from, batch: true,
             providers: this.hello.agents === null}));
           return;
         }
@@ -107,6 +110,12 @@ export class Connection extends EventTarget {
     };
   }
 
+  _event(frame) {
+    if (this.lastPosition !== null && frame.position <= this.lastPosition) return;
+    this.lastPosition = frame.position;
+    this._emit("event", frame);
+  }
+
   async _subscribe(hello) {
     let after = this.lastPosition;
     if (after === null) {
@@ -118,7 +127,7 @@ export class Connection extends EventTarget {
       this.firstAfter = after;
     }
     if (this.ws?.readyState !== WebSocket.OPEN) return;
-    this.ws.send(JSON.stringify({type: "subscribe", id: "panel", after,
+    this.ws.send(JSON.stringify({type: "subscribe", id: "panel", after, batch: true,
       providers: hello.agents === null}));
   }
 
