@@ -7,6 +7,7 @@ Nothing is decided here that `lanes` decides.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -86,6 +87,12 @@ AUTH_TIMEOUT_S = 10.0
 """Default time a connection has to authenticate (`Service.auth_timeout_s`)."""
 MAX_CONNECTIONS = 1_000
 """Default WebSocket connections open at once (`Service.max_connections`)."""
+SUBPROTOCOL = "gateway.v1"
+"""The WebSocket subprotocol a browser offers with `TOKEN_SUBPROTOCOL` (it is answered)."""
+TOKEN_SUBPROTOCOL = "bearer."
+"""A browser cannot set ``Authorization`` on a WebSocket: it offers the subprotocol
+``bearer.<its token in base64url>`` instead, next to `SUBPROTOCOL`, and is authenticated
+at the handshake like a client with the header."""
 MAX_UNAUTHENTICATED = 100
 """Default connections waiting for their auth frame (`Service.max_unauthenticated`)."""
 MAX_BAD_FRAMES = 20
@@ -146,8 +153,9 @@ class Service:
     """WebSocket connections open at once (both endpoints); past it a handshake is answered
     503 with ``Retry-After``, so a flood of connections cannot grow memory without bound."""
     max_unauthenticated: int = MAX_UNAUTHENTICATED
-    """Of those, connections waiting for their auth frame (a token in the header is checked
-    at once); past it a handshake without the header is answered 503."""
+    """Of those, connections waiting for their auth frame (a token in the header or the
+    ``bearer.`` subprotocol is checked at once); past it a handshake without either is
+    answered 503."""
     auth_timeout_s: float = AUTH_TIMEOUT_S
     """A connection that has not authenticated in this long is closed (1008)."""
     send_timeout_s: float = SEND_TIMEOUT_S
@@ -902,10 +910,11 @@ class Session:
             await self.ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
             return
         connections = self.service.connections
-        # A token in the header is checked at once; only a client that authenticates by its
-        # first frame (a browser) waits unauthenticated, and those have a smaller share, so
-        # that anonymous connections cannot take every place from clients with tokens.
-        by_frame = not self.ws.headers.get("authorization")
+        # A token in the header (or a subprotocol) is checked at once; only a client that
+        # authenticates by its first frame waits unauthenticated, and those have a smaller
+        # share, so that anonymous connections cannot take every place from clients with
+        # tokens.
+        by_frame = not self.ws.headers.get("authorization") and self._offered_token() is None
         if connections.total >= self.service.max_connections:
             await self._refuse(f"{self.service.max_connections} WebSocket connections are "
                                "open, the most this gateway takes (server.max_connections)")
@@ -914,14 +923,18 @@ class Session:
             await self._refuse(f"{self.service.max_unauthenticated} WebSocket connections are "
                                "waiting for their auth frame, the most this gateway takes "
                                "(server.max_unauthenticated); a client that sends its token "
-                               "in the Authorization header is not counted")
+                               "in the Authorization header (or a browser, as the "
+                               "subprotocol bearer.<base64url token>) is not counted")
             return
         connections.open[self.endpoint] += 1
         if by_frame:
             connections.unauthenticated += 1
         try:
             try:
-                await self.ws.accept()
+                # A browser that sent its token as a subprotocol is answered with the
+                # protocol's own name (never the token): it fails the connection otherwise.
+                await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in
+                                     self.ws.scope.get("subprotocols", ()) else None)
                 authenticated = await self._authenticate()
             finally:
                 if by_frame:
@@ -935,6 +948,13 @@ class Session:
             for task in [*self.tasks, *([self.subscription] if self.subscription else [])]:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _offered_token(self) -> str | None:
+        """The ``bearer.<base64url token>`` subprotocol the client offered, if any."""
+        for offered in self.ws.scope.get("subprotocols", ()):
+            if offered.startswith(TOKEN_SUBPROTOCOL):
+                return str(offered)
+        return None
 
     async def _refuse(self, why: str) -> None:
         """Answer the handshake 503 (``busy``, ``Retry-After``): a connection cap is full."""
@@ -951,8 +971,11 @@ class Session:
         tokens = self.service.tokens
         try:
             header = self.ws.headers.get("authorization")
+            offered = self._offered_token()
             if header:
                 principal = tokens.from_header(header)
+            elif offered is not None:
+                principal = tokens.authenticate(_subprotocol_token(offered))
             else:
                 message = await asyncio.wait_for(self.ws.receive(),
                                                  self.service.auth_timeout_s)
@@ -1192,6 +1215,16 @@ class Session:
                 id=frame.id, code="unavailable",
                 message="the subscription ended (the log could not be read); subscribe "
                         "again with 'after' set to the last position you received"))
+
+
+def _subprotocol_token(offered: str) -> str:
+    """The token in a ``bearer.<base64url>`` subprotocol (`Unauthorized` if it is not one)."""
+    encoded = offered[len(TOKEN_SUBPROTOCOL):]
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise Unauthorized(f"the {TOKEN_SUBPROTOCOL}... subprotocol must hold the token in "
+                           "base64url (RFC 4648 section 5)") from None
 
 
 def _text(message: Any) -> str:

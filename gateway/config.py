@@ -108,8 +108,9 @@ class ServerConfig(ConfigModel):
     max_connections: int = Field(default=1_000, ge=1, le=100_000)
     """WebSocket connections open at once; past it a handshake is answered 503 (``busy``)."""
     max_unauthenticated: int = Field(default=100, ge=1, le=100_000)
-    """Of those, connections waiting for their auth frame (browsers; a token in the header
-    is checked at once); past it a handshake without that header is answered 503."""
+    """Of those, connections waiting for their auth frame (a token in the header, or a
+    browser's in the ``bearer.`` subprotocol, is checked at once); past it a handshake
+    without either is answered 503."""
     auth_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A WebSocket connection must authenticate within this long (else 1008)."""
     send_timeout_s: float = Field(default=10.0, gt=0, le=300)

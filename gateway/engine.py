@@ -271,7 +271,9 @@ class Engine:
             self._since_snapshot >= self._snapshot_every or stale
         ):
             self._snapshot(log_fold, stale)  # before any input: the fold is exactly the log
-        for agent_id in {*states, *self._configs}:
+        # In a fixed order: the Restarted events below land in it, so two starts of one log
+        # (with a snapshot or without, in any process) append the very same events.
+        for agent_id in sorted({*states, *self._configs}):
             state = states.get(agent_id) or AgentState(agent_id=agent_id)
             self._agents[agent_id] = _Agent(state)
         self._running = True

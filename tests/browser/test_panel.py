@@ -219,6 +219,8 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
         seen = max(p for frames in sockets[:-1] for p in frames.positions)
         assert [(f["after"], f["batch"]) for f in sockets[-1].sent
                 if f["type"] == "subscribe"] == [(seen, True)]
+        # The token went in the handshake (a subprotocol), never in a frame.
+        assert not [f for frames in sockets for f in frames.sent if f["type"] == "auth"]
         assert missed["position"] > seen
 
 

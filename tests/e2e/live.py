@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import socket
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from gateway.app import Service, create_app
 from gateway.auth import Principal, Role, TokenBook
@@ -22,6 +24,13 @@ from lanes import AgentConfig
 from store import EventStore
 
 TIMEOUT = 10.0
+
+
+def browser_protocols(token: str) -> list[Subprotocol]:
+    """The subprotocols the panel offers: the gateway's, and its token in base64url."""
+    encoded = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+    return [Subprotocol("gateway.v1"), Subprotocol(f"bearer.{encoded}")]
+
 TOKENS = {
     "feed-secret": Principal("feeder", Role.FEED),
     "control-secret": Principal("ops", Role.CONTROL),

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Subprotocol
 
 from lanes import AgentConfig, Mode, replay, request_outcomes, verify
 from lanes.events import AbortReason, RunAborted, TradingState
 from store import MemoryEventStore, SqliteEventStore
-from tests.e2e.live import Live, receive, receive_until, running
+from tests.e2e.live import Live, browser_protocols, receive, receive_until, running
 from tests.gateway.support import ManualReasoner, log_of
 
 AGENTS = {
@@ -188,6 +189,28 @@ async def test_every_error_frame_kind_and_the_connection_survives(live: Live) ->
         with pytest.raises(ConnectionClosed) as closed:
             errors += await _count_until_closed(ws)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def test_a_browser_authenticates_by_subprotocol_at_the_handshake(live: Live) -> None:
+    async with live.socket(token=None, subprotocols=browser_protocols("viewer-secret")) as ws:
+        assert ws.subprotocol == "gateway.v1"  # answered by name, never with the token
+        assert (await receive(ws))["principal"] == "watcher"  # no auth frame needed
+        await ws.send(json.dumps({"type": "auth", "token": "viewer-secret"}))
+        assert (await receive(ws))["message"] == "already authenticated"
+    token_only = browser_protocols("control-secret")[1:]
+    async with live.socket(token=None, subprotocols=token_only) as ws:
+        assert ws.subprotocol is None
+        assert (await receive(ws))["principal"] == "ops"
+    for offered, message in (
+        (browser_protocols("wrong"), "unknown token"),
+        ([Subprotocol("gateway.v1"), Subprotocol("bearer.__8")], "base64url"),
+    ):
+        async with live.socket(token=None, subprotocols=offered) as ws:
+            error = await receive(ws)
+            assert error["code"] == "unauthorized" and message in error["message"], error
+            with pytest.raises(ConnectionClosed) as closed:
+                await receive(ws)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
 async def _count_until_closed(ws: Any) -> int:

@@ -256,6 +256,30 @@ async def test_restart_records_the_cut_off_run_as_aborted_and_reruns_its_request
     await engine.stop()
 
 
+async def test_a_restart_appends_in_the_agents_order_whatever_the_config_or_log_order(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Two starts of one log append the same events: not in a set's order (which varies
+    with the hash seed and with the order the agents were found in a snapshot or the log)."""
+    path = tmp_path / "events.db"
+    names = ["kite", "fig", "echo", "delta", "cobra", "bravo", "alpha", "juno"]
+    configs = {name: AgentConfig(mode=Mode.FOLLOWUP) for name in names}
+    first = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), configs, clock=clock, reasoners=lambda _: first)
+    await engine.start()
+    for name in reversed(names):
+        await engine.submit(request(name))
+    await engine.stop(graceful=False)  # every agent has a run cut off
+
+    engine = Engine(SqliteEventStore(path), dict(reversed(configs.items())), clock=clock,
+                    reasoners=lambda _: ManualReasoner())
+    await engine.start()
+    await engine.flush()
+    restarted = [r.stream for r in await engine.store.read() if r.type == "Restarted"]
+    assert restarted == sorted(names)
+    await engine.stop()
+
+
 async def test_many_concurrent_submitters_share_commits_and_lose_nothing(
     tmp_path: Path, clock: FakeClock, reasoner: ManualReasoner
 ) -> None:

@@ -18,7 +18,7 @@ from websockets.typing import Origin
 
 from gateway.errors import HTTP_STATUS
 from lanes import verify
-from tests.e2e.live import TIMEOUT, TOKENS
+from tests.e2e.live import TIMEOUT, TOKENS, browser_protocols
 from tests.security.server import Threaded, raw_http, received_ids, threaded, trigger
 
 ALLOWED_ORIGIN = "https://panel.example"
@@ -245,8 +245,9 @@ def test_tokens_never_reach_the_logs_or_the_event_log(
     logged = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in server)
     stored = "\n".join(f"{r.stream} {r.type} {r.data}" for r in records)
     for token in SECRETS:
-        assert token not in logged
-        assert token not in stored
+        as_subprotocol = browser_protocols(token)[1]
+        assert token not in logged and as_subprotocol not in logged
+        assert token not in stored and as_subprotocol not in stored
     assert "ops" in stored  # the principal's name is what is recorded
 
 
@@ -270,6 +271,10 @@ def _authenticate_every_way(gw: Threaded) -> None:
                     ws.send(json.dumps({"type": "submit", "request": trigger("btc")}))
                     with contextlib.suppress(ConnectionClosed):
                         ws.recv(TIMEOUT)
+                with connect(f"{gw.live.ws}/ws/{endpoint}", open_timeout=TIMEOUT,
+                             subprotocols=browser_protocols(token)) as ws, \
+                        contextlib.suppress(ConnectionClosed):  # as the panel does
+                    ws.recv(TIMEOUT)
 
 
 # ----------------------------------------------------------------------------- injection

@@ -33,6 +33,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bench.crash import read_log
 from lanes.events import RequestReceived
+from tests.e2e.live import browser_protocols
 from tests.gateway.support import until as wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,6 +332,11 @@ async def test_connections_waiting_to_authenticate_cannot_take_the_places_of_tok
             assert "max_unauthenticated" in body["message"]
             async with operator(gw) as ws, gw.http() as http:  # a token in the header
                 assert await client_round(gw, ws, http) < ACK_BOUND_S
+            # A browser's panel offers its token as a subprotocol: not counted either.
+            async with connect(f"{gw.ws}/ws/control", open_timeout=TIMEOUT,
+                               subprotocols=browser_protocols(VIEWER)) as panel:
+                assert panel.subprotocol == "gateway.v1"
+                assert (await receive(panel))["type"] == "hello"
         await gw.settled()
         async with connect(f"{gw.ws}/ws/control", open_timeout=TIMEOUT) as ws:  # room again
             await ws.send(json.dumps({"type": "auth", "token": VIEWER}))

@@ -1,11 +1,18 @@
-// The WebSocket side: authenticate by first frame, subscribe (resuming from the last position
-// seen), and reconnect by itself with backoff. Emits "status", "hello", "snapshot", "event"
-// (one per event, also for those that came batched in one frame), "denied" and "gap" as DOM
-// events on the connection object.
+// The WebSocket side: authenticate at the handshake (the token as a subprotocol), subscribe
+// (resuming from the last position seen), and reconnect by itself with backoff. Emits
+// "status", "hello", "snapshot", "event" (one per event, also for those that came batched in
+// one frame), "denied" and "gap" as DOM events on the connection object.
 
 const PING_EVERY_MS = 10_000;
 const SILENCE_LIMIT_MS = 25_000;
 const MAX_CATCH_UP = 20_000;
+const PROTOCOL = "gateway.v1";
+
+/** Base64url (RFC 4648 section 5, no padding) of a string's UTF-8 bytes. */
+function base64url(text) {
+  const bytes = new TextEncoder().encode(text);
+  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
 
 export class Connection extends EventTarget {
   /** `backlog`: events to replay from the log before going live on the first subscribe. */
@@ -53,17 +60,16 @@ export class Connection extends EventTarget {
     this._status("connecting", {attempt: this.attempt});
     let ws;
     try {
-      ws = new WebSocket(this.url);
+      // The token travels as a subprotocol (a browser cannot set Authorization): checked at
+      // the handshake, so the panel never waits among anonymous connections.
+      ws = new WebSocket(this.url, [PROTOCOL, `bearer.${base64url(this.token)}`]);
     } catch {
       this._retry();
       return;
     }
     this.ws = ws;
     let denied = false;
-    ws.onopen = () => {
-      this.lastHeard = Date.now();
-      ws.send(JSON.stringify({type: "auth", token: this.token}));
-    };
+    ws.onopen = () => { this.lastHeard = Date.now(); };
     ws.onmessage = (message) => {
       this.lastHeard = Date.now();
       let frame;
