@@ -48,6 +48,7 @@ from bench.ws_ingest import (
     request_json,
 )
 from gateway.client import ControlClient
+from gateway.metrics import LATENCY_BUCKETS
 from gateway.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, parse_request
 
@@ -262,6 +263,10 @@ class Outcome:
     wanted_stops: int
     commit_ms: float
     """The engine's mean time from a decision to its commit, over the flood."""
+    control_commit_ms: float
+    """The same for the control lane's appends (the stops and resumes)."""
+    control_within_5ms: float
+    """The share of those committed within 5 ms of their decision."""
 
 
 def _ready(barrier: threading.Barrier) -> None:
@@ -286,8 +291,9 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
             start = now_ns() + int(LEAD_S * 1e9)
             first = start + int(WARMUP_S * 1e9)
             last = start + int((seconds - 0.5) * 1e9)
-            histogram = engine.commit_latency
+            histogram, controls = engine.commit_latency, engine.control_commit_latency
             before = (histogram.total, histogram.count)
+            controls_before = (controls.total, controls.count, list(controls.counts))
             flooding = loop.run_in_executor(
                 pool, partial(flood, url, agents, rate, seconds, start, window))
             stopping = loop.run_in_executor(
@@ -296,7 +302,12 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
             await engine.flush()
             commits = histogram.count - before[1]
             commit_ms = 1000 * (histogram.total - before[0]) / max(1, commits)
-    return Outcome(done, the_flood, dict(blocker.cancelled), stops, commit_ms)
+            control_commits = controls.count - controls_before[1]
+            control_ms = 1000 * (controls.total - controls_before[0]) / max(1, control_commits)
+            fast = LATENCY_BUCKETS.index(0.005) + 1  # the buckets up to 5 ms
+            within = sum(controls.counts[:fast]) - sum(controls_before[2][:fast])
+    return Outcome(done, the_flood, dict(blocker.cancelled), stops, commit_ms, control_ms,
+                   within / max(1, control_commits))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -320,6 +331,10 @@ def _figures(out: Outcome, rate: int, agents: int) -> list[Figure]:
                f"{BATCH}/frame, {CONNECTIONS} conns)", flood_.acked / flood_s, "req/s"),
         Figure(f"{tag} flood busy answers (retried)", flood_.busy, "frames"),
         Figure(f"{tag} engine: decision -> commit, mean over the flood", out.commit_ms, "ms"),
+        Figure(f"{tag} engine: control-lane decision -> commit, mean", out.control_commit_ms,
+               "ms"),
+        Figure(f"{tag} engine: control-lane commits within 5 ms of the decision",
+               100 * out.control_within_5ms, "%"),
         Figure(f"{tag} emergency stops sent during the flood", len(during),
                f"of {out.wanted_stops}"),
         Figure(f"{tag} stops that aborted a running task", aborted, f"of {len(out.stops)}"),

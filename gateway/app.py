@@ -667,6 +667,10 @@ class _Api:
             *family("gateway_commit_latency_seconds", "histogram",
                     "From a decision to the commit that holds it.",
                     engine.commit_latency.lines("gateway_commit_latency_seconds")),
+            *family("gateway_control_commit_latency_seconds", "histogram",
+                    "From a control-lane decision (stop, pause, resume, cancel) to its commit.",
+                    engine.control_commit_latency.lines(
+                        "gateway_control_commit_latency_seconds")),
             *family("gateway_run_duration_seconds", "histogram", "Run durations.",
                     engine.run_durations.lines("gateway_run_duration_seconds")),
             *gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",

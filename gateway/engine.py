@@ -246,6 +246,9 @@ class Engine:
         self._deliveries: set[asyncio.Task[None]] = set()
         self.commit_latency = Histogram(LATENCY_BUCKETS)
         """Seconds from an append being decided to its commit."""
+        self.control_commit_latency = Histogram(LATENCY_BUCKETS)
+        """Of those, the control lane's (an applied stop, pause, resume or cancel): how long
+        an operator's control waits for the log, past the commit queue."""
         self.run_durations = Histogram(DURATION_BUCKETS)
         """Seconds from a run's start to its end, however it ended."""
         self.requests_received = 0
@@ -583,7 +586,7 @@ class Engine:
         future = self.store.append(Append(agent.state.agent_id, events, base, urgent))
         self._in_flight.add(future)
         future.add_done_callback(
-            partial(self._after_commit, agent, decisions, time.perf_counter())
+            partial(self._after_commit, agent, decisions, time.perf_counter(), urgent)
         )
         return _Outcome(decisions, future)
 
@@ -607,6 +610,7 @@ class Engine:
         agent: _Agent,
         decisions: list[Decision],
         decided: float,
+        urgent: bool,
         future: asyncio.Future[list[RecordedEvent]],
     ) -> None:
         self._in_flight.discard(future)
@@ -619,7 +623,10 @@ class Engine:
         agent.failures = 0
         if self.storage_fault is not None:
             self._storage_back()
-        self.commit_latency.observe(time.perf_counter() - decided)
+        took = time.perf_counter() - decided
+        self.commit_latency.observe(took)
+        if urgent:
+            self.control_commit_latency.observe(took)
         records = future.result()
         last = records[-1]
         if agent.held:  # an agent's appends commit in order: all up to here are stored

@@ -320,6 +320,7 @@ async def test_the_http_queue_api(live: Live, reasoner: ManualReasoner) -> None:
         metrics = (await http.get("/metrics")).text
         assert 'gateway_aborts_total{agent="btc"} 2' in metrics
         assert "gateway_commit_latency_seconds_bucket" in metrics
+        assert "gateway_control_commit_latency_seconds_bucket" in metrics
         spec = (await http.get("/openapi.json")).json()
         assert "/api/agents/{agent_id}/control" in spec["paths"]
         malformed = await http.post("/api/agents/btc/requests", content=b"{nope")

@@ -256,6 +256,20 @@ async def test_restart_records_the_cut_off_run_as_aborted_and_reruns_its_request
     await engine.stop()
 
 
+async def test_control_lane_commits_have_a_latency_histogram_of_their_own(
+    engine: Engine,
+) -> None:
+    await engine.submit(request("btc"))
+    await engine.flush()
+    commits, controls = engine.commit_latency.count, engine.control_commit_latency.count
+    assert controls == 0
+    await engine.submit(control("btc", "emergency_stop"))
+    await engine.submit(request("eth"))
+    await engine.flush()
+    assert engine.control_commit_latency.count == 1
+    assert engine.commit_latency.count >= commits + 2
+
+
 async def test_a_restart_appends_in_the_agents_order_whatever_the_config_or_log_order(
     tmp_path: Path, clock: FakeClock
 ) -> None:
