@@ -51,6 +51,7 @@ from gateway.client import ControlClient
 from gateway.metrics import LATENCY_BUCKETS
 from gateway.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, parse_request
+from store import DEFAULT_MAX_BATCH
 
 CONNECTIONS = 2
 LEAD_S = 1.0
@@ -274,7 +275,7 @@ def _ready(barrier: threading.Barrier) -> None:
 
 
 async def _measure(stops: int, rate: int, seconds: float, agents: int, window: int,
-                   pool: ProcessPoolExecutor) -> Outcome:
+                   pool: ProcessPoolExecutor, max_batch: int) -> Outcome:
     loop = asyncio.get_running_loop()
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(2)
@@ -284,7 +285,7 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
     config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + 100))
     with tempfile.TemporaryDirectory() as tmp:
         async with gateway(Path(tmp, "estop.db"), dict.fromkeys(names, config),
-                           lambda _: blocker) as (url, engine):
+                           lambda _: blocker, max_batch) as (url, engine):
             for n, name in enumerate(names):
                 await engine.submit(parse_request(json.loads(request_json("first-", n, name))))
             await asyncio.wait_for(blocker.all_running.wait(), TIMEOUT)
@@ -317,9 +318,10 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _figures(out: Outcome, rate: int, agents: int) -> list[Figure]:
+def _figures(out: Outcome, rate: int, agents: int, max_batch: int) -> list[Figure]:
     flood_ = out.flood
-    tag = f"[{rate:,}/s offered]"
+    tag = f"[{rate:,}/s offered]" if max_batch == DEFAULT_MAX_BATCH else (
+        f"[{rate:,}/s offered, max_batch {max_batch:,}]")
     during = [s for s in out.stops if s.sent_ns <= flood_.ended_ns]
     ack_ms = [(s.acked_ns - s.sent_ns) / 1e6 for s in during]
     abort_ms = [(out.cancelled[s.run_id] - s.sent_ns) / 1e6 for s in during
@@ -351,19 +353,24 @@ def _figures(out: Outcome, rate: int, agents: int) -> list[Figure]:
 
 
 def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int = 100,
-            window: int = 50, calm: int = 5_000) -> list[Figure]:
+            window: int = 50, calm: int = 5_000, small_batch: int = 500) -> list[Figure]:
     """Emergency-stop latency under a feed flood of ``rate`` requests/s, and the flood rate
     achieved; then the same under a flood of ``calm`` requests/s (0: skip), one the
-    gateway keeps up with, to tell queueing from the control path itself."""
+    gateway keeps up with, to tell queueing from the control path itself; then the first
+    flood again with commits of at most ``small_batch`` events (``[store] max_batch``; 0:
+    skip), to show what smaller commits trade."""
     context = multiprocessing.get_context("spawn")
     figures: list[Figure] = []
     with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
-        for offered in (rate, calm):
-            if offered > 0:
-                out = asyncio.run(_measure(stops, offered, seconds, agents, window, pool))
-                figures += _figures(out, offered, agents)
+        for offered, batch in ((rate, DEFAULT_MAX_BATCH), (calm, DEFAULT_MAX_BATCH),
+                               (rate, small_batch)):
+            if offered > 0 and batch > 0:
+                out = asyncio.run(_measure(stops, offered, seconds, agents, window, pool,
+                                           batch))
+                figures += _figures(out, offered, agents, batch)
     return figures
 
 
 if __name__ == "__main__":
-    run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000)
+    run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000,
+        small_batch=500)

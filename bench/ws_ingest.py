@@ -40,7 +40,7 @@ from gateway.engine import Engine
 from gateway.reasoner import Reasoner, RunContext, RunResult
 from gateway.runtime import tune_gc
 from lanes import AgentConfig, AgentRequest, Mode, parse_request
-from store import SqliteEventStore
+from store import DEFAULT_MAX_BATCH, SqliteEventStore
 
 FEED_TOKEN = "bench-feed-token"
 CONTROL_TOKEN = "bench-control-token"
@@ -65,10 +65,13 @@ def agent_names(agents: int) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def gateway(db: Path, agents: dict[str, AgentConfig],
-                  reasoners: Callable[[str], Reasoner]) -> AsyncIterator[tuple[str, Engine]]:
-    """The real gateway on 127.0.0.1:<ephemeral> over SQLite (``synchronous=FULL``):
-    its ``ws://`` base URL and its engine. Stopped gracefully after the block."""
-    engine = Engine(SqliteEventStore(db, synchronous="FULL"), agents, reasoners=reasoners)
+                  reasoners: Callable[[str], Reasoner], max_batch: int = DEFAULT_MAX_BATCH
+                  ) -> AsyncIterator[tuple[str, Engine]]:
+    """The real gateway on 127.0.0.1:<ephemeral> over SQLite (``synchronous=FULL``, at most
+    ``max_batch`` events per commit): its ``ws://`` base URL and its engine. Stopped
+    gracefully after the block."""
+    engine = Engine(SqliteEventStore(db, synchronous="FULL", max_batch=max_batch), agents,
+                    reasoners=reasoners)
     service = Service(engine=engine, tokens=TOKENS)
     ready = asyncio.Event()
 

@@ -4,7 +4,7 @@
 [server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
                     # max_unauthenticated, auth_timeout_s, send_timeout_s,
                     # request_timeout_s
-[store]             # path, synchronous, busy_timeout_ms
+[store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
                     # base_url, timeout_s, [providers.limits] (a `lanes.gate_events.GateLimits`)
@@ -59,6 +59,7 @@ from gateway.market import Symbol
 from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, Reasoner, SimulatedReasoner
 from lanes.config import AgentConfig, Budgets
 from lanes.gate_events import GateLimits
+from store import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
     from gateway.clock import Clock
@@ -129,6 +130,10 @@ class StoreConfig(ConfigModel):
     busy_timeout_ms: int = Field(default=5_000, ge=0, le=600_000)
     """A commit that cannot get the write lock in this time fails (clients are answered
     ``storage_failed`` and may retry); 0 fails at once."""
+    max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1, le=100_000)
+    """The most events one commit takes (group commit; an append is never split). Under a
+    flood an emergency stop waits for the commit in flight: smaller batches make that wait
+    shorter, at some cost in throughput (see the README's Performance section)."""
 
 
 class TokenConfig(ConfigModel):

@@ -40,7 +40,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     """Everything a config describes, wired together (the engine is not started yet)."""
     clock = clock or SystemClock()
     store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous,
-                             busy_timeout_ms=config.store.busy_timeout_ms)
+                             busy_timeout_ms=config.store.busy_timeout_ms,
+                             max_batch=config.store.max_batch)
     engine: Engine | None = None
 
     async def report(agent_id: str, broker_report: BrokerReport) -> None:

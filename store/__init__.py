@@ -62,6 +62,7 @@ async def open_store(
 
 
 __all__ = [
+    "DEFAULT_MAX_BATCH",
     "MEMORY_URL",
     "Append",
     "ConcurrencyError",

@@ -249,6 +249,11 @@ class GroupCommitStore(ABC):
 
     # ----------------------------------------------------------------- adapter hooks
 
+
+    @property
+    def max_batch(self) -> int:
+        """The most events one commit takes."""
+        return self._max_batch
     @abstractmethod
     async def _start(self) -> int:
         """Prepare storage (migrations, connections); return the last committed position."""

@@ -18,7 +18,9 @@ from gateway.config import (
     parse_config,
 )
 from gateway.reasoner import SimulatedReasoner
+from gateway.server import build_service
 from lanes import AgentConfig, Mode
+from store import SqliteEventStore
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.toml"
 ENV = {"GATEWAY_TOKEN_ADMIN": "admin-secret-from-env"}
@@ -90,6 +92,13 @@ def test_build_reasoner_and_the_demo_config() -> None:
     assert reasoner.latency_ms == settings.latency_ms
 
 
+def test_the_commit_batch_size_is_a_store_setting(tmp_path: Path) -> None:
+    config = parse_config(MINIMAL + "[store]\nmax_batch = 300\n")
+    assert config.store.max_batch == 300 and parse_config(MINIMAL).store.max_batch == 2000
+    store = build_service(config, tmp_path / "events.db").engine.store
+    assert isinstance(store, SqliteEventStore) and store.max_batch == 300
+
+
 @pytest.mark.parametrize(
     ("text", "path", "words"),
     [
@@ -125,6 +134,7 @@ def test_build_reasoner_and_the_demo_config() -> None:
          "tokens[1].token", "same secret as tokens[0]"),
         (MINIMAL + '[server]\nallowed_origins = ["http://ok:1", "http://x/path"]\n',
          "server.allowed_origins[1]", "not an origin"),
+        (MINIMAL + "[store]\nmax_batch = 0\n", "store.max_batch", "greater than or equal to 1"),
     ],
 )
 def test_each_problem_names_its_key(text: str, path: str, words: str) -> None:
