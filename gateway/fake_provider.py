@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import math
@@ -345,8 +346,9 @@ class FakeProvider:
         if not call.stream:
             return JSONResponse(self._whole(call), headers=self._headers(call))
         self._active.add(call.number)
-        return StreamingResponse(self._streamed(call, fault), headers=self._headers(call),
-                                 media_type="text/event-stream")
+        return _Streamed(self._streamed(call, fault), headers=self._headers(call),
+                         media_type="text/event-stream",
+                         done=functools.partial(self._active.discard, call.number))
 
     def _price(self, call: _Call) -> None:
         """What the call will use: its prompt, and the reply cut to ``max_tokens``."""
@@ -519,18 +521,15 @@ class FakeProvider:
         """The SSE events of one answer; a fault strikes after the first text delta."""
         events = self._anthropic_events(call) if call.api == "anthropic" else (
             self._openai_events(call))
-        try:
-            for index, event in enumerate(events):
-                yield event
-                if fault is None or index != _FIRST_TEXT_EVENT[call.api]:
-                    continue
-                if fault.kind is FaultKind.STALL_MID_STREAM:
-                    await self._wait(fault.seconds)
-                else:
-                    yield self._stream_error(call, fault)
-                    return
-        finally:
-            self._active.discard(call.number)
+        for index, event in enumerate(events):  # `_Streamed` frees the call's slot after
+            yield event
+            if fault is None or index != _FIRST_TEXT_EVENT[call.api]:
+                continue
+            if fault.kind is FaultKind.STALL_MID_STREAM:
+                await self._wait(fault.seconds)
+            else:
+                yield self._stream_error(call, fault)
+                return
 
     def _stream_error(self, call: _Call, fault: Fault) -> bytes:
         shape = self._shape(call, fault)
@@ -585,6 +584,22 @@ def _presented_key(request: Request) -> str | None:
         return key
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return token if scheme.lower() == "bearer" and token else None
+
+
+class _Streamed(StreamingResponse):
+    """A streamed answer that calls ``done`` however it ends: also when its body never ran
+    (the caller went away before the answer's start could be sent)."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, headers: Mapping[str, str],
+                 media_type: str, done: Callable[[], None]) -> None:
+        super().__init__(content, headers=headers, media_type=media_type)
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._done()
 
 
 def create_fake_provider(config: FakeProviderConfig | None = None, *,

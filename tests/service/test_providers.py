@@ -7,6 +7,7 @@ read a fake clock, so time moves only when a test advances it.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import socket
 import time
@@ -23,6 +24,7 @@ import pytest
 import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.requests import ClientDisconnect
 
 from gateway.clock import FakeClock
 from gateway.fake_provider import (
@@ -483,6 +485,32 @@ async def test_the_fake_refuses_calls_over_its_concurrency(kind: str) -> None:
         assert provider.active == 0
     assert err.outcome is CallOutcome.RATE_LIMITED and err.hints.retry_after_ms == 1000
     assert [call.limited for call in provider.calls] == [None, "concurrency"]
+
+
+async def test_a_caller_gone_before_the_stream_starts_gives_its_slot_back(kind: str) -> None:
+    """The answer's start cannot be sent (the caller went away): the stream never runs, and
+    the call must not stay counted against ``max_concurrent``."""
+    provider = create_fake_provider(FakeProviderConfig(max_concurrent=1))
+    path = "/v1/messages" if kind == "anthropic" else "/v1/chat/completions"
+    body = json.dumps({"model": MODEL, "max_tokens": 10, "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
+             "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, object]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: object) -> None:
+        raise OSError("the caller went away")
+
+    with contextlib.suppress(OSError, ClientDisconnect):  # as a server sees the caller gone
+        await provider(scope, receive, send)
+    assert [call.status for call in provider.calls] == [200]
+    assert provider.active == 0
 
 
 # -- headers and classification, without a server -------------------------------------------
