@@ -80,6 +80,12 @@ async def take(it: AsyncIterator[RecordedEvent], count: int) -> list[RecordedEve
     return [await wait(anext(it)) for _ in range(count)]
 
 
+async def produce(store: GroupCommitStore, total: int) -> None:
+    """``total`` appends over four streams, ten at a time, each ten waiting for their commit."""
+    for i in range(0, total, 10):
+        await asyncio.gather(*store.append_many([app(f"s{(i + j) % 4}") for j in range(10)]))
+
+
 def assert_gap_free(records: Sequence[RecordedEvent], first: int = 1) -> None:
     """Positions are exactly ``first``, ``first + 1``, ..."""
     assert [r.position for r in records] == list(range(first, first + len(records)))
@@ -528,13 +534,7 @@ class EventStoreContract:
 
     async def test_follow_while_appending(self, store: GroupCommitStore) -> None:
         total = 300
-
-        async def produce() -> None:
-            for i in range(0, total, 10):
-                futures = store.append_many([app(f"s{(i + j) % 4}") for j in range(10)])
-                await asyncio.gather(*futures)
-
-        producer = asyncio.create_task(produce())
+        producer = asyncio.create_task(produce(store, total))
         followers = [store.follow(), store.follow(), store.follow(100)]
         try:
             counts = [total, total, total - 100]
@@ -619,13 +619,7 @@ class EventStoreContract:
 
     async def test_follow_batches_while_appending(self, store: GroupCommitStore) -> None:
         total = 300
-
-        async def produce() -> None:
-            for i in range(0, total, 10):
-                futures = store.append_many([app(f"s{(i + j) % 4}") for j in range(10)])
-                await asyncio.gather(*futures)
-
-        producer = asyncio.create_task(produce())
+        producer = asyncio.create_task(produce(store, total))
         got: list[RecordedEvent] = []
         async with contextlib.aclosing(store.follow_batches(limit=16)) as batches:
             while len(got) < total:
