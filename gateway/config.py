@@ -253,11 +253,16 @@ class ProviderConfig(ConfigModel):
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     timeout_s: float = Field(default=60.0, gt=0, le=600)
     """One call longer than this is a timeout (the gate then backs off)."""
+    max_tokens_param: Literal["max_completion_tokens", "max_tokens"] | None = None
+    """``openai`` only: the field that carries an agent's ``max_tokens``. OpenAI today takes
+    ``max_completion_tokens`` (the default); older OpenAI-compatible servers ``max_tokens``."""
     limits: GateLimits = Field(default_factory=GateLimits)
     _secret: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _key_and_model(self, info: ValidationInfo) -> ProviderConfig:
+        if self.max_tokens_param is not None and self.kind != "openai":
+            _raise("max_tokens_param", f"only an openai provider takes it, not {self.kind}")
         if self.kind == "simulated":
             return self
         if not self.model:
@@ -605,7 +610,7 @@ def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
 
     return {
         p.name: build_client(p.kind, p.model, api_key=p.secret, base_url=p.base_url,
-                             timeout_s=p.timeout_s)
+                             timeout_s=p.timeout_s, max_tokens_param=p.max_tokens_param)
         for p in real
     }
 

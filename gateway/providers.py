@@ -348,7 +348,8 @@ class OpenAIClient:
         self.model = model
         self.timeout_s = timeout_s
         self._clock_ms = clock_ms
-        self._max_tokens_param = max_tokens_param
+        self.max_tokens_param: MaxTokensParam = max_tokens_param
+        """The request field that carries ``max_tokens``."""
         try:
             self._sdk = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0,
                                            timeout=timeout_s)
@@ -362,7 +363,7 @@ class OpenAIClient:
         if system:
             chat.append({"role": "system", "content": system})
         chat.extend(_chat_turn(m) for m in messages)
-        limit = self._max_tokens_param
+        limit = self.max_tokens_param
         parts: list[str] = []
         usage: CompletionUsage | None = None
         stop_reason: str | None = None
@@ -436,10 +437,15 @@ def _estimate_tokens(*texts: str) -> int:
 
 
 def build_client(kind: str, model: str, *, api_key: str | None = None,
-                 base_url: str | None = None, timeout_s: float = 60.0) -> LLMClient:
-    """The client for a provider kind (``anthropic`` or ``openai``); ValueError if unknown."""
+                 base_url: str | None = None, timeout_s: float = 60.0,
+                 max_tokens_param: MaxTokensParam | None = None) -> LLMClient:
+    """The client for a provider kind (``anthropic`` or ``openai``); ValueError if unknown.
+    ``max_tokens_param`` is for ``openai`` only (None: its default)."""
+    if max_tokens_param is not None and kind != "openai":
+        raise ValueError(f"max_tokens_param is for an openai provider, not {kind!r}")
     if kind == "anthropic":
         return AnthropicClient(model, api_key=api_key, base_url=base_url, timeout_s=timeout_s)
     if kind == "openai":
-        return OpenAIClient(model, api_key=api_key, base_url=base_url, timeout_s=timeout_s)
+        return OpenAIClient(model, api_key=api_key, base_url=base_url, timeout_s=timeout_s,
+                            max_tokens_param=max_tokens_param or "max_completion_tokens")
     raise ValueError(f"unknown provider kind {kind!r} (known: {', '.join(PROVIDER_KINDS)})")

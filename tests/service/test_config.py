@@ -12,11 +12,13 @@ from gateway.config import (
     ConfigError,
     GatewayConfig,
     SimulatedReasonerConfig,
+    build_clients,
     build_reasoner,
     demo_config,
     load_config,
     parse_config,
 )
+from gateway.providers import OpenAIClient
 from gateway.reasoner import SimulatedReasoner
 from gateway.server import build_service
 from lanes import AgentConfig, Mode
@@ -196,6 +198,14 @@ name = "claude"
 kind = "anthropic"
 model = "claude-sonnet-4-5"
 """
+GPT = """
+[[providers]]
+name = "gpt"
+kind = "openai"
+model = "llama-3.1-70b"
+base_url = "http://127.0.0.1:8080/v1"
+api_key = "k"
+"""
 LLM_AGENT = """
 [[agents]]
 id = "a2"
@@ -231,12 +241,25 @@ provider = "claude"
          'provider = "claude"\n', "agents[1].reasoner.provider", "a real one"),
         (MINIMAL + CLAUDE + 'api_key = "k"\n[providers.limits]\noutput_tokens_per_minute = 500\n'
          + LLM_AGENT, "agents[1].reasoner.max_tokens", "no call could ever be granted"),
+        (MINIMAL + CLAUDE + 'api_key = "k"\nmax_tokens_param = "max_tokens"\n',
+         "providers[0].max_tokens_param", "only an openai provider takes it, not anthropic"),
+        (MINIMAL + GPT + 'max_tokens_param = "tokens"\n', "providers[0].max_tokens_param",
+         "'max_completion_tokens' or 'max_tokens'"),
     ],
 )
 def test_each_provider_problem_names_its_key(text: str, path: str, words: str) -> None:
     found = problems(text)
     assert path in found, found
     assert words in found[path]
+
+
+async def test_an_openai_provider_names_its_max_tokens_field() -> None:
+    for given, used in (("", "max_completion_tokens"),
+                        ('max_tokens_param = "max_tokens"\n', "max_tokens")):
+        client = build_clients(parse_config(MINIMAL + GPT + given))["gpt"]
+        assert isinstance(client, OpenAIClient)
+        assert client.max_tokens_param == used
+        await client.close()
 
 
 def test_a_provider_key_comes_from_the_environment_and_is_never_shown() -> None:
