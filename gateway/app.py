@@ -20,6 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.applications import Starlette
@@ -856,10 +857,22 @@ FRAME_TEXT_BUDGET = 256 * 1024
 
 def event_frame_text(record: RecordedEvent) -> str:
     """``record`` as the JSON text of an `EventFrame`, built around the stored JSON of its
-    data: the same JSON as the model gives, without parsing and encoding the data again."""
+    data: the same JSON as the model gives, without parsing and encoding the data again.
+
+    Data that may not be strict JSON is encoded again as the model would: ``NaN`` and
+    ``Infinity`` (an import before they were refused could store them) become ``null``.
+    Data that is not a JSON object raises `ValueError`."""
+    data = record.data
+    if not (data.startswith("{") and data.endswith("}")) or "NaN" in data or \
+            "Infinity" in data:
+        value = json.loads(data)
+        if not isinstance(value, dict):
+            raise ValueError(f"the data of the event at position {record.position} is not "
+                             "a JSON object")
+        data = pydantic_core.to_json(value, inf_nan_mode="null").decode()
     return (f'{{"type":"event","position":{record.position},"stream":{json.dumps(record.stream)},'
             f'"version":{record.version},"eventType":{json.dumps(record.type)},'
-            f'"data":{record.data},"recordedAt":{record.recorded_at}}}')
+            f'"data":{data},"recordedAt":{record.recorded_at}}}')
 
 
 def events_frames(texts: list[str]) -> Iterator[str]:
@@ -1202,7 +1215,8 @@ class Session:
                                              for n, g in sorted(gates.items())]))
         agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
-        follow = self.engine.store.follow_batches(after)
+        # Lists of a frame's worth: the batch in hand, and its texts, stay small.
+        follow = self.engine.store.follow_batches(after, EVENTS_PER_FRAME)
         try:
             async with contextlib.aclosing(follow) as batches:
                 async for batch in batches:

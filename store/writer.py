@@ -247,13 +247,13 @@ class GroupCommitStore(ABC):
         self._stale = False
         """A write failed: the caches are read again before the next one (see `_resync`)."""
 
-    # ----------------------------------------------------------------- adapter hooks
-
-
     @property
     def max_batch(self) -> int:
         """The most events one commit takes."""
         return self._max_batch
+
+    # ----------------------------------------------------------------- adapter hooks
+
     @abstractmethod
     async def _start(self) -> int:
         """Prepare storage (migrations, connections); return the last committed position."""

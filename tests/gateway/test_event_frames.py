@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,6 +41,29 @@ def test_an_event_frame_text_is_the_model_s_json(stream: str, kind: str,
                        recorded_at=1_771_297_800_123)
     assert json.loads(text) == json.loads(model.model_dump_json())
     assert EventFrame.model_validate_json(text) == model
+
+
+def strict(text: str) -> object:
+    """JSON as a browser reads it: NaN and Infinity are errors."""
+    def refuse(constant: str) -> object:
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_infinity_stored_by_an_old_import_go_out_as_null() -> None:
+    stored = '{"x":NaN,"y":-Infinity,"s":"NaN and Infinity stay text","n":[1,Infinity]}'
+    frame = strict(event_frame_text(record(3, stored)))
+    assert isinstance(frame, dict)
+    assert frame["data"] == {"x": None, "y": None, "s": "NaN and Infinity stay text",
+                             "n": [1, None]}
+    named = strict(event_frame_text(record(4, '{"s":"Infinity"}')))  # text naming them
+    assert isinstance(named, dict) and named["data"] == {"s": "Infinity"}
+
+
+def test_data_that_is_not_a_json_object_is_refused() -> None:
+    for bad in ('{"cut": ', "[1, 2]", "null"):
+        with pytest.raises(ValueError, match=r"Expecting value|not a JSON object"):
+            event_frame_text(record(5, bad))
 
 
 def test_events_frames_hold_every_event_in_order_cut_by_count() -> None:
