@@ -15,7 +15,7 @@ from gateway.clock import SystemClock
 from gateway.engine import Engine
 from gateway.errors import StorageFailed, Superseded
 from gateway.gate import ProviderGate
-from lanes import AgentConfig, verify
+from lanes import AgentConfig, AgentRequest, verify
 from lanes.events import RequestReceived, RunStarted
 from lanes.gate_events import GateLimits
 from store import Append, MemoryEventStore, RecordedEvent, WriteFailed
@@ -97,16 +97,25 @@ async def test_an_emergency_stop_that_could_not_be_stored_is_stored_first_once_i
     await engine.stop()
 
 
+async def refuse_a_resume(engine: Engine, store: Refusing,
+                          agent: str) -> tuple[AgentRequest, StorageFailed]:
+    """Pause ``agent``, then make the log refuse writes and send a resume: it is refused,
+    and not held (the store stays refusing). The resume, and its refusal."""
+    await engine.submit(control(agent, "pause"))
+    store.refusing = True
+    resume = control(agent, "resume")
+    with pytest.raises(StorageFailed) as refused:
+        await engine.submit(resume)
+    assert not refused.value.held
+    return resume, refused.value
+
+
 async def test_a_resume_that_could_not_be_stored_is_not_held(
     running: tuple[Engine, Refusing, ManualReasoner],
 ) -> None:
     engine, store, _ = running
-    await engine.submit(control("eth", "pause"))
-    store.refusing = True
-    resume = control("eth", "resume")
-    with pytest.raises(StorageFailed, match="retry with the same requestId") as refused:
-        await engine.submit(resume)
-    assert not refused.value.held
+    resume, refused = await refuse_a_resume(engine, store, "eth")
+    assert "retry with the same requestId" in str(refused)
     store.refusing = False
     await engine.flush()  # the agent is rebuilt from the log...
     ack = await engine.submit(request("eth"))
@@ -141,11 +150,7 @@ async def test_a_resume_refused_before_a_held_stop_is_not_applied_after_it(
     running: tuple[Engine, Refusing, ManualReasoner],
 ) -> None:
     engine, store, _ = running
-    await engine.submit(control("btc", "pause"))
-    store.refusing = True
-    resume = control("btc", "resume")  # sent first, refused (not held)
-    with pytest.raises(StorageFailed):
-        await engine.submit(resume)
+    resume, _ = await refuse_a_resume(engine, store, "btc")  # sent first, refused (not held)
     stop = control("btc", "emergency_stop")  # sent second, held
     with pytest.raises(StorageFailed, match="holds it"):
         await engine.submit(stop)
@@ -169,11 +174,7 @@ async def test_a_refused_resume_stored_on_retry_is_not_superseded_by_a_later_sto
     running: tuple[Engine, Refusing, ManualReasoner],
 ) -> None:
     engine, store, _ = running
-    await engine.submit(control("btc", "pause"))
-    store.refusing = True
-    resume = control("btc", "resume")
-    with pytest.raises(StorageFailed):
-        await engine.submit(resume)
+    resume, _ = await refuse_a_resume(engine, store, "btc")
     store.refusing = False
     await engine.flush()
     assert (await engine.submit(resume)).decision == "accepted"  # the retry goes in
