@@ -170,6 +170,9 @@ class SqliteEventStore(GroupCommitStore):
         self._busy_timeout_ms = check_busy_timeout(busy_timeout_ms)
         self._engine: AsyncEngine | None = None
         self._writer_conn: AsyncConnection | None = None
+        self._driver: Any = None
+        """The writer's aiosqlite connection, if it can run a function in its thread (the
+        one-hop commit of `_SqliteTransaction`); found once: the writer keeps its connection."""
         self._compiled_insert: _CompiledInsert | None = None
 
     @property
@@ -188,6 +191,7 @@ class SqliteEventStore(GroupCommitStore):
             try:
                 last = (await conn.execute(_MAX_POSITION)).scalar()
                 await conn.rollback()
+                driver = (await conn.get_raw_connection()).driver_connection
             except BaseException:
                 await conn.close()
                 raise
@@ -196,10 +200,12 @@ class SqliteEventStore(GroupCommitStore):
             raise
         self._engine = engine
         self._writer_conn = conn
+        self._driver = driver if hasattr(driver, "_execute") else None
         return int(last or 0)
 
     async def _stop(self) -> None:
         conn, self._writer_conn = self._writer_conn, None
+        self._driver = None
         engine, self._engine = self._engine, None
         try:
             if conn is not None:
@@ -215,10 +221,7 @@ class SqliteEventStore(GroupCommitStore):
             raise StoreClosedError("the store is not open")
         if self._compiled_insert is None:
             self._compiled_insert = _compile_insert(conn.dialect)
-        raw = await conn.get_raw_connection()
-        driver = raw.driver_connection
-        txn = _SqliteTransaction(
-            conn, self._compiled_insert, driver if hasattr(driver, "_execute") else None)
+        txn = _SqliteTransaction(conn, self._compiled_insert, self._driver)
         try:
             yield txn
             await txn.commit()
