@@ -30,6 +30,7 @@ from gateway.errors import (
     StorageFailed,
     Superseded,
     UnknownAgent,
+    Unstorable,
     storage_fault_kind,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
@@ -40,7 +41,7 @@ from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
-from lanes.codec import decode, encode
+from lanes.codec import Unrepeatable, decode, encode, encode_checked
 from lanes.events import (
     AgentCallDispatched,
     CallUndeliverable,
@@ -471,7 +472,11 @@ class Engine:
                 placed.append(Superseded(request))
                 continue
             base = agent.state.version
-            decisions, events = self._decide(agent, received)
+            try:
+                decisions, events = self._decide(agent, received)
+            except Unstorable as error:  # refused before anything changed: the rest go on
+                placed.append(error)
+                continue
             group = groups.get(request.agent_id)
             if group is None:
                 group = groups[request.agent_id] = _Group(agent, base)
@@ -547,6 +552,12 @@ class Engine:
         state = agent.state
         if type(event) is RequestReceived:
             self.requests_received += 1
+        try:  # before anything changes: an input that would not read back is never taken
+            encoded = encode_checked(event)
+        except Unrepeatable as error:
+            what = f"request {event.request.request_id!r}" if type(event) is RequestReceived \
+                else type(event).__name__
+            raise Unstorable(what, str(error), error.field) from None
         try:
             decisions = decide(state, event)
         except Exception:
@@ -557,7 +568,7 @@ class Engine:
         if not decisions:
             return decisions, []
         ids = self._ids
-        events = [NewEvent(ids(), *encode(item)) for item in (event, *decisions)]
+        events = [NewEvent(ids(), *encoded), *[NewEvent(ids(), *encode(d)) for d in decisions]]
         if type(event) is RequestReceived and event.request.action in HELD_ACTIONS:
             agent.held[event.request.request_id] = (event, state.version)
             if agent.refused:  # a stop after a refused resume: that resume must not follow
@@ -701,7 +712,12 @@ class Engine:
             if agent.context is context:
                 agent.run = agent.context = None
         if self._running and not agent.recovering:
-            self._feed(agent, event)
+            try:
+                self._feed(agent, event)
+            except Unstorable as error:  # a result the log could not hold: the run failed
+                log.warning("run %s: %s", run.run_id, error)
+                self._feed(agent, RunErrored(at=event.at, run_id=run.run_id,
+                                             error=_describe(error)))
 
     def _steerable(self, agent: _Agent, run_id: str, steerable: bool) -> None:
         if self._running and not agent.recovering:

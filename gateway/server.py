@@ -19,7 +19,7 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
-from gateway.app import Service, create_app
+from gateway.app import Service, create_app, own_origins
 from gateway.auth import Principal, TokenBook
 from gateway.broker import PaperBroker
 from gateway.clock import Clock, SystemClock
@@ -251,6 +251,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                             ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     bound_host, bound_port = sock.getsockname()[:2]
+    service.own_origins = own_origins(bound_host, bound_port)
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     task = asyncio.create_task(server.serve(sockets=[sock]))
     running = Running(service, f"http://{shown}:{bound_port}", server, task)

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeGuard
 from pydantic import Field
 
 from lanes.config import AgentConfig, Mode
-from lanes.requests import AgentRequest, ControlAction, Priority, WireModel
+from lanes.requests import AgentRequest, ControlAction, JsonObject, Priority, WireModel
 
 
 class TradingState(StrEnum):
@@ -73,7 +73,7 @@ class CallIntent(WireModel):
 
     agent_id: str
     priority: Priority = Priority.NORMAL
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
 
 
 class Summary(WireModel):
