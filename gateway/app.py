@@ -576,7 +576,8 @@ class _Api:
         around = min(_int_param(query, "around", 10), 200)
         records = await self.engine.store.read_stream(agent_id)
         upto = [r for r in records if r.position <= position]
-        state = await state_after(self.engine.store, agent_id, upto)  # a snapshot if worth it
+        state = await state_after(self.engine.store, agent_id, upto,  # a snapshot if worth it
+                                  reader=self.engine.reader)
         index = len(upto)
         nearby = records[max(0, index - around):index + around]
         return _json({

@@ -34,14 +34,15 @@ from gateway.errors import (
     storage_fault_kind,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
+from gateway.quarantine import PLAIN, LogReader, log_reader
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
 from gateway.snapshots import KEEP, load_latest, seal
 from gateway.tasks import spawn
-from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
+from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
-from lanes.codec import Unrepeatable, decode, encode, encode_checked
+from lanes.codec import Unrepeatable, encode, encode_checked
 from lanes.events import (
     AgentCallDispatched,
     CallUndeliverable,
@@ -73,7 +74,7 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
 )
-from lanes.replay import LogFold, is_agent_stream
+from lanes.replay import LogFold
 from lanes.requests import ControlAction, Kind
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
@@ -237,6 +238,8 @@ class Engine:
         self._position = 0
         self._anchor = ""
         """The last committed agent event seen: its position and id."""
+        self._reader = PLAIN
+        """Decodes the log, with the events an operator set aside replaced."""
         self._snapshotting: asyncio.Task[None] | None = None
         self.snapshot_loaded: int | None = None
         """The position of the snapshot the start continued from, if any."""
@@ -267,9 +270,16 @@ class Engine:
         """Rebuild every agent from the log, apply the configs, abort runs cut off by a
         restart (their requests go back to the head of the queue), and start timers."""
         await self.store.open()
-        for gate in self.gates.values():
-            await gate.start()
-        log_fold, stale = await self._load()
+        try:
+            self._reader = await log_reader(self.store)
+            for gate in self.gates.values():
+                await gate.start()
+            log_fold, stale = await self._load()
+        except BaseException:
+            for gate in self.gates.values():
+                await gate.stop()
+            await self.store.close()
+            raise
         states = log_fold.states
         if self._snapshot_every is not None and log_fold.position and (
             self._since_snapshot >= self._snapshot_every or stale
@@ -305,8 +315,8 @@ class Engine:
             loaded = await load_latest(self.store)
             log_fold = loaded.fold
             records = await self.store.read(after=log_fold.position)
-            tail = [r for r in records if is_agent_stream(r.stream)]
-            log_fold.add(Entry(r.position, r.stream, decode(r.type, r.data)) for r in tail)
+            tail = self._reader.entries(records)
+            log_fold.add(tail)
         if loaded.snapshot is not None:
             self.snapshot_loaded = loaded.snapshot.position
         self._since_snapshot = len(tail)
@@ -404,6 +414,11 @@ class Engine:
     def backlog(self) -> int:
         """Appends decided but not yet committed (flow control reads it)."""
         return len(self._in_flight)
+
+    @property
+    def reader(self) -> LogReader:
+        """Decodes this log's events (with those set aside by an operator replaced)."""
+        return self._reader
 
     @property
     def running(self) -> bool:
@@ -893,7 +908,7 @@ class Engine:
         if self._running:
             await pace_rebuild(agent.failures)
         records = await read_settled(self.store, agent_id, self._in_flight)
-        entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
+        entries = self._reader.entries(records)
         agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
         if records and records[-1].position > self._position:
             # A commit reported as failed reached the log all the same: the fold holds it.

@@ -41,7 +41,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     clock = clock or SystemClock()
     store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous,
                              busy_timeout_ms=config.store.busy_timeout_ms,
-                             max_batch=config.store.max_batch)
+                             max_batch=config.store.max_batch, exclusive=True)
     engine: Engine | None = None
 
     async def report(agent_id: str, broker_report: BrokerReport) -> None:
@@ -224,13 +224,14 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                   extra: Callable[[Service], Any] | None = None) -> AsyncIterator[Running]:
     """Serve ``service`` until the block ends (uvicorn, graceful stop on exit).
 
-    ``extra`` is started with the engine and cancelled before it stops (the demo's feed).
+    The engine starts before the block is entered: a log that cannot be served (held by
+    another process, say) raises here. ``extra`` is started with the server and cancelled
+    before the engine stops (the demo's feed).
     """
     extra_task: list[asyncio.Task[Any]] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        await service.engine.start()
         tune_gc()
         if extra is not None:
             extra_task.append(asyncio.create_task(extra(service)))
@@ -244,7 +245,12 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
             for client in service.clients.values():
                 await client.close()
 
-    sock = bind(host, port)
+    sock = bind(host, port)  # connections wait in its backlog while the engine starts
+    try:
+        await service.engine.start()
+    except BaseException:
+        sock.close()
+        raise
     config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
                             http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
                             log_level="warning",
