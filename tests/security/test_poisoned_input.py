@@ -244,3 +244,26 @@ async def test_a_dns_rebinding_page_is_refused_although_origin_and_host_agree(
         own = await http.post("/api/agents/btc/control", json={"action": "pause"},
                               headers={"Origin": gateway.http})
         assert own.status_code == 200, own.text
+
+
+# Bounded work per frame --------------------------------------------------------------
+
+
+async def test_a_big_batch_is_validated_in_steps_and_names_the_bad_item(
+        live: tuple[Live, ManualReasoner]) -> None:
+    gateway, _ = live
+    before = await received(gateway)
+    requests = [trigger("btc") for _ in range(150)]
+    requests[120]["kind"] = "nonsense"
+    ticks = [{"type": "tick", "symbol": "BTCUSD", "price": 100.0 + n,
+              "at": "2026-02-17T03:10:00Z"} for n in range(150)]
+    ticks[130]["price"] = -1
+    async with gateway.socket("feed", "feed-secret") as ws:
+        refused = await answer(ws, json.dumps({"type": "submit_many", "requests": requests}))
+        assert (refused["code"], refused["field"]) == ("invalid", "requests.120.kind")
+        refused = await answer(ws, json.dumps({"type": "market", "events": ticks}))
+        assert refused["code"] == "invalid" and refused["field"].startswith("events.130.")
+        requests[120]["kind"] = "hook_trigger"
+        acks = await answer(ws, json.dumps({"type": "submit_many", "requests": requests}))
+        assert [a["decision"] for a in acks["results"]] == ["accepted"] * 150
+    assert await received(gateway) == [*before, *(r["requestId"] for r in requests)]
