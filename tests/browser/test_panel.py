@@ -194,6 +194,8 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
         ws.on("framereceived", frames.receive)
 
     async with live_gateway(trio(db), db) as running, Relay(port_of(running)) as relay:
+        # The page comes through a relay, as through a proxy: its origin is configured.
+        running.service.allowed_origins = frozenset({relay.url})
         page = await open_panel(relay.url, CONTROL, on_websocket=watch)
         banner = page.locator("#banner")
         await expect(banner).to_be_hidden()
