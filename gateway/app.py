@@ -46,6 +46,7 @@ from gateway.errors import (
 )
 from gateway.gate import ProviderGate
 from gateway.hooks import HookEngine
+from gateway.intake import BUDGET_MS, Intake
 from gateway.llm import LLMClient
 from gateway.market import MarketEvent, event_time, to_ms
 from gateway.metrics import family, label
@@ -154,8 +155,10 @@ class Service:
     """The origins the gateway is served at, set when it binds (`own_origins`): never taken
     from a request's ``Host`` header, which a DNS-rebinding page controls."""
     max_frame_bytes: int = 1 << 20
-    busy_backlog: int = 20_000
-    """Appends waiting for their commit beyond which new work is answered ``busy``."""
+    intake_budget_ms: int = BUDGET_MS
+    """Feed work is taken only while what waits for the log commits within this long
+    (`gateway.intake`); beyond it feed frames, and reasoning requests from elsewhere, are
+    answered ``busy``."""
     clients: Mapping[str, LLMClient] = field(default_factory=dict)
     """The LLM clients of the providers, closed when serving ends."""
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -174,16 +177,28 @@ class Service:
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes (enforced by `gateway.server`)."""
     connections: Connections = field(default_factory=lambda: Connections())
+    intake: Intake = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.intake = Intake(self.engine.store, self.intake_budget_ms)
 
     def origin_allowed(self, origin: str | None) -> bool:
         """Whether a browser ``Origin`` may send WebSocket frames and mutating requests (no
         ``Origin``: not a browser, or the same page's GET)."""
         return not origin or origin in self.allowed_origins or origin in self.own_origins
 
+    busy_backlog: int = 40_000
+    """Events waiting for the log beyond which reasoning work from outside the feed (an
+    operator's message, an HTTP submit) is answered ``busy``: a ceiling on memory, not a
+    latency budget (the feed's frames are admitted by the intake, long before this)."""
+
     def check_capacity(self) -> None:
-        """Refuse new work while the writer is saturated (flow control, never unbounded)."""
-        if self.engine.backlog > self.busy_backlog:
-            raise Busy(retry_after_ms=50 + self.engine.backlog // 200)
+        """Refuse reasoning work from outside the feed while the log is far behind (flow
+        control, never unbounded); the control lane is never refused."""
+        backlog = self.engine.store.backlog
+        if backlog > self.busy_backlog:
+            rate = self.engine.store.commit_rate or 10_000.0
+            raise Busy(retry_after_ms=int(min(5_000, 50 + backlog * 1000 / rate)))
 
 
 def create_app(service: Service, lifespan: Any = None) -> Starlette:
@@ -680,6 +695,20 @@ class _Api:
                     [f"gateway_requests_received_total {engine.requests_received}"]),
             *family("gateway_commit_backlog", "gauge", "Appends waiting for their commit.",
                     [f"gateway_commit_backlog {engine.backlog}"]),
+            *family("gateway_log_backlog_events", "gauge",
+                    "Events appended and not committed yet.",
+                    [f"gateway_log_backlog_events {engine.store.backlog}"]),
+            *family("gateway_log_commit_rate_events_per_second", "gauge",
+                    "Events the log commits per second of its writer's busy time, lately.",
+                    [f"gateway_log_commit_rate_events_per_second "
+                     f"{engine.store.commit_rate or 0:.0f}"]),
+            *family("gateway_intake_budget_events", "gauge",
+                    "Events the log commits in the intake's latency budget: feed frames past "
+                    "it are answered busy.",
+                    [f"gateway_intake_budget_events {self.service.intake.budget()}"]),
+            *family("gateway_intake_busy_total", "counter",
+                    "Frames and requests answered busy by the intake (nothing taken).",
+                    [f"gateway_intake_busy_total {self.service.intake.refused}"]),
             *family("gateway_commit_latency_seconds", "histogram",
                     "From a decision to the commit that holds it.",
                     engine.commit_latency.lines("gateway_commit_latency_seconds")),
@@ -1025,7 +1054,7 @@ class Session:
                                                  self.service.auth_timeout_s)
                 if message["type"] == "websocket.disconnect":
                     return False
-                frame = await self._parse(_raw(message))
+                frame = await self._validate(load_json(_raw(message)))
                 if not isinstance(frame, Auth):
                     raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
                 principal = tokens.authenticate(frame.token)
@@ -1061,7 +1090,14 @@ class Session:
                                         and len(raw.encode()) > limit):
                     raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
                                    "bytes; split it")
-                frame = await self._parse(raw)
+                data = load_json(raw)
+                if self.endpoint == "feed" and isinstance(data, dict) and \
+                        data.get("type") in WORK_TYPES:
+                    retry = self.service.intake.admit(self)
+                    if retry is not None:  # nothing taken: the client sends it again later
+                        await self._send(BusyFrame(id=_frame_id(data), retry_after_ms=retry))
+                        continue
+                frame = await self._validate(data)
             except (BadFrame, InvalidRequest) as error:
                 self.bad_frames += 1
                 await self._send(error_frame(error, id=_guess_id(raw)))
@@ -1085,8 +1121,8 @@ class Session:
         self.inflight_bytes -= size
         self.drained.set()
 
-    async def _parse(self, raw: str | bytes) -> Any:
-        data = load_json(raw)
+    async def _validate(self, data: Any) -> Any:
+        """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`)."""
         if not isinstance(data, dict):
             raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
         kind = data.get("type")
@@ -1150,10 +1186,11 @@ class Session:
             raise BadFrame("invalid", "already authenticated")
         elif isinstance(frame, Submit):
             principal.check_submit(frame.request)
-            if frame.request.action is None:  # the control lane is never refused as busy
-                self.service.check_capacity()
-            await self._send(ack_frame(await engine.submit(frame.request, principal.name),
-                                       frame.id))
+            if frame.request.action is None and self.endpoint != "feed":
+                self.service.check_capacity()  # the control lane is never refused as busy
+            with self._holding(1):
+                ack = await engine.submit(frame.request, principal.name)
+            await self._send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
             await self._send(AcksFrame(id=frame.id,
                                        results=await self._submit_all(frame.requests)))
@@ -1164,7 +1201,8 @@ class Session:
                                 "broker's prices; a token scoped to some agents cannot send "
                                 "them")
             self._check_times(frame.events)
-            self.service.check_capacity()
+            if self.endpoint != "feed":
+                self.service.check_capacity()
             requests: list[AgentRequest] = []
             for event in frame.events:
                 if self.service.on_market is not None:
@@ -1191,14 +1229,28 @@ class Session:
                                f"{MAX_CLOCK_SKEW_MS // 1000} s in the future",
                                field=f"events.{index}")
 
+    @contextlib.contextmanager
+    def _holding(self, requests: int) -> Iterator[None]:
+        """A feed connection's work waiting for its commit, for the intake's shares."""
+        if self.endpoint != "feed":
+            yield
+            return
+        events = 2 * requests  # a request and its decision, most often
+        self.service.intake.took(self, events)
+        try:
+            yield
+        finally:
+            self.service.intake.settled(self, events)
+
     async def _submit_all(self, requests: list[AgentRequest]) -> list[AckFrame | ErrorFrame]:
         principal = self.principal
         assert principal is not None
-        try:
-            self.service.check_capacity()
-            saturated: Busy | None = None
-        except Busy as busy:
-            saturated = busy
+        saturated: Busy | None = None
+        if self.endpoint != "feed":  # a feed frame was admitted whole by the intake
+            try:
+                self.service.check_capacity()
+            except Busy as busy:
+                saturated = busy
         allowed: list[AgentRequest] = []
         refused: dict[int, ErrorFrame] = {}
         for index, request in enumerate(requests):
@@ -1209,7 +1261,8 @@ class Session:
                 allowed.append(request)
             except GatewayError as error:
                 refused[index] = error_frame(error, request_id=request.request_id)
-        answers = iter(await self.engine.submit_many(allowed, principal.name))
+        with self._holding(len(allowed)):
+            answers = iter(await self.engine.submit_many(allowed, principal.name))
         results: list[AckFrame | ErrorFrame] = []
         for index, request in enumerate(requests):
             if index in refused:
@@ -1279,6 +1332,8 @@ class Session:
                         "again with 'after' set to the last position you received"))
 
 
+WORK_TYPES = frozenset({"submit", "submit_many", "market"})
+"""Frame types that make work for the log (a feed connection's are admitted by the intake)."""
 VALIDATE_STEP = 100
 """Items of a batch frame validated before other work may run (about 1 ms of the loop)."""
 BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
@@ -1333,9 +1388,14 @@ def _guess_id(raw: str | bytes) -> str | None:
     with contextlib.suppress(BadFrame):
         value = load_json(raw)
         if isinstance(value, dict):
-            found = value.get("id")
-            return found if isinstance(found, str) and len(found) <= 128 else None
+            return _frame_id(value)
     return None
+
+
+def _frame_id(data: dict[str, Any]) -> str | None:
+    """The ``id`` of a frame's JSON object, if it is one a client may give."""
+    found = data.get("id")
+    return found if isinstance(found, str) and len(found) <= 128 else None
 
 
 __all__ = ["Role", "Service", "create_app"]

@@ -116,6 +116,9 @@ class ServerConfig(ConfigModel):
     """A WebSocket connection must authenticate within this long (else 1008)."""
     send_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    intake_budget_ms: int = Field(default=50, ge=1, le=60_000)
+    """Feed frames are answered ``busy`` (nothing taken) while the work waiting for the log
+    would take longer than this to commit, at the log's recent commit rate."""
     request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes, else it is dropped."""

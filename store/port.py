@@ -131,6 +131,15 @@ class EventStore(Protocol):
     the same stream is idempotent: the future resolves to the original records.
     """
 
+    @property
+    def backlog(self) -> int:
+        """Events appended and not committed yet."""
+
+    @property
+    def commit_rate(self) -> float | None:
+        """Events committed per second of the writer's busy time, recently (None before the
+        first commit): with `backlog`, how long new work would wait for its commit."""
+
     async def open(self) -> None:
         """Prepare the store (migrations, caches) and start its writer."""
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -56,6 +57,9 @@ DEFAULT_MAX_BATCH: Final = 2000
 
 DEFAULT_FOLLOWER_BUFFER: Final = 10_000
 """Most events buffered for one follower before it is switched to catching up by reading."""
+
+RATE_HORIZON_S: Final = 1.0
+"""The busy time over which `GroupCommitStore.commit_rate` is averaged."""
 
 FOLLOW_PAGE: Final = 2000
 """Events per read while a follower catches up."""
@@ -246,11 +250,35 @@ class GroupCommitStore(ABC):
         """Held by each batch commit, import and snapshot write: one write at a time."""
         self._stale = False
         """A write failed: the caches are read again before the next one (see `_resync`)."""
+        self._inflight_events = 0
+        self._rate_events = 0.0
+        self._rate_seconds = 0.0
+        """Events committed and seconds the writer was busy, both decayed over about
+        `RATE_HORIZON_S`: their ratio is the commit rate."""
 
     @property
     def max_batch(self) -> int:
         """The most events one commit takes."""
         return self._max_batch
+
+    @property
+    def backlog(self) -> int:
+        """Events appended and not committed yet (queued, and in the commit in flight)."""
+        return self._queued_events + self._inflight_events
+
+    @property
+    def commit_rate(self) -> float | None:
+        """Events committed per second while the writer was kept busy (from one commit to
+        the next with appends waiting), over the last second or so of that (None before the
+        first commit): what the log takes when it is kept busy."""
+        if self._rate_seconds <= 0:
+            return None
+        return self._rate_events / self._rate_seconds
+
+    def _measure(self, events: int, seconds: float) -> None:
+        decay = math.exp(-seconds / RATE_HORIZON_S)
+        self._rate_events = self._rate_events * decay + events
+        self._rate_seconds = self._rate_seconds * decay + seconds
 
     # ----------------------------------------------------------------- adapter hooks
 
@@ -513,9 +541,11 @@ class GroupCommitStore(ABC):
 
     async def _run_writer(self) -> None:
         queue = self._queue
+        busy_since: float | None = None
         try:
             while True:
                 if not queue:
+                    busy_since = None
                     if self._state is not _State.OPEN:
                         return
                     self._wakeup.clear()
@@ -524,9 +554,17 @@ class GroupCommitStore(ABC):
                 batch = self._take_batch()
                 if batch:
                     self._inflight = batch
+                    self._inflight_events = sum(len(p.events) for p in batch)
+                    # Kept busy since the last commit ended: the time between counts too
+                    # (under load that is where the loop makes the next batch).
+                    started = busy_since if busy_since is not None else time.perf_counter()
                     async with self._write_lock:
                         await self._commit(batch)
+                    ended = time.perf_counter()
+                    self._measure(self._inflight_events, ended - started)
+                    busy_since = ended if queue else None
                     self._inflight = []
+                    self._inflight_events = 0
         finally:
             for pending in self._inflight:
                 if not pending.future.done():
@@ -536,6 +574,7 @@ class GroupCommitStore(ABC):
                         )
                     )
             self._inflight = []
+            self._inflight_events = 0
             self._queued_events = 0
             self._urgent = 0
             while queue:

@@ -246,6 +246,9 @@ async def client_round(gw: Gateway, ws: ClientConnection, http: httpx.AsyncClien
     body = request("desk")
     began = time.monotonic()
     ack = await answer(ws, {"type": "submit", "id": body["requestId"], "request": body})
+    while ack["type"] == "busy":  # a request (not a control) may be told to come back
+        await asyncio.sleep(ack["retryAfterMs"] / 1000)  # as the protocol says, then again
+        ack = await answer(ws, {"type": "submit", "id": body["requestId"], "request": body})
     submitted = time.monotonic() - began
     assert ack["type"] == "ack", ack
     gw.acked.add(ack["requestId"])
