@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import Final, Protocol, Self
+from typing import ClassVar, Final, Protocol, Self
 
 from .port import (
     Append,
@@ -213,6 +213,11 @@ class GroupCommitStore(ABC):
 
     Subclasses provide storage; see the module docstring for how a batch is written.
     """
+
+    _shares_log: ClassVar[bool] = False
+    """Whether other processes may write the same log. Such a store (PostgreSQL) never trusts
+    its caches: every write reads the last position and its streams' versions again inside
+    its transaction, which the adapter serialises with the other writers by a lock."""
 
     def __init__(
         self,
@@ -425,13 +430,14 @@ class GroupCommitStore(ABC):
             raise WriteFailed(what, self._describe(exc)) from exc
 
     async def _resync(self, txn: WriteTransaction) -> None:
-        """After a failed write, read the last position again and forget the versions.
+        """After a failed write, read the last position again and forget the versions (a
+        store that `_shares_log` does so before every write).
 
         A commit reported as failed may have reached the file all the same (an I/O error
         after the write, say); planning the next batch on the old caches would then collide
         with it on every attempt, for ever.
         """
-        if self._stale:
+        if self._stale or self._shares_log:
             self._position = await txn.last_position()
             self._versions.clear()
             self._stale = False
