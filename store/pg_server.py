@@ -15,6 +15,7 @@ import contextlib
 import glob
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
@@ -131,7 +132,8 @@ def _initdb(bin_dir: Path, directory: Path, user: str | None, durable: bool) -> 
 def start(directory: str | os.PathLike[str], port: int | None = None, *,
           durable: bool = True) -> PostgresServer:
     """Start a server in ``directory`` (made with ``initdb`` if it holds none) on ``port``
-    (default: a free one) and wait until it accepts connections.
+    (default: a free one) and wait until it accepts connections; if it runs already, that
+    server (on the port it runs on).
 
     ``durable=False`` makes a new cluster with ``fsync = off``: fast, for tests only. The
     server keeps running after this process exits; `stop` stops it.
@@ -145,8 +147,17 @@ def start(directory: str | os.PathLike[str], port: int | None = None, *,
         info = pwd.getpwnam(user)
         for path in (root, root / "sockets"):
             os.chown(path, info.pw_uid, info.pw_gid)
+        try:
+            _run(user, ["test", "-w", root])
+        except PostgresUnavailable:
+            raise PostgresUnavailable(
+                f"{root} is out of reach of the user {user} the server runs as (a folder "
+                "above it is not searchable by others): choose a directory under /tmp, say"
+            ) from None
     if not (root / "data" / "PG_VERSION").exists():
         _initdb(bin_dir, root, user, durable)
+    elif (root / "port").exists() and _running(bin_dir, root, user):
+        return PostgresServer(root, int((root / "port").read_text()))
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         chosen = port if port is not None else _free_port()
@@ -164,6 +175,14 @@ def start(directory: str | os.PathLike[str], port: int | None = None, *,
     raise AssertionError("unreachable")
 
 
+def _running(bin_dir: Path, root: Path, user: str | None) -> bool:
+    try:
+        _run(user, [bin_dir / "pg_ctl", "-D", root / "data", "status"])
+    except PostgresUnavailable:
+        return False
+    return True
+
+
 def stop(directory: str | os.PathLike[str], *, immediate: bool = False) -> None:
     """Stop the server running in ``directory`` (nothing if none runs there)."""
     bin_dir = _binaries()
@@ -176,8 +195,12 @@ def stop(directory: str | os.PathLike[str], *, immediate: bool = False) -> None:
 
 @contextlib.contextmanager
 def throwaway(*, durable: bool = False) -> Iterator[PostgresServer]:
-    """A new server in a temporary directory, stopped and deleted afterwards."""
+    """A new server in a temporary directory, stopped and deleted afterwards.
+
+    Should this process be killed before it can clean up, a watchdog process does it.
+    """
     directory = Path(tempfile.mkdtemp(prefix="gateway-pg-"))
+    watchdog = _watchdog(directory)
     try:
         server = start(directory, durable=durable)
         try:
@@ -186,6 +209,24 @@ def throwaway(*, durable: bool = False) -> Iterator[PostgresServer]:
             stop(directory, immediate=True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        watchdog.kill()
+        watchdog.wait()
+
+
+def _watchdog(directory: Path) -> subprocess.Popen[bytes]:
+    """A process that stops the server in ``directory`` and deletes it once this process
+    is gone (checked every second)."""
+    user = _server_user()
+    stop_command = [os.fspath(_binaries() / "pg_ctl"), "-D", os.fspath(directory / "data"),
+                    "-m", "immediate", "-w", "stop"]
+    if user is not None:
+        stop_command = ["runuser", "-u", user, "--", *stop_command]
+    script = (f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+              f"{shlex.join(stop_command)} >/dev/null 2>&1; "
+              f"rm -rf {shlex.quote(os.fspath(directory))}")
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _quote(name: str) -> str:
@@ -201,6 +242,18 @@ async def create_database(server_url: str, name: str, template: str | None = Non
     conn = await asyncpg.connect(server_url)
     try:
         await conn.execute(sql)
+    finally:
+        await conn.close()
+    return server_url.rsplit("/", 1)[0] + "/" + name
+
+
+async def ensure_database(server_url: str, name: str) -> str:
+    """Create database ``name`` on the server of ``server_url`` unless it exists; its URL."""
+    conn = await asyncpg.connect(server_url)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f"CREATE DATABASE {_quote(name)}")
     finally:
         await conn.close()
     return server_url.rsplit("/", 1)[0] + "/" + name

@@ -24,14 +24,19 @@ _numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[pg_server.PostgresServer]:
-    """A PostgreSQL server in a temporary directory (fsync off), for the whole session."""
+def postgres_binaries() -> None:
+    """Skips the test where PostgreSQL is not installed (fails it if it is required)."""
     if pg_server.find_binaries() is None:
         message = ("PostgreSQL is not installed (/usr/lib/postgresql/*/bin): "
                    "apt-get install postgresql; .ci/run does")
         if os.environ.get("POSTGRES_TESTS_REQUIRED"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_binaries: None) -> Iterator[pg_server.PostgresServer]:
+    """A PostgreSQL server in a temporary directory (fsync off), for the whole session."""
     with pg_server.throwaway() as server:
 
         async def prepare() -> None:
