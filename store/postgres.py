@@ -56,6 +56,9 @@ POSITION_LOCK: Final = 0x6761_7465_7761_7970
 """Advisory lock key every write transaction holds to its commit (``pg_advisory_xact_lock``)."""
 CHANNEL: Final = "gateway_events"
 """The LISTEN/NOTIFY channel; a notification's payload is the last position committed."""
+IDLE_IN_TRANSACTION_MS: Final = 60_000
+"""A write transaction idle this long (its process hung or vanished) is ended by the server,
+which releases the position lock."""
 READ_POOL: Final = 4
 """Most connections a store reads on at once."""
 RECONNECT_S: Final = (0.1, 5.0)
@@ -224,8 +227,12 @@ class PostgresEventStore(GroupCommitStore):
             await pool.close()
 
     async def _connect_writer(self) -> asyncpg.Connection[Any]:
-        conn = await asyncpg.connect(
-            self._dsn, server_settings={"lock_timeout": str(self._lock_timeout_ms)})
+        conn = await asyncpg.connect(self._dsn, server_settings={
+            "lock_timeout": str(self._lock_timeout_ms),
+            # A writer whose process stopped mid-transaction without its connection closing
+            # (a host gone from the network) must not hold the position lock for ever.
+            "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+        })
         self._writer_conn = conn
         self._writer_pid = conn.get_server_pid()
         return conn
