@@ -91,8 +91,10 @@ _READ_STREAM: Final = _sql(
 _FIND: Final = _sql(
     select(*_COLUMNS).where(events.c.event_id == any_(bindparam("ids", type_=ARRAY(String)))),
     "ids")
-# One index probe per stream (a GROUP BY over the streams would read all their entries).
-_VERSIONS: Final = (
+# The last position (in the row whose stream is NULL) and one index probe per stream (a GROUP
+# BY over the streams would read all their entries): one round trip for both.
+_HEAD: Final = (
+    "SELECT NULL, max(position) FROM events UNION ALL "
     "SELECT s.stream, (SELECT max(e.version) FROM events e WHERE e.stream = s.stream) "
     "FROM unnest($1::varchar[]) AS s(stream)")
 _STREAM_VERSIONS: Final = _sql(
@@ -454,27 +456,40 @@ class PostgresEventStore(GroupCommitStore):
 
 
 class _PostgresTransaction:
-    """The writer's side of one PostgreSQL transaction (the position lock already held)."""
+    """The writer's side of one PostgreSQL transaction (the position lock already held).
 
-    __slots__ = ("_conn", "last")
+    `load_versions` reads the last position in the same round trip; `last_position` answers
+    from it until this transaction inserts (with the lock held, nobody else can change it).
+    """
+
+    __slots__ = ("_conn", "_position", "last")
 
     def __init__(self, conn: asyncpg.Connection[Any]) -> None:
         self._conn = conn
+        self._position: int | None = None
         self.last: int | None = None
         """The last position inserted, if rows were: the commit notifies it."""
 
     async def last_position(self) -> int:
-        return int(await self._conn.fetchval(_MAX_POSITION) or 0)
+        if self._position is None:
+            self._position = int(await self._conn.fetchval(_MAX_POSITION) or 0)
+        return self._position
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
-        rows = await self._conn.fetch(_VERSIONS, list(streams))
-        return {stream: int(version) for stream, version in rows if version is not None}
+        found: dict[str, int] = {}
+        for stream, value in await self._conn.fetch(_HEAD, list(streams)):
+            if stream is None:
+                self._position = int(value or 0)
+            elif value is not None:
+                found[stream] = int(value)
+        return found
 
     async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
         rows = await self._conn.fetch(_FIND, list(event_ids))
         return {row[3]: RecordedEvent(*row) for row in rows}
 
     async def insert(self, rows: Sequence[RecordedEvent]) -> None:
+        self._position = None
         try:
             await self._conn.executemany(_INSERT, rows)
         except asyncpg.UniqueViolationError as exc:

@@ -32,7 +32,7 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import ClassVar, Final, Protocol, Self
 
@@ -216,7 +216,7 @@ class GroupCommitStore(ABC):
 
     _shares_log: ClassVar[bool] = False
     """Whether other processes may write the same log. Such a store (PostgreSQL) never trusts
-    its caches: every write reads the last position and its streams' versions again inside
+    its caches: every write reads its streams' versions and the last position again inside
     its transaction, which the adapter serialises with the other writers by a lock."""
 
     def __init__(
@@ -429,15 +429,21 @@ class GroupCommitStore(ABC):
             self._stale = True
             raise WriteFailed(what, self._describe(exc)) from exc
 
-    async def _resync(self, txn: WriteTransaction) -> None:
-        """After a failed write, read the last position again and forget the versions (a
-        store that `_shares_log` does so before every write).
+    async def _resync(self, txn: WriteTransaction, streams: Iterable[str]) -> None:
+        """After a failed write, read the last position again and forget the versions.
 
         A commit reported as failed may have reached the file all the same (an I/O error
         after the write, say); planning the next batch on the old caches would then collide
-        with it on every attempt, for ever.
+        with it on every attempt, for ever. A store that `_shares_log` reads the versions of
+        the write's ``streams`` and the last position before every write.
         """
-        if self._stale or self._shares_log:
+        if self._shares_log:
+            wanted = list(dict.fromkeys(streams))
+            loaded = await txn.load_versions(wanted) if wanted else {}
+            self._position = await txn.last_position()
+            self._versions = {stream: loaded.get(stream, 0) for stream in wanted}
+            self._stale = False
+        elif self._stale:
             self._position = await txn.last_position()
             self._versions.clear()
             self._stale = False
@@ -459,9 +465,9 @@ class GroupCommitStore(ABC):
         async with self._write_lock:
             self._check_open()
             async with self._writing("the import") as txn:
-                await self._resync(txn)
-                position = self._position
                 streams = sorted({r.stream for r in rows})
+                await self._resync(txn, streams)
+                position = self._position
                 missing = [s for s in streams if s not in self._versions]
                 loaded = await txn.load_versions(missing) if missing else {}
                 versions = {s: self._versions.get(s, loaded.get(s, 0)) for s in streams}
@@ -632,7 +638,7 @@ class GroupCommitStore(ABC):
     async def _plan(
         self, txn: WriteTransaction, batch: list[_Pending], *, lookup_all: bool
     ) -> _Plan:
-        await self._resync(txn)
+        await self._resync(txn, (p.append.stream for p in batch))
         cache = self._versions
         missing = list(
             dict.fromkeys(p.append.stream for p in batch if p.append.stream not in cache)
