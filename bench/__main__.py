@@ -26,6 +26,7 @@ from bench import (
     ws_ingest,
 )
 from bench.common import Figure, machine, table
+from store import pg_server
 
 
 def crash_figures(kills: int) -> list[Figure]:
@@ -88,7 +89,8 @@ def main() -> None:
          lambda: gate.measure(minutes=minutes)),
         ("The event store on PostgreSQL vs SQLite; 1, 2 and 4 writer processes on one log",
          f"bench.pg_throughput --appends {requests // 10}",
-         lambda: pg_throughput.measure(appends=requests // 10)),
+         lambda: pg_throughput.measure(appends=requests // 10)
+         if pg_server.find_binaries() else []),  # PostgreSQL not installed: no figures
         ("Crash safety: kill -9 under load, restarted on the same log",
          f"bench.crash --kills {kills}",
          lambda: crash_figures(kills)),
