@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, inspect
@@ -29,7 +30,7 @@ from store import (
 )
 from store import postgres as postgres_module
 from store.engine import create_engine, database_url
-from store.migration import HEAD
+from store.migration import HEAD, alembic_config
 from store.schema import metadata
 from store.writer import DEFAULT_FOLLOWER_BUFFER, DEFAULT_MAX_BATCH
 
@@ -159,6 +160,28 @@ async def test_migrations_make_the_schema_of_the_metadata(
             await engine.dispose()
     finally:
         await pg_server.drop_database(postgres_server.url, "bare_for_migrations")
+
+
+async def test_alembic_env_builds_its_own_engine_for_postgresql(
+    postgres_server: pg_server.PostgresServer,
+) -> None:
+    """What the alembic CLI does: no connection handed over, only ``sqlalchemy.url``."""
+    url = await pg_server.create_database(postgres_server.url, "bare_for_alembic")
+    try:
+        await asyncio.to_thread(command.upgrade, alembic_config(url), "head")
+        assert [tuple(r) for r in await _sql(url, "SELECT version_num FROM alembic_version")] \
+            == [(HEAD,)]
+        await asyncio.to_thread(command.downgrade, alembic_config(url), "base")
+        assert await _sql(url, "SELECT 1 FROM pg_tables WHERE tablename = 'events'") == []
+    finally:
+        await pg_server.drop_database(postgres_server.url, "bare_for_alembic")
+
+
+def test_alembic_offline_sql_for_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
+    command.upgrade(alembic_config("postgresql://nobody@127.0.0.1:1/none"), "head", sql=True)
+    out = capsys.readouterr().out
+    assert "CREATE TABLE events" in out
+    assert "position BIGINT NOT NULL" in out
 
 
 async def test_processes_starting_together_migrate_one_after_the_other(
