@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import secrets
+import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -53,6 +54,7 @@ from gateway.protocol import (
     CLIENT_FRAME,
     CLIENT_TYPES,
     EVENTS_PER_FRAME,
+    MAX_BATCH,
     AckFrame,
     AcksFrame,
     Auth,
@@ -68,6 +70,7 @@ from gateway.protocol import (
     SubmitMany,
     Subscribe,
     Unsubscribe,
+    load_json,
 )
 from gateway.snapshots import state_after
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
@@ -75,7 +78,7 @@ from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
 from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
 from lanes.replay import is_agent_stream
-from lanes.requests import ControlAction, FieldError, WireModel
+from lanes.requests import MAX_INT, ControlAction, FieldError, WireModel
 from lanes.state import AgentState
 from store.port import RecordedEvent, StoreError
 
@@ -114,6 +117,8 @@ CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""
 MAX_CAUSE_DECISIONS = 1_000
 """Decisions of one input returned with it (a queue clear may make many)."""
+SUMMARIES_PER_STEP = 200
+"""Agent summaries a snapshot builds before it lets other work run."""
 
 
 @dataclass
@@ -144,6 +149,10 @@ class Service:
     on_market: Callable[[MarketEvent], None] | None = None
     """Also told of every market event (the paper broker's prices)."""
     allowed_origins: frozenset[str] = frozenset()
+    """Browser origins let in besides the gateway's own (`server.allowed_origins`)."""
+    own_origins: frozenset[str] = frozenset()
+    """The origins the gateway is served at, set when it binds (`own_origins`): never taken
+    from a request's ``Host`` header, which a DNS-rebinding page controls."""
     max_frame_bytes: int = 1 << 20
     busy_backlog: int = 20_000
     """Appends waiting for their commit beyond which new work is answered ``busy``."""
@@ -165,6 +174,11 @@ class Service:
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes (enforced by `gateway.server`)."""
     connections: Connections = field(default_factory=lambda: Connections())
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        """Whether a browser ``Origin`` may send WebSocket frames and mutating requests (no
+        ``Origin``: not a browser, or the same page's GET)."""
+        return not origin or origin in self.allowed_origins or origin in self.own_origins
 
     def check_capacity(self) -> None:
         """Refuse new work while the writer is saturated (flow control, never unbounded)."""
@@ -207,9 +221,9 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
 # --------------------------------------------------------------------------------- HTTP
 
 
-def error_response(error: Exception) -> JSONResponse:
+def error_response(error: Exception, request_id: str | None = None) -> JSONResponse:
     """The one place a failure becomes an HTTP answer; no internals leak."""
-    frame = error_frame(error)
+    frame = error_frame(error, request_id=request_id)
     response = JSONResponse(frame.model_dump(mode="json", exclude_none=True),
                             status_code=HTTP_STATUS.get(frame.code, 500))
     if isinstance(error, Busy):
@@ -248,7 +262,7 @@ class ControlBody(WireModel):
     """Body of ``POST /api/agents/{id}/control``."""
 
     action: ControlAction
-    order_id: str | None = None
+    order_id: str | None = Field(default=None, min_length=1, max_length=128)
     request_id: str | None = Field(default=None, min_length=1, max_length=128)
     reason: str | None = Field(default=None, max_length=500)
 
@@ -281,9 +295,9 @@ class _Api:
 
     def _principal(self, request: Request) -> Principal:
         origin = request.headers.get("origin")
-        if request.method != "GET" and origin and origin not in self.service.allowed_origins \
-                and not _same_origin(origin, request.headers.get("host")):
-            raise Forbidden(f"origin {origin!r} is not allowed")
+        if request.method != "GET" and not self.service.origin_allowed(origin):
+            raise Forbidden(f"origin {origin!r} is not allowed; list it in "
+                            "server.allowed_origins")
         return self.service.tokens.from_header(request.headers.get("authorization"))
 
     def _agent_id(self, request: Request) -> str:
@@ -301,10 +315,7 @@ class _Api:
             raise BadFrame("invalid", "the body ended before its Content-Length") from None
         if len(raw) > self.service.max_frame_bytes:
             raise BadFrame("too_large", f"body over {self.service.max_frame_bytes} bytes")
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as error:  # too deeply nested: not a crash
-            raise BadFrame("malformed_json", f"body is not JSON: {error}") from None
+        data = load_json(raw, "the body")
         try:
             return model.model_validate(data)
         except ValidationError as error:
@@ -377,9 +388,12 @@ class _Api:
             raise BadFrame("invalid", f"agentId {body.agent_id!r} does not match the path",
                            field="agentId")
         principal.check_submit(body)
-        if body.action is None:  # the control lane is never refused as busy
-            self.service.check_capacity()
-        return _json(ack_frame(await self.engine.submit(body, principal.name)))
+        try:
+            if body.action is None:  # the control lane is never refused as busy
+                self.service.check_capacity()
+            return _json(ack_frame(await self.engine.submit(body, principal.name)))
+        except GatewayError as error:
+            return error_response(error, body.request_id)
 
     @_guarded
     async def control(self, request: Request) -> Response:
@@ -393,12 +407,16 @@ class _Api:
             payload["orderId"] = body.order_id
         if body.reason is not None:
             payload["reason"] = body.reason
+        request_id = body.request_id or f"ctl_{secrets.token_hex(8)}"
         agent_request = parse_request({
-            "requestId": body.request_id or f"ctl_{secrets.token_hex(8)}",
-            "createdAt": datetime.now(UTC), "agentId": agent_id, "kind": "user_control",
-            "priority": "high", "source": f"http:{principal.name}", "payload": payload,
+            "requestId": request_id, "createdAt": datetime.now(UTC), "agentId": agent_id,
+            "kind": "user_control", "priority": "high", "source": f"http:{principal.name}",
+            "payload": payload,
         })
-        return _json(ack_frame(await self.engine.submit(agent_request, principal.name)))
+        try:
+            return _json(ack_frame(await self.engine.submit(agent_request, principal.name)))
+        except GatewayError as error:  # with the id it was given: a retry is idempotent
+            return error_response(error, request_id)
 
     async def _operate(self, request: Request, action: OperatorAction,
                        run_id: str | None = None) -> Response:
@@ -452,13 +470,8 @@ class _Api:
         principal = self._principal(request)
         principal.check_read()
         query = request.query_params
-        try:
-            after = int(query.get("after", "0"))
-            limit = min(max(int(query.get("limit", "100")), 1), 1000)
-        except ValueError:
-            raise BadFrame("invalid", "after and limit must be integers") from None
-        if after < 0:
-            raise BadFrame("invalid", "after must be >= 0", field="after")
+        after = _int_param(query, "after", 0)
+        limit = min(max(_int_param(query, "limit", 100), 1), 1000)
         agent, kind = query.get("agent"), query.get("type")
         if agent is not None:
             principal.check_read(agent)
@@ -486,7 +499,8 @@ class _Api:
         principal = self._principal(request)
         principal.check_read()
         position = int(request.path_params["position"])
-        found = await self.engine.store.read(after=max(0, position - 1), limit=1)
+        found = [] if position > MAX_INT else \
+            await self.engine.store.read(after=max(0, position - 1), limit=1)
         if not found or found[0].position != position or not principal.may_see(found[0].stream):
             raise BadFrame("not_found", f"no event at position {position} that this token "
                            "may see; list events with GET /api/events")
@@ -563,7 +577,8 @@ class _Api:
         around = min(_int_param(query, "around", 10), 200)
         records = await self.engine.store.read_stream(agent_id)
         upto = [r for r in records if r.position <= position]
-        state = await state_after(self.engine.store, agent_id, upto)  # a snapshot if worth it
+        state = await state_after(self.engine.store, agent_id, upto,  # a snapshot if worth it
+                                  reader=self.engine.reader)
         index = len(upto)
         nearby = records[max(0, index - around):index + around]
         return _json({
@@ -771,8 +786,8 @@ def _int_param(query: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:
         raise BadFrame("invalid", f"{name} must be an integer, got {raw[:40]!r}",
                        field=name) from None
-    if value < 0:
-        raise BadFrame("invalid", f"{name} must be >= 0", field=name)
+    if not 0 <= value <= MAX_INT:
+        raise BadFrame("invalid", f"{name} must be between 0 and 2^63-1", field=name)
     return value
 
 
@@ -782,8 +797,22 @@ def _input_types(stream: str) -> frozenset[str]:
     return frozenset(t.__name__ for t in types)
 
 
-def _same_origin(origin: str, host: str | None) -> bool:
-    return host is not None and origin.split("://", 1)[-1] == host
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def own_origins(host: str, port: int) -> frozenset[str]:
+    """The origins of a gateway bound to ``host``:``port``: its own address, every loopback
+    name when it is bound to a loopback or to every interface, and the machine's name when
+    bound to every interface. Other names (a proxy's, a LAN address) go in
+    ``server.allowed_origins``."""
+    shown = f"[{host}]" if ":" in host else host
+    names = {shown}
+    everywhere = host in ("0.0.0.0", "::")
+    if everywhere or shown in LOOPBACK_NAMES or host.startswith("127."):
+        names.update(LOOPBACK_NAMES)
+    if everywhere:
+        names.add(socket.gethostname())
+    return frozenset(f"{scheme}://{name}:{port}" for name in names for scheme in ("http", "https"))
 
 
 # ------------------------------------------------------------------------------ views
@@ -921,9 +950,7 @@ class Session:
 
     async def run(self) -> None:
         """Serve the connection until it closes."""
-        origin = self.ws.headers.get("origin")
-        if origin and origin not in self.service.allowed_origins and \
-                not _same_origin(origin, self.ws.headers.get("host")):
+        if not self.service.origin_allowed(self.ws.headers.get("origin")):
             await self.ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
             return
         connections = self.service.connections
@@ -998,12 +1025,15 @@ class Session:
                                                  self.service.auth_timeout_s)
                 if message["type"] == "websocket.disconnect":
                     return False
-                frame = self._parse(_text(message))
+                frame = await self._parse(_raw(message))
                 if not isinstance(frame, Auth):
                     raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
                 principal = tokens.authenticate(frame.token)
             if self.endpoint == "feed":
                 principal.check_feed()
+            elif principal.role is Role.FEED:
+                raise Forbidden("a feed token connects to /ws/feed; /ws/control takes viewer, "
+                                "control and admin tokens")
         except (GatewayError, InvalidRequest, TimeoutError, WebSocketDisconnect) as error:
             if isinstance(error, WebSocketDisconnect):
                 return False
@@ -1024,13 +1054,14 @@ class Session:
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect" or self.closing:
                 return  # closing: a slow reader; what it sent after that is not taken
-            raw = _text(message)
+            raw = _raw(message)
             try:
                 limit = self.service.max_frame_bytes
-                if len(raw) > limit or (4 * len(raw) > limit and len(raw.encode()) > limit):
+                if len(raw) > limit or (isinstance(raw, str) and 4 * len(raw) > limit
+                                        and len(raw.encode()) > limit):
                     raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
                                    "bytes; split it")
-                frame = self._parse(raw)
+                frame = await self._parse(raw)
             except (BadFrame, InvalidRequest) as error:
                 self.bad_frames += 1
                 await self._send(error_frame(error, id=_guess_id(raw)))
@@ -1054,17 +1085,19 @@ class Session:
         self.inflight_bytes -= size
         self.drained.set()
 
-    def _parse(self, raw: str) -> Any:
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as error:  # too deeply nested: not a crash
-            raise BadFrame("malformed_json", f"not JSON: {error}") from None
+    async def _parse(self, raw: str | bytes) -> Any:
+        data = load_json(raw)
         if not isinstance(data, dict):
             raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
         kind = data.get("type")
         if kind not in CLIENT_TYPES:
             raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
                            f"{', '.join(CLIENT_TYPES)}", field="type")
+        batch = BATCHES.get(kind)
+        items = data.get(batch[0]) if batch is not None else None
+        if batch is not None and isinstance(items, list) and \
+                VALIDATE_STEP < len(items) <= MAX_BATCH:
+            data = {**data, batch[0]: await _validate_items(batch[0], batch[1], items)}
         try:
             return CLIENT_FRAME.validate_python(data)
         except ValidationError as error:
@@ -1191,8 +1224,15 @@ class Session:
         principal = self.principal
         assert principal is not None
         principal.check_read()
-        wanted = frame.agents if frame.agents is not None else [
-            a for a in self.engine.agent_ids if principal.may_see(a)]
+        known = self.engine.agent_ids
+        if frame.agents is None:
+            wanted = [a for a in known if principal.may_see(a)]
+        else:
+            wanted = list(dict.fromkeys(frame.agents))  # each once, in the order given
+            if len(wanted) > len(known):
+                raise BadFrame("invalid", f"agents lists {len(wanted)} different ids and this "
+                               f"gateway has {len(known)} agents; leave agents out to follow "
+                               "every agent in scope", field="agents")
         for agent_id in wanted:
             principal.check_read(agent_id)
             self.engine.state(agent_id)
@@ -1208,9 +1248,13 @@ class Session:
         position = await self.engine.store.last_position()
         now = self.engine.clock.now_ms()
         gates = self.engine.gates if frame.providers else {}
-        await self._send(Snapshot(id=frame.id, position=position,
-                                  agents=[agent_summary(self.engine.state(a), now)
-                                          for a in wanted],
+        summaries: list[dict[str, Any]] = []
+        for start in range(0, len(wanted), SUMMARIES_PER_STEP):
+            if start:  # a big desk's snapshot does not hold the loop (stops come first)
+                await asyncio.sleep(0)
+            summaries += [agent_summary(self.engine.state(a), now)
+                          for a in wanted[start:start + SUMMARIES_PER_STEP]]
+        await self._send(Snapshot(id=frame.id, position=position, agents=summaries,
                                   providers=[provider_summary(n, g, now)
                                              for n, g in sorted(gates.items())]))
         agents = set(wanted) | {gate.stream for gate in gates.values()}
@@ -1235,6 +1279,36 @@ class Session:
                         "again with 'after' set to the last position you received"))
 
 
+VALIDATE_STEP = 100
+"""Items of a batch frame validated before other work may run (about 1 ms of the loop)."""
+BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
+    "submit_many": ("requests", TypeAdapter(AgentRequest)),
+    "market": ("events", TypeAdapter(MarketEvent)),
+}
+"""The list member of each batch frame and the model of its items."""
+
+
+async def _validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any]) -> list[Any]:
+    """The items of a batch frame validated `VALIDATE_STEP` at a time, letting other work run
+    in between; `InvalidRequest` naming each bad field (``requests.3.kind``) as the frame's
+    own validation would."""
+    checked: list[Any] = []
+    errors: list[FieldError] = []
+    for start in range(0, len(items), VALIDATE_STEP):
+        if start:
+            await asyncio.sleep(0)
+        for index in range(start, min(start + VALIDATE_STEP, len(items))):
+            try:
+                checked.append(adapter.validate_python(items[index]))
+            except ValidationError as error:
+                errors += [FieldError(f"{name}.{index}" if e.field == "(request)"
+                                      else f"{name}.{index}.{e.field}", e.message)
+                           for e in InvalidRequest.from_validation_error(error).errors]
+    if errors:
+        raise InvalidRequest(errors)
+    return checked
+
+
 def _subprotocol_token(offered: str) -> str:
     """The token in a ``bearer.<base64url>`` subprotocol (`Unauthorized` if it is not one)."""
     encoded = offered[len(TOKEN_SUBPROTOCOL):]
@@ -1245,19 +1319,22 @@ def _subprotocol_token(offered: str) -> str:
                            "base64url (RFC 4648 section 5)") from None
 
 
-def _text(message: Any) -> str:
-    """The text of a WebSocket message (binary frames are read as UTF-8)."""
+def _raw(message: Any) -> str | bytes:
+    """The data of a WebSocket message: text, or the bytes of a binary frame (read as
+    UTF-8 by `load_json`, which refuses anything else)."""
     text = message.get("text")
-    if text is None:
-        text = (message.get("bytes") or b"").decode("utf-8", errors="replace")
-    return str(text)
+    if text is not None:
+        return str(text)
+    return bytes(message.get("bytes") or b"")
 
 
-def _guess_id(raw: str) -> str | None:
+def _guess_id(raw: str | bytes) -> str | None:
     """The client's frame id, if the frame is JSON enough to have one."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-        value = json.loads(raw).get("id")
-        return value if isinstance(value, str) and len(value) <= 128 else None
+    with contextlib.suppress(BadFrame):
+        value = load_json(raw)
+        if isinstance(value, dict):
+            found = value.get("id")
+            return found if isinstance(found, str) and len(found) <= 128 else None
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 def _debug(args: argparse.Namespace) -> int:
     """The replay debugger's commands (`gateway.debugger`); bad input exits 2."""
     from gateway import debugger
+    from gateway.quarantine import UnreadableEvent
 
     try:
         if args.command == "replay":
@@ -30,8 +32,11 @@ def _debug(args: argparse.Namespace) -> int:
             return debugger.whatif_command(args.db, args.config, print)
         if args.command == "export":
             return _export(args)
+        if args.command == "quarantine":
+            return asyncio.run(debugger.quarantine_command(args.db, args.position,
+                                                           args.reason, print))
         return _import(args)
-    except debugger.DebugError as error:
+    except (debugger.DebugError, UnreadableEvent) as error:
         print(f"gateway {args.command}: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (| head): stop quietly
@@ -70,7 +75,9 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.clock import SystemClock
     from gateway.config import ConfigError, demo_config, load_config
     from gateway.feed import SyntheticFeed
+    from gateway.quarantine import UnreadableEvent
     from gateway.server import Running, build_service, feed_market, serve_forever
+    from store import LogInUse
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -96,14 +103,40 @@ def _serve(args: argparse.Namespace) -> int:
         return feed_market(service, SyntheticFeed(volatility=3.0), clock)
 
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(service, host, port, ready,
-                                  feed if args.command == "demo" else None))
+    _end_with_launcher()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_forever(service, host, port, ready,
+                                      feed if args.command == "demo" else None))
+    except (LogInUse, UnreadableEvent) as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_launcher() -> None:
+    """Under ``uv run`` (Linux), stop gracefully when the uv process ends. uv forwards
+    SIGINT and SIGTERM itself, but a ``kill -9`` of uv cannot be forwarded: the server would
+    go on serving where nobody sees it, holding its log."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm", encoding="utf-8") as comm:
+            if comm.read().strip() != "uv":
+                return
+    except OSError:  # not Linux, or the parent is gone already
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        return
+    if os.getppid() != parent:  # uv died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
-DEBUGGER_COMMANDS = ("replay", "timeline", "verify", "whatif", "export", "import")
+DEBUGGER_COMMANDS = ("replay", "timeline", "verify", "whatif", "export", "import",
+                     "quarantine")
 POINT_HELP = "a log position (integer) or a time (ISO 8601, UTC unless an offset is given)"
 
 
@@ -206,6 +240,13 @@ def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         "import", help="read a JSON Lines export into a log (new, or ending just before it)")
     imp.add_argument("db", type=Path)
     imp.add_argument("file", type=Path, help="the export (- for stdin)")
+    quarantine = commands.add_parser(
+        "quarantine", help="set aside an event that stops the log from starting (recorded "
+                           "as an event; nothing is deleted); with no gateway serving it")
+    quarantine.add_argument("db", type=Path)
+    quarantine.add_argument("--position", type=_positive, required=True,
+                            help="the position a start, replay or verify named")
+    quarantine.add_argument("--reason", default="", help="why, in words (recorded)")
 
 
 def _postgres_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,9 +11,11 @@ agent, a position past the end of the log, a config that does not validate.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import multiprocessing
 import os
 import tomllib
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -24,11 +26,12 @@ from typing import IO, Any
 from gateway.config import ConfigError, validate_config
 from gateway.describe import describe
 from gateway.progress import Progress, summary
+from gateway.quarantine import LogReader, UnreadableEvent, log_reader, set_aside, stand_ins
 from gateway.runtime import gc_paused
 from gateway.snapshots import load_latest
 from gateway.transfer import BadExport, event_line, header, parse
 from lanes import AgentConfig, AgentState, status
-from lanes.codec import decode
+from lanes.codec import encode
 from lanes.events import (
     AgentCallDispatched,
     AgentCallRejected,
@@ -64,11 +67,24 @@ from lanes.events import (
     TimerElapsed,
     is_input,
 )
+from lanes.evolve import IllegalTransition
+from lanes.evolve import fold as fold_events
 from lanes.gate import decode_gate_event, verify_gate
-from lanes.replay import Divergence, Entry, LogFold, Verifier, first, is_agent_stream, steps
+from lanes.replay import (
+    PROVIDER_PREFIX,
+    QUARANTINE_STREAM,
+    Divergence,
+    Entry,
+    LogFold,
+    Verifier,
+    first,
+    is_agent_stream,
+    steps,
+)
 from lanes.whatif import AgentWhatIf, Tally, whatif
 from store import (
     DuplicateEventError,
+    LogInUse,
     NotAnEventLog,
     RecordedEvent,
     RestoreError,
@@ -175,10 +191,6 @@ async def pages(store: SqliteEventStore, after: int, upto: int) -> AsyncIterator
         ahead.cancel()
 
 
-def entries_of(records: Iterable[RecordedEvent]) -> list[Entry]:
-    """The agents' events of some records, decoded (provider gate streams left out)."""
-    return [Entry(r.position, r.stream, decode(r.type, r.data))
-            for r in records if is_agent_stream(r.stream)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +213,13 @@ class Folded:
 async def fold_until(store: SqliteEventStore, position: int, label: str) -> Folded:
     """The fold of the log up to ``position``: from the newest usable snapshot at or below
     it, then the events after it."""
+    reader = await log_reader(store)
     with gc_paused(), Progress(label, None) as bar:
         loaded = await load_latest(store, upto=position)
         log_fold = loaded.fold
         bar.total = position - log_fold.position
         async for page in pages(store, log_fold.position, position):
-            log_fold.add(entries_of(page))
+            log_fold.add(reader.entries(page))
             bar.advance(len(page))
     log_fold.position = position
     snapshot = None if loaded.snapshot is None else loaded.snapshot.position
@@ -422,9 +435,10 @@ async def timeline_command(db: Path, agent: str, start: Point | None, end: Point
         if not records:
             agents = sorted(s for s in await store.stream_versions() if is_agent_stream(s))
             raise DebugError(f"no agent {agent!r} in {db} (agents: {', '.join(agents) or 'none'})")
+        reader = await log_reader(store)
     finally:
         await store.close()
-    entries = entries_of(records)
+    entries = reader.entries(records)
     shown = inputs = 0
     out(f"timeline of {agent}, positions {first}..{upto} (times are the inputs', UTC)")
     out(f"{'position':>8}  {'time':<23}  input, then -> each decision")
@@ -556,7 +570,7 @@ async def verify_command(db: Path, out: Out, jobs: int | None = None) -> int:
         jobs = jobs or (os.cpu_count() or 1 if sum(agents.values()) >= PARALLEL_FROM else 1)
         with gc_paused(), Progress("verify", last) as bar:
             if jobs > 1 and len(agents) > 1:
-                for stream in set(versions) - set(agents):
+                for stream in set(versions) - set(agents) - {QUARANTINE_STREAM}:
                     gates[stream] = await store.read_stream(stream)
                     bar.advance(len(gates[stream]))
                 verified = await _verify_in_processes(db, agents, jobs, bar)
@@ -591,18 +605,20 @@ async def _verify_in_order(store: SqliteEventStore, last: int,
                            gates: dict[str, list[RecordedEvent]], bar: Progress) -> Verified:
     """The whole log in position order, stopping at the first divergence."""
     verifier = Verifier()
+    reader = await log_reader(store)
     try:
         async for page in pages(store, 0, last):
             entries = []
             for record in page:
                 if is_agent_stream(record.stream):
-                    entries.append(Entry(record.position, record.stream, _decode(record)))
-                else:
+                    entries.append(Entry(record.position, record.stream,
+                                         reader.decode(record)))
+                elif record.stream.startswith(PROVIDER_PREFIX):
                     gates.setdefault(record.stream, []).append(record)
             bar.advance(len(page))
             if verifier.feed(entries) is not None:
                 break
-    except _Unreadable as error:
+    except UnreadableEvent as error:
         return Verified(verifier.events, verifier.inputs, None, str(error))
     return Verified(verifier.events, verifier.inputs, verifier.finish())
 
@@ -642,31 +658,19 @@ async def _verify_streams(db: Path, streams: list[str]) -> Verified:
     events = inputs = 0
     found: list[Divergence | None] = []
     try:
+        reader = await log_reader(store)
         with gc_paused():
             for stream in streams:
                 verifier = Verifier()
-                verifier.feed(Entry(r.position, r.stream, _decode(r))
-                              for r in await store.read_stream(stream))
+                verifier.feed(reader.entries(await store.read_stream(stream)))
                 found.append(verifier.finish())
                 events += verifier.events
                 inputs += verifier.inputs
-    except _Unreadable as error:
+    except UnreadableEvent as error:
         return Verified(events, inputs, None, str(error))
     finally:
         await store.close()
     return Verified(events, inputs, first(found))
-
-
-class _Unreadable(Exception):
-    """An event of the log this code cannot decode."""
-
-
-def _decode(record: RecordedEvent) -> Event:
-    try:
-        return decode(record.type, record.data)
-    except ValueError as error:
-        raise _Unreadable(f"the event at position {record.position} ({record.stream}) cannot "
-                          f"be read: {error}") from None
 
 
 def divergence_report(divergence: Divergence) -> list[str]:
@@ -719,7 +723,7 @@ def whatif_command(db: Path, config_path: Path, out: Out) -> int:
     dedupes, suppressions and waits change."""
     configs = whatif_configs(config_path)
 
-    async def read() -> list[RecordedEvent]:
+    async def read() -> tuple[list[RecordedEvent], LogReader]:
         store = await open_log(db)
         try:
             last = await store.last_position()
@@ -728,13 +732,13 @@ def whatif_command(db: Path, config_path: Path, out: Out) -> int:
                 async for page in pages(store, 0, last):
                     records += page
                     bar.advance(len(page))
-            return records
+            return records, await log_reader(store)
         finally:
             await store.close()
 
     with gc_paused():
-        records = asyncio.run(read())
-        entries = entries_of(records)
+        records, reader = asyncio.run(read())
+        entries = reader.entries(records)
         del records
         with Progress("what-if", len(entries)) as bar:
             report = whatif(entries, configs, bar.advance)
@@ -833,6 +837,68 @@ def read_export(source: Iterable[str]) -> list[RecordedEvent]:
         raise DebugError(f"not imported: {error}") from None
 
 
+# ---------------------------------------------------------------------------- quarantine
+
+
+async def quarantine_command(db: Path, position: int, reason: str, out: Out) -> int:
+    """Set aside the event at ``position`` of an agent stream (`gateway.quarantine`), so the
+    log starts, replays and verifies again; refused while a gateway serves the log."""
+    try:
+        await check_event_log(db)
+    except NotAnEventLog as error:
+        raise DebugError(str(error)) from None
+    store = SqliteEventStore(db, exclusive=True)
+    try:
+        await store.open()
+    except LogInUse as error:
+        raise DebugError(f"{error}; a log is set aside with no gateway serving it") from None
+    try:
+        found = await store.read(max(0, position - 1), 1) if position >= 1 else []
+        if not found or found[0].position != position:
+            raise DebugError(f"no event at position {position} in {db}")
+        record = found[0]
+        if not is_agent_stream(record.stream):
+            raise DebugError(f"the event at position {position} is in {record.stream!r}: "
+                             "only events of agent streams can be set aside")
+        reader = await log_reader(store)
+        if position in reader.replacements:
+            raise DebugError(f"the event at position {position} is set aside already")
+        readable = True
+        try:
+            reader.decode(record)
+        except UnreadableEvent:
+            readable = False
+        stream = await store.read_stream(record.stream)
+        why = reason or ("it cannot be read by this version" if not readable
+                         else "set aside by an operator")
+        chosen = stand_ins(stream, position, why)
+        who = getpass.getuser()
+        now = int(datetime.now(UTC).timestamp() * 1000)
+        recorded = await set_aside(store, chosen, why, who, now, f"quarantine-{uuid.uuid4()}")
+        after = LogReader({**reader.replacements, **{
+            item.record.position: encode(item.event) for item in chosen}})
+        try:
+            fold_events(AgentState(agent_id=record.stream), [after.decode(r) for r in stream])
+            problem = None
+        except (UnreadableEvent, IllegalTransition) as error:
+            problem = str(error)
+    finally:
+        await store.close()
+    kind = "readable" if readable else "unreadable"
+    out(f"quarantine: set aside the {kind} {record.type} at position {position} of "
+        f"{record.stream!r}, recorded at position {recorded.position} of "
+        f"{QUARANTINE_STREAM!r} by {who}:")
+    for item in chosen:
+        out(f"  {item.record.position:>8}  {item.record.type:<22} -> "
+            f"{type(item.event).__name__}")
+    if problem is not None:
+        out(f"quarantine: the stream still does not fold: {problem}; set that aside too, or "
+            "restore the log from a backup")
+        return 1
+    out(f"quarantine: the stream folds again; 'gateway verify {db}' checks the rest")
+    return 0
+
+
 async def import_command(db: Path, records: Sequence[RecordedEvent], out: Out) -> int:
     """Write checked events into the log at ``db`` (created if missing): it must be empty,
     or end just before them. Every event was checked before (`read_export`), so what can
@@ -846,8 +912,11 @@ async def import_command(db: Path, records: Sequence[RecordedEvent], out: Out) -
             raise DebugError(f"cannot create {db}: no directory {db.parent}")
     except NotAnEventLog as error:
         raise DebugError(str(error)) from None
-    store = SqliteEventStore(db)
-    await store.open()
+    store = SqliteEventStore(db, exclusive=True)  # never under a gateway serving it
+    try:
+        await store.open()
+    except LogInUse as error:
+        raise DebugError(str(error)) from None
     try:
         with Progress("import", len(records)) as bar:
             for start in range(0, len(records), PAGE):

@@ -33,7 +33,7 @@ async def run_demo(db: Path, pace: float = 1.0, out: Callable[[str], None] = pri
                                  trade_probability=0.5)
         for n, agent in enumerate(AGENTS)
     }
-    store = SqliteEventStore(db)
+    store = SqliteEventStore(db, exclusive=True)
     engine = Engine(store, AGENTS, reasoners=reasoners.__getitem__)
     await engine.start()
     out(f"event log: {db} (SQLite, WAL, synchronous=FULL)\n")

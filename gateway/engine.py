@@ -30,17 +30,19 @@ from gateway.errors import (
     StorageFailed,
     Superseded,
     UnknownAgent,
+    Unstorable,
     storage_fault_kind,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
+from gateway.quarantine import PLAIN, LogReader, log_reader
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
 from gateway.snapshots import KEEP, load_latest, seal
 from gateway.tasks import spawn
-from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, Entry, decide, next_due
+from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
-from lanes.codec import decode, encode
+from lanes.codec import Unrepeatable, encode, encode_checked
 from lanes.events import (
     AgentCallDispatched,
     CallUndeliverable,
@@ -72,7 +74,7 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
 )
-from lanes.replay import LogFold, is_agent_stream
+from lanes.replay import LogFold
 from lanes.requests import ControlAction, Kind
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
@@ -102,6 +104,8 @@ REBUILD_BACKOFF_MAX_S = 0.5
 NOT_DECIDED: Final = sys.maxsize
 MAX_HELD: Final = 100
 """Most controls held for one agent (beyond it, new ones are refused as usual)."""
+DECIDE_STEP: Final = 100
+"""Requests of a batch decided before other work may run (about 2 ms of the loop)."""
 FAULT_LOG_INTERVAL_S = 60.0
 """A storage fault that comes back with the same reason within this long is not logged again
 (a nearly full disk takes small commits and refuses big ones: it would flap)."""
@@ -236,6 +240,8 @@ class Engine:
         self._position = 0
         self._anchor = ""
         """The last committed agent event seen: its position and id."""
+        self._reader = PLAIN
+        """Decodes the log, with the events an operator set aside replaced."""
         self._snapshotting: asyncio.Task[None] | None = None
         self.snapshot_loaded: int | None = None
         """The position of the snapshot the start continued from, if any."""
@@ -266,9 +272,16 @@ class Engine:
         """Rebuild every agent from the log, apply the configs, abort runs cut off by a
         restart (their requests go back to the head of the queue), and start timers."""
         await self.store.open()
-        for gate in self.gates.values():
-            await gate.start()
-        log_fold, stale = await self._load()
+        try:
+            self._reader = await log_reader(self.store)
+            for gate in self.gates.values():
+                await gate.start()
+            log_fold, stale = await self._load()
+        except BaseException:
+            for gate in self.gates.values():
+                await gate.stop()
+            await self.store.close()
+            raise
         states = log_fold.states
         if self._snapshot_every is not None and log_fold.position and (
             self._since_snapshot >= self._snapshot_every or stale
@@ -304,8 +317,8 @@ class Engine:
             loaded = await load_latest(self.store)
             log_fold = loaded.fold
             records = await self.store.read(after=log_fold.position)
-            tail = [r for r in records if is_agent_stream(r.stream)]
-            log_fold.add(Entry(r.position, r.stream, decode(r.type, r.data)) for r in tail)
+            tail = self._reader.entries(records)
+            log_fold.add(tail)
         if loaded.snapshot is not None:
             self.snapshot_loaded = loaded.snapshot.position
         self._since_snapshot = len(tail)
@@ -405,6 +418,11 @@ class Engine:
         return len(self._in_flight)
 
     @property
+    def reader(self) -> LogReader:
+        """Decodes this log's events (with those set aside by an operator replaced)."""
+        return self._reader
+
+    @property
     def running(self) -> bool:
         """Whether the engine takes inputs."""
         return self._running
@@ -455,31 +473,16 @@ class Engine:
 
         The requests of one agent share one append (one future, one version check), so a
         batch costs far less than as many `submit` calls. A request that cannot be taken
-        (unknown agent, say) gets its error in its place; the others go on.
+        (unknown agent, say) gets its error in its place; the others go on. Requests are
+        decided `DECIDE_STEP` at a time, letting other work (a stop) run in between: a big
+        batch never holds the loop for long.
         """
         at = self.clock.now_ms()
-        groups: dict[str, _Group] = {}
         placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
-        for request in requests:
-            received = RequestReceived(at=at, request=request, principal=principal)
-            try:
-                agent = self._agent(request.agent_id)
-            except GatewayError as error:
-                placed.append(self._hold(received, error))
-                continue
-            if agent.superseded and request.request_id in agent.superseded:
-                placed.append(Superseded(request))
-                continue
-            base = agent.state.version
-            decisions, events = self._decide(agent, received)
-            group = groups.get(request.agent_id)
-            if group is None:
-                group = groups[request.agent_id] = _Group(agent, base)
-            placed.append((request.request_id, group, len(group.events), decisions))
-            group.events += events
-            group.decisions += decisions
-        for group in groups.values():
-            group.outcome = self._append(group.agent, group.base, group.events, group.decisions)
+        for start in range(0, len(requests), DECIDE_STEP):
+            if start:
+                await asyncio.sleep(0)
+            placed += self._place(requests[start:start + DECIDE_STEP], at, principal)
         answers: list[Ack | GatewayError] = []
         for item in placed:
             if isinstance(item, GatewayError):
@@ -497,6 +500,38 @@ class Engine:
                     group.agent.refused.remove(request_id)  # stored at last
                 answers.append(_ack(request_id, decisions, records[offset:]))
         return answers
+
+    def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None
+               ) -> list[tuple[str, _Group, int, list[Decision]] | GatewayError]:
+        """Decide requests in order and enqueue one append per agent: for each request, its
+        group with its decisions, or the error it gets."""
+        groups: dict[str, _Group] = {}
+        placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
+        for request in requests:
+            received = RequestReceived(at=at, request=request, principal=principal)
+            try:
+                agent = self._agent(request.agent_id)
+            except GatewayError as error:
+                placed.append(self._hold(received, error))
+                continue
+            if agent.superseded and request.request_id in agent.superseded:
+                placed.append(Superseded(request))
+                continue
+            base = agent.state.version
+            try:
+                decisions, events = self._decide(agent, received)
+            except Unstorable as error:  # refused before anything changed: the rest go on
+                placed.append(error)
+                continue
+            group = groups.get(request.agent_id)
+            if group is None:
+                group = groups[request.agent_id] = _Group(agent, base)
+            placed.append((request.request_id, group, len(group.events), decisions))
+            group.events += events
+            group.decisions += decisions
+        for group in groups.values():
+            group.outcome = self._append(group.agent, group.base, group.events, group.decisions)
+        return placed
 
     async def operate(
         self, agent_id: str, action: OperatorAction, principal: str, run_id: str | None = None
@@ -547,6 +582,12 @@ class Engine:
         state = agent.state
         if type(event) is RequestReceived:
             self.requests_received += 1
+        try:  # before anything changes: an input that would not read back is never taken
+            encoded = encode_checked(event)
+        except Unrepeatable as error:
+            what = f"request {event.request.request_id!r}" if type(event) is RequestReceived \
+                else type(event).__name__
+            raise Unstorable(what, str(error), error.field) from None
         try:
             decisions = decide(state, event)
         except Exception:
@@ -557,7 +598,7 @@ class Engine:
         if not decisions:
             return decisions, []
         ids = self._ids
-        events = [NewEvent(ids(), *encode(item)) for item in (event, *decisions)]
+        events = [NewEvent(ids(), *encoded), *[NewEvent(ids(), *encode(d)) for d in decisions]]
         if type(event) is RequestReceived and event.request.action in HELD_ACTIONS:
             agent.held[event.request.request_id] = (event, state.version)
             if agent.refused:  # a stop after a refused resume: that resume must not follow
@@ -701,7 +742,12 @@ class Engine:
             if agent.context is context:
                 agent.run = agent.context = None
         if self._running and not agent.recovering:
-            self._feed(agent, event)
+            try:
+                self._feed(agent, event)
+            except Unstorable as error:  # a result the log could not hold: the run failed
+                log.warning("run %s: %s", run.run_id, error)
+                self._feed(agent, RunErrored(at=event.at, run_id=run.run_id,
+                                             error=_describe(error)))
 
     def _steerable(self, agent: _Agent, run_id: str, steerable: bool) -> None:
         if self._running and not agent.recovering:
@@ -877,7 +923,7 @@ class Engine:
         if self._running:
             await pace_rebuild(agent.failures)
         records = await read_settled(self.store, agent_id, self._in_flight)
-        entries = (Entry(r.position, r.stream, decode(r.type, r.data)) for r in records)
+        entries = self._reader.entries(records)
         agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
         if records and records[-1].position > self._position:
             # A commit reported as failed reached the log all the same: the fold holds it.

@@ -120,6 +120,15 @@ class BadFrame(GatewayError):
         self.field = field
 
 
+class Unstorable(BadFrame):
+    """An input that passed validation but would not read back from the log as it was sent
+    (the last check before anything is stored); nothing was taken."""
+
+    def __init__(self, what: str, detail: str, field: str | None = None) -> None:
+        super().__init__("invalid", f"{what} cannot be stored as sent: {detail}; nothing "
+                         "was taken", field)
+
+
 class UnknownProvider(GatewayError):
     """The request names a provider gate this gateway does not have."""
 
@@ -178,5 +187,6 @@ __all__ = [
     "Unauthorized",
     "UnknownAgent",
     "UnknownProvider",
+    "Unstorable",
     "storage_fault_kind",
 ]

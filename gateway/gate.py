@@ -18,9 +18,11 @@ from typing import Any
 
 from gateway.clock import Clock, Timer
 from gateway.engine import EventIds, pace_rebuild, read_settled
-from gateway.errors import GatewayError, StorageFailed
+from gateway.errors import GatewayError, StorageFailed, Unstorable
 from gateway.tasks import spawn
+from lanes.codec import Unrepeatable
 from lanes.gate import (
+    GATE_CODEC,
     GateState,
     GateStatus,
     decide_gate,
@@ -241,9 +243,14 @@ class ProviderGate:
             return
         state = self._state
         base = state.version
+        try:  # before anything changes: an input that would not read back is never taken
+            encoded = GATE_CODEC.encode_checked(event)
+        except Unrepeatable as error:
+            raise Unstorable(type(event).__name__, str(error), error.field) from None
         decisions = decide_gate(state, event)
         if decisions:
-            events = [NewEvent(self._ids(), *encode_gate_event(e)) for e in (event, *decisions)]
+            events = [NewEvent(self._ids(), *encoded),
+                      *[NewEvent(self._ids(), *encode_gate_event(e)) for e in decisions]]
             future = self.store.append(Append(self.stream, events, base))
             self._in_flight.add(future)
             future.add_done_callback(partial(self._committed, decisions))

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AwareDatetime,
     Field,
     TypeAdapter,
     ValidationError,
@@ -19,7 +18,7 @@ from pydantic import (
     field_validator,
 )
 
-from lanes.requests import FieldError, InvalidRequest, WireModel
+from lanes.requests import FieldError, InvalidRequest, Timestamp, WireModel
 
 Symbol = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^\S+$")]
 """An instrument symbol such as ``BTCUSD``: 1 to 32 characters, no whitespace."""
@@ -41,7 +40,7 @@ class Tick(WireModel):
     symbol: Symbol
     price: Price
     size: Quantity = 0.0
-    at: AwareDatetime
+    at: Timestamp
 
 
 class Candle(WireModel):
@@ -59,7 +58,7 @@ class Candle(WireModel):
     high: Price
     low: Price
     volume: Quantity
-    start: AwareDatetime
+    start: Timestamp
 
     @field_validator("high")
     @classmethod
@@ -92,7 +91,7 @@ class ConnectorStatus(WireModel):
     connector: str = Field(min_length=1, max_length=64)
     status: Literal["up", "degraded", "down"]
     detail: str | None = Field(default=None, max_length=1_024)
-    at: AwareDatetime
+    at: Timestamp
 
 
 MarketEvent = Annotated[Tick | Candle | ConnectorStatus, Field(discriminator="type")]

@@ -8,16 +8,49 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import pydantic_core
 from pydantic import Field, TypeAdapter
 
+from gateway.errors import BadFrame
 from gateway.market import MarketEvent
-from lanes.requests import AgentRequest, WireModel
+from lanes.requests import MAX_INT, AgentRequest, WireModel
 
 PROTOCOL_VERSION = 1
 MAX_BATCH = 1_000
+MAX_SUBSCRIBED = 10_000
+"""The most agent ids one `Subscribe` may list (fewer than the gateway has agents, too)."""
+MAX_JSON_NESTING = 200
+"""The deepest nesting of a frame or body (a request's payload allows less: see
+`lanes.requests.MAX_JSON_DEPTH`)."""
 EVENTS_PER_FRAME = 500
 """The most events in one `EventsFrame` (fewer when they are big: about 256 KiB at most)."""
 ClientId = Annotated[str | None, Field(default=None, max_length=128)]
+
+
+
+def load_json(raw: str | bytes, what: str = "frame") -> Any:
+    """The JSON value of a frame or body, parsed strictly (`BadFrame` ``malformed_json``
+    otherwise): UTF-8 only, no NaN or Infinity, no lone UTF-16 surrogates, at most
+    `MAX_JSON_NESTING` levels. (A number too large for a double comes back as infinity,
+    which every model and payload refuses.)"""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise BadFrame("malformed_json", f"{what} is not UTF-8: byte {error.start} is "
+                           "invalid") from None
+    try:
+        return pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError as error:
+        text = str(error)
+        if "recursion limit" in text:
+            text = f"nested deeper than {MAX_JSON_NESTING} levels"
+        elif "surrogate" in text or "hex escape" in text:
+            text = f"a lone UTF-16 surrogate escape is not text ({text})"
+        elif "expected value" in text and any(w in raw for w in ("NaN", "Infinity")):
+            text = f"NaN and Infinity are not JSON ({text})"
+        raise BadFrame("malformed_json", f"{what} is not JSON: {text}") from None
+
 
 # ------------------------------------------------------------------- client -> server
 
@@ -59,8 +92,9 @@ class Subscribe(WireModel):
     as it commits. With ``after``, events after that position are replayed first (resume)."""
 
     type: Literal["subscribe"]
-    agents: list[str] | None = None
-    after: int | None = Field(default=None, ge=0)
+    agents: list[str] | None = Field(default=None, max_length=MAX_SUBSCRIBED)
+    """Repeats count once; more ids than the gateway has agents are refused."""
+    after: int | None = Field(default=None, ge=0, le=MAX_INT)
     providers: bool = False
     """Also follow every provider gate (its status in the snapshot, its events after);
     needs a token that is not scoped to some agents."""

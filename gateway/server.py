@@ -19,7 +19,7 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
-from gateway.app import Service, create_app
+from gateway.app import Service, create_app, own_origins
 from gateway.auth import Principal, TokenBook
 from gateway.broker import PaperBroker
 from gateway.clock import Clock, SystemClock
@@ -41,7 +41,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     clock = clock or SystemClock()
     store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous,
                              busy_timeout_ms=config.store.busy_timeout_ms,
-                             max_batch=config.store.max_batch)
+                             max_batch=config.store.max_batch, exclusive=True)
     engine: Engine | None = None
 
     async def report(agent_id: str, broker_report: BrokerReport) -> None:
@@ -224,13 +224,14 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                   extra: Callable[[Service], Any] | None = None) -> AsyncIterator[Running]:
     """Serve ``service`` until the block ends (uvicorn, graceful stop on exit).
 
-    ``extra`` is started with the engine and cancelled before it stops (the demo's feed).
+    The engine starts before the block is entered: a log that cannot be served (held by
+    another process, say) raises here. ``extra`` is started with the server and cancelled
+    before the engine stops (the demo's feed).
     """
     extra_task: list[asyncio.Task[Any]] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        await service.engine.start()
         tune_gc()
         if extra is not None:
             extra_task.append(asyncio.create_task(extra(service)))
@@ -244,13 +245,19 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
             for client in service.clients.values():
                 await client.close()
 
-    sock = bind(host, port)
+    sock = bind(host, port)  # connections wait in its backlog while the engine starts
+    try:
+        await service.engine.start()
+    except BaseException:
+        sock.close()
+        raise
     config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
                             http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
                             log_level="warning",
                             ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     bound_host, bound_port = sock.getsockname()[:2]
+    service.own_origins = own_origins(bound_host, bound_port)
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     task = asyncio.create_task(server.serve(sockets=[sock]))
     running = Running(service, f"http://{shown}:{bound_port}", server, task)

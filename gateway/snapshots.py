@@ -18,7 +18,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lanes.codec import AGENT_CODEC, decode
+from gateway.quarantine import PLAIN, LogReader
+from lanes.codec import AGENT_CODEC
 from lanes.evolve import fold
 from lanes.replay import LogFold
 from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, load_fold
@@ -131,12 +132,13 @@ def _unpack(data: bytes) -> tuple[LogFold, str]:
 
 
 async def state_after(store: EventStore, agent_id: str, records: Sequence[RecordedEvent],
-                      worth: int = WORTH) -> AgentState:
+                      worth: int = WORTH, reader: LogReader = PLAIN) -> AgentState:
     """One agent's state after ``records`` (its stream from the start, in order): folded
-    from the newest usable snapshot inside them when there are at least ``worth``."""
+    from the newest usable snapshot inside them when there are at least ``worth``; decoded
+    by ``reader`` (which knows the events set aside)."""
     state = AgentState(agent_id=agent_id)
     if len(records) >= worth:
         loaded = await load_latest(store, upto=records[-1].position)
         state = loaded.fold.states.get(agent_id, state)
         records = [r for r in records if r.position > loaded.fold.position]
-    return fold(state, [decode(r.type, r.data) for r in records])
+    return fold(state, [reader.decode(r) for r in records])

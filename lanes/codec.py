@@ -28,6 +28,51 @@ class CorruptEvent(ValueError):
     """An event's data does not match its type."""
 
 
+class Unrepeatable(ValueError):
+    """An event whose JSON text would not read back as the same event: storing it would
+    leave the log unreadable (or changed). ``field`` is the dotted path of the first part
+    that does not survive, when known."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def first_difference(given: Any, read: Any, path: str = "") -> str | None:
+    """The dotted path of the first place where ``read`` differs from ``given`` (camelCase
+    for wire models), or None when they are equal."""
+    if given == read and type(given) is type(read):
+        return None
+    if type(given) is not type(read):
+        return path or "(event)"
+    names: list[tuple[str, str]] = []
+    if hasattr(given, "__dataclass_fields__"):
+        names = [(name, name) for name in given.__dataclass_fields__]
+    elif hasattr(type(given), "model_fields"):
+        names = [(name, info.alias or name) for name, info in type(given).model_fields.items()]
+    if names:
+        for name, shown in names:
+            found = first_difference(getattr(given, name), getattr(read, name),
+                                     f"{path}.{shown}" if path else shown)
+            if found is not None:
+                return found
+        return path or "(event)"
+    if isinstance(given, dict):
+        for key in given:
+            if key not in read:
+                return f"{path}.{key}"
+            found = first_difference(given[key], read[key], f"{path}.{key}")
+            if found is not None:
+                return found
+        return path
+    if isinstance(given, list | tuple) and len(given) == len(read):
+        for index, (a, b) in enumerate(zip(given, read, strict=True)):
+            found = first_difference(a, b, f"{path}.{index}")
+            if found is not None:
+                return found
+    return path or "(event)"
+
+
 class Codec(Generic[E]):
     """Encodes and decodes one family of event classes (agents', providers')."""
 
@@ -59,6 +104,22 @@ class Codec(Generic[E]):
         if marker is not None:
             text = marker + ("}" if text == "{}" else "," + text[1:])
         return cls.__name__, text
+
+    def encode_checked(self, event: E) -> tuple[str, str]:
+        """`encode`, refusing (`Unrepeatable`) an event that would not `decode` back equal:
+        the one rule that keeps every stored event readable, applied before it is stored."""
+        try:
+            name, text = self.encode(event)
+        except ValueError as error:  # surrogates, say: not encodable at all
+            raise Unrepeatable(f"it cannot be written as JSON: {error}") from None
+        try:
+            again = self.decode(name, text)
+        except (CorruptEvent, RecursionError) as error:
+            raise Unrepeatable(f"it would not read back: {error}") from None
+        if again != event:
+            field = first_difference(event, again)
+            raise Unrepeatable(f"{field} would read back changed", field)
+        return name, text
 
     def decode(self, type_name: str, data: str | bytes) -> E:
         """The event of that type from its JSON text, upcast if it was written by older code.
@@ -113,6 +174,7 @@ class Codec(Generic[E]):
 AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES, AGENT_UPCASTERS)
 EVENT_TYPES = AGENT_CODEC.types
 encode = AGENT_CODEC.encode
+encode_checked = AGENT_CODEC.encode_checked
 decode = AGENT_CODEC.decode
 
 __all__ = [
@@ -122,6 +184,9 @@ __all__ = [
     "CorruptEvent",
     "UnknownEventType",
     "UnknownEventVersion",
+    "Unrepeatable",
     "decode",
     "encode",
+    "encode_checked",
+    "first_difference",
 ]

@@ -7,6 +7,7 @@ force; a change applies to requests that arrive after it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
@@ -14,6 +15,10 @@ from lanes.requests import Kind, WireModel
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+MAX_MS = 3_650 * DAY_MS
+"""The longest duration a config takes (ten years): time arithmetic on it never overflows."""
+MAX_COUNT = 1_000_000_000
+"""The largest count a config takes."""
 
 
 class Mode(StrEnum):
@@ -55,31 +60,32 @@ DEFAULT_DEDUPE: dict[Kind, DedupeStrategy] = {
 class Budgets(WireModel):
     """Run budgets. ``None`` means unlimited; cooldown follows a run whose outcome is no trade."""
 
-    max_runs_per_hour: int | None = Field(default=None, ge=1)
-    max_runs_per_day: int | None = Field(default=None, ge=1)
-    no_trade_cooldown_ms: int = Field(default=0, ge=0)
+    max_runs_per_hour: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_runs_per_day: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    no_trade_cooldown_ms: int = Field(default=0, ge=0, le=MAX_MS)
 
 
 class AgentConfig(WireModel):
     """Everything that decides how one agent's lanes behave."""
 
     mode: Mode = Mode.STEER_BACKLOG
-    debounce_ms: int = Field(default=2_000, ge=0)
-    collect_max_wait_ms: int | None = Field(default=None, ge=0)
+    debounce_ms: int = Field(default=2_000, ge=0, le=MAX_MS)
+    collect_max_wait_ms: int | None = Field(default=None, ge=0, le=MAX_MS)
     """A collect window never stays open longer than this after its first request
     (default: five debounce periods), so a steady trickle cannot starve the run."""
     cap: int = Field(default=50, ge=1, le=100_000)
     drop_policy: DropPolicy = DropPolicy.OLD
     dedupe: dict[Kind, DedupeStrategy] = Field(default_factory=lambda: dict(DEFAULT_DEDUPE))
-    dedupe_window_ms: int = Field(default=600_000, ge=0)
-    idempotency_window_ms: int = Field(default=DAY_MS, ge=0)
-    idempotency_max: int = Field(default=100_000, ge=1)
+    dedupe_window_ms: int = Field(default=600_000, ge=0, le=MAX_MS)
+    idempotency_window_ms: int = Field(default=DAY_MS, ge=0, le=MAX_MS)
+    idempotency_max: int = Field(default=100_000, ge=1, le=10_000_000)
     """How many request ids (and dedupe keys) are remembered at most, oldest forgotten first."""
     budgets: Budgets = Field(default_factory=Budgets)
-    max_call_depth: int = Field(default=3, ge=0)
-    max_calls_per_run: int = Field(default=10, ge=0)
-    run_timeout_ms: int = Field(default=120_000, ge=1)
-    halt_on_alerts: tuple[str, ...] = ()
+    max_call_depth: int = Field(default=3, ge=0, le=100)
+    max_calls_per_run: int = Field(default=10, ge=0, le=10_000)
+    run_timeout_ms: int = Field(default=120_000, ge=1, le=MAX_MS)
+    halt_on_alerts: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
+        default=(), max_length=1_000)
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
 
     @model_validator(mode="after")

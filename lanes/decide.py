@@ -39,6 +39,7 @@ from lanes.events import (
     OrderFilled,
     OrderIntent,
     OrderRejected,
+    Quarantined,
     RequestDeduped,
     RequestDropped,
     RequestQueued,
@@ -453,6 +454,11 @@ def _spend_limit(state: AgentState, event: SpendLimitHit, emit: Emit) -> None:
 @_on(CallUndeliverable)
 def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> None:
     emit(AgentCallRejected(run_id=event.run_id, target=event.target, reason=event.reason))
+
+
+@_on(Quarantined)
+def _quarantined(state: AgentState, event: Quarantined, emit: Emit) -> None:
+    """A stand-in for an event set aside decides nothing."""
 
 
 @_on(Stopping)

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeGuard
 from pydantic import Field
 
 from lanes.config import AgentConfig, Mode
-from lanes.requests import AgentRequest, ControlAction, Priority, WireModel
+from lanes.requests import AgentRequest, ControlAction, JsonObject, Priority, WireModel
 
 
 class TradingState(StrEnum):
@@ -73,7 +73,7 @@ class CallIntent(WireModel):
 
     agent_id: str
     priority: Priority = Priority.NORMAL
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
 
 
 class Summary(WireModel):
@@ -206,6 +206,18 @@ class Restarted:
     at: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantined:
+    """Stands in for an event of the log that was set aside (``gateway quarantine``): one
+    that cannot be read, or that an operator chose to skip, with its input's decisions.
+    It changes nothing but the stream's version and decides nothing."""
+
+    at: int
+    """When it was recorded (not the state's time: nothing is advanced)."""
+    original_type: str
+    reason: str
+
+
 Input = (
     RequestReceived
     | TimerElapsed
@@ -219,6 +231,7 @@ Input = (
     | CallUndeliverable
     | Stopping
     | Restarted
+    | Quarantined
 )
 INPUT_TYPES: tuple[type[Input], ...] = (
     RequestReceived,
@@ -233,6 +246,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     CallUndeliverable,
     Stopping,
     Restarted,
+    Quarantined,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""

@@ -33,6 +33,7 @@ from lanes.events import (
     OrderFilled,
     OrderRejected,
     Outcome,
+    Quarantined,
     RequestDeduped,
     RequestDropped,
     RequestQueued,
@@ -224,6 +225,11 @@ def _received(state: AgentState, event: RequestReceived) -> None:
 
 def _input(state: AgentState, event: Any) -> None:
     _advance(state, event.at)
+
+
+@_on(Quarantined)
+def _quarantined(state: AgentState, event: Quarantined) -> None:
+    """Nothing: the event it stands in for is set aside (only the version moves on)."""
 
 
 for _cls in (

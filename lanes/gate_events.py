@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from pydantic import Field, NonNegativeInt, model_validator
 
+from lanes.config import MAX_COUNT, MAX_MS
 from lanes.requests import Priority, WireModel
 
 WINDOW_MS = 60_000
@@ -25,26 +26,26 @@ class GateLimits(WireModel):
     granted keep their deadline).
     """
 
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    input_tokens_per_minute: int | None = Field(default=None, ge=1)
-    output_tokens_per_minute: int | None = Field(default=None, ge=1)
-    max_concurrent: int | None = Field(default=None, ge=1)
-    max_wait_ms: int = Field(default=120_000, ge=0)
+    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    input_tokens_per_minute: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    output_tokens_per_minute: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_concurrent: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_wait_ms: int = Field(default=120_000, ge=0, le=MAX_MS)
     """A request waiting longer than this is refused."""
-    lease_ms: int = Field(default=180_000, ge=1)
+    lease_ms: int = Field(default=180_000, ge=1, le=MAX_MS)
     """A granted slot not released by then is freed (default: the agents' default run
     timeout of 120 s plus 60 s, so it never expires under a live run)."""
-    priority_aging_ms: int = Field(default=30_000, ge=1)
+    priority_aging_ms: int = Field(default=30_000, ge=1, le=MAX_MS)
     """How much earlier each priority class counts its requests as having arrived, per rank
     (low 0, normal 1, high 2): a lower class waits at most this much per rank of difference
     behind a busy higher one, so it is never starved."""
-    backoff_base_ms: int = Field(default=1_000, ge=1)
-    backoff_cap_ms: int = Field(default=60_000, ge=1)
-    max_attempts: int = Field(default=5, ge=1)
+    backoff_base_ms: int = Field(default=1_000, ge=1, le=MAX_MS)
+    backoff_cap_ms: int = Field(default=60_000, ge=1, le=MAX_MS)
+    max_attempts: int = Field(default=5, ge=1, le=1_000)
     """A run whose calls failed this many times in a row gets no further slot."""
-    breaker_threshold: int = Field(default=5, ge=1)
+    breaker_threshold: int = Field(default=5, ge=1, le=MAX_COUNT)
     """Consecutive overloaded / server-error / timeout outcomes that open the breaker."""
-    breaker_cooldown_ms: int = Field(default=30_000, ge=1)
+    breaker_cooldown_ms: int = Field(default=30_000, ge=1, le=MAX_MS)
 
     @model_validator(mode="after")
     def _cap_at_least_base(self) -> GateLimits:

@@ -31,6 +31,9 @@ from lanes.state import AgentState
 
 PROVIDER_PREFIX = "provider:"
 """Streams of the provider gate; they are not agents."""
+QUARANTINE_STREAM = "gateway:quarantine"
+"""The stream of the events an operator set aside (``gateway quarantine``); not an agent.
+No agent id holds a colon, so no other stream is ever taken for an agent's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,7 @@ class Entry:
 
 def is_agent_stream(stream: str) -> bool:
     """Whether a stream holds an agent's events."""
-    return not stream.startswith(PROVIDER_PREFIX)
+    return ":" not in stream
 
 
 def replay(
@@ -164,7 +167,7 @@ class Verifier:
         events = inputs_seen = 0
         for entry in entries:
             stream, event = entry.stream, entry.event
-            if stream.startswith(PROVIDER_PREFIX):
+            if not is_agent_stream(stream):
                 continue
             events += 1
             queue = expected.get(stream)

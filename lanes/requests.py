@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -17,9 +22,81 @@ from pydantic import (
     field_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 AGENT_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 """Agent ids: short, no spaces, no colons (``provider:...`` streams never collide)."""
+
+
+MAX_JSON_DEPTH = 32
+"""How deeply free-form JSON (a request's payload, a call's payload) may nest."""
+MIN_INT = -(1 << 63)
+MAX_INT = (1 << 63) - 1
+"""Integers in free-form JSON: what a 64-bit signed integer (SQLite's, PostgreSQL's) holds."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def _json_problem(value: Any, path: str, depth: int) -> str | None:
+    """What makes ``value`` unfit to be stored as JSON and read back the same, if anything."""
+    if isinstance(value, str):
+        return f"{path}: a lone UTF-16 surrogate is not text" if _SURROGATE.search(value) \
+            else None
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if MIN_INT <= value <= MAX_INT else \
+            f"{path}: integer out of the 64-bit range (-2^63 to 2^63-1)"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else \
+            f"{path}: {value} is not a finite number (JSON has no NaN or Infinity)"
+    if isinstance(value, dict | list):
+        if depth >= MAX_JSON_DEPTH:
+            return f"{path}: nested deeper than {MAX_JSON_DEPTH} levels"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(value, dict) and not isinstance(key, str):
+                return f"{path}: key {key!r} is not a string"
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return f"{path}: a key holds a lone UTF-16 surrogate, which is not text"
+            found = _json_problem(item, f"{path}.{key}", depth + 1)
+            if found is not None:
+                return found
+        return None
+    return f"{path}: {type(value).__name__} is not a JSON value"
+
+
+def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    problem = _json_problem(value, "payload", 0)
+    if problem is not None:
+        raise PydanticCustomError("json_value", "{problem}", {"problem": problem})
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
+"""A free-form JSON object that is stored and read back exactly: at most `MAX_JSON_DEPTH`
+levels deep, finite numbers, integers in the 64-bit range, strings without lone surrogates."""
+
+
+def _timestamp_given(value: Any) -> Any:
+    if isinstance(value, str | datetime):
+        return value
+    raise PydanticCustomError(
+        "timestamp_type", "expected an ISO 8601 date-time string with a time zone, such as "
+        "2026-02-17T03:10:00Z (numbers are not taken: their unit and precision are unclear)")
+
+
+def _timestamp_range(value: datetime) -> datetime:
+    if not _EARLIEST <= value < _LATEST:
+        raise PydanticCustomError("timestamp_range",
+                                  "a date-time between 1970-01-01 and 9999-01-01 (UTC)")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_timestamp_given),
+                      AfterValidator(_timestamp_range)]
+"""A date-time with a time zone, given as an ISO 8601 string, from 1970 to 9999."""
 
 
 class Kind(StrEnum):
@@ -63,6 +140,7 @@ class WireModel(BaseModel):
         serialize_by_alias=True,
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
 
@@ -75,14 +153,14 @@ class AgentRequest(WireModel):
     """
 
     request_id: str = Field(min_length=1, max_length=128)
-    created_at: AwareDatetime
+    created_at: Timestamp
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
     kind: Kind
     priority: Priority = Priority.NORMAL
     dedupe_key: str | None = Field(default=None, min_length=1, max_length=512)
     message_id: str | None = Field(default=None, min_length=1, max_length=256)
     source: str | None = Field(default=None, max_length=256)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict, validate_default=True)
 
     @field_validator("payload")
     @classmethod
@@ -90,7 +168,7 @@ class AgentRequest(WireModel):
         kind = info.data.get("kind")
         if kind == Kind.USER_CONTROL:
             action = payload.get("action")
-            if action is None:
+            if "action" not in payload:
                 if not isinstance(payload.get("message"), str):
                     raise ValueError(
                         "a user_control payload needs an 'action' "

@@ -26,7 +26,7 @@ from .port import (
     WriteFailed,
 )
 from .postgres import PostgresEventStore
-from .sqlite import NotAnEventLog, SqliteEventStore, check_event_log
+from .sqlite import LogInUse, NotAnEventLog, SqliteEventStore, check_event_log
 from .writer import DEFAULT_FOLLOWER_BUFFER, DEFAULT_MAX_BATCH, Clock, GroupCommitStore
 
 MEMORY_URL = "memory:"
@@ -81,6 +81,7 @@ __all__ = [
     "DuplicateEventError",
     "EventStore",
     "GroupCommitStore",
+    "LogInUse",
     "MemoryEventStore",
     "NewEvent",
     "NotAnEventLog",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import resource
 import sqlite3
@@ -137,6 +138,45 @@ def _space_problem(path: str) -> str | None:
     return None
 
 
+class LogInUse(StoreError):
+    """Another process holds the event log file exclusively (a gateway serving it)."""
+
+
+class LogLock:
+    """An exclusive lock on an event log file for one process: ``flock`` on ``<file>.lock``,
+    which holds the owner's pid. The kernel releases it when the process dies, however it
+    dies (``kill -9`` included), so a stale lock file never blocks a start."""
+
+    def __init__(self, path: str) -> None:
+        self.path = f"{path}.lock"
+        self._fd: int | None = None
+
+    def acquire(self, log_path: str) -> None:
+        """Take the lock, or raise `LogInUse` naming the process that holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise LogInUse(
+                f"{log_path} is in use by another gateway process (pid {holder}): one "
+                "process serves one log. Stop that one first, or give this one another "
+                "--db") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the lock up (closing the file does)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class SqliteEventStore(GroupCommitStore):
     """An :class:`~store.port.EventStore` in a SQLite file (WAL mode).
 
@@ -145,7 +185,9 @@ class SqliteEventStore(GroupCommitStore):
     ``NORMAL`` may lose the last commits but never corrupts). ``busy_timeout_ms`` is how long
     a commit waits for a lock another process holds before it fails. ``clock`` gives ``recorded_at``
     in ms (default: wall clock). ``max_batch`` bounds the events of one transaction and
-    ``follower_buffer`` the events buffered for one follower.
+    ``follower_buffer`` the events buffered for one follower. An ``exclusive`` store holds
+    the file for this process while it is open (`LogLock`): a second one, in any process,
+    fails to open with `LogInUse` (a gateway serving the log opens it so; readers need not).
 
     ``open()`` runs the Alembic migrations, loads the last position and starts the writer.
     Reads use their own pooled connections and run alongside the writer.
@@ -160,12 +202,16 @@ class SqliteEventStore(GroupCommitStore):
         clock: Clock | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+        exclusive: bool = False,
     ) -> None:
         super().__init__(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
         url = database_url(url_or_path)
         if not is_sqlite(url):
             raise ValueError(f"not a SQLite URL: {url.render_as_string(hide_password=True)}")
         self._url = url
+        database = url.database or ""
+        self._lock = LogLock(database) if exclusive and database not in ("", ":memory:") \
+            else None
         self._synchronous = check_synchronous(synchronous)
         self._busy_timeout_ms = check_busy_timeout(busy_timeout_ms)
         self._engine: AsyncEngine | None = None
@@ -183,6 +229,16 @@ class SqliteEventStore(GroupCommitStore):
         return self._engine
 
     async def _start(self) -> int:
+        if self._lock is not None:
+            self._lock.acquire(self._url.database or "")
+        try:
+            return await self._connect()
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    async def _connect(self) -> int:
         engine = create_engine(self._url, synchronous=self._synchronous,
                                busy_timeout_ms=self._busy_timeout_ms)
         try:
@@ -211,8 +267,12 @@ class SqliteEventStore(GroupCommitStore):
             if conn is not None:
                 await conn.close()
         finally:
-            if engine is not None:
-                await engine.dispose()
+            try:
+                if engine is not None:
+                    await engine.dispose()
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[WriteTransaction]:

@@ -16,7 +16,7 @@ import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from gateway.app import Service, create_app
+from gateway.app import Service, create_app, own_origins
 from gateway.auth import Principal, Role, TokenBook
 from gateway.engine import Engine
 from gateway.reasoner import Reasoner
@@ -113,6 +113,7 @@ async def running(store: EventStore, agents: dict[str, AgentConfig],
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
+    svc.own_origins = own_origins("127.0.0.1", port)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio",
                             ws_max_size=4 << 20)
     server = uvicorn.Server(config)

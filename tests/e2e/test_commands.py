@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -11,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 
 from lanes import request_outcomes, verify
 from store import SqliteEventStore
@@ -113,3 +116,71 @@ async def test_serve_stops_on_sigterm_with_the_run_recorded_and_nothing_lost(
     assert verify(log) is None
     assert log[-1].event.__class__.__name__ == "RunAborted"
     assert [request_outcomes(log)[i] for i in ids] == ["pending", "pending", "pending"]
+
+
+async def exited(pid: int) -> None:
+    """Wait (event-driven, through a pidfd) for a process that is not our child to exit."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    gone = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(fd, gone.set)
+    try:
+        await asyncio.wait_for(gone.wait(), TIMEOUT)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+async def test_a_second_gateway_on_the_same_log_refuses_to_start_until_the_first_dies(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG)
+    db = tmp_path / "events.db"
+    args = ("serve", "--config", str(config), "--db", str(db), "--port", "0")
+    async with command(*args, until="gateway serving on") as (first, _):
+        second = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", *args, cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(second.communicate(), TIMEOUT)
+        assert second.returncode == 2, (out, err)
+        assert f"is in use by another gateway process (pid {first.pid})" in err.decode()
+        assert b"serving" not in out and b"Traceback" not in err
+        first.kill()  # kill -9: the kernel frees the lock; the lock file stays behind
+        await first.wait()
+    assert (tmp_path / "events.db.lock").exists()
+    async with command(*args, until="gateway serving on") as (third, _):
+        assert await stop(third, signal.SIGTERM) == 0
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+async def test_uv_run_gateway_stops_with_its_uv_process(tmp_path: Path,
+                                                        sig: signal.Signals) -> None:
+    """uv forwards SIGTERM; a SIGKILL of uv (which it cannot forward) stops the server too,
+    by the parent-death signal the server asks for: nothing goes on serving unseen."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG)
+    db = tmp_path / "events.db"
+    uv = await asyncio.create_subprocess_exec(
+        "uv", "run", "--no-sync", "gateway", "serve", "--config", str(config), "--db", str(db),
+        "--port", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert uv.stdout is not None
+        line = await asyncio.wait_for(uv.stdout.readline(), TIMEOUT)
+        assert line.startswith(b"gateway serving on"), line
+        server = int((tmp_path / "events.db.lock").read_text())
+        assert server != uv.pid  # uv's child holds the log
+        uv.send_signal(sig)
+        await asyncio.wait_for(uv.wait(), TIMEOUT)
+        await exited(server)
+    finally:
+        if uv.returncode is None:
+            uv.kill()
+            await uv.wait()
+    store = SqliteEventStore(db, exclusive=True)  # free again: the server is gone
+    await store.open()
+    await store.close()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from gateway.debugger import entries_of
+from gateway.quarantine import PLAIN
 from gateway.transfer import parse
 from lanes import replay, verify
 from lanes.events import Event, RequestDropped, RequestRejected, RequestSummarized, RunsSuppressed
@@ -25,7 +25,7 @@ decide_module = importlib.import_module("lanes.decide")  # the package exports t
 def golden(name: str) -> list[Entry]:
     """A golden log, decoded."""
     log, _ = files(name)
-    return entries_of(parse(log.read_text(encoding="utf-8").splitlines()))
+    return PLAIN.entries(parse(log.read_text(encoding="utf-8").splitlines()))
 
 
 def imported(name: str, tmp_path: Path) -> Path:

@@ -15,7 +15,7 @@ import httpx
 
 from lanes import AgentConfig, Entry, Mode
 from lanes.events import RequestReceived
-from store import MemoryEventStore
+from store import EventStore, MemoryEventStore
 from tests.e2e.live import TIMEOUT, Live, running
 from tests.gateway.support import ManualReasoner, log_of
 
@@ -64,8 +64,9 @@ def received_ids(log: list[Entry]) -> list[str]:
 
 
 @contextlib.contextmanager
-def threaded(**service: Any) -> Iterator[Threaded]:
-    """Start a gateway in a thread; stop it (and the thread) when the block ends."""
+def threaded(store: EventStore | None = None, **service: Any) -> Iterator[Threaded]:
+    """Start a gateway in a thread (on ``store``, default a new memory store); stop it (and
+    the thread) when the block ends."""
     loop = asyncio.new_event_loop()
     started = threading.Event()
     box: dict[str, Any] = {}
@@ -75,7 +76,7 @@ def threaded(**service: Any) -> Iterator[Threaded]:
         box["stop"] = stop
         reasoner = ManualReasoner()
         try:
-            async with running(MemoryEventStore(), AGENTS, lambda _: reasoner,
+            async with running(store or MemoryEventStore(), AGENTS, lambda _: reasoner,
                                **service) as live:
                 box["live"] = live
                 started.set()

@@ -142,7 +142,7 @@ WS: list[tuple[str, str | None, str]] = [
     ("feed", "control-secret", "control"), ("feed", "admin-secret", "admin"),
     ("feed", "scoped-secret", "control"), ("feed", None, "unauthorized"),
     ("feed", "wrong-secret", "unauthorized"),
-    ("control", "feed-secret", "feed"), ("control", "viewer-secret", "viewer"),
+    ("control", "feed-secret", "forbidden"), ("control", "viewer-secret", "viewer"),
     ("control", "control-secret", "control"), ("control", "admin-secret", "admin"),
     ("control", "scoped-secret", "control"), ("control", None, "unauthorized"),
     ("control", "wrong-secret", "unauthorized"),
