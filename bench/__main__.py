@@ -19,12 +19,14 @@ from bench import (
     fanout,
     gate,
     peers,
+    pg_throughput,
     replay_speed,
     scale,
     throughput,
     ws_ingest,
 )
 from bench.common import Figure, machine, table
+from store import pg_server
 
 
 def crash_figures(kills: int) -> list[Figure]:
@@ -85,6 +87,10 @@ def main() -> None:
         ("Provider gate: 100 agents saturating 600 RPM",
          f"bench.gate --minutes {minutes}",
          lambda: gate.measure(minutes=minutes)),
+        ("The event store on PostgreSQL vs SQLite; 1, 2 and 4 writer processes on one log",
+         f"bench.pg_throughput --appends {requests // 10}",
+         lambda: pg_throughput.measure(appends=requests // 10)
+         if pg_server.find_binaries() else []),  # PostgreSQL not installed: no figures
         ("Crash safety: kill -9 under load, restarted on the same log",
          f"bench.crash --kills {kills}",
          lambda: crash_figures(kills)),

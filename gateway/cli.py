@@ -158,8 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenario.add_argument("--db", type=Path, default=Path("gateway-scenario.db"))
     scenario.add_argument("--pace", type=float, default=1.0, help="time scale of the scenario")
     mig = commands.add_parser("migrate", help="create or upgrade the event log schema")
-    mig.add_argument("--db", type=Path, required=True)
+    mig.add_argument("--db", required=True, help="a SQLite path, or a postgresql:// URL")
     _debugger_commands(commands)
+    _postgres_commands(commands)
     commands.add_parser("schema", help="print the JSON Schema of every wire frame")
     args = parser.parse_args(argv)
     if args.command in DEBUGGER_COMMANDS:
@@ -177,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(migrate(args.db))
         print(f"migrated {args.db}")
         return 0
+    if args.command == "postgres":
+        return _postgres(args)
     if args.command == "schema":
         from gateway.protocol import json_schemas
 
@@ -244,6 +247,34 @@ def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     quarantine.add_argument("--position", type=_positive, required=True,
                             help="the position a start, replay or verify named")
     quarantine.add_argument("--reason", default="", help="why, in words (recorded)")
+
+
+def _postgres_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pg = commands.add_parser(
+        "postgres", help="start or stop a local PostgreSQL server for development")
+    actions = pg.add_subparsers(dest="action", required=True)
+    start = actions.add_parser(
+        "start", help="start a server in DIR (made the first time); print its URL")
+    start.add_argument("--dir", type=Path, required=True)
+    start.add_argument("--port", type=int, help="default: a free port")
+    stop = actions.add_parser("stop", help="stop the server running in DIR")
+    stop.add_argument("--dir", type=Path, required=True)
+
+
+def _postgres(args: argparse.Namespace) -> int:
+    """``gateway postgres start|stop``: a local server from the installed binaries."""
+    from store import pg_server
+
+    try:
+        if args.action == "stop":
+            pg_server.stop(args.dir)
+            return 0
+        server = pg_server.start(args.dir, args.port)
+        print(asyncio.run(pg_server.ensure_database(server.url, "gateway")))
+        return 0
+    except pg_server.PostgresUnavailable as error:
+        print(f"gateway postgres: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """The event store: an append-only, gap-free event log behind the :class:`EventStore` port.
 
-Adapters: :class:`MemoryEventStore` (tests, tools) and :class:`SqliteEventStore` (production).
+Adapters: :class:`MemoryEventStore` (tests, tools), :class:`SqliteEventStore` (production, one
+process) and :class:`PostgresEventStore` (one log shared by several processes).
 """
 
 from __future__ import annotations
 
 import os
 
-from .engine import BUSY_TIMEOUT_MS
+from .engine import BUSY_TIMEOUT_MS, database_url, is_postgres
 from .memory import MemoryEventStore
 from .migration import migrate
 from .port import (
@@ -24,6 +25,7 @@ from .port import (
     StoreError,
     WriteFailed,
 )
+from .postgres import PostgresEventStore
 from .sqlite import LogInUse, NotAnEventLog, SqliteEventStore, check_event_log
 from .writer import DEFAULT_FOLLOWER_BUFFER, DEFAULT_MAX_BATCH, Clock, GroupCommitStore
 
@@ -40,14 +42,24 @@ async def open_store(
     max_batch: int = DEFAULT_MAX_BATCH,
     follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
 ) -> GroupCommitStore:
-    """Build and open a store: ``"memory:"`` for memory, else a SQLite path or URL.
+    """Build and open a store: ``"memory:"`` for memory, a ``postgresql://`` URL for
+    PostgreSQL, else a SQLite path or URL.
 
-    ``synchronous`` and ``busy_timeout_ms`` apply to SQLite only. The caller closes the store
-    (``await store.close()``, or use it as ``async with await open_store(...)``).
+    ``synchronous`` applies to SQLite only; ``busy_timeout_ms`` is SQLite's busy timeout and
+    PostgreSQL's lock timeout. The caller closes the store (``await store.close()``, or use
+    it as ``async with await open_store(...)``).
     """
     store: GroupCommitStore
     if os.fspath(url) == MEMORY_URL:
         store = MemoryEventStore(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
+    elif is_postgres(database_url(url)):
+        store = PostgresEventStore(
+            os.fspath(url),
+            lock_timeout_ms=busy_timeout_ms,
+            clock=clock,
+            max_batch=max_batch,
+            follower_buffer=follower_buffer,
+        )
     else:
         store = SqliteEventStore(
             url,
@@ -73,6 +85,7 @@ __all__ = [
     "MemoryEventStore",
     "NewEvent",
     "NotAnEventLog",
+    "PostgresEventStore",
     "RecordedEvent",
     "RestoreError",
     "Snapshot",

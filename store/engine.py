@@ -23,20 +23,30 @@ def database_url(url_or_path: str | os.PathLike[str]) -> URL:
     """Turn a URL or a plain file path into an async SQLAlchemy URL.
 
     A plain path (anything without ``://``) becomes ``sqlite+aiosqlite:///<absolute path>``;
-    a ``sqlite://`` URL gets the aiosqlite driver; any other URL is used as given.
+    a ``sqlite://`` URL gets the aiosqlite driver, a ``postgresql://`` (or ``postgres://``)
+    one asyncpg; any other URL is used as given.
     """
     text = os.fspath(url_or_path)
     if "://" not in text:
         return URL.create("sqlite+aiosqlite", database=os.path.abspath(text))
+    if text.startswith("postgres://"):
+        text = "postgresql://" + text.removeprefix("postgres://")
     url = make_url(text)
     if url.drivername == "sqlite":
         url = url.set(drivername="sqlite+aiosqlite")
+    elif url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+asyncpg")
     return url
 
 
 def is_sqlite(url: URL) -> bool:
     """Whether ``url`` names a SQLite database."""
     return url.get_backend_name() == "sqlite"
+
+
+def is_postgres(url: URL) -> bool:
+    """Whether ``url`` names a PostgreSQL database."""
+    return url.get_backend_name() == "postgresql"
 
 
 def check_synchronous(synchronous: str) -> str:

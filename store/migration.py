@@ -7,7 +7,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection
+from sqlalchemy import Connection, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import migrations
@@ -32,7 +32,14 @@ def alembic_config(url: str | None = None) -> Config:
     return config
 
 
+MIGRATION_LOCK = 0x6761_7465_7761_796D
+"""PostgreSQL advisory lock key held while migrating: processes starting together on one
+database migrate one after the other (the later ones find it at head)."""
+
+
 def _upgrade(connection: Connection, revision: str) -> None:
+    if connection.dialect.name == "postgresql":
+        connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK)))
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, revision)
@@ -48,8 +55,8 @@ async def migrate(url: str | os.PathLike[str], revision: str = "head") -> None:
     """Run ``alembic upgrade head`` (or to ``revision``) on the database at ``url``.
 
     A coroutine: ``await store.migrate("sqlite+aiosqlite:///gateway.db")``. A plain path means
-    a SQLite file. ``SqliteEventStore.open()`` does this itself; call it directly only to
-    prepare a database ahead of time.
+    a SQLite file; a ``postgresql://`` URL a PostgreSQL database. Opening a store does this
+    itself; call it directly only to prepare a database ahead of time.
     """
     engine = create_engine(database_url(url))
     try:

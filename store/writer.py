@@ -33,9 +33,9 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import Final, Protocol, Self
+from typing import ClassVar, Final, Protocol, Self
 
 from .port import (
     Append,
@@ -217,6 +217,11 @@ class GroupCommitStore(ABC):
 
     Subclasses provide storage; see the module docstring for how a batch is written.
     """
+
+    _shares_log: ClassVar[bool] = False
+    """Whether other processes may write the same log. Such a store (PostgreSQL) never trusts
+    its caches: every write reads its streams' versions and the last position again inside
+    its transaction, which the adapter serialises with the other writers by a lock."""
 
     def __init__(
         self,
@@ -452,14 +457,21 @@ class GroupCommitStore(ABC):
             self._stale = True
             raise WriteFailed(what, self._describe(exc)) from exc
 
-    async def _resync(self, txn: WriteTransaction) -> None:
+    async def _resync(self, txn: WriteTransaction, streams: Iterable[str]) -> None:
         """After a failed write, read the last position again and forget the versions.
 
         A commit reported as failed may have reached the file all the same (an I/O error
         after the write, say); planning the next batch on the old caches would then collide
-        with it on every attempt, for ever.
+        with it on every attempt, for ever. A store that `_shares_log` reads the versions of
+        the write's ``streams`` and the last position before every write.
         """
-        if self._stale:
+        if self._shares_log:
+            wanted = list(dict.fromkeys(streams))
+            loaded = await txn.load_versions(wanted) if wanted else {}
+            self._position = await txn.last_position()
+            self._versions = {stream: loaded.get(stream, 0) for stream in wanted}
+            self._stale = False
+        elif self._stale:
             self._position = await txn.last_position()
             self._versions.clear()
             self._stale = False
@@ -481,9 +493,9 @@ class GroupCommitStore(ABC):
         async with self._write_lock:
             self._check_open()
             async with self._writing("the import") as txn:
-                await self._resync(txn)
-                position = self._position
                 streams = sorted({r.stream for r in rows})
+                await self._resync(txn, streams)
+                position = self._position
                 missing = [s for s in streams if s not in self._versions]
                 loaded = await txn.load_versions(missing) if missing else {}
                 versions = {s: self._versions.get(s, loaded.get(s, 0)) for s in streams}
@@ -665,7 +677,7 @@ class GroupCommitStore(ABC):
     async def _plan(
         self, txn: WriteTransaction, batch: list[_Pending], *, lookup_all: bool
     ) -> _Plan:
-        await self._resync(txn)
+        await self._resync(txn, (p.append.stream for p in batch))
         cache = self._versions
         missing = list(
             dict.fromkeys(p.append.stream for p in batch if p.append.stream not in cache)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bench import fanout, peers
+from bench import fanout, peers, pg_throughput
 from bench.common import Figure
+from store import pg_server
 
 
 def test_peers_measures_every_peer_in_both_shapes() -> None:
@@ -30,3 +31,16 @@ def test_fanout_delivers_every_event_to_every_subscriber_both_ways() -> None:
 def test_a_whole_count_prints_without_decimals() -> None:
     assert Figure("lost", 0, "requests", "0").row() == "| lost | 0 requests | 0 |"
     assert Figure("rate", 0.5, "x").row() == "| rate | 0.50 x |  |"
+
+
+def test_pg_throughput_measures_both_stores_and_each_process_count(
+    postgres_server: pg_server.PostgresServer,
+) -> None:
+    figures = pg_throughput.measure(appends=300, sequential=20, callers=20,
+                                    server=postgres_server, processes=(1, 2))
+    names = [f.name for f in figures]
+    assert all(f.value > 0 for f in figures)
+    assert any("PostgreSQL" in n and "one caller" in n for n in names)
+    assert sum(n == "... SQLite" for n in names) == 2
+    for processes in (1, 2):
+        assert any(n.startswith(f"{processes} writer process") for n in names)

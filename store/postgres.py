@@ -1,0 +1,509 @@
+"""The PostgreSQL event store: the group-commit writer over asyncpg; several processes, each
+with its own store, may append to one log at the same time.
+
+**Positions.** Every write transaction first takes one advisory lock (`POSITION_LOCK`,
+``pg_advisory_xact_lock``) and holds it to its commit; only then does it read the last
+position and the versions of its streams (the writer trusts no cache: another process may
+have appended since) and insert its rows at the next positions. Write transactions thus
+commit one after the other in position order, and PostgreSQL makes a commit visible before it
+releases the lock: a reader that follows by position sees a gap-free prefix of the log and can
+never skip a transaction that commits late (the pitfall of positions drawn from a sequence).
+An expected version is checked under the lock, so a conflicting append from another process
+fails with `ConcurrencyError`; a unique key hit all the same (a writer that bypassed the lock)
+makes the writer plan the batch again from fresh reads, never write anything twice.
+
+**Followers.** A commit that wrote events sends ``NOTIFY gateway_events, '<last position>'``
+inside its transaction (delivered only once it committed). Each store listens on a connection
+of its own; events committed by other processes are read once by a relay task and handed to
+the followers in position order, together with the store's own commits (which need no read).
+Followers keep their own guarantees on top: a gap or an overflow makes a follower read the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, Final
+
+import asyncpg
+from sqlalchemy import BigInteger, String, any_, bindparam, delete, func, insert, select
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import URL
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from .engine import BUSY_TIMEOUT_MS, check_busy_timeout, create_engine, database_url, is_postgres
+from .migration import upgrade_engine
+from .port import RecordedEvent, Snapshot, SnapshotInfo, StoreClosedError, StoreError
+from .schema import events, snapshots
+from .writer import (
+    DEFAULT_FOLLOWER_BUFFER,
+    DEFAULT_MAX_BATCH,
+    FOLLOW_PAGE,
+    Clock,
+    GroupCommitStore,
+    KeyConflict,
+    WriteTransaction,
+    check_limit,
+)
+
+log = logging.getLogger(__name__)
+
+POSITION_LOCK: Final = 0x6761_7465_7761_7970
+"""Advisory lock key every write transaction holds to its commit (``pg_advisory_xact_lock``)."""
+CHANNEL: Final = "gateway_events"
+"""The LISTEN/NOTIFY channel; a notification's payload is the last position committed."""
+IDLE_IN_TRANSACTION_MS: Final = 60_000
+"""A write transaction idle this long (its process hung or vanished) is ended by the server,
+which releases the position lock."""
+READ_POOL: Final = 4
+"""Most connections a store reads on at once."""
+RECONNECT_S: Final = (0.1, 5.0)
+"""First and longest wait between attempts to reconnect the listening connection."""
+
+
+_DIALECT: Final = URL.create("postgresql+asyncpg").get_dialect()()
+
+
+def _sql(statement: ClauseElement, *params: str) -> str:
+    """``statement`` compiled for asyncpg, its ``$n`` parameters checked to be ``params``."""
+    compiled = statement.compile(dialect=_DIALECT)
+    order = tuple(compiled.positiontup or ()) if isinstance(compiled, SQLCompiler) else ()
+    if order != params:
+        raise AssertionError(f"parameters {order} where {params} were meant")
+    return str(compiled)
+
+
+_COLUMNS: Final = tuple(events.columns)
+_LOCK: Final = f"BEGIN; SELECT pg_advisory_xact_lock({POSITION_LOCK})"
+_INSERT: Final = _sql(insert(events), *(c.name for c in _COLUMNS))
+_MAX_POSITION: Final = _sql(select(func.max(events.c.position)))
+_READ: Final = _sql(
+    select(*_COLUMNS).where(events.c.position > bindparam("after"))
+    .order_by(events.c.position).limit(bindparam("limit")), "after", "limit")
+_READ_STREAM: Final = _sql(
+    select(*_COLUMNS).where(events.c.stream == bindparam("stream"),
+                            events.c.version > bindparam("after"))
+    .order_by(events.c.version).limit(bindparam("limit")), "stream", "after", "limit")
+_FIND: Final = _sql(
+    select(*_COLUMNS).where(events.c.event_id == any_(bindparam("ids", type_=ARRAY(String)))),
+    "ids")
+# The last position (in the row whose stream is NULL) and one index probe per stream (a GROUP
+# BY over the streams would read all their entries): one round trip for both.
+_HEAD: Final = (
+    "SELECT NULL, max(position) FROM events UNION ALL "
+    "SELECT s.stream, (SELECT max(e.version) FROM events e WHERE e.stream = s.stream) "
+    "FROM unnest($1::varchar[]) AS s(stream)")
+_STREAM_VERSIONS: Final = _sql(
+    select(events.c.stream, func.max(events.c.version)).group_by(events.c.stream))
+_SNAPSHOT_INFO: Final = _sql(select(
+    snapshots.c.position, snapshots.c.fingerprint, snapshots.c.checksum,
+    snapshots.c.created_at, func.length(snapshots.c.data),
+).order_by(snapshots.c.position.desc()))
+_READ_SNAPSHOT: Final = _sql(select(
+    snapshots.c.position, snapshots.c.fingerprint, snapshots.c.checksum,
+    snapshots.c.created_at, snapshots.c.data,
+).where(snapshots.c.position == bindparam("position")), "position")
+_DELETE_SNAPSHOT: Final = _sql(
+    delete(snapshots).where(snapshots.c.position == bindparam("position")), "position")
+_INSERT_SNAPSHOT: Final = _sql(insert(snapshots), *(c.name for c in snapshots.columns))
+_KEEP_SNAPSHOTS: Final = _sql(delete(snapshots).where(snapshots.c.position.not_in(
+    select(snapshots.c.position).order_by(snapshots.c.position.desc())
+    .limit(bindparam("keep")).scalar_subquery())), "keep")
+_DELETE_SNAPSHOTS: Final = _sql(delete(snapshots).where(
+    snapshots.c.position == any_(bindparam("positions", type_=ARRAY(BigInteger)))),
+    "positions")
+_DELETE_ALL_SNAPSHOTS: Final = _sql(delete(snapshots))
+
+
+_CONNECTION_ERRORS: Final = (
+    OSError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError)
+"""What a lost or broken connection raises (the driver's state errors included)."""
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in words a person can act on, with the server's message (no SQL)."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, asyncpg.LockNotAvailableError):
+        return f"the event log is locked by another process (PostgreSQL: {text})"
+    if isinstance(exc, asyncpg.DiskFullError):
+        return f"the disk holding the event log is full (PostgreSQL: {text})"
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return f"the event log is read-only (PostgreSQL: {text})"
+    if isinstance(exc, asyncpg.InsufficientResourcesError | asyncpg.PostgresIOError):
+        return f"the PostgreSQL server is out of resources (PostgreSQL: {text})"
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return f"the connection to PostgreSQL failed ({text})"
+    return text
+
+
+def _deleted(status: str) -> int:
+    """The row count of a ``DELETE n`` command status."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+class PostgresEventStore(GroupCommitStore):
+    """An :class:`~store.port.EventStore` in a PostgreSQL database, shared with any number of
+    other processes (see the module docstring for how positions and followers work).
+
+    ``url`` is a ``postgresql://`` URL (``postgresql+asyncpg://`` too). ``lock_timeout_ms``
+    is how long a write waits for the position lock (or any lock) another process holds
+    before it fails. ``clock``, ``max_batch`` and ``follower_buffer`` are those of
+    `GroupCommitStore`. ``open()`` runs the Alembic migrations and connects.
+    """
+
+    _shares_log = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lock_timeout_ms: int = BUSY_TIMEOUT_MS,
+        clock: Clock | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+    ) -> None:
+        super().__init__(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
+        parsed = database_url(url)
+        if not is_postgres(parsed):
+            raise ValueError(
+                f"not a PostgreSQL URL: {parsed.render_as_string(hide_password=True)}")
+        self._url: URL = parsed
+        self._dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._lock_timeout_ms = check_busy_timeout(lock_timeout_ms)
+        self._writer_conn: asyncpg.Connection[Any] | None = None
+        self._writer_pid = 0
+        self._pool: asyncpg.Pool[Any] | None = None
+        self._listener: asyncpg.Connection[Any] | None = None
+        self._listening: asyncio.Task[None] | None = None
+        # The relay: what followers were handed, in order, and what is still to hand out.
+        self._relayed = 0
+        """Position of the last event handed to followers (in position order)."""
+        self._known = 0
+        """The last position known to be committed (by this store or a notification)."""
+        self._held: list[list[RecordedEvent]] = []
+        """This store's commits that wait for earlier ones of other processes to be read."""
+        self._relay_wakeup = asyncio.Event()
+        self._relay: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def _start(self) -> int:
+        engine = create_engine(self._url)
+        try:
+            await upgrade_engine(engine)
+        finally:
+            await engine.dispose()
+        self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=READ_POOL)
+        try:
+            conn = await self._connect_writer()
+            last = int(await conn.fetchval(_MAX_POSITION) or 0)
+            await self._listen()
+        except BaseException:
+            await self._stop()
+            raise
+        self._relayed = self._known = last
+        self._relay = asyncio.get_running_loop().create_task(
+            self._run_relay(), name="PostgresEventStore relay")
+        return last
+
+    async def _stop(self) -> None:
+        for task in (self._relay, self._listening):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._relay = self._listening = None
+        conns = [self._writer_conn, self._listener]
+        self._writer_conn = self._listener = None
+        pool, self._pool = self._pool, None
+        for conn in conns:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        if pool is not None:
+            await pool.close()
+
+    async def _connect_writer(self) -> asyncpg.Connection[Any]:
+        conn = await asyncpg.connect(self._dsn, server_settings={
+            "lock_timeout": str(self._lock_timeout_ms),
+            # A writer whose process stopped mid-transaction without its connection closing
+            # (a host gone from the network) must not hold the position lock for ever.
+            "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+        })
+        self._writer_conn = conn
+        self._writer_pid = conn.get_server_pid()
+        return conn
+
+    # ----------------------------------------------------------------- writes
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[WriteTransaction]:
+        if self._pool is None:
+            raise StoreClosedError("the store is not open")
+        conn = self._writer_conn
+        if conn is None or conn.is_closed():
+            conn = await self._connect_writer()  # the last one broke: a failed write said so
+        txn = _PostgresTransaction(conn)
+        try:
+            await conn.execute(_LOCK)
+            yield txn
+            if txn.last is not None:
+                await conn.execute(f"NOTIFY {CHANNEL}, '{txn.last}'; COMMIT")
+            else:
+                await conn.execute("COMMIT")
+        except BaseException:
+            if not conn.is_closed():
+                try:
+                    await conn.execute("ROLLBACK")
+                except Exception:
+                    conn.terminate()  # the next write connects again
+            raise
+
+    def _describe(self, exc: BaseException) -> str:
+        return _reason(exc)
+
+    # ----------------------------------------------------------------- reads
+
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[Any]]:
+        pool = self._pool
+        if pool is None:
+            raise StoreClosedError("the store is not open")
+        try:
+            async with pool.acquire() as conn:
+                yield conn
+        except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
+            if self._pool is None:
+                raise StoreClosedError("the store was closed during the read") from exc
+            raise StoreError(f"could not read the event log: {_reason(exc)}") from exc
+
+    async def read(self, after: int = 0, limit: int | None = None) -> list[RecordedEvent]:
+        """Events with position > ``after`` in position order, at most ``limit``."""
+        check_limit(limit)
+        async with self._reading() as conn:
+            rows = await conn.fetch(_READ, after, limit)
+        return [RecordedEvent(*row) for row in rows]
+
+    async def read_stream(
+        self, stream: str, after_version: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """One stream's events with version > ``after_version`` in version order."""
+        check_limit(limit)
+        async with self._reading() as conn:
+            rows = await conn.fetch(_READ_STREAM, stream, after_version, limit)
+        return [RecordedEvent(*row) for row in rows]
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+        async with self._reading() as conn:
+            return int(await conn.fetchval(_MAX_POSITION) or 0)
+
+    async def stream_versions(self) -> dict[str, int]:
+        """Every stream with its current version."""
+        async with self._reading() as conn:
+            rows = await conn.fetch(_STREAM_VERSIONS)
+        return {stream: int(version) for stream, version in rows}
+
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Every stored snapshot, newest (highest position) first."""
+        async with self._reading() as conn:
+            rows = await conn.fetch(_SNAPSHOT_INFO)
+        return [SnapshotInfo(*row) for row in rows]
+
+    async def read_snapshot(self, position: int) -> Snapshot | None:
+        """The snapshot at ``position``, if there is one."""
+        async with self._reading() as conn:
+            row = await conn.fetchrow(_READ_SNAPSHOT, position)
+        return None if row is None else Snapshot(*row)
+
+    # ----------------------------------------------------------------- followers
+
+    async def follow_batches(
+        self, after: int = 0, limit: int = FOLLOW_PAGE
+    ) -> AsyncGenerator[list[RecordedEvent], None]:
+        """`follow` in lists: each one holds every event ready when it is taken (at least
+        one, at most ``limit``), in position order, continuing the one before it. Events
+        appended by other processes are included."""
+        if not self._followers:
+            # Nobody was handed anything meanwhile: start relaying from what is committed
+            # (a new follower reads its backlog itself).
+            self._relayed = max(self._relayed, self._position, self._known)
+            self._held.clear()
+        async with aclosing(super().follow_batches(after, limit)) as batches:
+            async for batch in batches:
+                yield batch
+
+    def _publish(self, rows: list[RecordedEvent]) -> None:
+        """Hand this store's commit to the followers, after whatever other processes
+        committed before it (the relay reads that first)."""
+        if rows[-1].position <= self._relayed:
+            return
+        if rows[0].position == self._relayed + 1:
+            self._hand_out(rows)
+            if self._held:
+                self._flush_held()
+            return
+        self._held.append(rows)
+        self._known = max(self._known, rows[-1].position)
+        self._relay_wakeup.set()
+
+    def _hand_out(self, rows: list[RecordedEvent]) -> None:
+        super()._publish(rows)
+        self._relayed = rows[-1].position
+
+    def _flush_held(self) -> None:
+        """Hand out the held commits that now continue what was handed out."""
+        self._held.sort(key=lambda rows: rows[0].position)
+        while self._held:
+            rows = self._held[0]
+            if rows[-1].position <= self._relayed:
+                self._held.pop(0)
+            elif rows[0].position == self._relayed + 1:
+                self._hand_out(self._held.pop(0))
+            else:
+                return
+
+    def _notified(self, _conn: object, pid: int, _channel: str, payload: object) -> None:
+        """A commit's notification: another process's commits are for the relay to read."""
+        if pid == self._writer_pid:
+            return  # this store's own commit: the writer hands it out itself
+        try:
+            last = int(str(payload))
+        except ValueError:
+            return
+        if last > self._known:
+            self._known = last
+            if self._followers:
+                self._relay_wakeup.set()
+
+    async def _run_relay(self) -> None:
+        """Read what other processes committed, once for every follower, and hand it out
+        in position order with this store's own commits."""
+        while True:
+            await self._relay_wakeup.wait()
+            self._relay_wakeup.clear()
+            try:
+                await self._catch_up()
+            except StoreClosedError:
+                return
+            except Exception as exc:  # the followers find out by reading themselves
+                log.warning("reading commits of other processes failed: %s", _reason(exc))
+                self._held.clear()
+                for follower in self._followers:
+                    follower.lagging = True
+                    follower.wakeup.set()
+
+    async def _catch_up(self) -> None:
+        while self._followers and self._relayed < self._known:
+            self._flush_held()
+            if self._relayed >= self._known:
+                return
+            upto = self._held[0][0].position - 1 if self._held else self._known
+            rows = await self.read(self._relayed, min(upto - self._relayed, FOLLOW_PAGE))
+            fresh = [record for record in rows if record.position > self._relayed]
+            if not fresh:
+                if not rows:
+                    return  # nothing visible yet past what was handed out
+                continue  # this store's own commits were handed out meanwhile
+            self._hand_out(fresh)  # (a gap, never expected, is the followers' to find)
+        if not self._followers:
+            self._held.clear()
+
+    async def _listen(self) -> None:
+        """Connect the listening connection; after a reconnect, catch up on what may have
+        been committed meanwhile."""
+        conn = await asyncpg.connect(self._dsn)
+        try:
+            await conn.add_listener(CHANNEL, self._notified)
+            conn.add_termination_listener(self._listener_lost)
+            last = int(await conn.fetchval(_MAX_POSITION) or 0)
+        except BaseException:
+            conn.terminate()
+            raise
+        self._listener = conn
+        if last > self._known:
+            self._known = last
+            if self._followers:
+                self._relay_wakeup.set()
+
+    def _listener_lost(self, _conn: object) -> None:
+        if self._pool is None or self._listening is not None:
+            return
+        log.warning("the connection listening for commits of other processes was lost; "
+                    "reconnecting")
+        self._listener = None
+        self._listening = asyncio.get_running_loop().create_task(self._relisten())
+
+    async def _relisten(self) -> None:
+        delay = RECONNECT_S[0]
+        try:
+            while self._pool is not None:
+                try:
+                    await self._listen()
+                    return
+                except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
+                    log.warning("reconnecting the listening connection failed: %s",
+                                _reason(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_S[1])
+        finally:
+            self._listening = None
+
+
+class _PostgresTransaction:
+    """The writer's side of one PostgreSQL transaction (the position lock already held).
+
+    `load_versions` reads the last position in the same round trip; `last_position` answers
+    from it until this transaction inserts (with the lock held, nobody else can change it).
+    """
+
+    __slots__ = ("_conn", "_position", "last")
+
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self._conn = conn
+        self._position: int | None = None
+        self.last: int | None = None
+        """The last position inserted, if rows were: the commit notifies it."""
+
+    async def last_position(self) -> int:
+        if self._position is None:
+            self._position = int(await self._conn.fetchval(_MAX_POSITION) or 0)
+        return self._position
+
+    async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for stream, value in await self._conn.fetch(_HEAD, list(streams)):
+            if stream is None:
+                self._position = int(value or 0)
+            elif value is not None:
+                found[stream] = int(value)
+        return found
+
+    async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
+        rows = await self._conn.fetch(_FIND, list(event_ids))
+        return {row[3]: RecordedEvent(*row) for row in rows}
+
+    async def insert(self, rows: Sequence[RecordedEvent]) -> None:
+        self._position = None
+        try:
+            await self._conn.executemany(_INSERT, rows)
+        except asyncpg.UniqueViolationError as exc:
+            raise KeyConflict(_reason(exc)) from exc
+        if rows:
+            self.last = rows[-1].position
+
+    async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+        conn = self._conn
+        await conn.execute(_DELETE_SNAPSHOT, snapshot.position)
+        await conn.execute(_INSERT_SNAPSHOT, *snapshot)
+        await conn.execute(_KEEP_SNAPSHOTS, keep)
+
+    async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
+        if positions is None:
+            return _deleted(await self._conn.execute(_DELETE_ALL_SNAPSHOTS))
+        return _deleted(await self._conn.execute(_DELETE_SNAPSHOTS, list(positions)))
