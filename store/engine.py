@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy import event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -76,18 +77,32 @@ def create_engine(url: URL, *, synchronous: str = "FULL",
     """
     engine = create_async_engine(url)
     if is_sqlite(url):
-        mode = check_synchronous(synchronous)
-        busy = check_busy_timeout(busy_timeout_ms)
-
-        def set_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
-            cursor = dbapi_connection.cursor()
-            try:
-                cursor.execute(f"PRAGMA busy_timeout={busy}")
-                cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute(f"PRAGMA synchronous={mode}")
-                cursor.execute("PRAGMA foreign_keys=ON")
-            finally:
-                cursor.close()
-
-        event.listen(engine.sync_engine, "connect", set_pragmas)
+        _with_pragmas(engine.sync_engine, synchronous, busy_timeout_ms)
     return engine
+
+
+def create_sqlite_writer_engine(url: URL, *, synchronous: str = "FULL",
+                                busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Engine:
+    """A synchronous engine (the standard library's ``sqlite3``) for the SQLite database at
+    ``url``, for a writer on a thread of its own, with the store's PRAGMAs (as
+    `create_engine`)."""
+    engine = create_sync_engine(url.set(drivername="sqlite"))
+    _with_pragmas(engine, synchronous, busy_timeout_ms)
+    return engine
+
+
+def _with_pragmas(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
+    mode = check_synchronous(synchronous)
+    busy = check_busy_timeout(busy_timeout_ms)
+
+    def set_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout={busy}")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA synchronous={mode}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    event.listen(engine, "connect", set_pragmas)

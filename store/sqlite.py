@@ -7,7 +7,6 @@ import contextlib
 import fcntl
 import os
 import resource
-import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from operator import attrgetter
@@ -15,7 +14,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from sqlalchemy import delete, func, insert, inspect, literal, select, union_all
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -25,6 +24,7 @@ from .engine import (
     check_busy_timeout,
     check_synchronous,
     create_engine,
+    create_sqlite_writer_engine,
     database_url,
     is_sqlite,
 )
@@ -189,9 +189,13 @@ class SqliteEventStore(GroupCommitStore):
     the file for this process while it is open (`LogLock`): a second one, in any process,
     fails to open with `LogInUse` (a gateway serving the log opens it so; readers need not).
 
-    ``open()`` runs the Alembic migrations, loads the last position and starts the writer.
-    Reads use their own pooled connections and run alongside the writer.
+    ``open()`` runs the Alembic migrations, loads the last position and starts the writer
+    on a thread of its own, with a connection of its own (``sqlite3``): a commit never waits
+    for the caller's event loop, however busy. Reads use their own pooled connections
+    (aiosqlite) and run alongside the writer.
     """
+
+    _writer_thread = True
 
     def __init__(
         self,
@@ -210,15 +214,15 @@ class SqliteEventStore(GroupCommitStore):
             raise ValueError(f"not a SQLite URL: {url.render_as_string(hide_password=True)}")
         self._url = url
         database = url.database or ""
-        self._lock = LogLock(database) if exclusive and database not in ("", ":memory:") \
+        self._log_lock = LogLock(database) if exclusive and database not in ("", ":memory:") \
             else None
         self._synchronous = check_synchronous(synchronous)
         self._busy_timeout_ms = check_busy_timeout(busy_timeout_ms)
         self._engine: AsyncEngine | None = None
-        self._writer_conn: AsyncConnection | None = None
-        self._driver: Any = None
-        """The writer's aiosqlite connection, if it can run a function in its thread (the
-        one-hop commit of `_SqliteTransaction`); found once: the writer keeps its connection."""
+        """Reads, migrations (aiosqlite, on the caller's loop)."""
+        self._writer_engine: Engine | None = None
+        self._writer_conn: Connection | None = None
+        """The writer's own connection (``sqlite3``, on the writer's thread)."""
         self._compiled_insert: _CompiledInsert | None = None
 
     @property
@@ -229,13 +233,13 @@ class SqliteEventStore(GroupCommitStore):
         return self._engine
 
     async def _start(self) -> int:
-        if self._lock is not None:
-            self._lock.acquire(self._url.database or "")
+        if self._log_lock is not None:
+            self._log_lock.acquire(self._url.database or "")
         try:
             return await self._connect()
         except BaseException:
-            if self._lock is not None:
-                self._lock.release()
+            if self._log_lock is not None:
+                self._log_lock.release()
             raise
 
     async def _connect(self) -> int:
@@ -243,55 +247,61 @@ class SqliteEventStore(GroupCommitStore):
                                busy_timeout_ms=self._busy_timeout_ms)
         try:
             await upgrade_engine(engine)
-            conn = await engine.connect()
-            try:
+            async with engine.connect() as conn:
                 last = (await conn.execute(_MAX_POSITION)).scalar()
-                await conn.rollback()
-                driver = (await conn.get_raw_connection()).driver_connection
-            except BaseException:
-                await conn.close()
-                raise
         except BaseException:
             await engine.dispose()
             raise
         self._engine = engine
-        self._writer_conn = conn
-        self._driver = driver if hasattr(driver, "_execute") else None
         return int(last or 0)
 
-    async def _stop(self) -> None:
+    async def _start_writer(self) -> None:
+        # On the writer's thread: its connection is used there alone.
+        engine = create_sqlite_writer_engine(self._url, synchronous=self._synchronous,
+                                             busy_timeout_ms=self._busy_timeout_ms)
+        try:
+            self._writer_conn = engine.connect()
+        except BaseException:
+            engine.dispose()
+            raise
+        self._writer_engine = engine
+        self._compiled_insert = _compile_insert(self._writer_conn.dialect)
+
+    async def _stop_writer(self) -> None:
         conn, self._writer_conn = self._writer_conn, None
-        self._driver = None
-        engine, self._engine = self._engine, None
+        engine, self._writer_engine = self._writer_engine, None
         try:
             if conn is not None:
-                await conn.close()
+                conn.close()
         finally:
-            try:
-                if engine is not None:
-                    await engine.dispose()
-            finally:
-                if self._lock is not None:
-                    self._lock.release()
+            if engine is not None:
+                engine.dispose()
+
+    async def _stop(self) -> None:
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                await engine.dispose()
+        finally:
+            if self._log_lock is not None:
+                self._log_lock.release()
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[WriteTransaction]:
         conn = self._writer_conn
-        if conn is None:
+        if conn is None or self._compiled_insert is None:
             raise StoreClosedError("the store is not open")
-        if self._compiled_insert is None:
-            self._compiled_insert = _compile_insert(conn.dialect)
-        txn = _SqliteTransaction(conn, self._compiled_insert, self._driver)
+        txn = _SqliteTransaction(conn, self._compiled_insert)
         try:
             yield txn
-            await txn.commit()
+            txn.commit()
         except Exception:
             with contextlib.suppress(Exception):
-                await conn.rollback()  # also after a failed COMMIT (no-op without one)
+                conn.rollback()  # also after a failed COMMIT (no-op without one)
             # SQLAlchemy does not roll back after a failed COMMIT, and SQLite may keep that
             # transaction open: end it here, or the next batch would run (and commit) in it.
             with contextlib.suppress(Exception):
-                await conn.run_sync(_rollback_driver)
+                conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
             raise
 
     def _describe(self, exc: BaseException) -> str:
@@ -360,58 +370,25 @@ class SqliteEventStore(GroupCommitStore):
             return None if row is None else Snapshot(*row)
 
 
-def _insert_and_commit(driver: Any, insert_sql: str, params: list[Any]) -> None:
-    """In the driver's thread: insert the rows and commit, or roll back on any failure."""
-    conn: sqlite3.Connection = driver._conn
-    try:
-        conn.executemany(insert_sql, params)
-        conn.commit()
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.rollback()
-        raise
-
-
-def _rollback_driver(sync_conn: Connection) -> None:
-    """Roll back whatever transaction the driver's connection is in (none: no effect)."""
-    sync_conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
-
-
 class _SqliteTransaction:
-    """The writer's side of one SQLite transaction.
+    """The writer's side of one SQLite transaction, on the writer's thread: every statement
+    runs there and then, through SQLAlchemy's synchronous Core over the standard library's
+    ``sqlite3`` (the thread is the writer's own: a blocking call holds up nobody else). The
+    methods are coroutines only because the writer awaits any adapter's."""
 
-    A batch that needs no query before its insert (the usual one: every stream's version is
-    cached) is written in one hop to the driver's thread: the insert and the commit run there
-    together, instead of one round trip through SQLAlchemy and aiosqlite for each statement
-    (2 ms against 0.6 ms per transaction on the development machine). Anything else goes
-    through SQLAlchemy, which begins the transaction at its first statement.
-    """
+    __slots__ = ("_conn", "_insert")
 
-    __slots__ = ("_conn", "_driver", "_insert", "_rows")
-
-    def __init__(self, conn: AsyncConnection, insert: _CompiledInsert, driver: Any) -> None:
+    def __init__(self, conn: Connection, insert: _CompiledInsert) -> None:
         self._conn = conn
         self._insert = insert
-        self._driver = driver
-        """The aiosqlite connection, if it can run a function in its thread (else None)."""
-        self._rows: Sequence[RecordedEvent] | None = None
 
-    async def commit(self) -> None:
-        """Commit what was done (and write the rows left for the one-hop path)."""
-        rows, self._rows = self._rows, None
-        if rows is not None:
-            insert_sql, row_params = self._insert
-            driver = self._driver
-            try:
-                await driver._execute(_insert_and_commit, driver, insert_sql,
-                                      list(map(row_params, rows)))
-            except sqlite3.IntegrityError as exc:
-                raise KeyConflict(_reason(exc)) from exc
-        elif self._conn.in_transaction():
-            await self._conn.commit()
+    def commit(self) -> None:
+        """Commit what was done (nothing to do if nothing was)."""
+        if self._conn.in_transaction():
+            self._conn.commit()
 
     async def last_position(self) -> int:
-        return int((await self._conn.execute(_MAX_POSITION)).scalar() or 0)
+        return int(self._conn.execute(_MAX_POSITION).scalar() or 0)
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
         # One max() per stream, each a single index lookup; a GROUP BY over ``IN (...)``
@@ -419,7 +396,7 @@ class _SqliteTransaction:
         found: dict[str, int] = {}
         for start in range(0, len(streams), _VERSION_CHUNK):
             chunk = streams[start : start + _VERSION_CHUNK]
-            result = await self._conn.execute(union_all(*(
+            result = self._conn.execute(union_all(*(
                 select(literal(stream), func.max(events.c.version)).where(
                     events.c.stream == stream)
                 for stream in chunk
@@ -432,7 +409,7 @@ class _SqliteTransaction:
         found: dict[str, RecordedEvent] = {}
         for start in range(0, len(event_ids), _IN_CHUNK):
             chunk = event_ids[start : start + _IN_CHUNK]
-            result = await self._conn.execute(select(*_COLUMNS).where(events.c.event_id.in_(chunk)))
+            result = self._conn.execute(select(*_COLUMNS).where(events.c.event_id.in_(chunk)))
             for row in result:
                 record = RecordedEvent(*row)
                 found[record.event_id] = record
@@ -441,29 +418,25 @@ class _SqliteTransaction:
     async def insert(self, rows: Sequence[RecordedEvent]) -> None:
         # One executemany of the INSERT compiled from ``insert(events)`` for this dialect,
         # with plain parameter tuples: SQLAlchemy passes them to the driver untouched.
-        if self._driver is not None and not self._conn.in_transaction():
-            self._rows = rows  # nothing ran yet: insert and commit in one hop at the commit
-            return
         insert_sql, row_params = self._insert
         try:
-            await self._conn.exec_driver_sql(insert_sql, list(map(row_params, rows)))
+            self._conn.exec_driver_sql(insert_sql, list(map(row_params, rows)))
         except IntegrityError as exc:
             raise KeyConflict(_reason(exc)) from exc
 
     async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
         conn = self._conn
-        await conn.execute(delete(snapshots).where(snapshots.c.position == snapshot.position))
-        await conn.execute(insert(snapshots).values(snapshot._asdict()))
+        conn.execute(delete(snapshots).where(snapshots.c.position == snapshot.position))
+        conn.execute(insert(snapshots).values(snapshot._asdict()))
         newest = select(snapshots.c.position).order_by(snapshots.c.position.desc()).limit(keep)
-        kept = [row[0] for row in await conn.execute(newest)]
-        await conn.execute(delete(snapshots).where(snapshots.c.position.not_in(kept)))
+        kept = [row[0] for row in conn.execute(newest)]
+        conn.execute(delete(snapshots).where(snapshots.c.position.not_in(kept)))
 
     async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
         stmt = delete(snapshots)
         if positions is not None:
             stmt = stmt.where(snapshots.c.position.in_(positions))
-        result = await self._conn.execute(stmt)
-        return int(result.rowcount)
+        return int(self._conn.execute(stmt).rowcount)
 
 
 def _file_kind(path: str | os.PathLike[str]) -> tuple[str, str]:

@@ -28,14 +28,23 @@ so they never interleave with one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import math
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import ClassVar, Final, Protocol, Self
+from typing import Any, ClassVar, Final, Protocol, Self, TypeVar
 
 from .port import (
     Append,
@@ -51,6 +60,8 @@ from .port import (
     WriteFailed,
 )
 from .schema import EVENT_ID_MAX, FINGERPRINT_MAX, STREAM_MAX, TYPE_MAX
+
+T = TypeVar("T")
 
 DEFAULT_MAX_BATCH: Final = 2000
 """Most events the writer puts in one transaction (a bigger single append still goes whole)."""
@@ -206,6 +217,19 @@ def _repeated_id(append: Append) -> DuplicateEventError:
     return DuplicateEventError(f"append to {append.stream!r} repeats an event id")
 
 
+def _fail_left(inflight: Sequence[_Pending], queued: Sequence[_Pending]) -> None:
+    """Fail the appends a stopping writer leaves: those in flight may be recorded or not,
+    the queued ones were not written."""
+    for pending in inflight:
+        if not pending.future.done():
+            pending.future.set_exception(StoreError(
+                "the writer stopped mid-commit; the append may or may not be recorded"))
+    for pending in queued:
+        if not pending.future.done():
+            pending.future.set_exception(
+                StoreClosedError("the writer stopped before this append was written"))
+
+
 def check_limit(limit: int | None) -> None:
     """Reject a negative read limit."""
     if limit is not None and limit < 0:
@@ -217,6 +241,13 @@ class GroupCommitStore(ABC):
 
     Subclasses provide storage; see the module docstring for how a batch is written.
     """
+
+    _writer_thread: ClassVar[bool] = False
+    """Whether the writer runs on a thread of its own, with its own event loop, rather than
+    as a task of the loop that opened the store. An adapter whose commits take real time
+    (a database file) then commits at its own pace however busy that loop is, and an urgent
+    append waits for at most the commit in flight. Its write side is opened on that loop
+    (`_start_writer`); futures are resolved, and followers fed, on the caller's loop."""
 
     _shares_log: ClassVar[bool] = False
     """Whether other processes may write the same log. Such a store (PostgreSQL) never trusts
@@ -239,11 +270,20 @@ class GroupCommitStore(ABC):
         self._follower_buffer = follower_buffer
         self._state = _State.NEW
         self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop that opened the store: appends come from it, futures resolve on it."""
+        self._writer_loop: asyncio.AbstractEventLoop | None = None
+        """The loop the writer runs on (the same one, or its thread's)."""
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        """Guards the queue and its counters (appended to by the caller, taken by the
+        writer, which may be on another thread)."""
         self._queue: deque[_Pending] = deque()
         self._queued_events = 0
         self._urgent = 0
         """Urgent appends in the queue: the next batch is theirs (see `_take_urgent`)."""
-        self._wakeup = asyncio.Event()
+        self._sleeping = False
+        """The writer waits for `_wakeup` (set it, from the writer's loop, to go on)."""
+        self._wakeup: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
         self._inflight: list[_Pending] = []
@@ -251,8 +291,9 @@ class GroupCommitStore(ABC):
         # Writer-owned caches; advanced only after a commit returned.
         self._versions: dict[str, int] = {}
         self._position = 0
-        self._write_lock = asyncio.Lock()
-        """Held by each batch commit, import and snapshot write: one write at a time."""
+        self._write_lock: asyncio.Lock | None = None
+        """Held by each batch commit, import and snapshot write: one write at a time (on the
+        writer's loop)."""
         self._stale = False
         """A write failed: the caches are read again before the next one (see `_resync`)."""
         self._inflight_events = 0
@@ -294,6 +335,14 @@ class GroupCommitStore(ABC):
     @abstractmethod
     async def _stop(self) -> None:
         """Release storage; called once, after the writer drained."""
+
+    async def _start_writer(self) -> None:
+        """Open what the writer writes with, on the writer's loop (after `_start`)."""
+        return None
+
+    async def _stop_writer(self) -> None:
+        """Close what `_start_writer` opened, on the writer's loop, once the writer ended."""
+        return None
 
     @abstractmethod
     def _transaction(self) -> AbstractAsyncContextManager[WriteTransaction]:
@@ -343,8 +392,69 @@ class GroupCommitStore(ABC):
         loop = asyncio.get_running_loop()
         self._position = await self._start()
         self._loop = loop
+        if not self._writer_thread:
+            self._writer_loop = loop
+            await self._begin_writer()
+            return
+        writer_loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=writer_loop.run_forever, daemon=True,
+                                  name=f"{type(self).__name__} writer")
+        thread.start()
+        self._writer_loop, self._thread = writer_loop, thread
+        try:
+            await self._on_writer(self._begin_writer())
+        except BaseException:
+            self._state = _State.CLOSED
+            await self._end_thread()
+            await self._stop()
+            raise
+
+    async def _begin_writer(self) -> None:
+        """On the writer's loop: open the write side, then start the writer."""
+        self._wakeup = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        await self._start_writer()
         self._state = _State.OPEN
-        self._writer = loop.create_task(self._run_writer(), name=f"{type(self).__name__} writer")
+        self._writer = asyncio.get_running_loop().create_task(
+            self._run_writer(), name=f"{type(self).__name__} writer")
+
+    async def _on_writer(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the writer's loop and wait for it here."""
+        if self._thread is None:
+            return await coro
+        assert self._writer_loop is not None
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(coro, self._writer_loop))
+
+    def _deliver(self, fn: Callable[..., None], *args: Any) -> None:
+        """From the writer: call ``fn`` on the caller's loop (where the futures are)."""
+        if self._thread is None:
+            fn(*args)
+            return
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _wake(self) -> None:
+        """Let a sleeping writer go on (call with ``_lock`` held)."""
+        if not self._sleeping:
+            return
+        self._sleeping = False
+        wakeup = self._wakeup
+        assert wakeup is not None and self._writer_loop is not None
+        if self._thread is None:
+            wakeup.set()
+        else:
+            self._writer_loop.call_soon_threadsafe(wakeup.set)
+
+    async def _end_thread(self) -> None:
+        """Stop the writer's thread and its loop (if it has one)."""
+        thread, writer_loop = self._thread, self._writer_loop
+        if thread is None or writer_loop is None:
+            return
+        writer_loop.call_soon_threadsafe(writer_loop.stop)
+        await asyncio.to_thread(thread.join)
+        writer_loop.close()
 
     async def close(self) -> None:
         """Finish the commit in flight and every append already enqueued, then stop.
@@ -356,20 +466,29 @@ class GroupCommitStore(ABC):
             if self._state is _State.NEW:
                 self._state = _State.CLOSED
                 return
-            self._state = _State.CLOSING
-            self._wakeup.set()
+            with self._lock:
+                self._state = _State.CLOSING
+                self._wake()
             self._shutdown = asyncio.ensure_future(self._finish())
         await asyncio.shield(self._shutdown)
 
     async def _finish(self) -> None:
         try:
-            if self._writer is not None:
-                await self._writer
+            await self._on_writer(self._end_writer())
         finally:
+            await self._end_thread()
             self._state = _State.CLOSED
             for follower in self._followers:
                 follower.wakeup.set()
             await self._stop()
+
+    async def _end_writer(self) -> None:
+        """On the writer's loop: let the writer drain, then close the write side."""
+        try:
+            if self._writer is not None:
+                await self._writer
+        finally:
+            await self._stop_writer()
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -395,10 +514,11 @@ class GroupCommitStore(ABC):
         if len(events) > 1 and len({event.event_id for event in events}) != len(events):
             future.set_exception(_repeated_id(append))
             return future
-        self._queue.append(_Pending(append, events, future))
-        self._queued_events += len(events)
-        self._urgent += append.urgent
-        self._wakeup.set()
+        with self._lock:
+            self._queue.append(_Pending(append, events, future))
+            self._queued_events += len(events)
+            self._urgent += append.urgent
+            self._wake()
         return future
 
     def append_many(self, appends: Sequence[Append]) -> list[asyncio.Future[list[RecordedEvent]]]:
@@ -423,19 +543,22 @@ class GroupCommitStore(ABC):
             return self._closed_futures(len(appends))
         checked = [_check(append) for append in appends]
         futures: list[asyncio.Future[list[RecordedEvent]]] = []
-        queue = self._queue
-        queued = 0
+        taken: list[_Pending] = []
+        queued = urgent = 0
         for append, events in zip(appends, checked, strict=True):
             future = loop.create_future()
             if len(events) > 1 and len({event.event_id for event in events}) != len(events):
                 future.set_exception(_repeated_id(append))
             else:
-                queue.append(_Pending(append, events, future))
+                taken.append(_Pending(append, events, future))
                 queued += len(events)
-                self._urgent += append.urgent
+                urgent += append.urgent
             futures.append(future)
-        self._queued_events += queued
-        self._wakeup.set()
+        with self._lock:
+            self._queue.extend(taken)
+            self._queued_events += queued
+            self._urgent += urgent
+            self._wake()
         return futures
 
     # ----------------------------------------------------------------- imports, snapshots
@@ -490,6 +613,12 @@ class GroupCommitStore(ABC):
             return
         for record in rows:
             _check_record(record)
+        await self._on_writer(self._restore(rows))
+        if self._followers:
+            self._publish(rows)
+
+    async def _restore(self, rows: list[RecordedEvent]) -> None:
+        assert self._write_lock is not None
         async with self._write_lock:
             self._check_open()
             async with self._writing("the import") as txn:
@@ -521,8 +650,6 @@ class GroupCommitStore(ABC):
                     ) from None
             self._position = position
             self._versions.update(versions)
-        if self._followers:
-            self._publish(rows)
 
     async def save_snapshot(self, snapshot: Snapshot, keep: int = 2) -> None:
         """Store a snapshot (replacing one at the same position), then delete all but the
@@ -536,6 +663,10 @@ class GroupCommitStore(ABC):
             if not value or len(value) > FINGERPRINT_MAX:
                 raise ValueError(f"snapshot {name} must have 1 to {FINGERPRINT_MAX} characters")
         self._check_open()
+        await self._on_writer(self._save_snapshot(snapshot, keep))
+
+    async def _save_snapshot(self, snapshot: Snapshot, keep: int) -> None:
+        assert self._write_lock is not None
         async with self._write_lock:
             self._check_open()
             async with self._writing("the snapshot") as txn:
@@ -544,57 +675,62 @@ class GroupCommitStore(ABC):
     async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
         """Delete the snapshots at ``positions`` (default: every one); how many there were."""
         self._check_open()
+        return await self._on_writer(self._delete_snapshots(
+            None if positions is None else list(positions)))
+
+    async def _delete_snapshots(self, positions: list[int] | None) -> int:
+        assert self._write_lock is not None
         async with self._write_lock:
             self._check_open()
             async with self._writing("the deletion of snapshots") as txn:
-                return await txn.delete_snapshots(None if positions is None else list(positions))
+                return await txn.delete_snapshots(positions)
 
     # ----------------------------------------------------------------- the writer
 
     async def _run_writer(self) -> None:
         queue = self._queue
+        wakeup = self._wakeup
+        assert wakeup is not None and self._write_lock is not None
         busy_since: float | None = None
         try:
             while True:
-                if not queue:
-                    busy_since = None
-                    if self._state is not _State.OPEN:
-                        return
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                with self._lock:
+                    if not queue:
+                        busy_since = None
+                        if self._state is not _State.OPEN:
+                            return
+                        self._sleeping = True
+                        wakeup.clear()
+                        batch = None
+                    else:
+                        batch = self._take_batch()
+                        self._inflight = batch
+                        self._inflight_events = sum(len(p.events) for p in batch)
+                if batch is None:
+                    await wakeup.wait()
                     continue
-                batch = self._take_batch()
-                if batch:
-                    self._inflight = batch
-                    self._inflight_events = sum(len(p.events) for p in batch)
-                    # Kept busy since the last commit ended: the time between counts too
-                    # (under load that is where the loop makes the next batch).
-                    started = busy_since if busy_since is not None else time.perf_counter()
-                    async with self._write_lock:
-                        await self._commit(batch)
-                    ended = time.perf_counter()
-                    self._measure(self._inflight_events, ended - started)
+                if not batch:
+                    continue
+                # Kept busy since the last commit ended: the time between counts too (under
+                # load that is where the next batch is made).
+                started = busy_since if busy_since is not None else time.perf_counter()
+                async with self._write_lock:
+                    await self._commit(batch)
+                ended = time.perf_counter()
+                self._measure(self._inflight_events, ended - started)
+                with self._lock:
                     busy_since = ended if queue else None
                     self._inflight = []
                     self._inflight_events = 0
         finally:
-            for pending in self._inflight:
-                if not pending.future.done():
-                    pending.future.set_exception(
-                        StoreError(
-                            "the writer stopped mid-commit; the append may or may not be recorded"
-                        )
-                    )
-            self._inflight = []
-            self._inflight_events = 0
-            self._queued_events = 0
-            self._urgent = 0
-            while queue:
-                pending = queue.popleft()
-                if not pending.future.done():
-                    pending.future.set_exception(
-                        StoreClosedError("the writer stopped before this append was written")
-                    )
+            with self._lock:
+                inflight, queued = self._inflight, list(queue)
+                queue.clear()
+                self._inflight = []
+                self._inflight_events = 0
+                self._queued_events = 0
+                self._urgent = 0
+            self._deliver(_fail_left, inflight, queued)
 
     def _take_urgent(self) -> list[_Pending]:
         """The urgent appends, with whatever of their own streams was queued before them;
@@ -648,15 +784,18 @@ class GroupCommitStore(ABC):
                 plan = await self._attempt(batch, lookup_all=True)
         except Exception as exc:
             self._stale = True
-            reason = self._describe(exc)
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(WriteFailed("the append", reason))
+            failed = WriteFailed("the append", self._describe(exc))
+            self._deliver(self._settle, batch, [failed] * len(batch), [])
             return
-        # Committed: advance the caches, then tell callers and followers.
+        # Committed: advance the caches, then tell callers and followers (on their loop).
         self._position = plan.position
         self._versions.update(plan.versions)
-        for pending, outcome in zip(batch, plan.outcomes, strict=True):
+        self._deliver(self._settle, batch, plan.outcomes, plan.rows)
+
+    def _settle(self, batch: list[_Pending], outcomes: Sequence[Outcome],
+                rows: list[RecordedEvent]) -> None:
+        """On the caller's loop: resolve the futures of a batch, then feed the followers."""
+        for pending, outcome in zip(batch, outcomes, strict=True):
             future = pending.future
             if future.done():
                 continue
@@ -664,8 +803,8 @@ class GroupCommitStore(ABC):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
-        if plan.rows and self._followers:
-            self._publish(plan.rows)
+        if rows and self._followers:
+            self._publish(rows)
 
     async def _attempt(self, batch: list[_Pending], *, lookup_all: bool) -> _Plan:
         async with self._transaction() as txn:

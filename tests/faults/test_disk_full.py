@@ -207,11 +207,14 @@ class SizeLimited(SqliteEventStore):
     page with 'database or disk is full', as a full disk does."""
 
     async def fill_up(self, full: bool = True) -> None:
-        conn = self._writer_conn  # the writer is idle: the test waited for every commit
-        assert conn is not None
-        pages = (await conn.exec_driver_sql("PRAGMA page_count")).scalar() if full else 0
-        await conn.exec_driver_sql(f"PRAGMA max_page_count={pages or 1_073_741_823}")
-        await conn.rollback()
+        async def limit() -> None:  # on the writer's thread, idle: the test waited for it
+            conn = self._writer_conn
+            assert conn is not None
+            pages = conn.exec_driver_sql("PRAGMA page_count").scalar() if full else 0
+            conn.exec_driver_sql(f"PRAGMA max_page_count={pages or 1_073_741_823}")
+            conn.rollback()
+
+        await self._on_writer(limit())
 
 
 async def test_a_stop_while_full_survives_its_failed_snapshot_and_loses_nothing(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -92,19 +93,21 @@ def assert_gap_free(records: Sequence[RecordedEvent], first: int = 1) -> None:
 
 
 class _Gate:
-    """Holds every write transaction open (before its commit) until released."""
+    """Holds every write transaction open (before its commit) until released (on whichever
+    loop, and thread, the store's writer runs)."""
 
     def __init__(self, store: GroupCommitStore) -> None:
+        loop = asyncio.get_running_loop()
         self.entered = asyncio.Event()
-        self.release = asyncio.Event()
+        self.release = threading.Event()
         inner = store._transaction
 
         @contextlib.asynccontextmanager
         async def gated() -> AsyncIterator[WriteTransaction]:
             async with inner() as txn:
                 yield txn
-                self.entered.set()
-                await self.release.wait()
+                loop.call_soon_threadsafe(self.entered.set)
+                await asyncio.to_thread(self.release.wait, TIMEOUT)
 
         store._transaction = gated  # type: ignore[method-assign]
 

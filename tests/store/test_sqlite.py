@@ -15,7 +15,6 @@ import sqlalchemy
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy.dialects.sqlite.aiosqlite import AsyncAdapt_aiosqlite_connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -34,7 +33,6 @@ from store import (
     migrate,
     open_store,
 )
-from store import sqlite as sqlite_module
 from store.migration import HEAD, alembic_config
 from store.schema import metadata
 from store.sqlite import _SqliteTransaction
@@ -260,9 +258,17 @@ async def test_pragmas_default_to_wal_and_full(sqlite_store: SqliteEventStore) -
     expected = {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 5000, "foreign_keys": 1}
     async with sqlite_store.engine.connect() as conn:
         assert await _pragmas(conn) == expected
-    assert sqlite_store._writer_conn is not None
-    assert await _pragmas(sqlite_store._writer_conn) == expected
-    await sqlite_store._writer_conn.rollback()
+
+    async def writers() -> dict[str, Any]:  # on the writer's thread, its connection's own
+        conn = sqlite_store._writer_conn
+        assert conn is not None
+        found = {name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+                 for name in expected}
+        conn.rollback()
+        return found
+
+    assert await sqlite_store._on_writer(writers()) == expected
+    assert sqlite_store._thread is not None and sqlite_store._thread.is_alive()
 
 
 async def test_synchronous_is_configurable(db_path: Path) -> None:
@@ -340,17 +346,10 @@ async def test_failing_commit_fails_the_batch(
     store = sqlite_store
     await wait(store.append(app("s", expected=0)))
 
-    def failing_commit(self: AsyncAdapt_aiosqlite_connection) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
+    def failing_commit(self: _SqliteTransaction) -> None:
+        raise sqlite3.OperationalError("disk I/O error")  # the rows went in; the COMMIT fails
 
-    def insert_failing_commit(driver: Any, insert_sql: str, params: list[Any]) -> None:
-        conn = driver._conn  # the one-hop path: the rows go in, then the COMMIT fails
-        conn.executemany(insert_sql, params)
-        conn.rollback()
-        raise sqlite3.OperationalError("disk I/O error")
-
-    monkeypatch.setattr(AsyncAdapt_aiosqlite_connection, "commit", failing_commit)
-    monkeypatch.setattr(sqlite_module, "_insert_and_commit", insert_failing_commit)
+    monkeypatch.setattr(_SqliteTransaction, "commit", failing_commit)
     futures = store.append_many([app("s", expected=1), app("t")])
     for future in futures:
         error = await fails(future, StoreError)
