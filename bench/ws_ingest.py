@@ -71,7 +71,7 @@ async def gateway(db: Path, agents: dict[str, AgentConfig],
     ``max_batch`` events per commit): its ``ws://`` base URL and its engine. Stopped
     gracefully after the block."""
     engine = Engine(SqliteEventStore(db, synchronous="FULL", max_batch=max_batch), agents,
-                    reasoners=reasoners)
+                    reasoners=reasoners, snapshot_worker=True)  # as `gateway serve` does
     service = Service(engine=engine, tokens=TOKENS)
     ready = asyncio.Event()
 

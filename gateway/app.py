@@ -51,6 +51,7 @@ from gateway.llm import LLMClient
 from gateway.market import MarketEvent, event_time, to_ms
 from gateway.metrics import family, label
 from gateway.openapi import openapi_document
+from gateway.pacing import Pacer
 from gateway.protocol import (
     CLIENT_FRAME,
     CLIENT_TYPES,
@@ -178,6 +179,9 @@ class Service:
     of connecting or of the request's first bytes (enforced by `gateway.server`)."""
     connections: Connections = field(default_factory=lambda: Connections())
     intake: Intake = field(init=False)
+    pacer: Pacer = field(default_factory=Pacer)
+    """The feed's work takes turns on the event loop, so that a control waits for at most
+    one unit of it (`gateway.pacing`)."""
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.engine.store, self.intake_budget_ms)
@@ -1090,13 +1094,17 @@ class Session:
                                         and len(raw.encode()) > limit):
                     raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
                                    "bytes; split it")
-                data = load_json(raw)
-                if self.endpoint == "feed" and isinstance(data, dict) and \
-                        data.get("type") in WORK_TYPES:
-                    retry = self.service.intake.admit(self)
-                    if retry is not None:  # nothing taken: the client sends it again later
-                        await self._send(BusyFrame(id=_frame_id(data), retry_after_ms=retry))
-                        continue
+                if self.endpoint == "feed":
+                    async with self.service.pacer.turn():
+                        data = load_json(raw)
+                    if isinstance(data, dict) and data.get("type") in WORK_TYPES:
+                        retry = self.service.intake.admit(self)
+                        if retry is not None:  # nothing taken: the client sends it later
+                            await self._send(BusyFrame(id=_frame_id(data),
+                                                       retry_after_ms=retry))
+                            continue
+                else:
+                    data = load_json(raw)
                 frame = await self._validate(data)
             except (BadFrame, InvalidRequest) as error:
                 self.bad_frames += 1
@@ -1133,18 +1141,30 @@ class Session:
         items = data.get(batch[0]) if batch is not None else None
         if batch is not None and isinstance(items, list) and \
                 VALIDATE_STEP < len(items) <= MAX_BATCH:
-            data = {**data, batch[0]: await _validate_items(batch[0], batch[1], items)}
+            data = {**data, batch[0]: await _validate_items(batch[0], batch[1], items,
+                                                            self._turn)}
         try:
-            return CLIENT_FRAME.validate_python(data)
+            async with self._turn():
+                return CLIENT_FRAME.validate_python(data)
         except ValidationError as error:
             invalid = InvalidRequest.from_validation_error(error)
             # Drop the frame type pydantic puts first in each location ("submit.request...").
             raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
                                   for e in invalid.errors]) from None
 
+    def _turn(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A turn of the pacer for a feed connection's work; nothing to wait for otherwise."""
+        return self.service.pacer.turn() if self.endpoint == "feed" else _NO_TURN
+
     async def _send(self, frame: BaseModel) -> None:
         # Optional fields that are None are left out; Hello's scope is always sent.
         await self._send_text(frame.model_dump_json(exclude_none=not isinstance(frame, Hello)))
+
+    async def _send_paced(self, frame: BaseModel) -> None:
+        """`_send`, the encoding in a turn of the pacer (a feed's big answers)."""
+        async with self._turn():
+            text = frame.model_dump_json(exclude_none=True)
+        await self._send_text(text)
 
     async def _send_text(self, text: str) -> None:
         async with self.send_lock:
@@ -1192,8 +1212,8 @@ class Session:
                 ack = await engine.submit(frame.request, principal.name)
             await self._send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
-            await self._send(AcksFrame(id=frame.id,
-                                       results=await self._submit_all(frame.requests)))
+            await self._send_paced(AcksFrame(id=frame.id,
+                                             results=await self._submit_all(frame.requests)))
         elif isinstance(frame, Market):
             principal.check_feed()
             if principal.agents is not None:
@@ -1204,14 +1224,16 @@ class Session:
             if self.endpoint != "feed":
                 self.service.check_capacity()
             requests: list[AgentRequest] = []
-            for event in frame.events:
-                if self.service.on_market is not None:
-                    self.service.on_market(event)
-                if self.service.hooks is not None:
-                    requests += self.service.hooks.on_event(event)
+            for start in range(0, len(frame.events), VALIDATE_STEP):
+                async with self._turn():
+                    for event in frame.events[start:start + VALIDATE_STEP]:
+                        if self.service.on_market is not None:
+                            self.service.on_market(event)
+                        if self.service.hooks is not None:
+                            requests += self.service.hooks.on_event(event)
             triggered = await self._submit_all(requests) if requests else []
-            await self._send(MarketAck(id=frame.id, events=len(frame.events),
-                                       triggered=triggered))
+            await self._send_paced(MarketAck(id=frame.id, events=len(frame.events),
+                                             triggered=triggered))
         elif isinstance(frame, Subscribe):
             await self._subscribe(frame)
         elif isinstance(frame, Unsubscribe):
@@ -1262,7 +1284,9 @@ class Session:
             except GatewayError as error:
                 refused[index] = error_frame(error, request_id=request.request_id)
         with self._holding(len(allowed)):
-            answers = iter(await self.engine.submit_many(allowed, principal.name))
+            answers = iter(await self.engine.submit_many(
+                allowed, principal.name,
+                pacer=self.service.pacer if self.endpoint == "feed" else None))
         results: list[AckFrame | ErrorFrame] = []
         for index, request in enumerate(requests):
             if index in refused:
@@ -1332,6 +1356,7 @@ class Session:
                         "again with 'after' set to the last position you received"))
 
 
+_NO_TURN = contextlib.nullcontext()
 WORK_TYPES = frozenset({"submit", "submit_many", "market"})
 """Frame types that make work for the log (a feed connection's are admitted by the intake)."""
 VALIDATE_STEP = 100
@@ -1343,22 +1368,25 @@ BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
 """The list member of each batch frame and the model of its items."""
 
 
-async def _validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any]) -> list[Any]:
-    """The items of a batch frame validated `VALIDATE_STEP` at a time, letting other work run
-    in between; `InvalidRequest` naming each bad field (``requests.3.kind``) as the frame's
-    own validation would."""
+async def _validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any],
+                          turn: Callable[[], contextlib.AbstractAsyncContextManager[None]]
+                          ) -> list[Any]:
+    """The items of a batch frame validated `VALIDATE_STEP` at a time, each step in a
+    ``turn`` (other work runs in between); `InvalidRequest` naming each bad field
+    (``requests.3.kind``) as the frame's own validation would."""
     checked: list[Any] = []
     errors: list[FieldError] = []
     for start in range(0, len(items), VALIDATE_STEP):
         if start:
             await asyncio.sleep(0)
-        for index in range(start, min(start + VALIDATE_STEP, len(items))):
-            try:
-                checked.append(adapter.validate_python(items[index]))
-            except ValidationError as error:
-                errors += [FieldError(f"{name}.{index}" if e.field == "(request)"
-                                      else f"{name}.{index}.{e.field}", e.message)
-                           for e in InvalidRequest.from_validation_error(error).errors]
+        async with turn():
+            for index in range(start, min(start + VALIDATE_STEP, len(items))):
+                try:
+                    checked.append(adapter.validate_python(items[index]))
+                except ValidationError as error:
+                    errors += [FieldError(f"{name}.{index}" if e.field == "(request)"
+                                          else f"{name}.{index}.{e.field}", e.message)
+                               for e in InvalidRequest.from_validation_error(error).errors]
     if errors:
         raise InvalidRequest(errors)
     return checked

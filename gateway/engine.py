@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import multiprocessing
 import os
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -37,7 +40,7 @@ from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
 from gateway.quarantine import PLAIN, LogReader, log_reader
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
-from gateway.snapshots import KEEP, load_latest, seal
+from gateway.snapshots import KEEP, load_latest, seal, snapshot_of_log
 from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
@@ -91,6 +94,7 @@ from store.port import (
 if TYPE_CHECKING:
     from gateway.broker import Broker
     from gateway.gate import ProviderGate
+    from gateway.pacing import Pacer
 
 log = logging.getLogger("gateway.engine")
 CALL_ATTEMPTS = 4
@@ -208,6 +212,7 @@ class Engine:
         gates: Mapping[str, ProviderGate] | None = None,
         agent_gates: Mapping[str, str] | None = None,
         snapshot_every: int | None = SNAPSHOT_EVERY,
+        snapshot_worker: bool = False,
         ids: Callable[[], str] | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
@@ -215,8 +220,10 @@ class Engine:
         ``gates`` are the provider gates by name (started and stopped with the engine);
         ``agent_gates`` names the gate each agent's LLM calls go through (none: ungated).
         A snapshot of the fold is stored once ``snapshot_every`` agent events were folded or
-        committed since the last one, and at a graceful stop (None: never); ``ids`` makes
-        event ids (default: `EventIds`)."""
+        committed since the last one, and at a graceful stop (None: never). With
+        ``snapshot_worker``, and a store another process can open (`EventStore.url`), the
+        periodic ones are folded from the log by a worker process, so that serialising a big
+        desk never holds the event loop. ``ids`` makes event ids (default: `EventIds`)."""
         if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1 or None: {snapshot_every}")
         self.broker = broker
@@ -235,6 +242,8 @@ class Engine:
         self._agents: dict[str, _Agent] = {}
         self._ids = ids or EventIds()
         self._snapshot_every = snapshot_every
+        self._snapshot_worker = snapshot_worker and store.url is not None
+        self._snapshot_pool: ProcessPoolExecutor | None = None
         self._since_snapshot = 0
         """Agent events folded or committed that the newest snapshot does not hold."""
         self._position = 0
@@ -350,6 +359,29 @@ class Engine:
         except StoreError as error:  # a cache: the log is intact, the next one will do
             log.warning("snapshot at %d not stored: %s", position, error)
 
+    def _snapshot_from_log(self) -> None:
+        """Have a worker process fold the log up to the last commit into a snapshot and store
+        it (in the background; one at a time)."""
+        if self._snapshotting is not None and not self._snapshotting.done():
+            return
+        self._since_snapshot = 0
+        self._snapshotting = spawn(self._store_snapshot_of_log(self._position), "snapshot")
+
+    async def _store_snapshot_of_log(self, position: int) -> None:
+        url = self.store.url
+        assert url is not None
+        if self._snapshot_pool is None:  # a fresh interpreter: no fork of a threaded process
+            self._snapshot_pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=os.nice, initargs=(19,))  # the gateway's own work comes first
+        try:
+            snapshot = await asyncio.get_running_loop().run_in_executor(
+                self._snapshot_pool, snapshot_of_log, url, position, self.clock.now_ms())
+            if snapshot is not None:
+                await self.store.save_snapshot(snapshot, KEEP)
+        except (StoreError, BrokenProcessPool, OSError) as error:  # a cache: the next will do
+            log.warning("snapshot at %d not stored: %s", position, error)
+
     def _quiet(self) -> bool:
         """Whether the live states are exactly the fold of the log up to ``_position``, with
         no sub-agent call on its way: nothing decided is uncommitted, no agent is being
@@ -397,6 +429,9 @@ class Engine:
             self._snapshot(self._live_fold())
         if self._snapshotting is not None:
             await self._snapshotting
+        if self._snapshot_pool is not None:
+            await asyncio.to_thread(self._snapshot_pool.shutdown)
+            self._snapshot_pool = None
         await self.store.close()
 
     async def flush(self, *, rebuilt: bool = True) -> None:
@@ -467,7 +502,8 @@ class Engine:
         return _ack(request.request_id, outcome.decisions, records)
 
     async def submit_many(
-        self, requests: Sequence[AgentRequest], principal: str | None = None
+        self, requests: Sequence[AgentRequest], principal: str | None = None,
+        pacer: Pacer | None = None,
     ) -> list[Ack | GatewayError]:
         """Decide several requests in order, each answered after its commit.
 
@@ -475,14 +511,20 @@ class Engine:
         batch costs far less than as many `submit` calls. A request that cannot be taken
         (unknown agent, say) gets its error in its place; the others go on. Requests are
         decided `DECIDE_STEP` at a time, letting other work (a stop) run in between: a big
-        batch never holds the loop for long.
+        batch never holds the loop for long; with a ``pacer`` (the feed's), each step takes
+        its turn.
         """
         at = self.clock.now_ms()
         placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
         for start in range(0, len(requests), DECIDE_STEP):
+            chunk = requests[start:start + DECIDE_STEP]
+            if pacer is not None:
+                async with pacer.turn():
+                    placed += self._place(chunk, at, principal)
+                continue
             if start:
                 await asyncio.sleep(0)
-            placed += self._place(requests[start:start + DECIDE_STEP], at, principal)
+            placed += self._place(chunk, at, principal)
         answers: list[Ack | GatewayError] = []
         for item in placed:
             if isinstance(item, GatewayError):
@@ -676,8 +718,11 @@ class Engine:
             self._position, self._anchor = last.position, last.event_id
         self._since_snapshot += len(records)
         if (self._snapshot_every is not None and self._since_snapshot >= self._snapshot_every
-                and self._running and self._quiet()):
-            self._snapshot(self._live_fold())
+                and self._running):
+            if self._snapshot_worker:
+                self._snapshot_from_log()
+            elif self._quiet():
+                self._snapshot(self._live_fold())
         if not self._running or agent.recovering:
             return
         for decision in decisions:

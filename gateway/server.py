@@ -54,7 +54,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
     engine = Engine(store, config.agent_configs(), clock=clock,
                     reasoners=reasoners.__getitem__, broker=broker,
-                    gates=build_gates(config, store, clock), agent_gates=config.agent_gates())
+                    gates=build_gates(config, store, clock), agent_gates=config.agent_gates(),
+                    snapshot_worker=True)
     tokens = TokenBook(
         (token.secret, Principal(token.name, token.role,
                                  None if token.agents is None else frozenset(token.agents)))

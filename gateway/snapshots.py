@@ -70,6 +70,36 @@ def seal(position: int, raw: bytes, created_at: int) -> Snapshot:
     return Snapshot(position, FINGERPRINT, hashlib.sha256(data).hexdigest(), created_at, data)
 
 
+def snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None:
+    """A snapshot of the log at ``url`` up to ``position``, folded from the log (from its
+    newest usable snapshot): run in a worker process, so that a gateway never holds its
+    event loop to serialise its agents (the live fold of a big desk takes long to dump).
+    None when the newest snapshot is there already."""
+    return asyncio.run(_snapshot_of_log(url, position, created_at))
+
+
+async def _snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None:
+    from gateway.quarantine import log_reader
+    from lanes.snapshot import dump_fold
+    from store import open_store
+
+    store = await open_store(url)
+    try:
+        reader = await log_reader(store)
+        loaded = await load_latest(store, upto=position)
+        log_fold = loaded.fold
+        if log_fold.position >= position:
+            return None
+        records = await store.read(after=log_fold.position, limit=position - log_fold.position)
+        if not records or records[-1].position != position:
+            return None  # the log does not reach that far (yet): nothing to do
+        log_fold.add(reader.entries(records))
+        log_fold.position = position
+        return seal(position, dump_fold(log_fold, records[-1].event_id), created_at)
+    finally:
+        await store.close()
+
+
 @dataclass(slots=True)
 class Loaded:
     """What `load_latest` found: the fold to continue from (empty when no snapshot was

@@ -132,6 +132,10 @@ class EventStore(Protocol):
     """
 
     @property
+    def url(self) -> str | None:
+        """Where another process can open this log (None: nowhere, it lives in memory)."""
+
+    @property
     def backlog(self) -> int:
         """Events appended and not committed yet."""
 

@@ -264,6 +264,11 @@ class PostgresEventStore(GroupCommitStore):
                     conn.terminate()  # the next write connects again
             raise
 
+    @property
+    def url(self) -> str | None:
+        """Where another process can open this log."""
+        return self._url.render_as_string(hide_password=False)
+
     def _describe(self, exc: BaseException) -> str:
         return _reason(exc)
 

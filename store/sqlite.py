@@ -304,6 +304,11 @@ class SqliteEventStore(GroupCommitStore):
                 conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
             raise
 
+    @property
+    def url(self) -> str | None:
+        """Where another process can open this log."""
+        return self._url.render_as_string(hide_password=False)
+
     def _describe(self, exc: BaseException) -> str:
         return _reason(exc, self._url.database)
 

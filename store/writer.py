@@ -308,6 +308,11 @@ class GroupCommitStore(ABC):
         return self._max_batch
 
     @property
+    def url(self) -> str | None:
+        """Where another process can open this log (None: nowhere, as in memory)."""
+        return None
+
+    @property
     def backlog(self) -> int:
         """Events appended and not committed yet (queued, and in the commit in flight)."""
         return self._queued_events + self._inflight_events

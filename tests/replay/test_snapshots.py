@@ -185,6 +185,39 @@ async def test_a_crash_restart_from_a_periodic_snapshot_equals_one_from_the_log(
         await b.stop(graceful=False)
 
 
+async def test_a_snapshot_folded_by_a_worker_process_equals_the_fold_of_the_log(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    db, copy = tmp_path / "events.db", tmp_path / "copy.db"
+    reasoner = ManualReasoner()
+    engine = Engine(SqliteEventStore(db, clock=clock.now_ms), AGENTS, clock=clock,
+                    reasoners=lambda _: reasoner, snapshot_every=5, snapshot_worker=True)
+    await engine.start()
+    for n in range(8):
+        await engine.submit(request("btc", dedupeKey=f"k{n}"))
+        await engine.flush()
+    await engine.stop(graceful=False)  # waits for the worker's snapshot; none of its own
+    store = SqliteEventStore(db)
+    await store.open()
+    infos = await store.snapshots()
+    last = await store.last_position()
+    await store.close()
+    assert infos and all(0 < info.position < last for info in infos)
+    shutil.copy(db, copy)
+    bare = SqliteEventStore(copy)
+    await bare.open()
+    await bare.delete_snapshots()
+    await bare.close()
+    a, b = await start(db, clock), await start(copy, clock)
+    try:
+        assert a.snapshot_loaded == infos[0].position
+        for agent_id in a.agent_ids:
+            assert a.state(agent_id) == b.state(agent_id)
+    finally:
+        await a.stop(graceful=False)
+        await b.stop(graceful=False)
+
+
 async def replace_snapshot(db: Path, change: str) -> int:
     """Spoil the stored snapshot one way; its position."""
     store = SqliteEventStore(db)
