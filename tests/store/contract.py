@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import itertools
+import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
