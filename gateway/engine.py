@@ -10,7 +10,6 @@ trading), while runs start and calls go out only after their decision is committ
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import multiprocessing
 import os
@@ -25,7 +24,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.clock import Clock, SystemClock, Timer
+from gateway.clock import Clock, SystemClock
+from gateway.core import EventIds, Outcome, StreamCore
 from gateway.errors import (
     AgentUnavailable,
     GatewayError,
@@ -45,7 +45,7 @@ from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
-from lanes.codec import Unrepeatable, encode, encode_checked
+from lanes.codec import AGENT_CODEC, Unrepeatable
 from lanes.events import (
     AgentCallDispatched,
     CallUndeliverable,
@@ -82,7 +82,6 @@ from lanes.requests import ControlAction, Kind
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
 from store.port import (
-    Append,
     ConcurrencyError,
     EventStore,
     NewEvent,
@@ -101,10 +100,6 @@ CALL_ATTEMPTS = 4
 """How often delivering a sub-agent call is tried while the target is unavailable."""
 SNAPSHOT_EVERY = 100_000
 """Agent events committed between two snapshots of the fold, by default."""
-REBUILD_BACKOFF_S = 0.05
-"""The wait before an agent whose commits keep failing is rebuilt again, doubled at each
-consecutive failure (the first rebuild is at once) up to `REBUILD_BACKOFF_MAX_S`."""
-REBUILD_BACKOFF_MAX_S = 0.5
 NOT_DECIDED: Final = sys.maxsize
 MAX_HELD: Final = 100
 """Most controls held for one agent (beyond it, new ones are refused as usual)."""
@@ -150,14 +145,10 @@ of its agent (a resume or a release is not held: it would act later than asked).
 
 @dataclass(slots=True)
 class _Agent:
-    state: AgentState
-    timer: Timer | None = None
-    timer_due: int | None = None
+    core: StreamCore[AgentState, Input, Decision]
+    """The agent's stream: its state, appends in flight, rebuilds and timer."""
     run: asyncio.Task[None] | None = None
     context: RunContext | None = None
-    recovering: bool = False
-    failures: int = 0
-    """Consecutive failed commits (paces its rebuilds while the log cannot be written)."""
     run_started: dict[str, float] = field(default_factory=dict)
     held: dict[str, tuple[RequestReceived, int]] = field(default_factory=dict)
     """Risk-reducing controls not known to be stored yet, by request id, with the stream
@@ -168,11 +159,46 @@ class _Agent:
     """Of those, the ones a held control came after: a retry of one is refused (it would
     undo the later stop)."""
 
+    @property
+    def state(self) -> AgentState:
+        """The live state (decided; its latest events may still be committing)."""
+        return self.core.state
 
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    decisions: list[Decision]
-    future: asyncio.Future[list[RecordedEvent]] | None
+    @property
+    def recovering(self) -> bool:
+        """Being rebuilt from the log after a failed append."""
+        return self.core.recovering
+
+
+class _Hooks:
+    """What an agent's `StreamCore` tells the engine (`gateway.core.Listener`)."""
+
+    __slots__ = ("agent", "engine")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.agent: _Agent | None = None
+
+    def committed(self, decisions: list[Decision], records: list[RecordedEvent],
+                  seconds: float, urgent: bool) -> None:
+        assert self.agent is not None
+        self.engine._after_commit(self.agent, decisions, records, seconds, urgent)
+
+    def failed(self, decisions: list[Decision], error: BaseException | None) -> None:
+        if error is not None and not isinstance(error, ConcurrencyError):
+            self.engine._storage_failed(error)  # a conflict follows an earlier failure
+
+    def lost(self) -> None:
+        assert self.agent is not None
+        self.engine._lost(self.agent)
+
+    def rebuilt(self, records: list[RecordedEvent]) -> None:
+        assert self.agent is not None
+        self.engine._rebuilt(self.agent, records)
+
+    def due(self) -> None:
+        assert self.agent is not None
+        self.engine._tick(self.agent)
 
 
 @dataclass(slots=True)
@@ -183,19 +209,7 @@ class _Group:
     base: int
     events: list[NewEvent] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
-    outcome: _Outcome = _Outcome([], None)
-
-
-class EventIds:
-    """Unique event ids without a syscall each: a random prefix per process and a counter
-    (a fixed ``prefix`` makes them repeatable, for recordings)."""
-
-    def __init__(self, prefix: str | None = None) -> None:
-        self._prefix = os.urandom(6).hex() if prefix is None else prefix
-        self._counter = itertools.count(1)
-
-    def __call__(self) -> str:
-        return f"{self._prefix}-{next(self._counter)}"
+    outcome: Outcome[Decision] = field(default_factory=lambda: Outcome([], None))
 
 
 class Engine:
@@ -299,8 +313,8 @@ class Engine:
         # In a fixed order: the Restarted events below land in it, so two starts of one log
         # (with a snapshot or without, in any process) append the very same events.
         for agent_id in sorted({*states, *self._configs}):
-            state = states.get(agent_id) or AgentState(agent_id=agent_id)
-            self._agents[agent_id] = _Agent(state)
+            self._agents[agent_id] = self._new_agent(
+                states.get(agent_id) or AgentState(agent_id=agent_id))
         self._running = True
         now = self.clock.now_ms()
         for agent_id, config in self._configs.items():
@@ -318,6 +332,21 @@ class Engine:
                     self._spawn(self.broker.place(agent.state.agent_id, order.order_id,
                                                   order.intent), f"place {order.order_id}")
         await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
+
+    def _new_agent(self, state: AgentState) -> _Agent:
+        hooks = _Hooks(self)
+        agent_id = state.agent_id
+        core: StreamCore[AgentState, Input, Decision] = StreamCore(
+            agent_id, state, store=self.store, clock=self.clock, codec=AGENT_CODEC,
+            decide=decide, rebuild=partial(self._fold_stream, agent_id), listener=hooks,
+            ids=self._ids, pending=self._in_flight, rebuilds=self._rebuilds,
+            paced=lambda: self._running)
+        agent = hooks.agent = _Agent(core)
+        return agent
+
+    def _fold_stream(self, agent_id: str, records: list[RecordedEvent]) -> AgentState:
+        """An agent's state folded from its stream (a rebuild)."""
+        return fold(self._reader.entries(records)).get(agent_id) or AgentState(agent_id=agent_id)
 
     async def _load(self) -> tuple[LogFold, list[int]]:
         """The fold of the whole log: from the newest usable snapshot, plus the events after
@@ -409,8 +438,7 @@ class Engine:
         calls_cut_off = bool(self._deliveries)
         self._running = False
         for agent in self._agents.values():
-            if agent.timer is not None:
-                agent.timer.cancel()
+            agent.core.cancel_timer()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -613,9 +641,9 @@ class Engine:
             raise AgentUnavailable(agent_id, None if fault is None else fault.reason)
         return agent
 
-    def _feed(self, agent: _Agent, event: Input) -> _Outcome:
-        """Decide an input and enqueue its events; the future resolves at the commit."""
-        base = agent.state.version
+    def _feed(self, agent: _Agent, event: Input) -> Outcome[Decision]:
+        """Decide an input and enqueue its events; the commit resolves with them."""
+        base = agent.core.version
         decisions, events = self._decide(agent, event)
         return self._append(agent, base, events, decisions)
 
@@ -625,22 +653,14 @@ class Engine:
         if type(event) is RequestReceived:
             self.requests_received += 1
         try:  # before anything changes: an input that would not read back is never taken
-            encoded = encode_checked(event)
+            encoded = agent.core.encode(event)
         except Unrepeatable as error:
             what = f"request {event.request.request_id!r}" if type(event) is RequestReceived \
                 else type(event).__name__
             raise Unstorable(what, str(error), error.field) from None
-        try:
-            decisions = decide(state, event)
-        except Exception:
-            # A bug, never bad input; the state may be half-advanced: rebuild from the log.
-            log.exception("deciding %s for %s failed", type(event).__name__, state.agent_id)
-            self._recover(agent, None)
-            raise
+        decisions, events = agent.core.decide(event, encoded)
         if not decisions:
             return decisions, []
-        ids = self._ids
-        events = [NewEvent(ids(), *encoded), *[NewEvent(ids(), *encode(d)) for d in decisions]]
         if type(event) is RequestReceived and event.request.action in HELD_ACTIONS:
             agent.held[event.request.request_id] = (event, state.version)
             if agent.refused:  # a stop after a refused resume: that resume must not follow
@@ -660,24 +680,17 @@ class Engine:
 
     def _append(
         self, agent: _Agent, base: int, events: list[NewEvent], decisions: list[Decision]
-    ) -> _Outcome:
+    ) -> Outcome[Decision]:
         """Enqueue decided events (at stream version ``base``); effects follow the commit."""
-        if not events:
-            return _Outcome(decisions, None)
         # The control lane never waits behind other agents' flood in the commit queue.
         urgent = any(type(d) is ControlApplied for d in decisions)
-        future = self.store.append(Append(agent.state.agent_id, events, base, urgent))
-        self._in_flight.add(future)
-        future.add_done_callback(
-            partial(self._after_commit, agent, decisions, time.perf_counter(), urgent)
-        )
-        return _Outcome(decisions, future)
+        return agent.core.append(base, events, decisions, urgent)
 
-    async def _committed(self, outcome: _Outcome) -> list[RecordedEvent]:
-        if outcome.future is None:
+    async def _committed(self, outcome: Outcome[Decision]) -> list[RecordedEvent]:
+        if outcome.commit is None:
             return []
         try:
-            return await asyncio.shield(outcome.future)
+            return await asyncio.shield(outcome.commit)
         except WriteFailed as error:
             raise StorageFailed(error.reason) from None
         except ConcurrencyError:
@@ -688,29 +701,13 @@ class Engine:
         except StoreError as error:
             raise StorageFailed(str(error)) from None
 
-    def _after_commit(
-        self,
-        agent: _Agent,
-        decisions: list[Decision],
-        decided: float,
-        urgent: bool,
-        future: asyncio.Future[list[RecordedEvent]],
-    ) -> None:
-        self._in_flight.discard(future)
-        if future.cancelled() or future.exception() is not None:
-            error = None if future.cancelled() else future.exception()
-            if error is not None and not isinstance(error, ConcurrencyError):
-                self._storage_failed(error)  # a conflict follows an earlier failure
-            self._recover(agent, future)
-            return
-        agent.failures = 0
+    def _after_commit(self, agent: _Agent, decisions: list[Decision],
+                      records: list[RecordedEvent], took: float, urgent: bool) -> None:
         if self.storage_fault is not None:
             self._storage_back()
-        took = time.perf_counter() - decided
         self.commit_latency.observe(took)
         if urgent:
             self.control_commit_latency.observe(took)
-        records = future.result()
         last = records[-1]
         if agent.held:  # an agent's appends commit in order: all up to here are stored
             agent.held = {rid: held for rid, held in agent.held.items() if held[1] > last.version}
@@ -867,17 +864,10 @@ class Engine:
     # ------------------------------------------------------------------------ timers
 
     def _schedule(self, agent: _Agent) -> None:
-        due = next_due(agent.state, self.clock.now_ms())
-        if due == agent.timer_due:
-            return
-        if agent.timer is not None:
-            agent.timer.cancel()
-        agent.timer_due = due
-        agent.timer = None if due is None else self.clock.call_at(due, partial(self._tick, agent))
+        agent.core.schedule(next_due(agent.state, self.clock.now_ms()))
 
     def _tick(self, agent: _Agent) -> None:
-        agent.timer = agent.timer_due = None
-        if self._running and not agent.recovering:
+        if self._running:
             self._feed(agent, TimerElapsed(at=self.clock.now_ms()))
             self._schedule(agent)
 
@@ -942,38 +932,20 @@ class Engine:
                     "(%d failed meanwhile)", (self.clock.now_ms() - fault.since) / 1000,
                     fault.failed)
 
-    def _recover(self, agent: _Agent, future: asyncio.Future[list[RecordedEvent]] | None) -> None:
-        """A commit failed: the state ran ahead of the log. Rebuild it from the log."""
-        if agent.recovering:
-            return
-        if future is not None:
-            error = None if future.cancelled() else future.exception()
-            log.debug(
-                "append for %s failed (%s); rebuilding it from the log", agent.state.agent_id, error
-            )
-            agent.failures += 1
-        agent.recovering = True
+    def _lost(self, agent: _Agent) -> None:
+        """The agent's state ran ahead of the log and is being rebuilt: its run stops (what
+        it started was not recorded)."""
+        log.debug("an append of %s failed; rebuilding it from the log", agent.state.agent_id)
         if agent.run is not None:
             agent.run.cancel()
             agent.run = agent.context = None
-        if agent.timer is not None:
-            agent.timer.cancel()
-            agent.timer = agent.timer_due = None
-        task = spawn(self._rebuild(agent), f"rebuild {agent.state.agent_id}")
-        self._rebuilds.add(task)
-        task.add_done_callback(self._rebuilds.discard)
 
-    async def _rebuild(self, agent: _Agent) -> None:
+    def _rebuilt(self, agent: _Agent, records: list[RecordedEvent]) -> None:
+        """The agent's state is the fold of its stream again."""
         agent_id = agent.state.agent_id
-        if self._running:
-            await pace_rebuild(agent.failures)
-        records = await read_settled(self.store, agent_id, self._in_flight)
-        entries = self._reader.entries(records)
-        agent.state = fold(entries).get(agent_id) or AgentState(agent_id=agent_id)
         if records and records[-1].position > self._position:
             # A commit reported as failed reached the log all the same: the fold holds it.
             self._position, self._anchor = records[-1].position, records[-1].event_id
-        agent.recovering = False
         seen = agent.state.seen
         agent.held = {rid: held for rid, held in agent.held.items() if rid not in seen}
         if self._running:
@@ -990,28 +962,6 @@ class Engine:
             if agent.state.active is not None:
                 self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
-
-
-async def pace_rebuild(failures: int) -> None:
-    """Wait before a rebuild after ``failures`` failed appends in a row: not after the first;
-    then `REBUILD_BACKOFF_S` doubling to `REBUILD_BACKOFF_MAX_S` (appends that keep failing,
-    as at a full disk, where they fail at once, must not spin)."""
-    if failures > 1:
-        await asyncio.sleep(min(REBUILD_BACKOFF_MAX_S, REBUILD_BACKOFF_S * 2 ** (failures - 2)))
-
-
-async def read_settled(store: EventStore, stream: str,
-                       in_flight: set[asyncio.Future[list[RecordedEvent]]]
-                       ) -> list[RecordedEvent]:
-    """A stream as committed once every append in ``in_flight`` has settled, retried in
-    real time while the store fails (recovery after a failed append)."""
-    while True:
-        try:
-            while in_flight:
-                await asyncio.wait(list(in_flight))
-            return await store.read_stream(stream)
-        except StoreError:
-            await asyncio.sleep(0.5)
 
 
 def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:

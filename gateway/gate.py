@@ -13,13 +13,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-from gateway.clock import Clock, Timer
-from gateway.engine import EventIds, pace_rebuild, read_settled
+from gateway.clock import Clock
+from gateway.core import Commit, EventIds, StreamCore
 from gateway.errors import GatewayError, StorageFailed, Unstorable
-from gateway.tasks import spawn
 from lanes.codec import Unrepeatable
 from lanes.gate import (
     GATE_CODEC,
@@ -27,7 +25,6 @@ from lanes.gate import (
     GateStatus,
     decide_gate,
     decode_gate_event,
-    encode_gate_event,
     fold_gate,
     gate_status,
     gate_stream,
@@ -48,10 +45,8 @@ from lanes.gate_events import (
 )
 from lanes.requests import Priority
 from store.port import (
-    Append,
     ConcurrencyError,
     EventStore,
-    NewEvent,
     RecordedEvent,
     WriteFailed,
 )
@@ -98,18 +93,18 @@ class ProviderGate:
         self.clock = clock
         self._limits = limits
         self._ids = ids or EventIds()
-        self._state = GateState(provider=self.stream)
         self._waiters: dict[str, asyncio.Future[Slot]] = {}
-        self._timer: Timer | None = None
-        self._timer_due: int | None = None
-        self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
+        self._in_flight: set[Commit] = set()
+        self._rebuilds: set[asyncio.Task[None]] = set()
+        """The rebuild from the log after a failed append, while it is under way."""
+        self._core: StreamCore[GateState, GateInput, GateDecision] = StreamCore(
+            self.stream, GateState(provider=self.stream), store=store, clock=clock,
+            codec=GATE_CODEC, decide=decide_gate, rebuild=self._fold, listener=self,
+            ids=self._ids, pending=self._in_flight, rebuilds=self._rebuilds,
+            paced=lambda: self._running)
         self._running = False
-        self._rebuild: asyncio.Task[None] | None = None
-        """Set while the gate rebuilds itself from its log after a failed append."""
         self._held: list[GateInput] = []
         """Inputs that arrived during a rebuild, decided once it is done."""
-        self._failures = 0
-        """Consecutive failed appends (paces rebuilds while the log cannot be written)."""
         self._fault: str | None = None
         """Why appends fail, while they do (said in the server's log once)."""
 
@@ -123,13 +118,14 @@ class ProviderGate:
         open breaker in progress is kept.
         """
         records = await self.store.read_stream(self.stream)
-        fold_gate(self._state, (decode_gate_event(r.type, r.data) for r in records))
+        state = self._core.state
+        fold_gate(state, (decode_gate_event(r.type, r.data) for r in records))
         self._running = True
         now = self.clock.now_ms()
         # Waiting ones first: freeing a lease first would grant them to nobody.
-        for slot_id in [*self._state.waiting, *self._state.leases]:
+        for slot_id in [*state.waiting, *state.leases]:
             self._feed(SlotCancelled(at=now, slot_id=slot_id))
-        if self._state.version == 0 or self._state.limits != self._limits:
+        if state.version == 0 or state.limits != self._limits:
             self._feed(GateLimitsChanged(at=now, limits=self._limits))
         self._schedule()
         await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
@@ -137,13 +133,12 @@ class ProviderGate:
     async def stop(self) -> None:
         """Stop deciding; waiters are refused, timers cancelled, commits finished."""
         self._running = False
-        if self._rebuild is not None:
-            self._rebuild.cancel()
-            await asyncio.gather(self._rebuild, return_exceptions=True)
-            self._rebuild = None
+        if self._rebuilds:
+            for task in self._rebuilds:
+                task.cancel()
+            await asyncio.gather(*self._rebuilds, return_exceptions=True)
             self._held.clear()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._core.cancel_timer()
         for future in self._waiters.values():
             if not future.done():
                 future.cancel()
@@ -152,15 +147,14 @@ class ProviderGate:
     async def flush(self, *, rebuilt: bool = True) -> None:
         """Wait for every append decided so far (and, unless ``rebuilt`` is False, for a
         rebuild in progress: while the log cannot be written, one follows another)."""
-        while self._in_flight or (rebuilt and self._rebuild is not None):
-            waiting: list[asyncio.Future[Any]] = [*self._in_flight]
-            if rebuilt and self._rebuild is not None:
-                waiting.append(self._rebuild)
+        while self._in_flight or (rebuilt and self._rebuilds):
+            waiting: list[asyncio.Future[Any]] = [*self._in_flight,
+                                                   *(self._rebuilds if rebuilt else ())]
             await asyncio.wait(waiting)
 
     def status(self) -> GateStatus:
         """Limits, window usage, waiting agents, breaker and next retry, now."""
-        return gate_status(self._state, self.clock.now_ms())
+        return gate_status(self._core.state, self.clock.now_ms())
 
     @property
     def limits(self) -> GateLimits:
@@ -170,7 +164,7 @@ class ProviderGate:
     async def set_limits(self, limits: GateLimits) -> bool:
         """New limits from now on (requests not yet granted get them), after the commit;
         False if they are the limits in force already."""
-        if limits == self._limits and self._state.limits == limits:
+        if limits == self._limits and self._core.state.limits == limits:
             return False
         self._limits = limits
         self._feed(GateLimitsChanged(at=self.clock.now_ms(), limits=limits))
@@ -180,7 +174,7 @@ class ProviderGate:
     @property
     def state(self) -> GateState:
         """The live state (decided; its last events may still be committing)."""
-        return self._state
+        return self._core.state
 
     async def acquire(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
                       input_tokens: int = 0, output_tokens: int = 0) -> Slot:
@@ -230,7 +224,7 @@ class ProviderGate:
         try:
             yield slot
         finally:
-            if slot.slot_id in self._state.leases:
+            if slot.slot_id in self._core.state.leases:
                 self.cancel(slot.slot_id)
 
     # ------------------------------------------------------------------------- core
@@ -238,51 +232,29 @@ class ProviderGate:
     def _feed(self, event: GateInput) -> None:
         if not self._running:
             return
-        if self._rebuild is not None:
+        core = self._core
+        if core.recovering:
             self._held.append(event)
             return
-        state = self._state
-        base = state.version
+        base = core.version
         try:  # before anything changes: an input that would not read back is never taken
-            encoded = GATE_CODEC.encode_checked(event)
+            encoded = core.encode(event)
         except Unrepeatable as error:
             raise Unstorable(type(event).__name__, str(error), error.field) from None
-        decisions = decide_gate(state, event)
-        if decisions:
-            events = [NewEvent(self._ids(), *encoded),
-                      *[NewEvent(self._ids(), *encode_gate_event(e)) for e in decisions]]
-            future = self.store.append(Append(self.stream, events, base))
-            self._in_flight.add(future)
-            future.add_done_callback(partial(self._committed, decisions))
+        decisions, events = core.decide(event, encoded)
+        core.append(base, events, decisions)
         self._schedule()
 
-    def _committed(self, decisions: list[GateDecision],
-                   future: asyncio.Future[list[RecordedEvent]]) -> None:
-        self._in_flight.discard(future)
-        if future.cancelled() or future.exception() is not None:
-            # The gate ran ahead of its log: refuse the waiters of this batch and rebuild
-            # the state from the log (what was not recorded never happened).
-            error = None if future.cancelled() else future.exception()
-            if isinstance(error, ConcurrencyError) and self._fault is not None:
-                reason = self._fault  # decided on top of the append that failed: same cause
-            else:
-                reason = error.reason if isinstance(error, WriteFailed) else str(error)
-            self._failures += 1
-            if reason != self._fault:
-                log.error("gate %s: its log cannot be written (%s); slots are refused until "
-                          "it can be again", self.provider, reason)
-                self._fault = reason
-            for decision in decisions:
-                waiter = self._waiters.get(getattr(decision, "slot_id", ""))
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(GateUnrecorded(self.provider, reason))
-            if self._rebuild is None and self._running:
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer = self._timer_due = None
-                self._rebuild = spawn(self._rebuilt(), f"rebuild {self.stream}")
-            return
-        self._failures = 0
+    def _fold(self, records: list[RecordedEvent]) -> GateState:
+        """The gate's state folded from its stream (a rebuild)."""
+        return fold_gate(GateState(provider=self.stream),
+                         (decode_gate_event(r.type, r.data) for r in records))
+
+    # `gateway.core.Listener`: what the gate's stream tells it.
+
+    def committed(self, decisions: list[GateDecision], records: list[RecordedEvent],
+                  seconds: float, urgent: bool) -> None:
+        """Answer the waiters of a committed batch (a grant reaches nobody before)."""
         if self._fault is not None:
             log.warning("gate %s: its log is written again", self.provider)
             self._fault = None
@@ -300,34 +272,42 @@ class ProviderGate:
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(SlotRefusedError(decision))
 
-    async def _rebuilt(self) -> None:
-        try:
-            await pace_rebuild(self._failures)
-            records = await read_settled(self.store, self.stream, self._in_flight)
-            self._state = fold_gate(GateState(provider=self.stream),
-                                    (decode_gate_event(r.type, r.data) for r in records))
-        finally:
-            self._rebuild = None  # also when cancelled: `flush` must not wait for it
+    def failed(self, decisions: list[GateDecision], error: BaseException | None) -> None:
+        """The gate ran ahead of its log: refuse the waiters of this batch (what was not
+        recorded never happened); the gate is rebuilt from the log."""
+        if isinstance(error, ConcurrencyError) and self._fault is not None:
+            reason = self._fault  # decided on top of the append that failed: same cause
+        else:
+            reason = error.reason if isinstance(error, WriteFailed) else str(error)
+        if reason != self._fault:
+            log.error("gate %s: its log cannot be written (%s); slots are refused until "
+                      "it can be again", self.provider, reason)
+            self._fault = reason
+        for decision in decisions:
+            waiter = self._waiters.get(getattr(decision, "slot_id", ""))
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(GateUnrecorded(self.provider, reason))
+
+    def lost(self) -> None:
+        """Being rebuilt: inputs meanwhile are held (`_feed`)."""
+
+    def rebuilt(self, records: list[RecordedEvent]) -> None:
+        """Decide what arrived during the rebuild, the limits in force first if the log
+        refused them."""
         held, self._held = self._held, []
-        if self._state.limits != self._limits:
+        if self._core.state.limits != self._limits:
             # The limits in force were not stored (the log refused them): again, first.
             held.insert(0, GateLimitsChanged(at=self.clock.now_ms(), limits=self._limits))
         for event in held:
             self._feed(event)
         self._schedule()
 
-    def _schedule(self) -> None:
-        due = next_gate_due(self._state, self.clock.now_ms())
-        if due == self._timer_due:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_due = due
-        self._timer = None if due is None else self.clock.call_at(due, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = self._timer_due = None
+    def due(self) -> None:
+        """A timer of the gate came: time passes in its stream."""
         self._feed(GateTimer(at=self.clock.now_ms()))
+
+    def _schedule(self) -> None:
+        self._core.schedule(next_gate_due(self._core.state, self.clock.now_ms()))
 
 
 def _count(value: int | None) -> int | None:

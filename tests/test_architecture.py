@@ -59,3 +59,25 @@ def test_the_purity_check_can_fail() -> None:
 def test_only_store_talks_to_the_database(package: str) -> None:
     for path in python_files(package):
         assert imported_roots(ast.parse(path.read_text())) & DATABASE_MODULES == set(), path
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The modules a file imports by absolute name (``gateway.engine``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize(("module", "forbidden"), [
+    ("gateway/core.py", {"gateway.engine", "gateway.gate"}),
+    ("gateway/gate.py", {"gateway.engine"}),
+])
+def test_the_runtime_core_sits_under_the_engine_and_the_gate(
+        module: str, forbidden: set[str]) -> None:
+    """One core under both: the gate does not reach into the engine (no import cycle), and
+    the core knows neither."""
+    assert imported_modules(ROOT / module) & forbidden == set()

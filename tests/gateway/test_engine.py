@@ -360,12 +360,11 @@ async def test_a_bug_in_decide_refuses_that_input_and_rebuilds_the_agent(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await engine.submit(request("btc"))
-    import gateway.engine as module
 
     def broken(state: object, event: object) -> list[object]:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(module, "decide", broken)
+    monkeypatch.setattr(engine._agents["btc"].core, "_decide", broken)  # its decide, broken
     with pytest.raises(RuntimeError):
         await engine.submit(request("btc"))
     monkeypatch.undo()

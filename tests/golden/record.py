@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.clock import FakeClock
-from gateway.engine import Engine, EventIds
+from gateway.core import EventIds
+from gateway.engine import Engine
 from gateway.reasoner import SimulatedReasoner
 from gateway.transfer import event_line, header
 from lanes import AgentConfig, AgentRequest, AgentState, Budgets, Mode, parse_request
