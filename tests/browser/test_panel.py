@@ -286,16 +286,25 @@ FRAME_PROBE = """() => {
 
 async def flood(running: Running, agents: list[str], frames: int = 6) -> None:
     """A feed flood: frames of one trigger per agent over ``/ws/feed``, all in flight at
-    once; returns when every one is acknowledged."""
+    once (a frame answered ``busy`` by the intake is sent again after its ``retryAfterMs``,
+    as the protocol asks); returns when every one is acknowledged."""
     url = running.url.replace("http", "ws", 1) + "/ws/feed"
     async with connect(url, additional_headers={"Authorization": f"Bearer {CONTROL}"}) as feed:
         assert json.loads(await feed.recv())["type"] == "hello"
-        for n in range(frames):
-            await feed.send(json.dumps({"type": "submit_many", "id": f"flood-{n}",
-                                        "requests": [request(a) for a in agents]}))
-        for _ in range(frames):
+        sent = {f"flood-{n}": json.dumps({"type": "submit_many", "id": f"flood-{n}",
+                                          "requests": [request(a) for a in agents]})
+                for n in range(frames)}
+        for text in sent.values():
+            await feed.send(text)
+        acked: set[str] = set()
+        while len(acked) < frames:
             answer = json.loads(await asyncio.wait_for(feed.recv(), TIMEOUT))
+            if answer["type"] == "busy":  # nothing was taken: the same frame, later
+                await asyncio.sleep(answer["retryAfterMs"] / 1000)
+                await feed.send(sent[answer["id"]])
+                continue
             assert answer["type"] == "acks", answer
+            acked.add(answer["id"])
 
 
 async def expect_position(page: Page, position: int) -> None:
