@@ -31,7 +31,7 @@ Measures:
 - **overhead per slot**: the recorded inputs are fed again to a fresh gate with nothing else
   in the loop: wall time of `decide_gate` / slots granted, which is one slot's whole life
   (its request, its grant by a timer or a release, its release, the timers it causes); the
-  best of 5 runs, after `gateway.runtime.tune_gc` as in the gateway. Then with what the live
+  best of 5 runs, after `gateway.runtime.tune_runtime` as in the gateway. Then with what the live
   gate adds per input: `next_gate_due` after each input, and `encode_gate_event` of each
   deciding input and its decisions.
 
@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.common import Figure, run
-from gateway.runtime import tune_gc
+from gateway.runtime import tune_runtime
 from lanes.gate import GateState, decide_gate, encode_gate_event, next_gate_due
 from lanes.gate_events import (
     WINDOW_MS,
@@ -210,7 +210,7 @@ def replay_us(
     slots = 0
     for _ in range(repeat):
         state = GateState(provider="sim")
-        tune_gc()
+        tune_runtime()
         start = time.perf_counter()
         for event in inputs:
             decisions = decide_gate(state, event)

@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.common import Figure, requests, run, timed
 from bench.throughput import Hang
 from gateway.engine import Engine
-from gateway.runtime import tune_gc
+from gateway.runtime import tune_runtime
 from lanes import AgentConfig, AgentState, Mode, decide
 from lanes.events import ConfigChanged, RequestReceived
 from store import MemoryEventStore, SqliteEventStore
@@ -41,7 +41,7 @@ def pure_decide_us(agents: int, count: int, grouped: bool = False) -> float:
         fresh.sort(key=lambda r: r.agent_id)
     batch = [RequestReceived(at=agents * CONFIG.cap + n, request=r)
              for n, r in enumerate(fresh)]
-    tune_gc()
+    tune_runtime()
     with timed() as elapsed:
         for event in batch:
             decide(states[event.request.agent_id], event)
@@ -55,7 +55,7 @@ async def engine_us(agents: int, count: int) -> float:
     await engine.start()
     await engine.submit_many(requests(names, agents * CONFIG.cap))
     batch = requests(names, count)
-    tune_gc()
+    tune_runtime()
     with timed() as elapsed:
         for start in range(0, count, 100):
             await engine.submit_many(batch[start:start + 100])

@@ -16,7 +16,7 @@ from bench.common import Figure, requests, run, timed
 from gateway.engine import Ack, Engine
 from gateway.errors import GatewayError
 from gateway.reasoner import RunContext, RunResult
-from gateway.runtime import tune_gc
+from gateway.runtime import tune_runtime
 from lanes import AgentConfig, AgentRequest, Mode
 from store import SqliteEventStore, migrate
 
@@ -44,7 +44,7 @@ async def engine_run(
                     reasoners=lambda _: Hang())
     await engine.start()
     batch = requests(names, count)
-    tune_gc()
+    tune_runtime()
     before = await engine.store.last_position()
     frame = 100 if batched else 1
     clients = max(1, concurrency // frame)

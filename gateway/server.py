@@ -28,7 +28,7 @@ from gateway.engine import Engine
 from gateway.feed import SyntheticFeed
 from gateway.hooks import HookEngine
 from gateway.market import MarketEvent
-from gateway.runtime import tune_gc
+from gateway.runtime import tune_runtime
 from lanes.events import BrokerReport
 from store import SqliteEventStore
 
@@ -234,7 +234,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        tune_gc()
+        tune_runtime()
         if extra is not None:
             extra_task.append(asyncio.create_task(extra(service)))
         try:

@@ -6,25 +6,25 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import resource
-from collections.abc import AsyncIterator, Callable, Sequence
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from operator import attrgetter
 from typing import Any, Final
 from urllib.parse import quote
 
-from sqlalchemy import delete, func, insert, inspect, literal, select, union_all
-from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.engine.interfaces import Dialect
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy import func, inspect, select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from . import sqlite_writer
 from .engine import (
     BUSY_TIMEOUT_MS,
     check_busy_timeout,
     check_synchronous,
     create_engine,
-    create_sqlite_writer_engine,
     database_url,
     is_sqlite,
 )
@@ -50,24 +50,6 @@ _COLUMNS: Final = (
     events.c.data,
     events.c.recorded_at,
 )
-_RowParams = Callable[[RecordedEvent], Any]
-_CompiledInsert = tuple[str, _RowParams]
-
-
-def _compile_insert(dialect: Dialect) -> _CompiledInsert:
-    """``insert(events)`` compiled for ``dialect``, with a function giving one row's params.
-
-    Positional dialects (SQLite) get tuples in the compiled column order, others dicts. The
-    field names of :class:`RecordedEvent` are the column names.
-    """
-    compiled = insert(events).compile(dialect=dialect)
-    if compiled.positional and compiled.positiontup is not None:
-        return str(compiled), attrgetter(*compiled.positiontup)
-    names = [column.name for column in events.columns]
-    getter = attrgetter(*names)
-    return str(compiled), lambda record: dict(zip(names, getter(record), strict=True))
-
-
 _MAX_POSITION: Final = select(func.max(events.c.position))
 _STREAM_VERSIONS: Final = select(events.c.stream, func.max(events.c.version)).group_by(
     events.c.stream
@@ -79,63 +61,23 @@ _SNAPSHOT_INFO: Final = select(
     snapshots.c.created_at,
     func.length(snapshots.c.data),
 ).order_by(snapshots.c.position.desc())
-_IN_CHUNK: Final = 10_000
-"""Most bound values in one ``IN (...)``; a default-sized batch always fits in one query."""
-_VERSION_CHUNK: Final = 200
-"""Streams per version query (SQLite allows 500 terms in a compound SELECT)."""
-
-
-_SQLITE_BUSY: Final = 5
-_SQLITE_LOCKED: Final = 6
-_SQLITE_READONLY: Final = 8
-_SQLITE_IOERR: Final = 10
-_SQLITE_FULL: Final = 13
-_NEARLY_FULL: Final = 1 << 20
-"""Free bytes under which a disk (or a file under its size limit) counts as full."""
+WRITER_START_S: Final = 30.0
+"""How long the writer process has to open the database (its busy timeout is on top)."""
+WRITER_STOP_S: Final = 10.0
+"""How long the writer process has to finish after its socket closed, before it is killed."""
 
 
 def _reason(exc: BaseException, path: str | None = None) -> str:
-    """What went wrong, in words a person can act on, with the driver's own message (no SQL,
-    no parameters). ``path`` (the database file) lets a failed write say whether its disk
-    is full or a file reached the process's size limit."""
-    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    text = str(orig) or type(orig).__name__
-    code = getattr(orig, "sqlite_errorcode", None)
-    primary = None if code is None else code & 0xFF
-    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return f"the event log is locked by another process (SQLite: {text})"
-    if primary == _SQLITE_READONLY:
-        return f"the event log is read-only (SQLite: {text})"
-    if primary in (_SQLITE_FULL, _SQLITE_IOERR):
-        found = None if path is None else _space_problem(path)
-        if found is not None:
-            return f"{found} (SQLite: {text})"
-        if primary == _SQLITE_FULL:
-            return f"the disk holding the event log is full (SQLite: {text})"
-        return f"the disk holding the event log failed or is full (SQLite: {text})"
-    return text
+    """What went wrong, in words (`store.sqlite_writer.reason`)."""
+    return sqlite_writer.reason(exc, path)
 
 
-def _space_problem(path: str) -> str | None:
-    """Why files next to ``path`` cannot grow, if that is the trouble: a file of the log
-    at the process's file size limit (``ulimit -f``), or a full disk."""
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if soft != resource.RLIM_INFINITY:
-            files = [name for name in (path, f"{path}-wal", f"{path}-journal")
-                     if os.path.exists(name)]
-            largest = max(files, key=os.path.getsize, default=None)
-            if largest is not None and os.path.getsize(largest) + _NEARLY_FULL > soft:
-                return (f"{os.path.basename(largest)} reached this process's file size "
-                        f"limit of {soft} bytes (ulimit -f): raise it")
-        stat = os.statvfs(os.path.dirname(path) or ".")
-    except OSError:
-        return None
-    free = stat.f_bavail * stat.f_frsize
-    if free < _NEARLY_FULL:
-        return (f"the disk holding the event log is full ({os.path.dirname(path)}): "
-                "free some space")
-    return None
+class WriterFailed(Exception):
+    """The writer process answered with an error (``reason`` in words), or is gone."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class LogInUse(StoreError):
@@ -190,9 +132,10 @@ class SqliteEventStore(GroupCommitStore):
     fails to open with `LogInUse` (a gateway serving the log opens it so; readers need not).
 
     ``open()`` runs the Alembic migrations, loads the last position and starts the writer
-    on a thread of its own, with a connection of its own (``sqlite3``): a commit never waits
-    for the caller's event loop, however busy. Reads use their own pooled connections
-    (aiosqlite) and run alongside the writer.
+    on a thread of its own, whose database work runs in a process of its own
+    (`store.sqlite_writer`: one ``sqlite3`` connection): a commit waits neither for the
+    caller's event loop nor for the GIL, however busy the process is. Reads use their own
+    pooled connections (aiosqlite) and run alongside the writer.
     """
 
     _writer_thread = True
@@ -220,10 +163,8 @@ class SqliteEventStore(GroupCommitStore):
         self._busy_timeout_ms = check_busy_timeout(busy_timeout_ms)
         self._engine: AsyncEngine | None = None
         """Reads, migrations (aiosqlite, on the caller's loop)."""
-        self._writer_engine: Engine | None = None
-        self._writer_conn: Connection | None = None
-        """The writer's own connection (``sqlite3``, on the writer's thread)."""
-        self._compiled_insert: _CompiledInsert | None = None
+        self._writer_process: WriterProcess | None = None
+        """The writer's process (used from the writer's thread alone)."""
 
     @property
     def engine(self) -> AsyncEngine:
@@ -256,26 +197,16 @@ class SqliteEventStore(GroupCommitStore):
         return int(last or 0)
 
     async def _start_writer(self) -> None:
-        # On the writer's thread: its connection is used there alone.
-        engine = create_sqlite_writer_engine(self._url, synchronous=self._synchronous,
-                                             busy_timeout_ms=self._busy_timeout_ms)
-        try:
-            self._writer_conn = engine.connect()
-        except BaseException:
-            engine.dispose()
-            raise
-        self._writer_engine = engine
-        self._compiled_insert = _compile_insert(self._writer_conn.dialect)
+        # On the writer's thread: the process is spoken to from there alone.
+        writer = WriterProcess(self._url.database or "", self._synchronous,
+                               self._busy_timeout_ms)
+        writer.start()
+        self._writer_process = writer
 
     async def _stop_writer(self) -> None:
-        conn, self._writer_conn = self._writer_conn, None
-        engine, self._writer_engine = self._writer_engine, None
-        try:
-            if conn is not None:
-                conn.close()
-        finally:
-            if engine is not None:
-                engine.dispose()
+        writer, self._writer_process = self._writer_process, None
+        if writer is not None:
+            writer.stop()
 
     async def _stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -288,21 +219,32 @@ class SqliteEventStore(GroupCommitStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[WriteTransaction]:
-        conn = self._writer_conn
-        if conn is None or self._compiled_insert is None:
+        writer = self._writer_process
+        if writer is None:
             raise StoreClosedError("the store is not open")
-        txn = _SqliteTransaction(conn, self._compiled_insert)
+        if writer.broken:  # it died: a new one (the caches are read again: the last failed)
+            writer.start()
+        txn = _SqliteTransaction(writer)
         try:
             yield txn
             txn.commit()
         except Exception:
-            with contextlib.suppress(Exception):
-                conn.rollback()  # also after a failed COMMIT (no-op without one)
-            # SQLAlchemy does not roll back after a failed COMMIT, and SQLite may keep that
-            # transaction open: end it here, or the next batch would run (and commit) in it.
-            with contextlib.suppress(Exception):
-                conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+            if not writer.broken:
+                with contextlib.suppress(Exception):
+                    writer.call("rollback")  # (a failed request rolled back already)
             raise
+
+    async def writer_query(self, sql: str) -> Any:
+        """The first column of the first row of ``sql`` (a PRAGMA) on the writer's own
+        connection, between two commits (for tests and diagnostics)."""
+        async def query() -> Any:
+            assert self._write_lock is not None
+            async with self._write_lock:
+                if self._writer_process is None:
+                    raise StoreClosedError("the store is not open")
+                return self._writer_process.call("query", sql)
+
+        return await self._on_writer(query())
 
     @property
     def url(self) -> str | None:
@@ -310,6 +252,8 @@ class SqliteEventStore(GroupCommitStore):
         return self._url.render_as_string(hide_password=False)
 
     def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, WriterFailed):
+            return exc.reason  # put in words by the writer process (its limits, its disk)
         return _reason(exc, self._url.database)
 
     @asynccontextmanager
@@ -375,73 +319,116 @@ class SqliteEventStore(GroupCommitStore):
             return None if row is None else Snapshot(*row)
 
 
+class WriterProcess:
+    """The writer process of a SQLite store (`store.sqlite_writer`), from the writer's
+    thread: one request at a time, answered in order. Calls block (with the GIL released
+    while they wait): the writer's thread has nothing else to do meanwhile."""
+
+    def __init__(self, path: str, synchronous: str, busy_timeout_ms: int) -> None:
+        self._opening = (path, synchronous, busy_timeout_ms)
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self.broken = True
+        """Not started, or gone: the next transaction starts a new one."""
+
+    def start(self) -> None:
+        """Start the process and open the database in it (`WriterFailed` if it cannot)."""
+        self.stop()
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", sqlite_writer.__file__, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            ours.close()
+            raise WriterFailed(f"the SQLite writer process could not start: {exc}") from None
+        finally:
+            theirs.close()
+        self._sock = ours
+        self.broken = False
+        self._exchange(self._opening)
+
+    def call(self, op: str, *args: Any) -> Any:
+        """Ask the process to do ``op`` (see `store.sqlite_writer.Writer`); its answer, or
+        `KeyConflict` / `WriterFailed` with the reason in words."""
+        return self._exchange((op, args))
+
+    def _exchange(self, message: Any) -> Any:
+        if self._sock is None or self.broken:
+            raise WriterFailed("the SQLite writer process is not running")
+        try:
+            sqlite_writer.send(self._sock, message)
+            answer = sqlite_writer.receive(self._sock)
+        except (OSError, EOFError) as exc:
+            self.broken = True
+            code = None if self._process is None else self._process.poll()
+            raise WriterFailed("the SQLite writer process ended" + (
+                f" (exit status {code})" if code is not None else f" ({exc})")) from None
+        if answer[0] == "ok":
+            return answer[1]
+        if answer[1] == "conflict":
+            raise KeyConflict(answer[2])
+        raise WriterFailed(answer[2])
+
+    def stop(self) -> None:
+        """Close the socket (the process finishes what it was doing, rolls back what was not
+        committed, and exits); kill it if it takes longer than `WRITER_STOP_S`."""
+        sock, self._sock = self._sock, None
+        process, self._process = self._process, None
+        self.broken = True
+        if sock is not None:
+            sock.close()
+        if process is not None:
+            try:
+                process.wait(WRITER_STOP_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 class _SqliteTransaction:
-    """The writer's side of one SQLite transaction, on the writer's thread: every statement
-    runs there and then, through SQLAlchemy's synchronous Core over the standard library's
-    ``sqlite3`` (the thread is the writer's own: a blocking call holds up nobody else). The
-    methods are coroutines only because the writer awaits any adapter's."""
+    """The writer's side of one SQLite transaction, on the writer's thread, each statement a
+    request to the writer process. The rows of `insert` go with the commit: in the usual batch
+    (every stream's version cached) one request does the whole transaction. The methods are
+    coroutines only because the writer awaits any adapter's."""
 
-    __slots__ = ("_conn", "_insert")
+    __slots__ = ("_rows", "_writer")
 
-    def __init__(self, conn: Connection, insert: _CompiledInsert) -> None:
-        self._conn = conn
-        self._insert = insert
+    def __init__(self, writer: WriterProcess) -> None:
+        self._writer = writer
+        self._rows: list[tuple[Any, ...]] | None = None
 
     def commit(self) -> None:
-        """Commit what was done (nothing to do if nothing was)."""
-        if self._conn.in_transaction():
-            self._conn.commit()
+        """Insert the rows given to `insert`, if any, and commit (`KeyConflict` if one of
+        them hits a unique key: nothing of the transaction is then written)."""
+        rows, self._rows = self._rows, None
+        if rows is None:
+            self._writer.call("commit")
+        else:
+            self._writer.call("insert_commit", rows)
 
     async def last_position(self) -> int:
-        return int(self._conn.execute(_MAX_POSITION).scalar() or 0)
+        return int(self._writer.call("last_position"))
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
-        # One max() per stream, each a single index lookup; a GROUP BY over ``IN (...)``
-        # would read every index entry of those streams (all of a large log at a restart).
-        found: dict[str, int] = {}
-        for start in range(0, len(streams), _VERSION_CHUNK):
-            chunk = streams[start : start + _VERSION_CHUNK]
-            result = self._conn.execute(union_all(*(
-                select(literal(stream), func.max(events.c.version)).where(
-                    events.c.stream == stream)
-                for stream in chunk
-            )))
-            found.update((stream, int(version)) for stream, version in result
-                         if version is not None)
-        return found
+        return dict(self._writer.call("load_versions", list(streams)))
 
     async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
-        found: dict[str, RecordedEvent] = {}
-        for start in range(0, len(event_ids), _IN_CHUNK):
-            chunk = event_ids[start : start + _IN_CHUNK]
-            result = self._conn.execute(select(*_COLUMNS).where(events.c.event_id.in_(chunk)))
-            for row in result:
-                record = RecordedEvent(*row)
-                found[record.event_id] = record
-        return found
+        rows = self._writer.call("find_events", list(event_ids))
+        return {row[3]: RecordedEvent(*row) for row in rows}
 
     async def insert(self, rows: Sequence[RecordedEvent]) -> None:
-        # One executemany of the INSERT compiled from ``insert(events)`` for this dialect,
-        # with plain parameter tuples: SQLAlchemy passes them to the driver untouched.
-        insert_sql, row_params = self._insert
-        try:
-            self._conn.exec_driver_sql(insert_sql, list(map(row_params, rows)))
-        except IntegrityError as exc:
-            raise KeyConflict(_reason(exc)) from exc
+        # Plain tuples (marshal takes no named tuple), sent with the commit.
+        if self._rows is None:
+            self._rows = []
+        self._rows += map(tuple, rows)
 
     async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
-        conn = self._conn
-        conn.execute(delete(snapshots).where(snapshots.c.position == snapshot.position))
-        conn.execute(insert(snapshots).values(snapshot._asdict()))
-        newest = select(snapshots.c.position).order_by(snapshots.c.position.desc()).limit(keep)
-        kept = [row[0] for row in conn.execute(newest)]
-        conn.execute(delete(snapshots).where(snapshots.c.position.not_in(kept)))
+        self._writer.call("put_snapshot", tuple(snapshot), keep)
 
     async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
-        stmt = delete(snapshots)
-        if positions is not None:
-            stmt = stmt.where(snapshots.c.position.in_(positions))
-        return int(self._conn.execute(stmt).rowcount)
+        return int(self._writer.call("delete_snapshots",
+                                     None if positions is None else list(positions)))
 
 
 def _file_kind(path: str | os.PathLike[str]) -> tuple[str, str]:

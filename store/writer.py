@@ -104,7 +104,8 @@ class WriteTransaction(Protocol):
         ...
 
     async def insert(self, events: Sequence[RecordedEvent]) -> None:
-        """Insert all rows at once; raise :class:`KeyConflict` on a unique-key violation."""
+        """Insert all rows at once; raise :class:`KeyConflict` on a unique-key violation
+        (here, or at the commit: an adapter may send the rows with the commit)."""
         ...
 
     async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
@@ -579,7 +580,7 @@ class GroupCommitStore(ABC):
         try:
             async with self._transaction() as txn:
                 yield txn
-        except StoreError:
+        except (StoreError, KeyConflict):  # the caller's to put in words (nothing written)
             raise
         except Exception as exc:
             self._stale = True
@@ -626,35 +627,39 @@ class GroupCommitStore(ABC):
         assert self._write_lock is not None
         async with self._write_lock:
             self._check_open()
-            async with self._writing("the import") as txn:
-                streams = sorted({r.stream for r in rows})
-                await self._resync(txn, streams)
-                position = self._position
-                missing = [s for s in streams if s not in self._versions]
-                loaded = await txn.load_versions(missing) if missing else {}
-                versions = {s: self._versions.get(s, loaded.get(s, 0)) for s in streams}
-                for record in rows:
-                    if record.position != position + 1:
-                        raise RestoreError(
-                            f"event {record.event_id!r} is at position {record.position}, but "
-                            f"the log continues at {position + 1}; import into an empty log "
-                            "(or one that ends just before it)"
-                        )
-                    if record.version != versions[record.stream] + 1:
-                        raise RestoreError(
-                            f"event {record.event_id!r} is version {record.version} of "
-                            f"{record.stream!r}, which is at version {versions[record.stream]}"
-                        )
-                    position += 1
-                    versions[record.stream] += 1
-                try:
-                    await txn.insert(rows)
-                except KeyConflict as exc:
-                    raise DuplicateEventError(
-                        f"an imported event id is already recorded: {exc}; nothing was written"
-                    ) from None
-            self._position = position
-            self._versions.update(versions)
+            try:
+                await self._restore_in(rows)
+            except KeyConflict as exc:  # (an adapter may insert only at the commit)
+                raise DuplicateEventError(
+                    f"an imported event id is already recorded: {exc}; nothing was written"
+                ) from None
+
+    async def _restore_in(self, rows: list[RecordedEvent]) -> None:
+        """`_restore`'s transaction (the write lock held)."""
+        async with self._writing("the import") as txn:
+            streams = sorted({r.stream for r in rows})
+            await self._resync(txn, streams)
+            position = self._position
+            missing = [s for s in streams if s not in self._versions]
+            loaded = await txn.load_versions(missing) if missing else {}
+            versions = {s: self._versions.get(s, loaded.get(s, 0)) for s in streams}
+            for record in rows:
+                if record.position != position + 1:
+                    raise RestoreError(
+                        f"event {record.event_id!r} is at position {record.position}, but "
+                        f"the log continues at {position + 1}; import into an empty log "
+                        "(or one that ends just before it)"
+                    )
+                if record.version != versions[record.stream] + 1:
+                    raise RestoreError(
+                        f"event {record.event_id!r} is version {record.version} of "
+                        f"{record.stream!r}, which is at version {versions[record.stream]}"
+                    )
+                position += 1
+                versions[record.stream] += 1
+            await txn.insert(rows)
+        self._position = position
+        self._versions.update(versions)
 
     async def save_snapshot(self, snapshot: Snapshot, keep: int = 2) -> None:
         """Store a snapshot (replacing one at the same position), then delete all but the

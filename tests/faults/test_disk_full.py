@@ -61,15 +61,31 @@ HELD_S = 1.5
 """How long the log stays full while reads are checked."""
 
 
+def family(pid: int) -> list[int]:
+    """Process ``pid`` and every descendant of it (the gateway's SQLite writer process)."""
+    found, index = [pid], 0
+    while index < len(found):
+        for task in Path(f"/proc/{found[index]}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += map(int, (task / "children").read_text().split())
+        index += 1
+    return found
+
+
+def set_file_limit(pid: int, limit: int) -> None:
+    """Let process ``pid`` and its descendants write no file past ``limit`` bytes."""
+    for member in family(pid):
+        resource.prlimit(member, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+
 def limit_files(pid: int, directory: Path) -> None:
-    """Let process ``pid`` write no file past the largest in ``directory`` + `HEADROOM`."""
-    largest = max(path.stat().st_size for path in directory.iterdir())
-    resource.prlimit(pid, resource.RLIMIT_FSIZE, (largest + HEADROOM, resource.RLIM_INFINITY))
+    """Let process ``pid`` (and its descendants) write no file past the largest in
+    ``directory`` + `HEADROOM`."""
+    set_file_limit(pid, max(path.stat().st_size for path in directory.iterdir()) + HEADROOM)
 
 
 def lift_limit(pid: int) -> None:
-    resource.prlimit(pid, resource.RLIMIT_FSIZE,
-                     (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    set_file_limit(pid, resource.RLIM_INFINITY)
 
 
 async def fill(client: ControlClient, ledger: Ledger, size: int = 60, prefix: str = "fill"
@@ -173,8 +189,7 @@ async def test_a_stop_while_the_log_is_full_ends_and_the_next_start_carries_on_f
             assert_says_what_is_wrong(errors)
         # Nor may the database file grow: the checkpoint at the close (the WAL copied into
         # it) fails too, as do the stop's last appends (runs it aborts) and its snapshot.
-        resource.prlimit(process.pid, resource.RLIMIT_FSIZE,
-                         (db.stat().st_size, resource.RLIM_INFINITY))
+        set_file_limit(process.pid, db.stat().st_size)
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), TIMEOUT) == 0
     finally:
@@ -207,14 +222,8 @@ class SizeLimited(SqliteEventStore):
     page with 'database or disk is full', as a full disk does."""
 
     async def fill_up(self, full: bool = True) -> None:
-        async def limit() -> None:  # on the writer's thread, idle: the test waited for it
-            conn = self._writer_conn
-            assert conn is not None
-            pages = conn.exec_driver_sql("PRAGMA page_count").scalar() if full else 0
-            conn.exec_driver_sql(f"PRAGMA max_page_count={pages or 1_073_741_823}")
-            conn.rollback()
-
-        await self._on_writer(limit())
+        pages = await self.writer_query("PRAGMA page_count") if full else 0
+        await self.writer_query(f"PRAGMA max_page_count={pages or 1_073_741_823}")
 
 
 async def test_a_stop_while_full_survives_its_failed_snapshot_and_loses_nothing(

@@ -259,16 +259,8 @@ async def test_pragmas_default_to_wal_and_full(sqlite_store: SqliteEventStore) -
     async with sqlite_store.engine.connect() as conn:
         assert await _pragmas(conn) == expected
 
-    async def writers() -> dict[str, Any]:  # on the writer's thread, its connection's own
-        conn = sqlite_store._writer_conn
-        assert conn is not None
-        found = {name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
-                 for name in expected}
-        conn.rollback()
-        return found
-
-    assert await sqlite_store._on_writer(writers()) == expected
-    assert sqlite_store._thread is not None and sqlite_store._thread.is_alive()
+    found = {name: await sqlite_store.writer_query(f"PRAGMA {name}") for name in expected}
+    assert found == expected  # the writer process's connection has them too
 
 
 async def test_synchronous_is_configurable(db_path: Path) -> None:
