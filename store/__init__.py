@@ -12,10 +12,16 @@ from .engine import BUSY_TIMEOUT_MS, database_url, is_postgres
 from .memory import MemoryEventStore
 from .migration import migrate
 from .port import (
+    MEMBER_PREFIX,
     Append,
     ConcurrencyError,
     DuplicateEventError,
     EventStore,
+    Fence,
+    FencedError,
+    LeaseLost,
+    Leases,
+    LeaseView,
     NewEvent,
     RecordedEvent,
     RestoreError,
@@ -75,12 +81,18 @@ async def open_store(
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
+    "MEMBER_PREFIX",
     "MEMORY_URL",
     "Append",
     "ConcurrencyError",
     "DuplicateEventError",
     "EventStore",
+    "Fence",
+    "FencedError",
     "GroupCommitStore",
+    "LeaseLost",
+    "LeaseView",
+    "Leases",
     "LogInUse",
     "MemoryEventStore",
     "NewEvent",

@@ -13,6 +13,7 @@ from .writer import (
     Clock,
     GroupCommitStore,
     KeyConflict,
+    LeaseRow,
     check_limit,
 )
 
@@ -39,6 +40,7 @@ class MemoryEventStore(GroupCommitStore):
         self._by_id: dict[str, RecordedEvent] = {}
         self._streams: dict[str, list[RecordedEvent]] = {}
         self._snapshots: dict[int, Snapshot] = {}
+        self._leases: dict[str, LeaseRow] = {}
         if [r.position for r in committed] != list(range(1, len(committed) + 1)):
             raise ValueError("a committed log has positions 1, 2, ... without a gap")
         self._commit_rows(list(committed))
@@ -107,6 +109,8 @@ class _MemoryTransaction:
         self._staged: list[RecordedEvent] = []
         self._snapshots: dict[int, Snapshot] | None = None
         """The snapshots as this transaction leaves them, if it changes them."""
+        self._leases: dict[str, LeaseRow] | None = None
+        """The leases as this transaction leaves them, if it changes them."""
 
     async def __aenter__(self) -> _MemoryTransaction:
         return self
@@ -117,11 +121,14 @@ class _MemoryTransaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None and (self._staged or self._snapshots is not None):
+        if exc_type is None and (self._staged or self._snapshots is not None
+                                 or self._leases is not None):
             await asyncio.sleep(0)  # the "I/O" of a commit: appends made meanwhile queue up
             self._store._commit_rows(self._staged)
             if self._snapshots is not None:
                 self._store._snapshots = self._snapshots
+            if self._leases is not None:
+                self._store._leases = self._leases
 
     async def last_position(self) -> int:
         log = self._store._log
@@ -158,3 +165,21 @@ class _MemoryTransaction:
         doomed = set(current) if positions is None else set(positions) & set(current)
         self._snapshots = {p: s for p, s in current.items() if p not in doomed}
         return len(doomed)
+
+    async def lease_rows(self, resources: Sequence[str] | None
+                         ) -> tuple[int, dict[str, LeaseRow]]:
+        current = self._store._leases if self._leases is None else self._leases
+        rows = dict(current) if resources is None else \
+            {r: current[r] for r in resources if r in current}
+        return self._store._clock(), rows
+
+    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
+        if self._leases is None:
+            self._leases = dict(self._store._leases)
+        self._leases.update((row.resource, row) for row in rows)
+
+    async def delete_leases(self, resources: Sequence[str]) -> None:
+        if self._leases is None:
+            self._leases = dict(self._store._leases)
+        for resource in resources:
+            self._leases.pop(resource, None)

@@ -14,7 +14,7 @@ import migrations
 
 from .engine import create_engine, database_url
 
-HEAD = "0002"
+HEAD = "0003"
 """The newest revision in ``migrations/versions``."""
 
 

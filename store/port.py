@@ -67,6 +67,14 @@ class SnapshotInfo(NamedTuple):
     """Bytes of data."""
 
 
+class Fence(NamedTuple):
+    """A stream's lease as its holder knows it: the member (a gateway process) and the
+    lease's epoch, which grows every time the lease changes hands (a fencing token)."""
+
+    owner: str
+    epoch: int
+
+
 @dataclass(frozen=True, slots=True)
 class Append:
     """One atomic append to a stream: all events land together, or none do.
@@ -74,13 +82,33 @@ class Append:
     ``expected_version`` is the stream's version before this append (0 for a new stream);
     ``None`` skips the optimistic concurrency check. An ``urgent`` append (an emergency stop,
     say) is committed ahead of everything queued for *other* streams; appends of its own
-    stream queued before it still commit first, so a stream's order never changes.
+    stream queued before it still commit first, so a stream's order never changes. A
+    ``fence`` makes the append land only while that member holds the stream's lease at that
+    epoch, and its member lease has not expired (`FencedError` otherwise): a process that
+    lost a lease can never write to its stream again (see `Leases`).
     """
 
     stream: str
     events: Sequence[NewEvent]
     expected_version: int | None
     urgent: bool = False
+    fence: Fence | None = None
+
+
+MEMBER_PREFIX = "member:"
+"""The lease of a member itself (``member:<its id>``): while it has not expired, the member
+is alive and holds the leases of the streams it acquired."""
+
+
+class LeaseView(NamedTuple):
+    """The leases at one moment of the store's clock (the database's: one clock for every
+    host): live members with when their lease expires, and each held resource's holder."""
+
+    now: int
+    """Milliseconds since the Unix epoch."""
+    members: dict[str, int]
+    holders: dict[str, Fence]
+    """Resources held by a live member (a lease whose member expired is free)."""
 
 
 class StoreError(Exception):
@@ -114,12 +142,65 @@ class DuplicateEventError(StoreError):
     """Some, but not all, of an append's event ids already exist (or exist elsewhere)."""
 
 
+class FencedError(StoreError):
+    """An append's fence does not hold: the stream's lease is another member's now, or at
+    another epoch, or its member's lease expired. Nothing of the append was written, and
+    nothing of that stream may be written by this member again under that fence."""
+
+    def __init__(self, stream: str, fence: Fence, holder: Fence | None) -> None:
+        now = "free" if holder is None else f"held by {holder.owner} at epoch {holder.epoch}"
+        super().__init__(
+            f"stream {stream!r}: the lease of {fence.owner} at epoch {fence.epoch} no longer "
+            f"holds ({now}); nothing was written")
+        self.stream = stream
+        self.fence = fence
+        self.holder = holder
+
+
+class LeaseLost(StoreError):
+    """A member's own lease expired (it did not renew it in time): every lease it held may
+    be taken; it must stop writing and join again under a new id."""
+
+
 class StoreClosedError(StoreError):
     """The store is closed (or closing) and takes no more appends."""
 
 
 class RestoreError(StoreError):
     """Recorded events handed to `EventStore.restore` do not continue the log exactly."""
+
+
+class Leases(Protocol):
+    """Leases kept in the log's database, for several processes sharing one log: each
+    *member* (a process) holds a lease of its own that it renews, and through it the leases
+    of the streams it acquired; a stream's lease has an epoch that grows whenever it changes
+    hands, and appends fenced with it (`Append.fence`) land only while it holds.
+
+    Times are the store's clock (the database's, so one clock for every host). Every call is
+    a write transaction, ordered with the appends of every process.
+    """
+
+    async def join(self, member: str, ttl_ms: int) -> LeaseView:
+        """Make ``member`` live for ``ttl_ms``; the leases as they are then."""
+
+    async def renew(self, member: str, ttl_ms: int) -> LeaseView:
+        """Keep ``member`` live for another ``ttl_ms`` (0: it expires at once); `LeaseLost`
+        if its lease expired (or was never taken): then nothing is renewed."""
+
+    async def acquire(self, member: str, resources: Sequence[str]) -> dict[str, int]:
+        """Take the leases of ``resources`` that are free (never held, released, or held by
+        a member whose lease expired), each at a new epoch; keep those ``member`` holds
+        already. Returns every one of ``resources`` ``member`` holds now, with its epoch
+        (`LeaseLost` if ``member`` is not live)."""
+
+    async def release(self, member: str, resources: Sequence[str]) -> None:
+        """Give up the leases of ``resources`` that ``member`` holds."""
+
+    async def leave(self, member: str) -> None:
+        """Give up every lease of ``member``, its own included."""
+
+    async def leases(self) -> LeaseView:
+        """The leases now."""
 
 
 class EventStore(Protocol):

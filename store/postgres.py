@@ -46,6 +46,7 @@ from .writer import (
     Clock,
     GroupCommitStore,
     KeyConflict,
+    LeaseRow,
     WriteTransaction,
     check_limit,
 )
@@ -117,6 +118,18 @@ _DELETE_SNAPSHOTS: Final = _sql(delete(snapshots).where(
     snapshots.c.position == any_(bindparam("positions", type_=ARRAY(BigInteger)))),
     "positions")
 _DELETE_ALL_SNAPSHOTS: Final = _sql(delete(snapshots))
+# The database's clock (one for every host) in the row whose resource is NULL, then the
+# lease rows asked for (all of them for a NULL array): one round trip.
+_LEASE_ROWS: Final = (
+    "SELECT NULL::varchar, NULL::varchar, NULL::bigint, "
+    "(extract(epoch FROM clock_timestamp()) * 1000)::bigint UNION ALL "
+    "SELECT resource, owner, epoch, expires_at FROM leases "
+    "WHERE $1::varchar[] IS NULL OR resource = ANY($1::varchar[])")
+_PUT_LEASE: Final = (
+    "INSERT INTO leases (resource, owner, epoch, expires_at) VALUES ($1, $2, $3, $4) "
+    "ON CONFLICT (resource) DO UPDATE SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch, "
+    "expires_at = EXCLUDED.expires_at")
+_DELETE_LEASES: Final = "DELETE FROM leases WHERE resource = ANY($1::varchar[])"
 
 
 _CONNECTION_ERRORS: Final = (
@@ -512,3 +525,21 @@ class _PostgresTransaction:
         if positions is None:
             return _deleted(await self._conn.execute(_DELETE_ALL_SNAPSHOTS))
         return _deleted(await self._conn.execute(_DELETE_SNAPSHOTS, list(positions)))
+
+    async def lease_rows(self, resources: Sequence[str] | None
+                         ) -> tuple[int, dict[str, LeaseRow]]:
+        now, rows = 0, {}
+        found = await self._conn.fetch(
+            _LEASE_ROWS, None if resources is None else list(resources))
+        for resource, owner, epoch, expires_at in found:
+            if resource is None:
+                now = int(expires_at)
+            else:
+                rows[resource] = LeaseRow(resource, owner, int(epoch), int(expires_at))
+        return now, rows
+
+    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
+        await self._conn.executemany(_PUT_LEASE, rows)
+
+    async def delete_leases(self, resources: Sequence[str]) -> None:
+        await self._conn.execute(_DELETE_LEASES, list(resources))

@@ -70,3 +70,18 @@ snapshots = Table(
 )
 """A cache of folds of the log, each covering the events up to its ``position``; never the
 truth (the events are): a snapshot can be deleted at any time."""
+
+MEMBER_MAX = 300
+"""Longest member id (and lease resource: a stream, or ``member:<id>``) the schema holds."""
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("resource", String(MEMBER_MAX), primary_key=True),
+    Column("owner", String(MEMBER_MAX), nullable=True),
+    Column("epoch", BigInteger(), nullable=False),
+    Column("expires_at", BigInteger(), nullable=False),
+)
+"""Leases of several gateway processes on one log (`store.port.Leases`): a member's own
+(``member:<id>``, its ``expires_at`` renewed while it lives) and the streams' (``owner`` the
+member holding it, None when released; ``epoch`` grows at every change of hands)."""

@@ -37,6 +37,7 @@ from .writer import (
     Clock,
     GroupCommitStore,
     KeyConflict,
+    LeaseRow,
     WriteTransaction,
     check_limit,
 )
@@ -224,7 +225,7 @@ class SqliteEventStore(GroupCommitStore):
             raise StoreClosedError("the store is not open")
         if writer.broken:  # it died: a new one (the caches are read again: the last failed)
             writer.start()
-        txn = _SqliteTransaction(writer)
+        txn = _SqliteTransaction(writer, self._clock)
         try:
             yield txn
             txn.commit()
@@ -392,10 +393,11 @@ class _SqliteTransaction:
     (every stream's version cached) one request does the whole transaction. The methods are
     coroutines only because the writer awaits any adapter's."""
 
-    __slots__ = ("_rows", "_writer")
+    __slots__ = ("_clock", "_rows", "_writer")
 
-    def __init__(self, writer: WriterProcess) -> None:
+    def __init__(self, writer: WriterProcess, clock: Clock) -> None:
         self._writer = writer
+        self._clock = clock
         self._rows: list[tuple[Any, ...]] | None = None
 
     def commit(self) -> None:
@@ -429,6 +431,17 @@ class _SqliteTransaction:
     async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
         return int(self._writer.call("delete_snapshots",
                                      None if positions is None else list(positions)))
+
+    async def lease_rows(self, resources: Sequence[str] | None
+                         ) -> tuple[int, dict[str, LeaseRow]]:
+        rows = self._writer.call("lease_rows", None if resources is None else list(resources))
+        return self._clock(), {row[0]: LeaseRow(*row) for row in rows}
+
+    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
+        self._writer.call("put_leases", [tuple(row) for row in rows])
+
+    async def delete_leases(self, resources: Sequence[str]) -> None:
+        self._writer.call("delete_leases", list(resources))
 
 
 def _file_kind(path: str | os.PathLike[str]) -> tuple[str, str]:

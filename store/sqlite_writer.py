@@ -140,6 +140,8 @@ class Writer:
             "insert_commit": self.insert_commit, "commit": self.commit,
             "rollback": self.rollback, "put_snapshot": self.put_snapshot,
             "delete_snapshots": self.delete_snapshots, "query": self.query,
+            "lease_rows": self.lease_rows, "put_leases": self.put_leases,
+            "delete_leases": self.delete_leases,
         }
 
     def handle(self, op: str, args: Sequence[Any]) -> Any:
@@ -204,6 +206,25 @@ class Writer:
                 f"DELETE FROM snapshots WHERE position IN ({', '.join('?' * len(chunk))})",
                 chunk).rowcount
         return deleted
+
+    def lease_rows(self, resources: Sequence[str] | None) -> list[tuple[Any, ...]]:
+        sql = "SELECT resource, owner, epoch, expires_at FROM leases"
+        if resources is None:
+            return self.conn.execute(sql).fetchall()
+        found: list[tuple[Any, ...]] = []
+        for start in range(0, len(resources), IN_CHUNK):
+            chunk = list(resources[start:start + IN_CHUNK])
+            found += self.conn.execute(
+                f"{sql} WHERE resource IN ({', '.join('?' * len(chunk))})", chunk).fetchall()
+        return found
+
+    def put_leases(self, rows: Sequence[Sequence[Any]]) -> None:
+        self.conn.executemany("INSERT OR REPLACE INTO leases (resource, owner, epoch, "
+                              "expires_at) VALUES (?, ?, ?, ?)", rows)
+
+    def delete_leases(self, resources: Sequence[str]) -> None:
+        self.conn.executemany("DELETE FROM leases WHERE resource = ?",
+                              [(resource,) for resource in resources])
 
     def query(self, sql: str) -> Any:
         """The first column of the first row of ``sql`` (a PRAGMA, say), outside any

@@ -44,12 +44,17 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import Any, ClassVar, Final, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Final, NamedTuple, Protocol, Self, TypeVar
 
 from .port import (
+    MEMBER_PREFIX,
     Append,
     ConcurrencyError,
     DuplicateEventError,
+    Fence,
+    FencedError,
+    LeaseLost,
+    LeaseView,
     NewEvent,
     RecordedEvent,
     RestoreError,
@@ -59,7 +64,7 @@ from .port import (
     StoreError,
     WriteFailed,
 )
-from .schema import EVENT_ID_MAX, FINGERPRINT_MAX, STREAM_MAX, TYPE_MAX
+from .schema import EVENT_ID_MAX, FINGERPRINT_MAX, MEMBER_MAX, STREAM_MAX, TYPE_MAX
 
 T = TypeVar("T")
 
@@ -88,6 +93,15 @@ class KeyConflict(Exception):
     """An insert hit a unique key (an event id or a stream version) that is already stored."""
 
 
+class LeaseRow(NamedTuple):
+    """A row of the ``leases`` table."""
+
+    resource: str
+    owner: str | None
+    epoch: int
+    expires_at: int
+
+
 class WriteTransaction(Protocol):
     """What the writer needs from an adapter inside one write transaction."""
 
@@ -114,6 +128,20 @@ class WriteTransaction(Protocol):
 
     async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
         """Delete the snapshots at ``positions`` (None: every one); how many there were."""
+        ...
+
+    async def lease_rows(self, resources: Sequence[str] | None
+                         ) -> tuple[int, dict[str, LeaseRow]]:
+        """The store's clock now (ms; the database's where several processes share it) and
+        the lease rows of ``resources`` that exist (None: every row), by resource."""
+        ...
+
+    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
+        """Insert or replace lease rows."""
+        ...
+
+    async def delete_leases(self, resources: Sequence[str]) -> None:
+        """Delete the lease rows of ``resources``."""
         ...
 
 
@@ -235,6 +263,28 @@ def check_limit(limit: int | None) -> None:
     """Reject a negative read limit."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None: {limit}")
+
+
+def _check_member(member: str, ttl_ms: int) -> None:
+    if not member or len(member) > MEMBER_MAX - len(MEMBER_PREFIX):
+        raise ValueError(f"a member id has 1 to {MEMBER_MAX - len(MEMBER_PREFIX)} "
+                         f"characters: {member!r}")
+    if ttl_ms < 0:
+        raise ValueError(f"a lease lasts at least 0 ms (0: it expires at once): {ttl_ms}")
+
+
+def _alive(now: int, rows: dict[str, LeaseRow]) -> dict[str, int]:
+    """The live members in lease ``rows`` at ``now``, with when their lease expires."""
+    return {row.resource[len(MEMBER_PREFIX):]: row.expires_at for row in rows.values()
+            if row.resource.startswith(MEMBER_PREFIX) and row.expires_at > now}
+
+
+def _view(now: int, rows: dict[str, LeaseRow]) -> LeaseView:
+    alive = _alive(now, rows)
+    holders = {row.resource: Fence(row.owner, row.epoch) for row in rows.values()
+               if row.owner is not None and row.owner in alive
+               and not row.resource.startswith(MEMBER_PREFIX)}
+    return LeaseView(now, alive, holders)
 
 
 class GroupCommitStore(ABC):
@@ -695,6 +745,112 @@ class GroupCommitStore(ABC):
             async with self._writing("the deletion of snapshots") as txn:
                 return await txn.delete_snapshots(positions)
 
+    # ----------------------------------------------------------------- leases
+
+    async def join(self, member: str, ttl_ms: int) -> LeaseView:
+        """Make ``member`` live for ``ttl_ms``; the leases as they are then
+        (`store.port.Leases`)."""
+        _check_member(member, ttl_ms)
+
+        async def join(txn: WriteTransaction) -> LeaseView:
+            now, rows = await txn.lease_rows(None)
+            row = LeaseRow(MEMBER_PREFIX + member, member, 0, now + ttl_ms)
+            await txn.put_leases([row])
+            rows[row.resource] = row
+            return _view(now, rows)
+
+        return await self._leasing("joining the cluster", join)
+
+    async def renew(self, member: str, ttl_ms: int) -> LeaseView:
+        """Keep ``member`` live for another ``ttl_ms`` (`LeaseLost` if its lease expired)."""
+        _check_member(member, ttl_ms)
+
+        async def renew(txn: WriteTransaction) -> LeaseView:
+            now, rows = await txn.lease_rows(None)
+            own = rows.get(MEMBER_PREFIX + member)
+            if own is None or own.expires_at <= now:
+                raise LeaseLost(f"the lease of member {member} expired: it may hold nothing "
+                                "and write nothing; join again under a new id")
+            row = own._replace(expires_at=now + ttl_ms)
+            await txn.put_leases([row])
+            rows[row.resource] = row
+            return _view(now, rows)
+
+        return await self._leasing("renewing a lease", renew)
+
+    async def acquire(self, member: str, resources: Sequence[str]) -> dict[str, int]:
+        """Take the free leases of ``resources`` at a new epoch each, keep ``member``'s own;
+        every one of them ``member`` holds now, with its epoch (`store.port.Leases`)."""
+        _check_member(member, 0)
+        for resource in resources:
+            if not resource or len(resource) > STREAM_MAX or resource.startswith(MEMBER_PREFIX):
+                raise ValueError(f"not a stream to lease: {resource!r}")
+
+        async def acquire(txn: WriteTransaction) -> dict[str, int]:
+            now, rows = await txn.lease_rows(None)
+            alive = _alive(now, rows)
+            if member not in alive:
+                raise LeaseLost(f"member {member} is not live (its lease expired): it may "
+                                "acquire nothing; join again under a new id")
+            held: dict[str, int] = {}
+            taken: list[LeaseRow] = []
+            for resource in dict.fromkeys(resources):
+                row = rows.get(resource)
+                if row is not None and row.owner == member:
+                    held[resource] = row.epoch
+                elif row is None or row.owner is None or row.owner not in alive:
+                    epoch = 1 if row is None else row.epoch + 1
+                    taken.append(LeaseRow(resource, member, epoch, 0))
+                    held[resource] = epoch
+            if taken:
+                await txn.put_leases(taken)
+            return held
+
+        return await self._leasing("acquiring leases", acquire)
+
+    async def release(self, member: str, resources: Sequence[str]) -> None:
+        """Give up the leases of ``resources`` that ``member`` holds."""
+        async def release(txn: WriteTransaction) -> None:
+            _, rows = await txn.lease_rows(list(resources))
+            freed = [row._replace(owner=None) for row in rows.values() if row.owner == member]
+            if freed:
+                await txn.put_leases(freed)
+
+        await self._leasing("releasing leases", release)
+
+    async def leave(self, member: str) -> None:
+        """Give up every lease of ``member``, its own included."""
+        async def leave(txn: WriteTransaction) -> None:
+            _, rows = await txn.lease_rows(None)
+            freed = [row._replace(owner=None) for row in rows.values()
+                     if row.owner == member and not row.resource.startswith(MEMBER_PREFIX)]
+            if freed:
+                await txn.put_leases(freed)
+            await txn.delete_leases([MEMBER_PREFIX + member])
+
+        await self._leasing("leaving the cluster", leave)
+
+    async def leases(self) -> LeaseView:
+        """The leases now."""
+        async def read(txn: WriteTransaction) -> LeaseView:
+            return _view(*await txn.lease_rows(None))
+
+        return await self._leasing("reading the leases", read)
+
+    async def _leasing(self, what: str,
+                       work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+        """``work`` in a write transaction of its own (ordered with every commit)."""
+        self._check_open()
+
+        async def run() -> T:
+            assert self._write_lock is not None
+            async with self._write_lock:
+                self._check_open()
+                async with self._writing(what) as txn:
+                    return await work(txn)
+
+        return await self._on_writer(run())
+
     # ----------------------------------------------------------------- the writer
 
     async def _run_writer(self) -> None:
@@ -839,6 +995,7 @@ class GroupCommitStore(ABC):
         known: dict[str, RecordedEvent] = {}
         if lookup_all:
             known = await txn.find_events([e.event_id for p in batch for e in p.events])
+        fenced = await self._fenced(txn, batch)
 
         now = self._clock()
         position = self._position
@@ -850,6 +1007,9 @@ class GroupCommitStore(ABC):
             append = pending.append
             events = pending.events
             stream = append.stream
+            if fenced and index in fenced:
+                outcomes[index] = fenced[index]
+                continue
             version = versions.get(stream)
             if version is None:
                 version = cache[stream]
@@ -892,6 +1052,30 @@ class GroupCommitStore(ABC):
                 outcomes[d.index] = self._decide(batch[d.index], d, stored)
         final = [o if o is not None else StoreError("append left undecided") for o in outcomes]
         return _Plan(rows, final, versions, position)
+
+    @staticmethod
+    async def _fenced(txn: WriteTransaction, batch: list[_Pending]) -> dict[int, FencedError]:
+        """The appends of ``batch`` whose fence does not hold, by index: their stream's
+        lease is not their fence's owner at their fence's epoch, or that owner's own lease
+        expired."""
+        fences = [(index, p.append.stream, p.append.fence) for index, p in enumerate(batch)
+                  if p.append.fence is not None]
+        if not fences:
+            return {}
+        wanted = {stream for _, stream, _ in fences}
+        wanted.update(MEMBER_PREFIX + fence.owner for _, _, fence in fences if fence)
+        now, rows = await txn.lease_rows(sorted(wanted))
+        failed: dict[int, FencedError] = {}
+        for index, stream, fence in fences:
+            assert fence is not None
+            row = rows.get(stream)
+            member = rows.get(MEMBER_PREFIX + fence.owner)
+            if (row is None or row.owner != fence.owner or row.epoch != fence.epoch
+                    or member is None or member.expires_at <= now):
+                holder = None if row is None or row.owner is None else \
+                    Fence(row.owner, row.epoch)
+                failed[index] = FencedError(stream, fence, holder)
+        return failed
 
     @staticmethod
     def _decide(pending: _Pending, d: _Deferred, stored: dict[str, RecordedEvent]) -> Outcome:

@@ -23,7 +23,11 @@ from store import (
     ConcurrencyError,
     DuplicateEventError,
     EventStore,
+    Fence,
+    FencedError,
     GroupCommitStore,
+    LeaseLost,
+    Leases,
     NewEvent,
     RecordedEvent,
     RestoreError,
@@ -62,6 +66,10 @@ def ev(event_id: str | None = None, type_: str = "Tested", data: str = "{}") -> 
 def app(stream: str, *events: NewEvent, expected: int | None = None) -> Append:
     """An append of ``events`` (one fresh event if none) to ``stream``."""
     return Append(stream, list(events) or [ev()], expected)
+
+
+LIVE_MS = 600_000
+"""A member lease that does not expire during a test."""
 
 
 async def wait(awaitable: Awaitable[T]) -> T:
@@ -692,6 +700,92 @@ class EventStoreContract:
         assert stop[0].position < min(r.position for r in b_before)
         assert after.result()[0].position > max(r.position for r in b_before)
         assert_gap_free(await store.read())
+
+    # ------------------------------------------------------------------ leases
+
+    async def test_a_member_takes_free_leases_and_keeps_them_from_others(
+        self, store: GroupCommitStore
+    ) -> None:
+        port: Leases = store
+        view = await port.join("m1", LIVE_MS)
+        assert "m1" in view.members and view.members["m1"] > view.now
+        await port.join("m2", LIVE_MS)
+        assert await port.acquire("m1", ["a", "b"]) == {"a": 1, "b": 1}
+        assert await port.acquire("m2", ["b", "c"]) == {"c": 1}  # b is m1's
+        assert await port.acquire("m1", ["a"]) == {"a": 1}  # kept: the same epoch
+        assert (await port.leases()).holders == {
+            "a": Fence("m1", 1), "b": Fence("m1", 1), "c": Fence("m2", 1)}
+
+    async def test_a_released_lease_changes_hands_at_a_new_epoch(
+        self, store: GroupCommitStore
+    ) -> None:
+        await store.join("m1", LIVE_MS)
+        await store.join("m2", LIVE_MS)
+        await store.acquire("m1", ["a"])
+        await store.release("m1", ["a"])
+        assert "a" not in (await store.leases()).holders
+        assert await store.acquire("m2", ["a"]) == {"a": 2}
+
+    async def test_an_expired_member_loses_everything_it_held(
+        self, store: GroupCommitStore
+    ) -> None:
+        await store.join("m1", LIVE_MS)
+        await store.join("m2", LIVE_MS)
+        await store.acquire("m1", ["a", "b"])
+        await store.renew("m1", 0)  # expires now, as if it had stopped renewing
+        view = await store.leases()
+        assert "m1" not in view.members and view.holders == {}
+        assert await store.acquire("m2", ["a"]) == {"a": 2}
+        await fails(store.renew("m1", LIVE_MS), LeaseLost)
+        await fails(store.acquire("m1", ["b"]), LeaseLost)
+
+    async def test_leaving_frees_every_lease(self, store: GroupCommitStore) -> None:
+        await store.join("m1", LIVE_MS)
+        await store.acquire("m1", ["a", "b"])
+        await store.leave("m1")
+        view = await store.leases()
+        assert (view.members, view.holders) == ({}, {})
+        await store.join("m2", LIVE_MS)
+        assert await store.acquire("m2", ["a", "b"]) == {"a": 2, "b": 2}
+
+    async def test_a_fenced_append_lands_only_while_its_lease_holds(
+        self, store: GroupCommitStore
+    ) -> None:
+        await store.join("m1", LIVE_MS)
+        await store.join("m2", LIVE_MS)
+        await store.acquire("m1", ["a"])
+        first = await wait(store.append(Append("a", [ev()], 0, fence=Fence("m1", 1))))
+        await store.release("m1", ["a"])
+        await store.acquire("m2", ["a"])
+        # m1 lost it: in one batch with an unfenced append and m2's, only its append fails.
+        late = store.append(Append("a", [ev()], 1, fence=Fence("m1", 1)))
+        other = store.append(app("b"))
+        taken = store.append(Append("a", [ev()], 1, fence=Fence("m2", 2)))
+        error = await fails(late, FencedError)
+        assert isinstance(error, FencedError) and error.holder == Fence("m2", 2)
+        assert "m2" in str(error)
+        await wait(asyncio.gather(other, taken))
+        assert [r.event_id for r in await store.read_stream("a")] == [
+            first[0].event_id, taken.result()[0].event_id]
+
+    async def test_a_fenced_append_of_an_expired_member_fails_even_if_nobody_took_over(
+        self, store: GroupCommitStore
+    ) -> None:
+        await store.join("m1", LIVE_MS)
+        await store.acquire("m1", ["a"])
+        await store.renew("m1", 0)
+        await fails(store.append(Append("a", [ev()], 0, fence=Fence("m1", 1))), FencedError)
+        await fails(store.append(Append("z", [ev()], 0, fence=Fence("m1", 1))), FencedError)
+        assert await store.read() == []
+
+    async def test_lease_arguments_are_checked(self, store: GroupCommitStore) -> None:
+        with pytest.raises(ValueError, match="member id"):
+            await store.join("", LIVE_MS)
+        with pytest.raises(ValueError, match="at least 0 ms"):
+            await store.join("m1", -1)
+        await store.join("m1", LIVE_MS)
+        with pytest.raises(ValueError, match="not a stream"):
+            await store.acquire("m1", ["member:m2"])
 
     # ------------------------------------------------------------------ imports
 
