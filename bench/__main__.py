@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    cluster,
     crash,
     estop_latency,
     fanout,
@@ -94,6 +95,11 @@ def main() -> None:
         ("Crash safety: kill -9 under load, restarted on the same log",
          f"bench.crash --kills {kills}",
          lambda: crash_figures(kills)),
+        ("Several gateway processes on one PostgreSQL log: throughput, failover, a paused "
+         "member",
+         f"bench.cluster --seconds {seconds} --kills {kills // 2}",
+         lambda: cluster.measure(seconds=seconds, kills=kills // 2)
+         if pg_server.find_binaries() else []),
     ]
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"# Benchmark report\n\n{now} — {machine()}\n",

@@ -188,7 +188,7 @@ class Ledger:
         self.acks[answer.request_id] = Ack(answer.decision, answer.position, agent or "")
 
 
-async def start(config: Path, db: Path, log: Path, prefix: Sequence[str] = ()
+async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] = ()
                 ) -> tuple[asyncio.subprocess.Process, str]:
     """Spawn the gateway (under ``prefix``: ``nsenter ...``, say); return it and its URL
     once ``/healthz`` answers 200."""
@@ -234,9 +234,11 @@ async def kill(process: asyncio.subprocess.Process) -> None:
 class Load:
     """Feed and control load of one round; what was sent but never acked carries over."""
 
-    def __init__(self, ledger: Ledger, rng: random.Random) -> None:
+    def __init__(self, ledger: Ledger, rng: random.Random,
+                 agents: Sequence[str] = AGENTS) -> None:
         self.ledger = ledger
         self.rng = rng
+        self.agents = agents
         self.unacked: dict[str, dict[str, Any]] = {}
         self.bodies: dict[str, dict[str, Any]] = {}
         self.unacked_ticks: dict[int, dict[str, Any]] = {}
@@ -246,7 +248,7 @@ class Load:
 
     def request(self) -> dict[str, Any]:
         n, self.n = self.n, self.n + 1
-        agent = AGENTS[n % len(AGENTS)]
+        agent = self.agents[n % len(self.agents)]
         kind = "agent_call" if n % 5 == 0 else "hook_trigger"
         body: dict[str, Any] = {
             "requestId": f"r{n}", "createdAt": datetime.now(UTC).isoformat(),

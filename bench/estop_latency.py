@@ -51,7 +51,7 @@ from gateway.client import ControlClient
 from gateway.metrics import LATENCY_BUCKETS
 from gateway.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, parse_request
-from store import DEFAULT_MAX_BATCH
+from store import DEFAULT_MAX_BATCH, pg_server
 
 CONNECTIONS = 2
 LEAD_S = 1.0
@@ -277,7 +277,8 @@ def _ready(barrier: threading.Barrier) -> None:
 
 
 async def _measure(stops: int, rate: int, seconds: float, agents: int, window: int,
-                   pool: ProcessPoolExecutor, max_batch: int) -> Outcome:
+                   pool: ProcessPoolExecutor, max_batch: int, postgres: str | None = None
+                   ) -> Outcome:
     loop = asyncio.get_running_loop()
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(2)
@@ -286,7 +287,7 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
     names = agent_names(agents)
     config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + 100))
     with tempfile.TemporaryDirectory() as tmp:
-        async with gateway(Path(tmp, "estop.db"), dict.fromkeys(names, config),
+        async with gateway(postgres or Path(tmp, "estop.db"), dict.fromkeys(names, config),
                            lambda _: blocker, max_batch) as (url, engine):
             for n, name in enumerate(names):
                 await engine.submit(parse_request(json.loads(request_json("first-", n, name))))
@@ -332,10 +333,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _figures(out: Outcome, rate: int, agents: int, max_batch: int) -> list[Figure]:
+def _figures(out: Outcome, rate: int, agents: int, max_batch: int,
+             engine: str = "") -> list[Figure]:
     flood_ = out.flood
-    tag = f"[{rate:,}/s offered]" if max_batch == DEFAULT_MAX_BATCH else (
-        f"[{rate:,}/s offered, max_batch {max_batch:,}]")
+    tag = f"[{engine}{rate:,}/s offered]" if max_batch == DEFAULT_MAX_BATCH else (
+        f"[{engine}{rate:,}/s offered, max_batch {max_batch:,}]")
     during = [s for s in out.stops if s.sent_ns <= flood_.ended_ns]
     ack_ms = [(s.acked_ns - s.sent_ns) / 1e6 for s in during]
     abort_ms = [(out.cancelled[s.run_id] - s.sent_ns) / 1e6 for s in during
@@ -369,7 +371,8 @@ def _figures(out: Outcome, rate: int, agents: int, max_batch: int) -> list[Figur
 
 
 def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int = 100,
-            window: int = 50, calm: int = 5_000, small_batch: int = 500) -> list[Figure]:
+            window: int = 50, calm: int = 5_000, small_batch: int = 500,
+            postgres: int = 1) -> list[Figure]:
     """Emergency-stop latency under a feed flood of ``rate`` requests/s, and the flood rate
     achieved; then the same under a flood of ``calm`` requests/s (0: skip), one the
     gateway keeps up with, to tell queueing from the control path itself; then the first
@@ -384,9 +387,19 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
                 out = asyncio.run(_measure(stops, offered, seconds, agents, window, pool,
                                            batch))
                 figures += _figures(out, offered, agents, batch)
+        if postgres and pg_server.find_binaries() is not None:
+            # The same floods on PostgreSQL (a throwaway server, fsync on; one member).
+            with pg_server.throwaway(durable=True) as server:
+                for n, offered in enumerate((rate, calm)):
+                    if offered > 0:
+                        url = asyncio.run(pg_server.create_database(server.url, f"estop{n}"))
+                        out = asyncio.run(_measure(stops, offered, seconds, agents, window,
+                                                   pool, DEFAULT_MAX_BATCH, url))
+                        figures += _figures(out, offered, agents, DEFAULT_MAX_BATCH,
+                                            "PostgreSQL, ")
     return figures
 
 
 if __name__ == "__main__":
     run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000,
-        small_batch=500)
+        small_batch=500, postgres=1)

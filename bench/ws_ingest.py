@@ -39,8 +39,9 @@ from gateway.client import FeedClient
 from gateway.engine import Engine
 from gateway.reasoner import Reasoner, RunContext, RunResult
 from gateway.runtime import tune_runtime
+from gateway.server import join_cluster
 from lanes import AgentConfig, AgentRequest, Mode, parse_request
-from store import DEFAULT_MAX_BATCH, SqliteEventStore
+from store import DEFAULT_MAX_BATCH, EventStore, PostgresEventStore, SqliteEventStore
 
 FEED_TOKEN = "bench-feed-token"
 CONTROL_TOKEN = "bench-control-token"
@@ -64,32 +65,43 @@ def agent_names(agents: int) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def gateway(db: Path, agents: dict[str, AgentConfig],
+async def gateway(db: Path | str, agents: dict[str, AgentConfig],
                   reasoners: Callable[[str], Reasoner], max_batch: int = DEFAULT_MAX_BATCH
                   ) -> AsyncIterator[tuple[str, Engine]]:
     """The real gateway on 127.0.0.1:<ephemeral> over SQLite (``synchronous=FULL``, at most
-    ``max_batch`` events per commit): its ``ws://`` base URL and its engine. Stopped
-    gracefully after the block."""
-    engine = Engine(SqliteEventStore(db, synchronous="FULL", max_batch=max_batch), agents,
-                    reasoners=reasoners, snapshot_worker=True)  # as `gateway serve` does
-    service = Service(engine=engine, tokens=TOKENS)
+    ``max_batch`` events per commit), or over PostgreSQL for a ``postgresql://`` ``db`` (a
+    cluster of one member, as `gateway serve` makes it): its ``ws://`` base URL and its
+    engine. Stopped gracefully after the block."""
+    clustered = isinstance(db, str)
+    store: EventStore = PostgresEventStore(db, max_batch=max_batch) if isinstance(db, str) \
+        else SqliteEventStore(db, synchronous="FULL", max_batch=max_batch)
+    engine = Engine(store, agents, reasoners=reasoners, snapshot_worker=True,
+                    clustered=clustered)  # as `gateway serve` does
+    service = Service(engine=engine, tokens=TOKENS,
+                      cluster_secret="bench-cluster" if clustered else None)
     ready = asyncio.Event()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        await engine.start()
-        tune_runtime()
-        ready.set()
-        try:
-            yield
-        finally:
-            await engine.stop()
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        await engine.start()
+        member = await join_cluster(service, f"http://127.0.0.1:{port}") if clustered \
+            else None
+        tune_runtime()
+        ready.set()
+        try:
+            yield
+        finally:
+            if member is not None:
+                await member.stop()
+            await engine.stop()
+            if service.peers is not None:
+                await service.peers.close()
+
     config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
                             ws="websockets-sansio", log_level="warning", ws_max_size=4 << 20)
     server = uvicorn.Server(config)

@@ -39,19 +39,22 @@ from gateway.errors import (
     Busy,
     Forbidden,
     GatewayError,
+    NotOwner,
     StorageUnreadable,
     Unauthorized,
     UnknownProvider,
     storage_fault_kind,
 )
-from gateway.gate import ProviderGate
+from gateway.gate import GateMoved, ProviderGate
 from gateway.hooks import HookEngine
 from gateway.intake import BUDGET_MS, Intake
+from gateway.internal import internal_routes
 from gateway.llm import LLMClient
 from gateway.market import MarketEvent, event_time, to_ms
 from gateway.metrics import family, label
 from gateway.openapi import openapi_document
 from gateway.pacing import Pacer
+from gateway.peers import FORWARDED_HEADER, Peers
 from gateway.protocol import (
     CLIENT_FRAME,
     CLIENT_TYPES,
@@ -178,6 +181,18 @@ class Service:
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes (enforced by `gateway.server`)."""
     connections: Connections = field(default_factory=lambda: Connections())
+    cluster_secret: str | None = None
+    """Several processes share the log: the secret they call each other's internal API with
+    (`gateway.internal`; None: not in a cluster, the internal routes do not exist)."""
+    peers: Peers | None = None
+    """Clients to the other processes of the cluster (an operator's HTTP call for an agent
+    owned elsewhere is passed on to its owner)."""
+    cluster_lease_ms: int = 5_000
+    """The member lease of this process in its cluster (`gateway.cluster.Cluster`)."""
+    advertise: str | None = None
+    """The URL the other processes reach this one at (default: where it is bound)."""
+    poke: Callable[[], None] | None = None
+    """Renew and rebalance this cluster member now (`gateway.cluster.Cluster.poke`)."""
     intake: Intake = field(init=False)
     pacer: Pacer = field(default_factory=Pacer)
     """The feed's work takes turns on the event loop, so that a control waits for at most
@@ -231,6 +246,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
+        *internal_routes(service),
     ]
     if WEB.is_dir():
         routes.append(Mount("/", StaticFiles(directory=WEB, html=True), name="web"))
@@ -299,6 +315,8 @@ def _guarded(handler: Callable[[_Api, Request], Awaitable[Response]]) -> Any:
     async def wrapped(self: _Api, request: Request) -> Response:
         try:
             return await handler(self, request)
+        except (NotOwner, GateMoved) as error:  # another process owns it: ask it there
+            return await self._pass_on(request, error)
         except Exception as error:
             return error_response(error)
 
@@ -311,6 +329,33 @@ class _Api:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.engine = service.engine
+
+    async def _pass_on(self, request: Request, error: NotOwner | GateMoved) -> Response:
+        """An operator's call for an agent (or provider gate) another process of the cluster
+        owns, made there with the caller's own token, and its answer given back as it is
+        (once: a call passed on is never passed on again)."""
+        peers = self.service.peers
+        if peers is None or request.headers.get(FORWARDED_HEADER):
+            return error_response(error)
+        stream = error.agent_id if isinstance(error, NotOwner) else \
+            f"provider:{error.provider}"
+        owner = (error.owner if isinstance(error, NotOwner) else None) or \
+            await self.engine.locate(stream)
+        if owner is None:
+            return error_response(error)
+        headers = {FORWARDED_HEADER: "1"}
+        for name in ("authorization", "content-type"):
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        try:
+            answer = await peers.request(request.method, owner + request.url.path,
+                                         params=request.query_params,
+                                         content=await request.body(), headers=headers)
+        except GatewayError as failed:
+            return error_response(failed)
+        passed = {k: v for k, v in answer.headers.items()
+                  if k.lower() in ("content-type", "retry-after", "www-authenticate")}
+        return Response(answer.content, status_code=answer.status_code, headers=passed)
 
     def _principal(self, request: Request) -> Principal:
         origin = request.headers.get("origin")

@@ -87,6 +87,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
+    if getattr(args, "advertise", None):
+        config = config.model_copy(update={"cluster": config.cluster.model_copy(
+            update={"advertise": args.advertise})})
     service = build_service(config, args.db)
     clock = SystemClock()
 
@@ -150,7 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--port", type=int, default=8000)
     serve = commands.add_parser("serve", help="serve the gateway from a config file")
     serve.add_argument("--config", type=Path, required=True)
-    serve.add_argument("--db", type=Path, help="event log (default: the config's store.path)")
+    serve.add_argument("--db", help="event log: a SQLite file, or a postgresql:// URL that "
+                                    "several gateway processes may serve together (default: "
+                                    "the config's store.url or store.path)")
+    serve.add_argument("--advertise", metavar="URL",
+                       help="with PostgreSQL: the URL the other processes reach this one at "
+                            "(default: the config's cluster.advertise, else where it is bound)")
     serve.add_argument("--host", help="default: the config's server.host (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: the config's server.port")
     scenario = commands.add_parser(
@@ -188,6 +196,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+LOG_HELP = "the event log: a SQLite file, or a postgresql:// URL"
+
+
+def _log(text: str) -> object:
+    from gateway.debugger import log_location
+
+    return log_location(text)
+
+
 DEBUGGER_COMMANDS = ("replay", "timeline", "verify", "whatif", "export", "import",
                      "quarantine")
 POINT_HELP = "a log position (integer) or a time (ISO 8601, UTC unless an offset is given)"
@@ -211,39 +228,39 @@ def _positive(text: str) -> int:
 def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rep = commands.add_parser(
         "replay", help="every agent's state (or one agent's, in full) at a point of the log")
-    rep.add_argument("db", type=Path)
+    rep.add_argument("db", type=_log, help=LOG_HELP)
     rep.add_argument("--agent", help="show this agent in full")
     rep.add_argument("--at", type=_point, metavar="POSITION|TIME",
                      help=f"where to stop: {POINT_HELP} (default: the end)")
     line = commands.add_parser(
         "timeline", help="each input of an agent and the decisions it caused, with reasons")
-    line.add_argument("db", type=Path)
+    line.add_argument("db", type=_log, help=LOG_HELP)
     line.add_argument("--agent", required=True)
     line.add_argument("--from", type=_point, metavar="POSITION|TIME", help=POINT_HELP)
     line.add_argument("--to", type=_point, metavar="POSITION|TIME", help=POINT_HELP)
     ver = commands.add_parser(
         "verify", help="re-decide every recorded input and compare (exit 1 at a divergence)")
-    ver.add_argument("db", type=Path)
+    ver.add_argument("db", type=_log, help=LOG_HELP)
     ver.add_argument("--jobs", type=_positive, metavar="N",
                      help="processes re-deciding streams side by side (default: one per CPU "
                           "for a large log)")
     what = commands.add_parser(
         "whatif", help="re-run the recorded inputs under another config and compare")
-    what.add_argument("db", type=Path)
+    what.add_argument("db", type=_log, help=LOG_HELP)
     what.add_argument("--config", type=Path, required=True,
                       help="a gateway config whose [[agents]] tables give the other policy")
     exp = commands.add_parser("export", help="write the whole log as JSON Lines")
-    exp.add_argument("db", type=Path)
+    exp.add_argument("db", type=_log, help=LOG_HELP)
     exp.add_argument("--format", choices=["jsonl"], default="jsonl")
     exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
     imp = commands.add_parser(
         "import", help="read a JSON Lines export into a log (new, or ending just before it)")
-    imp.add_argument("db", type=Path)
+    imp.add_argument("db", type=_log, help=LOG_HELP)
     imp.add_argument("file", type=Path, help="the export (- for stdin)")
     quarantine = commands.add_parser(
         "quarantine", help="set aside an event that stops the log from starting (recorded "
                            "as an event; nothing is deleted); with no gateway serving it")
-    quarantine.add_argument("db", type=Path)
+    quarantine.add_argument("db", type=_log, help=LOG_HELP)
     quarantine.add_argument("--position", type=_positive, required=True,
                             help="the position a start, replay or verify named")
     quarantine.add_argument("--reason", default="", help="why, in words (recorded)")

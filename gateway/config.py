@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import hmac
 import os
 import re
@@ -129,6 +130,9 @@ class StoreConfig(ConfigModel):
     how long a commit waits for a lock held by another process before it fails."""
 
     path: Path = Path("gateway.db")
+    url: str | None = Field(default=None, pattern=r"^postgresql(\+asyncpg)?://\S+$")
+    """A PostgreSQL log (``postgresql://user:password@host:port/db``) instead of the SQLite
+    file at ``path``: several gateway processes may serve it together (``[cluster]``)."""
     synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"
     busy_timeout_ms: int = Field(default=5_000, ge=0, le=600_000)
     """A commit that cannot get the write lock in this time fails (clients are answered
@@ -137,6 +141,47 @@ class StoreConfig(ConfigModel):
     """The most events one commit takes (group commit; an append is never split). Under a
     flood an emergency stop waits for the commit in flight: smaller batches make that wait
     shorter, at some cost in throughput (see the README's Performance section)."""
+
+
+class ClusterConfig(ConfigModel):
+    """Several gateway processes on one PostgreSQL log (``gateway serve --db
+    postgresql://...``): each agent is owned by one process at a time (`gateway.cluster`)."""
+
+    lease_ms: int = Field(default=5_000, ge=100, le=600_000)
+    """A process that has not renewed its lease for this long is taken for dead: the others
+    take its agents over (renewed every fifth of it)."""
+    advertise: str | None = Field(default=None, pattern=r"^https?://[^\s/]+$")
+    """The URL the other processes reach this one at (default: the address it is bound to;
+    set it when that is not reachable from the other hosts, 0.0.0.0 say)."""
+    secret: SecretStr | None = None
+    """The secret the processes authenticate each other with (``secret_env``: read from the
+    environment); default: one derived from every token of this config, which all the
+    processes share."""
+    secret_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    _secret: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_secret(self, info: ValidationInfo) -> ClusterConfig:
+        if self.secret is not None and self.secret_env is not None:
+            _raise("secret_env", "set either secret or secret_env, not both")
+        if self.secret_env is not None:
+            value = _environ(info).get(self.secret_env) or ""
+            if not value:
+                _raise("secret_env", f"environment variable {self.secret_env} is not set "
+                       "(or is empty)")
+            self._secret = SecretStr(value)
+        else:
+            self._secret = self.secret
+        return self
+
+    def shared_secret(self, tokens: Sequence[TokenConfig]) -> str:
+        """The secret the processes authenticate each other with."""
+        if self._secret is not None:
+            return self._secret.get_secret_value()
+        digest = hashlib.sha256(b"gateway-cluster")
+        for secret in sorted(token.secret for token in tokens):
+            digest.update(b"\0" + secret.encode())
+        return digest.hexdigest()
 
 
 class TokenConfig(ConfigModel):
@@ -327,6 +372,7 @@ class GatewayConfig(ConfigModel):
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     tokens: tuple[TokenConfig, ...] = ()
     providers: tuple[ProviderConfig, ...] = ()
     agents: tuple[AgentEntry, ...] = ()
@@ -546,7 +592,8 @@ def _path(loc: tuple[str | int, ...]) -> str:
 @functools.cache
 def _vocabulary() -> list[str]:
     models: list[type[BaseModel]] = [
-        ServerConfig, StoreConfig, TokenConfig, SimulatedReasonerConfig, LLMReasonerConfig,
+        ServerConfig, StoreConfig, ClusterConfig, TokenConfig, SimulatedReasonerConfig,
+        LLMReasonerConfig,
         ProviderConfig, GateLimits, AgentEntry, GatewayConfig, AgentConfig, Budgets,
         PriceCrossRule, GreenCandlesRule, ConnectorDownRule,
     ]

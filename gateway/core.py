@@ -26,7 +26,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from gateway.clock import Clock, Timer
 from gateway.tasks import spawn
 from lanes.codec import Codec
-from store.port import Append, EventStore, NewEvent, RecordedEvent, StoreError
+from store.port import Append, EventStore, Fence, FencedError, NewEvent, RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.core")
 
@@ -70,6 +70,16 @@ class EventIds:
     def __call__(self) -> str:
         return f"{self._prefix}-{next(self._counter)}"
 
+    @property
+    def prefix(self) -> str:
+        """What every id made now starts with."""
+        return self._prefix
+
+    def use(self, prefix: str) -> None:
+        """Make ids with ``prefix`` from now on (a cluster member's own: its events say which
+        member wrote them)."""
+        self._prefix = prefix
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome(Generic[D]):
@@ -98,6 +108,11 @@ class Listener(Protocol[D]):
 
     def due(self) -> None:
         """The time `StreamCore.schedule` was given came."""
+
+    def fenced(self, error: FencedError) -> None:
+        """An append was refused because this process no longer holds the stream's lease
+        (`StreamCore.fence`): the stream is someone else's now (stop what runs on it; never
+        rebuild it to write again)."""
 
 
 class StreamCore(Generic[S, I, D]):
@@ -133,6 +148,9 @@ class StreamCore(Generic[S, I, D]):
         """Consecutive failed appends (pace the rebuilds while the log refuses writes)."""
         self._timer: Timer | None = None
         self._timer_due: int | None = None
+        self.fence: Fence | None = None
+        """The lease this process holds on the stream, when several share the log: every
+        append carries it, and lands only while it holds (`store.port.Append.fence`)."""
 
     @property
     def version(self) -> int:
@@ -169,7 +187,7 @@ class StreamCore(Generic[S, I, D]):
         commit (an ``urgent`` append is committed ahead of other streams' queue)."""
         if not events:
             return Outcome(decisions, None)
-        commit = self.store.append(Append(self.stream, events, base, urgent))
+        commit = self.store.append(Append(self.stream, events, base, urgent, self.fence))
         self._pending.add(commit)
         commit.add_done_callback(partial(self._settled, decisions, time.perf_counter(), urgent))
         return Outcome(decisions, commit)
@@ -183,8 +201,13 @@ class StreamCore(Generic[S, I, D]):
 
     def _settled(self, decisions: list[D], decided: float, urgent: bool, commit: Commit) -> None:
         self._pending.discard(commit)
-        if commit.cancelled() or commit.exception() is not None:
-            self._listener.failed(decisions, None if commit.cancelled() else commit.exception())
+        error = None if commit.cancelled() else commit.exception()
+        if isinstance(error, FencedError):
+            self._listener.failed(decisions, error)
+            self._listener.fenced(error)
+            return
+        if commit.cancelled() or error is not None:
+            self._listener.failed(decisions, error)
             self.recover(commit)
             return
         self.failures = 0

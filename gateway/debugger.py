@@ -84,17 +84,35 @@ from lanes.replay import (
 from lanes.whatif import AgentWhatIf, Tally, whatif
 from store import (
     DuplicateEventError,
+    GroupCommitStore,
     LogInUse,
     NotAnEventLog,
+    PostgresEventStore,
     RecordedEvent,
     RestoreError,
     SqliteEventStore,
+    StoreError,
     check_event_log,
 )
+from store.engine import database_url, is_postgres
 
 PAGE = 10_000
 """Events per read."""
 Out = Callable[[str], None]
+Log = Path | str
+"""Where an event log is: a SQLite file, or a ``postgresql://`` URL."""
+
+
+def log_location(text: str) -> Log:
+    """A log named on the command line: a ``postgresql://`` URL as it is, else a path."""
+    return text if is_postgres(database_url(text)) else Path(text)
+
+
+def shown(db: Log) -> str:
+    """A log's location for people (a URL without its password)."""
+    if isinstance(db, str):
+        return database_url(db).render_as_string(hide_password=True)
+    return str(db)
 
 
 class DebugError(Exception):
@@ -134,7 +152,7 @@ def clock(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-async def resolve(store: SqliteEventStore, point: Point, last: int, option: str) -> int:
+async def resolve(store: GroupCommitStore, point: Point, last: int, option: str) -> int:
     """The log position a `Point` names: a position as given (it must exist), a time as the
     last event recorded at or before it (0: before the first). Times are found by bisection:
     recorded times go forward with positions (if the store's clock was ever set back, the
@@ -158,18 +176,43 @@ async def resolve(store: SqliteEventStore, point: Point, last: int, option: str)
 # ------------------------------------------------------------------------------- reading
 
 
-async def open_log(db: Path) -> SqliteEventStore:
+async def open_log(db: Log) -> GroupCommitStore:
     """The store of an existing event log (migrated to this code's schema if older)."""
+    store: GroupCommitStore
+    if isinstance(db, str):
+        store = PostgresEventStore(db)
+    else:
+        try:
+            await check_event_log(db)
+        except NotAnEventLog as error:
+            raise DebugError(str(error)) from None
+        store = SqliteEventStore(db)
     try:
-        await check_event_log(db)
-    except NotAnEventLog as error:
-        raise DebugError(str(error)) from None
-    store = SqliteEventStore(db)
-    await store.open()
+        await store.open()
+    except (StoreError, OSError) as error:
+        raise DebugError(f"cannot open {shown(db)}: {error}") from None
     return store
 
 
-async def pages(store: SqliteEventStore, after: int, upto: int) -> AsyncIterator[
+async def _writable_log(db: Log) -> GroupCommitStore:
+    """The store of a log to change with no gateway serving it (`DebugError` if one does:
+    a SQLite file is locked by its gateway, a PostgreSQL log has live members)."""
+    if isinstance(db, str):
+        store = await open_log(db)
+        if (await store.leases()).members:
+            await store.close()
+            raise DebugError(f"{shown(db)} is served by gateway processes now: stop them "
+                             "first")
+        return store
+    sqlite = SqliteEventStore(db, exclusive=True)  # never under a gateway serving it
+    try:
+        await sqlite.open()
+    except LogInUse as error:
+        raise DebugError(str(error)) from None
+    return sqlite
+
+
+async def pages(store: GroupCommitStore, after: int, upto: int) -> AsyncIterator[
         list[RecordedEvent]]:
     """The events in (after, upto], a page at a time; the next page is read (in the
     driver's thread) while the caller works on the last one."""
@@ -210,7 +253,7 @@ class Folded:
         return f"{command}: {start}folded {summary(self.events, 'events', self.seconds)}"
 
 
-async def fold_until(store: SqliteEventStore, position: int, label: str) -> Folded:
+async def fold_until(store: GroupCommitStore, position: int, label: str) -> Folded:
     """The fold of the log up to ``position``: from the newest usable snapshot at or below
     it, then the events after it."""
     reader = await log_reader(store)
@@ -265,7 +308,7 @@ def _limit(used: int, limit: int | None) -> str:
 # -------------------------------------------------------------------------------- replay
 
 
-async def replay_command(db: Path, agent: str | None, at: Point | None, out: Out) -> int:
+async def replay_command(db: Log, agent: str | None, at: Point | None, out: Out) -> int:
     """Print every agent's state (or one agent's, in detail) at a point of the log."""
     store = await open_log(db)
     try:
@@ -288,7 +331,7 @@ async def replay_command(db: Path, agent: str | None, at: Point | None, out: Out
         out(f"\n{folded.summary('replay')}")
         return 0
     if not states:
-        out(f"{db}: no agent events up to {where}")
+        out(f"{shown(db)}: no agent events up to {where}")
         return 0
     out(f"{len(states)} agents at {where}\n")
     for line in agents_table(states.values()):
@@ -305,9 +348,9 @@ async def replay_command(db: Path, agent: str | None, at: Point | None, out: Out
     return 0
 
 
-def _no_agent(agent: str, db: Path, states: Mapping[str, AgentState], position: int) -> str:
+def _no_agent(agent: str, db: Log, states: Mapping[str, AgentState], position: int) -> str:
     known = ", ".join(sorted(states)) or "none"
-    return f"no agent {agent!r} in {db} up to position {position} (agents: {known})"
+    return f"no agent {agent!r} in {shown(db)} up to position {position} (agents: {known})"
 
 
 def agents_table(states: Iterable[AgentState]) -> list[str]:
@@ -423,7 +466,7 @@ def vars_of(obj: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ timeline
 
 
-async def timeline_command(db: Path, agent: str, start: Point | None, end: Point | None,
+async def timeline_command(db: Log, agent: str, start: Point | None, end: Point | None,
                            out: Out) -> int:
     """Print each input of one agent and the decisions it caused, with their reasons."""
     store = await open_log(db)
@@ -434,12 +477,13 @@ async def timeline_command(db: Path, agent: str, start: Point | None, end: Point
         records = await store.read_stream(agent)
         if not records:
             agents = sorted(s for s in await store.stream_versions() if is_agent_stream(s))
-            raise DebugError(f"no agent {agent!r} in {db} (agents: {', '.join(agents) or 'none'})")
+            raise DebugError(f"no agent {agent!r} in {shown(db)} "
+                             f"(agents: {', '.join(agents) or 'none'})")
         reader = await log_reader(store)
     finally:
         await store.close()
     entries = reader.entries(records)
-    shown = inputs = 0
+    printed = inputs = 0
     out(f"timeline of {agent}, positions {first}..{upto} (times are the inputs', UTC)")
     out(f"{'position':>8}  {'time':<23}  input, then -> each decision")
     for step in steps(entries):
@@ -447,13 +491,13 @@ async def timeline_command(db: Path, agent: str, start: Point | None, end: Point
         if not first <= position <= upto:
             continue
         inputs += 1
-        shown += 1 + len(step.decisions)
+        printed += 1 + len(step.decisions)
         event = step.input.event
         assert is_input(event)  # (a step starts with its input)
         out(f"{position:>8}  {clock(event.at):<23}  {what_came_in(event)}")
         for decision in step.decisions:
             out(f"{decision.position:>8}  {'':<23}    -> {explain(decision.event)}")
-    out(f"\n{inputs} inputs and {shown - inputs} decisions of {agent} "
+    out(f"\n{inputs} inputs and {printed - inputs} decisions of {agent} "
         f"({len(entries)} events in its stream)")
     return 0
 
@@ -554,7 +598,7 @@ class Verified:
     unreadable: str | None = None
 
 
-async def verify_command(db: Path, out: Out, jobs: int | None = None) -> int:
+async def verify_command(db: Log, out: Out, jobs: int | None = None) -> int:
     """Re-decide every recorded input (agents and provider gates); 1 at the first
     divergence, printed with its position, input, recorded and re-decided events.
 
@@ -601,7 +645,7 @@ async def verify_command(db: Path, out: Out, jobs: int | None = None) -> int:
     return 0
 
 
-async def _verify_in_order(store: SqliteEventStore, last: int,
+async def _verify_in_order(store: GroupCommitStore, last: int,
                            gates: dict[str, list[RecordedEvent]], bar: Progress) -> Verified:
     """The whole log in position order, stopping at the first divergence."""
     verifier = Verifier()
@@ -623,7 +667,7 @@ async def _verify_in_order(store: SqliteEventStore, last: int,
     return Verified(verifier.events, verifier.inputs, verifier.finish())
 
 
-async def _verify_in_processes(db: Path, streams: Mapping[str, int], jobs: int,
+async def _verify_in_processes(db: Log, streams: Mapping[str, int], jobs: int,
                                bar: Progress) -> Verified:
     """Whole streams re-decided in ``jobs`` processes, the results put together."""
     groups: list[list[str]] = [[] for _ in range(min(len(streams), jobs * 4))]
@@ -636,7 +680,7 @@ async def _verify_in_processes(db: Path, streams: Mapping[str, int], jobs: int,
     results = []
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        waiting = [loop.run_in_executor(pool, verify_streams, str(db), group)
+        waiting = [loop.run_in_executor(pool, verify_streams, db, group)
                    for group in groups if group]
         for done in asyncio.as_completed(waiting):
             result = await done
@@ -647,14 +691,13 @@ async def _verify_in_processes(db: Path, streams: Mapping[str, int], jobs: int,
                     first(r.divergence for r in results), unreadable)
 
 
-def verify_streams(db: str, streams: list[str]) -> Verified:
+def verify_streams(db: Log, streams: list[str]) -> Verified:
     """Re-decide whole agent streams of the log at ``db`` (run in a worker process)."""
-    return asyncio.run(_verify_streams(Path(db), streams))
+    return asyncio.run(_verify_streams(db, streams))
 
 
-async def _verify_streams(db: Path, streams: list[str]) -> Verified:
-    store = SqliteEventStore(db)
-    await store.open()
+async def _verify_streams(db: Log, streams: list[str]) -> Verified:
+    store = await open_log(db)
     events = inputs = 0
     found: list[Divergence | None] = []
     try:
@@ -718,7 +761,7 @@ def whatif_configs(path: Path) -> dict[str, AgentConfig]:
         raise DebugError(str(error)) from None
 
 
-def whatif_command(db: Path, config_path: Path, out: Out) -> int:
+def whatif_command(db: Log, config_path: Path, out: Out) -> int:
     """Re-run the recorded inputs under another config; print, per agent, how runs, drops,
     dedupes, suppressions and waits change."""
     configs = whatif_configs(config_path)
@@ -743,7 +786,7 @@ def whatif_command(db: Path, config_path: Path, out: Out) -> int:
         with Progress("what-if", len(entries)) as bar:
             report = whatif(entries, configs, bar.advance)
     in_log = {agent.agent_id for agent in report}
-    out(f"what-if: {db} re-run under the agents of {config_path}")
+    out(f"what-if: {shown(db)} re-run under the agents of {config_path}")
     out("  model (lanes.whatif): recorded inputs at their times, timers re-derived; each run\n"
         "  replays the recorded run that held its first request (duration, outcome, tokens);\n"
         "  orders and sub-agent calls are not simulated")
@@ -807,7 +850,7 @@ def whatif_report(agent: AgentWhatIf) -> list[str]:
 # ------------------------------------------------------------------------ export, import
 
 
-async def export_command(db: Path, sink: IO[str], out: Out) -> int:
+async def export_command(db: Log, sink: IO[str], out: Out) -> int:
     """Write the whole log to ``sink`` as JSON Lines (`gateway.transfer`)."""
     store = await open_log(db)
     try:
@@ -840,22 +883,22 @@ def read_export(source: Iterable[str]) -> list[RecordedEvent]:
 # ---------------------------------------------------------------------------- quarantine
 
 
-async def quarantine_command(db: Path, position: int, reason: str, out: Out) -> int:
+async def quarantine_command(db: Log, position: int, reason: str, out: Out) -> int:
     """Set aside the event at ``position`` of an agent stream (`gateway.quarantine`), so the
     log starts, replays and verifies again; refused while a gateway serves the log."""
     try:
-        await check_event_log(db)
+        if not isinstance(db, str):
+            await check_event_log(db)
     except NotAnEventLog as error:
         raise DebugError(str(error)) from None
-    store = SqliteEventStore(db, exclusive=True)
     try:
-        await store.open()
-    except LogInUse as error:
+        store = await _writable_log(db)
+    except DebugError as error:
         raise DebugError(f"{error}; a log is set aside with no gateway serving it") from None
     try:
         found = await store.read(max(0, position - 1), 1) if position >= 1 else []
         if not found or found[0].position != position:
-            raise DebugError(f"no event at position {position} in {db}")
+            raise DebugError(f"no event at position {position} in {shown(db)}")
         record = found[0]
         if not is_agent_stream(record.stream):
             raise DebugError(f"the event at position {position} is in {record.stream!r}: "
@@ -895,28 +938,25 @@ async def quarantine_command(db: Path, position: int, reason: str, out: Out) -> 
         out(f"quarantine: the stream still does not fold: {problem}; set that aside too, or "
             "restore the log from a backup")
         return 1
-    out(f"quarantine: the stream folds again; 'gateway verify {db}' checks the rest")
+    out(f"quarantine: the stream folds again; 'gateway verify {shown(db)}' checks the rest")
     return 0
 
 
-async def import_command(db: Path, records: Sequence[RecordedEvent], out: Out) -> int:
+async def import_command(db: Log, records: Sequence[RecordedEvent], out: Out) -> int:
     """Write checked events into the log at ``db`` (created if missing): it must be empty,
     or end just before them. Every event was checked before (`read_export`), so what can
     still fail is the database itself: the events are written a page per transaction, and
     if that fails midway (disk full) the log ends at the last page written (delete it and
     import again)."""
-    try:
-        if await asyncio.to_thread(db.exists):
-            await check_event_log(db)
-        elif not await asyncio.to_thread(db.parent.is_dir):
-            raise DebugError(f"cannot create {db}: no directory {db.parent}")
-    except NotAnEventLog as error:
-        raise DebugError(str(error)) from None
-    store = SqliteEventStore(db, exclusive=True)  # never under a gateway serving it
-    try:
-        await store.open()
-    except LogInUse as error:
-        raise DebugError(str(error)) from None
+    if not isinstance(db, str):
+        try:
+            if await asyncio.to_thread(db.exists):
+                await check_event_log(db)
+            elif not await asyncio.to_thread(db.parent.is_dir):
+                raise DebugError(f"cannot create {db}: no directory {db.parent}")
+        except NotAnEventLog as error:
+            raise DebugError(str(error)) from None
+    store = await _writable_log(db)
     try:
         with Progress("import", len(records)) as bar:
             for start in range(0, len(records), PAGE):
@@ -929,6 +969,6 @@ async def import_command(db: Path, records: Sequence[RecordedEvent], out: Out) -
     finally:
         await store.close()
     streams = len({r.stream for r in records})
-    out(f"import: {len(records):,} events of {streams} streams into {db}, which now ends at "
+    out(f"import: {len(records):,} events of {streams} streams into {shown(db)}, which now ends at "
         f"position {last}; {summary(len(records), 'events', bar.elapsed)}")
     return 0

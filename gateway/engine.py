@@ -10,25 +10,27 @@ trading), while runs start and calls go out only after their decision is committ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from gateway.clock import Clock, SystemClock
 from gateway.core import EventIds, Outcome, StreamCore
 from gateway.errors import (
     AgentUnavailable,
     GatewayError,
+    NotOwner,
     NotRunning,
     StorageFailed,
     Superseded,
@@ -77,13 +79,16 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
 )
-from lanes.replay import LogFold
+from lanes.evolve import fold as fold_events
+from lanes.replay import LogFold, is_agent_stream
 from lanes.requests import ControlAction, Kind
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
 from store.port import (
     ConcurrencyError,
     EventStore,
+    Fence,
+    FencedError,
     NewEvent,
     RecordedEvent,
     StoreError,
@@ -92,7 +97,7 @@ from store.port import (
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
-    from gateway.gate import ProviderGate
+    from gateway.gate import ProviderGate, SlotGate
     from gateway.pacing import Pacer
 
 log = logging.getLogger("gateway.engine")
@@ -143,10 +148,24 @@ gateway holds it and stores it itself as soon as the log can be written, before 
 of its agent (a resume or a release is not held: it would act later than asked)."""
 
 
+class Forwarder(Protocol):
+    """Sends requests for agents another gateway process owns to that process (when several
+    share the log: `gateway.cluster`)."""
+
+    async def submit_many(self, owner: str, requests: Sequence[AgentRequest],
+                          principal: str | None) -> list[Ack | GatewayError]:
+        """Submit ``requests`` at the process serving at ``owner``: an answer for each."""
+        ...
+
+
 @dataclass(slots=True)
 class _Agent:
     core: StreamCore[AgentState, Input, Decision]
     """The agent's stream: its state, appends in flight, rebuilds and timer."""
+    owned: bool = True
+    """Whether this process decides for the agent. When several processes share the log,
+    only the one holding the agent's lease does; the others keep a replica of its state,
+    folded from the log as it commits (`Engine.adopt`, `Engine.hand_over`)."""
     run: asyncio.Task[None] | None = None
     context: RunContext | None = None
     run_started: dict[str, float] = field(default_factory=dict)
@@ -185,8 +204,9 @@ class _Hooks:
         self.engine._after_commit(self.agent, decisions, records, seconds, urgent)
 
     def failed(self, decisions: list[Decision], error: BaseException | None) -> None:
-        if error is not None and not isinstance(error, ConcurrencyError):
-            self.engine._storage_failed(error)  # a conflict follows an earlier failure
+        # A conflict follows an earlier failure; a fenced append is no storage fault.
+        if error is not None and not isinstance(error, ConcurrencyError | FencedError):
+            self.engine._storage_failed(error)
 
     def lost(self) -> None:
         assert self.agent is not None
@@ -199,6 +219,10 @@ class _Hooks:
     def due(self) -> None:
         assert self.agent is not None
         self.engine._tick(self.agent)
+
+    def fenced(self, error: FencedError) -> None:
+        assert self.agent is not None
+        self.engine._fenced(self.agent, error)
 
 
 @dataclass(slots=True)
@@ -228,6 +252,7 @@ class Engine:
         snapshot_every: int | None = SNAPSHOT_EVERY,
         snapshot_worker: bool = False,
         ids: Callable[[], str] | None = None,
+        clustered: bool = False,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
         orders accepted by the trading gate go to ``broker`` (none: they stay open).
@@ -237,7 +262,10 @@ class Engine:
         committed since the last one, and at a graceful stop (None: never). With
         ``snapshot_worker``, and a store another process can open (`EventStore.url`), the
         periodic ones are folded from the log by a worker process, so that serialising a big
-        desk never holds the event loop. ``ids`` makes event ids (default: `EventIds`)."""
+        desk never holds the event loop. ``ids`` makes event ids (default: `EventIds`).
+        A ``clustered`` engine shares its log with other gateway processes: it owns no agent
+        until `adopt` (a `gateway.cluster.Cluster` decides which), keeps a replica of the
+        others, and forwards their requests (`forwarder`) to their owners (`owner_of`)."""
         if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1 or None: {snapshot_every}")
         self.broker = broker
@@ -249,12 +277,17 @@ class Engine:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self._configs = dict(agents)
+        self._file_configs = dict(agents)
+        """The configs the engine was built with (its config file's), never changed."""
+        self._gates_by_stream = {gate.stream: gate for gate in self.gates.values()}
         if reasoners is None:
             shared = SimulatedReasoner()
             reasoners = lambda _agent_id: shared  # noqa: E731
         self._reasoners = reasoners
         self._agents: dict[str, _Agent] = {}
         self._ids = ids or EventIds()
+        self.ids = self._ids if isinstance(self._ids, EventIds) else None
+        """The event ids (a cluster member sets their prefix to its own id's)."""
         self._snapshot_every = snapshot_every
         self._snapshot_worker = snapshot_worker and store.url is not None
         self._snapshot_pool: ProcessPoolExecutor | None = None
@@ -288,6 +321,21 @@ class Engine:
         self._fault_open = False
         """A logged storage fault whose end is not logged yet."""
         self._running = False
+        self.clustered = clustered
+        self.forwarder: Forwarder | None = None
+        """Where requests for agents owned elsewhere go (clustered; None: refused)."""
+        self.owner_of: Callable[[str], str | None] = lambda _stream: None
+        """The URL of the process owning a stream now (clustered; set by the cluster)."""
+        self.locate: Callable[[str], Awaitable[str | None]] = _nowhere
+        """`owner_of`, reading the leases again if need be (clustered)."""
+        self.on_fenced: Callable[[str], None] = lambda _stream: None
+        """Told of a stream whose lease this process lost (an append was fenced)."""
+        self._calls: dict[str, tuple[str, AgentCallDispatched]] = {}
+        """Clustered: sub-agent calls dispatched and not received yet, by call id (an
+        adopted agent delivers its own)."""
+        self._replicas: asyncio.Task[None] | None = None
+        self.run_gates: dict[str, SlotGate] = {}
+        """Clustered: how runs reach each provider gate (`gateway.peers.RoutedGate`)."""
 
     # ------------------------------------------------------------------- life cycle
 
@@ -298,6 +346,7 @@ class Engine:
         try:
             self._reader = await log_reader(self.store)
             for gate in self.gates.values():
+                gate.owned = not self.clustered  # clustered: a replica until adopted
                 await gate.start()
             log_fold, stale = await self._load()
         except BaseException:
@@ -306,6 +355,14 @@ class Engine:
             await self.store.close()
             raise
         states = log_fold.states
+        if self.clustered:  # nothing is owned yet: every agent a replica of the log
+            for agent_id in sorted({*states, *self._configs}):
+                self._agents[agent_id] = self._new_agent(
+                    states.get(agent_id) or AgentState(agent_id=agent_id), owned=False)
+            self._calls = dict(log_fold.calls)
+            self._running = True
+            self._replicas = spawn(self._follow_replicas(log_fold.position), "replicas")
+            return
         if self._snapshot_every is not None and log_fold.position and (
             self._since_snapshot >= self._snapshot_every or stale
         ):
@@ -333,7 +390,7 @@ class Engine:
                                                   order.intent), f"place {order.order_id}")
         await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
 
-    def _new_agent(self, state: AgentState) -> _Agent:
+    def _new_agent(self, state: AgentState, owned: bool = True) -> _Agent:
         hooks = _Hooks(self)
         agent_id = state.agent_id
         core: StreamCore[AgentState, Input, Decision] = StreamCore(
@@ -341,7 +398,7 @@ class Engine:
             decide=decide, rebuild=partial(self._fold_stream, agent_id), listener=hooks,
             ids=self._ids, pending=self._in_flight, rebuilds=self._rebuilds,
             paced=lambda: self._running)
-        agent = hooks.agent = _Agent(core)
+        agent = hooks.agent = _Agent(core, owned=owned)
         return agent
 
     def _fold_stream(self, agent_id: str, records: list[RecordedEvent]) -> AgentState:
@@ -433,10 +490,13 @@ class Engine:
         if graceful and self._running:
             now = self.clock.now_ms()
             for agent in self._agents.values():
-                if not agent.recovering:
+                if agent.owned and not agent.recovering:
                     self._feed(agent, Stopping(at=now))
         calls_cut_off = bool(self._deliveries)
         self._running = False
+        if self._replicas is not None:
+            self._replicas.cancel()
+            await asyncio.gather(self._replicas, return_exceptions=True)
         for agent in self._agents.values():
             agent.core.cancel_timer()
         for task in self._tasks:
@@ -453,7 +513,7 @@ class Engine:
         if self._snapshotting is not None:
             await self._snapshotting
         if (graceful and self._snapshot_every is not None and self._since_snapshot
-                and not calls_cut_off and self._quiet()):
+                and not calls_cut_off and self._quiet() and not self.clustered):
             self._snapshot(self._live_fold())
         if self._snapshotting is not None:
             await self._snapshotting
@@ -472,6 +532,152 @@ class Engine:
                 *self._in_flight, *self._deliveries, *(self._rebuilds if rebuilt else ())
             ]
             await asyncio.wait(waiting)
+
+    # ----------------------------------------------------------------------- cluster
+
+    async def adopt(self, agent_id: str, fence: Fence) -> None:
+        """Own an agent from now on (this process holds its lease at ``fence``): its state
+        is folded from the log again, then it goes on as after a restart: a run its previous
+        owner was cut off in is recorded aborted (``restart``) and run again, the config
+        file's agent table applied if it changed since it was last applied, timers set, its
+        undelivered sub-agent calls and open orders sent again."""
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            agent = self._agents[agent_id] = self._new_agent(AgentState(agent_id=agent_id),
+                                                             owned=False)
+        if agent.owned:
+            agent.core.fence = fence
+            return
+        records = await self.store.read_stream(agent_id)
+        agent.core.state = self._fold_stream(agent_id, records)
+        agent.core.fence = fence
+        agent.owned = True
+        if not self._running:
+            return
+        now = self.clock.now_ms()
+        config = self._file_configs.get(agent_id)
+        if config is not None and config != self._last_file_config(records):
+            self._configs[agent_id] = config
+            self._feed(agent, ConfigChanged(at=now, config=config, principal="config"))
+        else:
+            self._configs[agent_id] = agent.state.config
+        self._feed(agent, Restarted(at=now))  # decides nothing unless a run was cut off
+        self._schedule(agent)
+        for parent, call in list(self._calls.values()):
+            if parent == agent_id:
+                self._deliver_call(parent, call)
+        if self.broker is not None:  # its open orders go to this process's broker
+            for order in agent.state.orders.values():
+                self._spawn(self.broker.place(agent_id, order.order_id, order.intent),
+                            f"place {order.order_id}")
+
+    def _last_file_config(self, records: list[RecordedEvent]) -> AgentConfig | None:
+        """The config the config file last gave an agent, from its stream."""
+        for record in reversed(records):
+            if record.type == ConfigChanged.__name__:
+                event = self._reader.decode(record)
+                if isinstance(event, ConfigChanged) and event.principal == "config":
+                    return event.config
+        return None
+
+    async def hand_over(self, agent_id: str) -> None:
+        """Stop owning an agent gracefully (its lease goes to another process): a run in
+        flight is recorded aborted (``shutdown``), its requests back at the head of the
+        queue for the next owner, and everything decided for it is committed."""
+        agent = self._agents.get(agent_id)
+        if agent is None or not agent.owned:
+            return
+        if self._running and not agent.recovering:
+            self._feed(agent, Stopping(at=self.clock.now_ms()))
+        self._disown(agent)
+        await self.flush()
+        await self._refresh(agent)
+
+    def lose(self, agent_id: str) -> None:
+        """Stop owning an agent at once: its lease is another process's already (this one
+        did not renew it in time), so nothing more is written for it from here."""
+        agent = self._agents.get(agent_id)
+        if agent is not None and agent.owned:
+            self._disown(agent)
+            self._spawn(self._refresh(agent), f"refresh {agent_id}")
+
+    @property
+    def owned(self) -> list[str]:
+        """The agents this process decides for."""
+        return sorted(a for a, agent in self._agents.items() if agent.owned)
+
+    def _disown(self, agent: _Agent) -> None:
+        agent.owned = False
+        agent.core.fence = None
+        agent.core.cancel_timer()
+        if agent.run is not None:
+            agent.run.cancel()
+            agent.run = agent.context = None
+        if agent.held:
+            log.error("controls of %s held during a storage fault were not stored before "
+                      "another process took the agent over: %s; send them again",
+                      agent.state.agent_id, ", ".join(agent.held))
+        agent.held.clear()
+        agent.refused.clear()
+        agent.superseded.clear()
+
+    def _fenced(self, agent: _Agent, error: FencedError) -> None:
+        """An append of the agent was refused: another process holds its lease now."""
+        if not agent.owned:
+            return
+        log.warning("%s; agent %s is another process's now", error, agent.state.agent_id)
+        self.lose(agent.state.agent_id)
+        self.on_fenced(agent.state.agent_id)
+
+    async def _refresh(self, agent: _Agent) -> None:
+        """Fold a replica from the log again (read again while the log cannot be read)."""
+        agent_id = agent.state.agent_id
+        while not agent.owned:
+            try:
+                records = await self.store.read_stream(agent_id)
+            except StoreError:
+                await self.clock.sleep(500)
+                continue
+            if not agent.owned:
+                agent.core.state = self._fold_stream(agent_id, records)
+            return
+
+    async def _follow_replicas(self, after: int) -> None:
+        """Keep the replicas of agents (and provider gates) owned elsewhere folded from the
+        log as it commits, and the sub-agent calls on their way."""
+        follow = self.store.follow_batches(after)
+        async with contextlib.aclosing(follow) as batches:
+            async for batch in batches:
+                for record in batch:
+                    if record.position > self._position:
+                        self._position, self._anchor = record.position, record.event_id
+                    if is_agent_stream(record.stream):
+                        self._replicate(record)
+                    else:
+                        gate = self._gates_by_stream.get(record.stream)
+                        if gate is not None:
+                            gate.replicate(record)
+
+    def _replicate(self, record: RecordedEvent) -> None:
+        event = self._reader.decode(record)
+        calls = self._calls
+        if type(event) is AgentCallDispatched:
+            calls[event.call_id] = (record.stream, event)
+        elif type(event) is CallUndeliverable:
+            calls.pop(event.call_id, None)
+        elif calls and type(event) is RequestReceived:
+            calls.pop(event.request.request_id, None)
+        agent = self._agents.get(record.stream)
+        if agent is None:
+            agent = self._agents[record.stream] = self._new_agent(
+                AgentState(agent_id=record.stream), owned=False)
+        if agent.owned:
+            return
+        state = agent.core.state
+        if record.version == state.version + 1:
+            fold_events(state, [event])
+        elif record.version > state.version + 1:  # missed some (a refresh is under way)
+            self._spawn(self._refresh(agent), f"refresh {record.stream}")
 
     # ---------------------------------------------------------------------- queries
 
@@ -505,19 +711,37 @@ class Engine:
         name = self._agent_gates.get(agent_id)
         return None if name is None else self.gates[name]
 
+    def run_gate_of(self, agent_id: str) -> SlotGate | None:
+        """The gate an agent's runs take their slots from: its provider gate, or (set in
+        `run_gates`) the way to it when another process may own it."""
+        name = self._agent_gates.get(agent_id)
+        if name is None:
+            return None
+        return self.run_gates.get(name) or self.gates[name]
+
     def status(self, agent_id: str) -> AgentStatus:
         """Observability for one agent, now."""
         return agent_status(self.state(agent_id), self.clock.now_ms())
 
     # ----------------------------------------------------------------------- inputs
 
-    async def submit(self, request: AgentRequest, principal: str | None = None) -> Ack:
-        """Decide a request and answer once the decision is durable."""
+    async def submit(self, request: AgentRequest, principal: str | None = None,
+                     forward: bool = True) -> Ack:
+        """Decide a request and answer once the decision is durable (an agent another
+        process owns: there, if ``forward``)."""
         received = RequestReceived(at=self.clock.now_ms(), request=request, principal=principal)
         try:
             agent = self._agent(request.agent_id)
         except AgentUnavailable as error:
             raise self._hold(received, error) from None
+        except NotOwner as error:
+            owner = error.owner or await self.locate(request.agent_id) if forward else None
+            if owner is None or self.forwarder is None:
+                raise
+            answer = (await self.forwarder.submit_many(owner, [request], principal))[0]
+            if isinstance(answer, GatewayError):
+                raise answer from None
+            return answer
         if agent.superseded and request.request_id in agent.superseded:
             raise Superseded(request)
         outcome = self._feed(agent, received)
@@ -531,7 +755,7 @@ class Engine:
 
     async def submit_many(
         self, requests: Sequence[AgentRequest], principal: str | None = None,
-        pacer: Pacer | None = None,
+        pacer: Pacer | None = None, forward: bool = True,
     ) -> list[Ack | GatewayError]:
         """Decide several requests in order, each answered after its commit.
 
@@ -540,7 +764,8 @@ class Engine:
         (unknown agent, say) gets its error in its place; the others go on. Requests are
         decided `DECIDE_STEP` at a time, letting other work (a stop) run in between: a big
         batch never holds the loop for long; with a ``pacer`` (the feed's), each step takes
-        its turn.
+        its turn. Requests for agents another process owns go there (if ``forward``), one
+        call per owner, while this process's own are committed.
         """
         at = self.clock.now_ms()
         placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
@@ -553,6 +778,7 @@ class Engine:
             if start:
                 await asyncio.sleep(0)
             placed += self._place(chunk, at, principal)
+        remote = self._forward(requests, placed, principal) if forward else None
         answers: list[Ack | GatewayError] = []
         for item in placed:
             if isinstance(item, GatewayError):
@@ -569,7 +795,39 @@ class Engine:
                 if group.agent.refused and request_id in group.agent.refused:
                     group.agent.refused.remove(request_id)  # stored at last
                 answers.append(_ack(request_id, decisions, records[offset:]))
+        if remote is not None:
+            for index, answer in (await remote).items():
+                answers[index] = answer
         return answers
+
+    def _forward(self, requests: Sequence[AgentRequest],
+                 placed: Sequence[tuple[str, _Group, int, list[Decision]] | GatewayError],
+                 principal: str | None) -> asyncio.Future[dict[int, Ack | GatewayError]] | None:
+        """Send the requests ``placed`` found owned elsewhere to their owners (one call per
+        owner, all at once); the answers by index, when they come."""
+        moved = [(index, item) for index, item in enumerate(placed)
+                 if isinstance(item, NotOwner)]
+        forwarder = self.forwarder
+        if not moved or forwarder is None:
+            return None
+
+        async def send(owner: str, indexes: list[int]) -> dict[int, Ack | GatewayError]:
+            answers = await forwarder.submit_many(owner, [requests[i] for i in indexes],
+                                                  principal)
+            return dict(zip(indexes, answers, strict=True))
+
+        async def gather() -> dict[int, Ack | GatewayError]:
+            owners: dict[str, list[int]] = {}
+            for index, error in moved:
+                owner = error.owner or await self.locate(error.agent_id)
+                if owner is not None:
+                    owners.setdefault(owner, []).append(index)
+            found: dict[int, Ack | GatewayError] = {}
+            for part in await asyncio.gather(*(send(o, i) for o, i in owners.items())):
+                found.update(part)
+            return found
+
+        return asyncio.ensure_future(gather())
 
     def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None
                ) -> list[tuple[str, _Group, int, list[Decision]] | GatewayError]:
@@ -636,6 +894,8 @@ class Engine:
         agent = self._agents.get(agent_id)
         if agent is None:
             raise UnknownAgent(agent_id)
+        if writing and not agent.owned:
+            raise NotOwner(agent_id, self.owner_of(agent_id))
         if writing and agent.recovering:
             fault = self.storage_fault
             raise AgentUnavailable(agent_id, None if fault is None else fault.reason)
@@ -720,7 +980,7 @@ class Engine:
                 self._snapshot_from_log()
             elif self._quiet():
                 self._snapshot(self._live_fold())
-        if not self._running or agent.recovering:
+        if not self._running or agent.recovering or not agent.owned:
             return
         for decision in decisions:
             if isinstance(decision, RunStarted):
@@ -748,7 +1008,7 @@ class Engine:
             depth=run.depth,
             clock=self.clock,
             report_steerable=partial(self._steerable, agent, run.run_id),
-            gate=self.gate_of(agent.state.agent_id),
+            gate=self.run_gate_of(agent.state.agent_id),
         )
         agent.context = context
         agent.run_started[run.run_id] = time.perf_counter()
@@ -783,7 +1043,7 @@ class Engine:
         finally:
             if agent.context is context:
                 agent.run = agent.context = None
-        if self._running and not agent.recovering:
+        if self._running and agent.owned and not agent.recovering:
             try:
                 self._feed(agent, event)
             except Unstorable as error:  # a result the log could not hold: the run failed
@@ -792,7 +1052,7 @@ class Engine:
                                              error=_describe(error)))
 
     def _steerable(self, agent: _Agent, run_id: str, steerable: bool) -> None:
-        if self._running and not agent.recovering:
+        if self._running and agent.owned and not agent.recovering:
             self._feed(
                 agent, RunSteerability(at=self.clock.now_ms(), run_id=run_id, steerable=steerable)
             )
@@ -854,7 +1114,8 @@ class Engine:
                 reason = str(error)
                 break
         parent_agent = self._agents.get(parent)
-        if self._running and parent_agent is not None and not parent_agent.recovering:
+        if (self._running and parent_agent is not None and parent_agent.owned
+                and not parent_agent.recovering):
             undeliverable = CallUndeliverable(
                 at=self.clock.now_ms(), call_id=call.call_id, run_id=call.run_id,
                 target=call.target, reason=f"call {call.call_id} not delivered: {reason}",
@@ -864,10 +1125,13 @@ class Engine:
     # ------------------------------------------------------------------------ timers
 
     def _schedule(self, agent: _Agent) -> None:
+        if not agent.owned:
+            agent.core.cancel_timer()
+            return
         agent.core.schedule(next_due(agent.state, self.clock.now_ms()))
 
     def _tick(self, agent: _Agent) -> None:
-        if self._running:
+        if self._running and agent.owned:
             self._feed(agent, TimerElapsed(at=self.clock.now_ms()))
             self._schedule(agent)
 
@@ -962,6 +1226,10 @@ class Engine:
             if agent.state.active is not None:
                 self._feed(agent, Restarted(at=self.clock.now_ms()))
         self._schedule(agent)
+
+
+async def _nowhere(_stream: str) -> str | None:
+    return None
 
 
 def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:

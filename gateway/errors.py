@@ -33,6 +33,27 @@ class AgentUnavailable(GatewayError):
         self.agent_id = agent_id
 
 
+class NotOwner(GatewayError):
+    """Several gateway processes share the log and another one owns this agent (``owner``:
+    the URL it serves at), or none does right now (its owner died: another one takes it
+    over within the lease time). Nothing was taken here; the request is forwarded to the
+    owner when there is one."""
+
+    code = "unavailable"
+
+    def __init__(self, agent_id: str, owner: str | None) -> None:
+        if owner is None:
+            super().__init__(f"agent {agent_id!r} has no gateway process right now (its "
+                             "owner stopped; another one takes it over within the lease "
+                             "time); nothing was taken: retry with the same requestId shortly")
+        else:
+            super().__init__(f"agent {agent_id!r} is served by the gateway process at "
+                             f"{owner}; nothing was taken here: send it there, or retry with "
+                             "the same requestId")
+        self.agent_id = agent_id
+        self.owner = owner
+
+
 class NotRunning(GatewayError):
     """The engine is not started, or is stopping."""
 
@@ -180,6 +201,7 @@ __all__ = [
     "Forbidden",
     "GatewayError",
     "InvalidRequest",
+    "NotOwner",
     "NotRunning",
     "StorageFailed",
     "StorageUnreadable",

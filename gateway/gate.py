@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.clock import Clock
 from gateway.core import Commit, EventIds, StreamCore
@@ -25,6 +25,7 @@ from lanes.gate import (
     GateStatus,
     decide_gate,
     decode_gate_event,
+    evolve_gate,
     fold_gate,
     gate_status,
     gate_stream,
@@ -47,7 +48,10 @@ from lanes.requests import Priority
 from store.port import (
     ConcurrencyError,
     EventStore,
+    Fence,
+    FencedError,
     RecordedEvent,
+    StoreError,
     WriteFailed,
 )
 
@@ -61,6 +65,17 @@ class GateUnrecorded(StorageFailed):
         GatewayError.__init__(self, f"the provider gate {provider!r} could not record the "
                               f"slot: {reason}")
         self.detail, self.held = reason, False
+
+
+class GateMoved(GatewayError):
+    """The gate is another process's now (several share the log): ask its owner."""
+
+    code = "unavailable"
+
+    def __init__(self, provider: str) -> None:
+        super().__init__(f"the provider gate {provider!r} moved to another gateway process; "
+                         "ask again")
+        self.provider = provider
 
 
 class SlotRefusedError(GatewayError):
@@ -82,17 +97,45 @@ class Slot:
     probe: bool
 
 
+class SlotGate(Protocol):
+    """What a run needs of its provider gate: slots, given back with how the provider
+    answered (`ProviderGate`, or `gateway.peers.RoutedGate` when another process owns it)."""
+
+    @property
+    def provider(self) -> str:
+        """The provider's name."""
+        ...
+
+    @property
+    def limits(self) -> GateLimits:
+        """The limits in force."""
+        ...
+
+    def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
+              input_tokens: int = 0, output_tokens: int = 0
+              ) -> contextlib.AbstractAsyncContextManager[Slot]:
+        """A slot that is always given back."""
+        ...
+
+    def release(self, slot: Slot, outcome: CallOutcome, *, input_tokens: int | None = None,
+                output_tokens: int | None = None, retry_after_ms: int | None = None,
+                remaining_requests: int | None = None, remaining_tokens: int | None = None,
+                reset_at: int | None = None) -> None:
+        """Give a slot back with how the provider answered."""
+        ...
+
+
 class ProviderGate:
     """The gate of one provider shared by every agent's runs."""
 
     def __init__(self, store: EventStore, provider: str, limits: GateLimits, clock: Clock,
-                 ids: EventIds | None = None) -> None:
+                 ids: EventIds | None = None, owned: bool = True) -> None:
         self.store = store
         self.provider = provider
         self.stream = gate_stream(provider)
         self.clock = clock
         self._limits = limits
-        self._ids = ids or EventIds()
+        self._ids = self.ids = ids or EventIds()
         self._waiters: dict[str, asyncio.Future[Slot]] = {}
         self._in_flight: set[Commit] = set()
         self._rebuilds: set[asyncio.Task[None]] = set()
@@ -107,6 +150,12 @@ class ProviderGate:
         """Inputs that arrived during a rebuild, decided once it is done."""
         self._fault: str | None = None
         """Why appends fail, while they do (said in the server's log once)."""
+        self.owned = owned
+        """Whether this process decides for the gate. When several processes share the log
+        only the one holding its lease does (`adopt`); the others keep a replica of its
+        state from the log and send their slot requests to the owner."""
+        self.on_fenced: Callable[[str], None] = lambda _stream: None
+        """Told when an append was fenced (the gate's lease is another process's)."""
 
     async def start(self) -> None:
         """Rebuild the gate from its stream, free what a previous process held, and apply
@@ -121,14 +170,92 @@ class ProviderGate:
         state = self._core.state
         fold_gate(state, (decode_gate_event(r.type, r.data) for r in records))
         self._running = True
+        if self.owned:
+            self._take_over(lambda _agent_id: False)
+            await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
+
+    def _take_over(self, keep: Callable[[str], bool]) -> None:
+        """Free what the log shows waiting, and granted to agents not kept (their runs were
+        in a process that stopped), apply the limits in force, set the timer."""
+        state = self._core.state
         now = self.clock.now_ms()
         # Waiting ones first: freeing a lease first would grant them to nobody.
-        for slot_id in [*state.waiting, *state.leases]:
+        for slot_id in [*state.waiting, *[s for s, lease in state.leases.items()
+                                          if not keep(lease.agent_id)]]:
             self._feed(SlotCancelled(at=now, slot_id=slot_id))
         if state.version == 0 or state.limits != self._limits:
             self._feed(GateLimitsChanged(at=now, limits=self._limits))
         self._schedule()
-        await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
+
+    # ------------------------------------------------------------------------- cluster
+
+    async def adopt(self, fence: Fence, keep: Callable[[str], bool]) -> None:
+        """Own the gate from now on (this process holds its lease at ``fence``): folded from
+        the log again; slots that were waiting are freed (their runs ask the new owner), and
+        granted ones too unless their agent is ``keep``-t (its run lives on in a process
+        that is still up, and gives the slot back here)."""
+        if self.owned:
+            self._core.fence = fence
+            return
+        records = await self.store.read_stream(self.stream)
+        self._core.state = self._fold(records)
+        self._core.fence = fence
+        self.owned = True
+        if self._running:
+            self._take_over(keep)
+
+    async def hand_over(self) -> None:
+        """Stop owning the gate gracefully (its lease goes to another process): waiters are
+        told to ask again, what was decided is committed."""
+        if not self.owned:
+            return
+        self._disown()
+        await self.flush(rebuilt=False)
+        await self._refresh()
+
+    def lose(self) -> None:
+        """Stop owning the gate at once (its lease is another process's already)."""
+        if self.owned:
+            self._disown()
+            asyncio.get_running_loop().create_task(self._refresh())
+
+    def _disown(self) -> None:
+        self.owned = False
+        self._core.fence = None
+        self._core.cancel_timer()
+        self._held.clear()
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_exception(GateMoved(self.provider))
+
+    async def _refresh(self) -> None:
+        while not self.owned:
+            try:
+                records = await self.store.read_stream(self.stream)
+            except StoreError:
+                await self.clock.sleep(500)
+                continue
+            if not self.owned:
+                self._core.state = self._fold(records)
+            return
+
+    def replicate(self, record: RecordedEvent) -> None:
+        """Fold one committed event of the gate's stream into the replica (owned
+        elsewhere)."""
+        if self.owned:
+            return
+        state = self._core.state
+        if record.version == state.version + 1:
+            evolve_gate(state, decode_gate_event(record.type, record.data))
+        elif record.version > state.version + 1:
+            asyncio.get_running_loop().create_task(self._refresh())
+
+    def fenced(self, error: FencedError) -> None:
+        """An append was refused: the gate is another process's now."""
+        if self.owned:
+            log.warning("%s; the gate %s is another process's now", error, self.provider)
+            self.lose()
+            self.on_fenced(self.stream)
 
     async def stop(self) -> None:
         """Stop deciding; waiters are refused, timers cancelled, commits finished."""
@@ -164,6 +291,8 @@ class ProviderGate:
     async def set_limits(self, limits: GateLimits) -> bool:
         """New limits from now on (requests not yet granted get them), after the commit;
         False if they are the limits in force already."""
+        if not self.owned:
+            raise GateMoved(self.provider)
         if limits == self._limits and self._core.state.limits == limits:
             return False
         self._limits = limits
@@ -177,12 +306,16 @@ class ProviderGate:
         return self._core.state
 
     async def acquire(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-                      input_tokens: int = 0, output_tokens: int = 0) -> Slot:
-        """Wait for a slot (fairly, within the limits); `SlotRefusedError` if refused.
+                      input_tokens: int = 0, output_tokens: int = 0,
+                      slot_id: str | None = None) -> Slot:
+        """Wait for a slot (fairly, within the limits); `SlotRefusedError` if refused,
+        `GateMoved` if the gate is (or goes) to another process meanwhile.
 
         Cancelled while waiting (the run was aborted), the request is withdrawn.
         """
-        slot_id = f"{run_id}/{self._ids()}"
+        if not self.owned:
+            raise GateMoved(self.provider)
+        slot_id = slot_id or f"{run_id}/{self._ids()}"
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         self._waiters[slot_id] = future
         self._feed(SlotRequested(at=self.clock.now_ms(), slot_id=slot_id, agent_id=agent_id,
@@ -230,8 +363,8 @@ class ProviderGate:
     # ------------------------------------------------------------------------- core
 
     def _feed(self, event: GateInput) -> None:
-        if not self._running:
-            return
+        if not self._running or not self.owned:
+            return  # (not owned: the owner decides; a run asks it through `RoutedGate`)
         core = self._core
         if core.recovering:
             self._held.append(event)

@@ -21,7 +21,7 @@ from lanes.gate_events import THROTTLED, CallOutcome
 from lanes.requests import RANK, AgentRequest, Priority, WireModel
 
 if TYPE_CHECKING:
-    from gateway.gate import ProviderGate
+    from gateway.gate import SlotGate
 
 
 class SpendLimitError(GatewayError):
@@ -58,7 +58,7 @@ class RunContext:
         depth: int,
         clock: Clock,
         report_steerable: Callable[[bool], None],
-        gate: ProviderGate | None = None,
+        gate: SlotGate | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.run_id = run_id

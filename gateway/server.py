@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,18 @@ from gateway.app import Service, create_app, own_origins
 from gateway.auth import Principal, TokenBook
 from gateway.broker import PaperBroker
 from gateway.clock import Clock, SystemClock
+from gateway.cluster import Cluster
 from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
 from gateway.engine import Engine
+from gateway.errors import NotOwner
 from gateway.feed import SyntheticFeed
 from gateway.hooks import HookEngine
 from gateway.market import MarketEvent
+from gateway.peers import Peers, RoutedGate
 from gateway.runtime import tune_runtime
 from lanes.events import BrokerReport
-from store import SqliteEventStore
+from store import GroupCommitStore, PostgresEventStore, SqliteEventStore
+from store.engine import database_url, is_postgres
 
 log = logging.getLogger("gateway.server")
 
@@ -39,15 +44,29 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
                   clock: Clock | None = None) -> Service:
     """Everything a config describes, wired together (the engine is not started yet)."""
     clock = clock or SystemClock()
-    store = SqliteEventStore(db or config.store.path, synchronous=config.store.synchronous,
-                             busy_timeout_ms=config.store.busy_timeout_ms,
-                             max_batch=config.store.max_batch, exclusive=True)
+    where = db or config.store.url or config.store.path
+    clustered = is_postgres(database_url(where))
+    store: GroupCommitStore
+    if clustered:  # one log for several processes: each agent owned by one at a time
+        store = PostgresEventStore(
+            os.fspath(where), lock_timeout_ms=config.store.busy_timeout_ms,
+            max_batch=config.store.max_batch,
+            # A member paused mid-commit holds every commit up no longer than its lease.
+            idle_in_transaction_ms=config.cluster.lease_ms)
+    else:
+        store = SqliteEventStore(where, synchronous=config.store.synchronous,
+                                 busy_timeout_ms=config.store.busy_timeout_ms,
+                                 max_batch=config.store.max_batch, exclusive=True)
     engine: Engine | None = None
 
     async def report(agent_id: str, broker_report: BrokerReport) -> None:
         assert engine is not None
         if engine.running:
-            await engine.report(agent_id, broker_report)
+            try:
+                await engine.report(agent_id, broker_report)
+            except NotOwner:  # moved to another process, whose broker has its orders now
+                log.info("a broker report of %s not recorded here: the agent moved",
+                         agent_id)
 
     broker = PaperBroker(report, clock)
     clients = build_clients(config)
@@ -55,7 +74,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     engine = Engine(store, config.agent_configs(), clock=clock,
                     reasoners=reasoners.__getitem__, broker=broker,
                     gates=build_gates(config, store, clock), agent_gates=config.agent_gates(),
-                    snapshot_worker=True)
+                    snapshot_worker=True, clustered=clustered)
     tokens = TokenBook(
         (token.secret, Principal(token.name, token.role,
                                  None if token.agents is None else frozenset(token.agents)))
@@ -79,6 +98,9 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         auth_timeout_s=config.server.auth_timeout_s,
         send_timeout_s=config.server.send_timeout_s,
         request_timeout_s=config.server.request_timeout_s,
+        cluster_secret=config.cluster.shared_secret(config.tokens) if clustered else None,
+        cluster_lease_ms=config.cluster.lease_ms,
+        advertise=config.cluster.advertise,
     )
 
 
@@ -90,6 +112,8 @@ class Running:
     url: str
     server: uvicorn.Server
     task: asyncio.Task[None]
+    cluster: Cluster | None = None
+    """Its membership of a cluster (several processes on one PostgreSQL log)."""
 
     async def stop(self) -> None:
         """Stop accepting, finish the commits in flight, record runs as aborted."""
@@ -221,6 +245,26 @@ def http_protocol(request_timeout_s: float) -> type[H11Protocol]:
     return HttpProtocol
 
 
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, with work to do when it begins to stop, before it waits for the
+    connections to end: a cluster member hands its agents and gates over there, which
+    also answers the other members' requests waiting for a slot of its gates (else the
+    server would wait for them until its graceful timeout)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.on_shutdown: list[Callable[[], Awaitable[None]]] = []
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Run `on_shutdown`, then stop as uvicorn does."""
+        for work in self.on_shutdown:
+            try:
+                await work()
+            except Exception:
+                log.exception("stopping: %s failed", work)
+        await super().shutdown(sockets)
+
+
 @contextlib.asynccontextmanager
 async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                   extra: Callable[[Service], Any] | None = None) -> AsyncIterator[Running]:
@@ -231,6 +275,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
     before the engine stops (the demo's feed).
     """
     extra_task: list[asyncio.Task[Any]] = []
+    cluster: list[Cluster] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -243,7 +288,11 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
             for task in extra_task:
                 task.cancel()
             await asyncio.gather(*extra_task, return_exceptions=True)
+            for member in cluster:  # its agents handed over before the engine stops
+                await member.stop()
             await service.engine.stop()
+            if service.peers is not None:
+                await service.peers.close()
             for client in service.clients.values():
                 await client.close()
 
@@ -257,18 +306,44 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                             http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
                             log_level="warning",
                             ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = GatewayServer(config)
     bound_host, bound_port = sock.getsockname()[:2]
     service.own_origins = own_origins(bound_host, bound_port)
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    url = f"http://{shown}:{bound_port}"
+    if service.engine.clustered:
+        try:
+            cluster.append(await join_cluster(service, service.advertise or url))
+        except BaseException:
+            await service.engine.stop()
+            sock.close()
+            raise
+        server.on_shutdown.append(cluster[0].stop)
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    running = Running(service, f"http://{shown}:{bound_port}", server, task)
+    running = Running(service, url, server, task, cluster[0] if cluster else None)
     try:
         yield running
     finally:
         if not task.done():
             await running.stop()
         sock.close()
+
+
+async def join_cluster(service: Service, url: str) -> Cluster:
+    """Make the (clustered, started) engine of ``service`` a member of its log's cluster,
+    reached by the others at ``url``: requests and slots for what other processes own go
+    there (`gateway.peers`), and this process takes its share of the agents."""
+    engine = service.engine
+    assert service.cluster_secret is not None
+    peers = service.peers = Peers(service.cluster_secret)
+    engine.forwarder = peers
+    member = Cluster(engine, url, lease_ms=service.cluster_lease_ms)
+    engine.run_gates = {name: RoutedGate(gate, peers, member.owner_of)
+                        for name, gate in engine.gates.items()}
+    service.poke = member.poke
+    member.on_handed_over = peers.poke
+    await member.start()
+    return member
 
 
 async def serve_forever(service: Service, host: str, port: int,

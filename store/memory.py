@@ -166,17 +166,20 @@ class _MemoryTransaction:
         self._snapshots = {p: s for p, s in current.items() if p not in doomed}
         return len(doomed)
 
-    async def lease_rows(self, resources: Sequence[str] | None
+    async def lease_rows(self, resources: Sequence[str] | None, lock: bool = False
                          ) -> tuple[int, dict[str, LeaseRow]]:
         current = self._store._leases if self._leases is None else self._leases
         rows = dict(current) if resources is None else \
             {r: current[r] for r in resources if r in current}
         return self._store._clock(), rows
 
-    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
+    async def swap_lease(self, old: LeaseRow | None, new: LeaseRow) -> bool:
         if self._leases is None:
             self._leases = dict(self._store._leases)
-        self._leases.update((row.resource, row) for row in rows)
+        if self._leases.get(new.resource) != old:
+            return False
+        self._leases[new.resource] = new
+        return True
 
     async def delete_leases(self, resources: Sequence[str]) -> None:
         if self._leases is None:

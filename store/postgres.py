@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import aclosing, asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import asyncpg
 from sqlalchemy import BigInteger, String, any_, bindparam, delete, func, insert, select
@@ -52,6 +52,7 @@ from .writer import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 POSITION_LOCK: Final = 0x6761_7465_7761_7970
 """Advisory lock key every write transaction holds to its commit (``pg_advisory_xact_lock``)."""
@@ -125,10 +126,18 @@ _LEASE_ROWS: Final = (
     "(extract(epoch FROM clock_timestamp()) * 1000)::bigint UNION ALL "
     "SELECT resource, owner, epoch, expires_at FROM leases "
     "WHERE $1::varchar[] IS NULL OR resource = ANY($1::varchar[])")
-_PUT_LEASE: Final = (
+_LOCK_LEASES: Final = (
+    "WITH locked AS (SELECT resource, owner, epoch, expires_at FROM leases "
+    "WHERE resource = ANY($1::varchar[]) ORDER BY resource FOR SHARE) "
+    "SELECT NULL::varchar, NULL::varchar, NULL::bigint, "
+    "(extract(epoch FROM clock_timestamp()) * 1000)::bigint UNION ALL "
+    "SELECT * FROM locked")
+_INSERT_LEASE: Final = (
     "INSERT INTO leases (resource, owner, epoch, expires_at) VALUES ($1, $2, $3, $4) "
-    "ON CONFLICT (resource) DO UPDATE SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch, "
-    "expires_at = EXCLUDED.expires_at")
+    "ON CONFLICT (resource) DO NOTHING")
+_SWAP_LEASE: Final = (
+    "UPDATE leases SET owner = $2, epoch = $3, expires_at = $4 WHERE resource = $1 AND "
+    "owner IS NOT DISTINCT FROM $5 AND epoch = $6 AND expires_at = $7")
 _DELETE_LEASES: Final = "DELETE FROM leases WHERE resource = ANY($1::varchar[])"
 
 
@@ -165,8 +174,11 @@ class PostgresEventStore(GroupCommitStore):
 
     ``url`` is a ``postgresql://`` URL (``postgresql+asyncpg://`` too). ``lock_timeout_ms``
     is how long a write waits for the position lock (or any lock) another process holds
-    before it fails. ``clock``, ``max_batch`` and ``follower_buffer`` are those of
-    `GroupCommitStore`. ``open()`` runs the Alembic migrations and connects.
+    before it fails; ``idle_in_transaction_ms`` how long the server lets a write transaction
+    idle before it ends it (a process stopped or paused mid-commit holds the position lock,
+    and every other process's commits wait, until then). ``clock``, ``max_batch`` and
+    ``follower_buffer`` are those of `GroupCommitStore`. ``open()`` runs the Alembic
+    migrations and connects.
     """
 
     _shares_log = True
@@ -179,8 +191,12 @@ class PostgresEventStore(GroupCommitStore):
         clock: Clock | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         follower_buffer: int = DEFAULT_FOLLOWER_BUFFER,
+        idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS,
     ) -> None:
         super().__init__(clock=clock, max_batch=max_batch, follower_buffer=follower_buffer)
+        if idle_in_transaction_ms < 100:
+            raise ValueError(f"idle_in_transaction_ms must be >= 100: {idle_in_transaction_ms}")
+        self._idle_ms = idle_in_transaction_ms
         parsed = database_url(url)
         if not is_postgres(parsed):
             raise ValueError(
@@ -246,7 +262,7 @@ class PostgresEventStore(GroupCommitStore):
             "lock_timeout": str(self._lock_timeout_ms),
             # A writer whose process stopped mid-transaction without its connection closing
             # (a host gone from the network) must not hold the position lock for ever.
-            "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+            "idle_in_transaction_session_timeout": str(self._idle_ms),
         })
         self._writer_conn = conn
         self._writer_pid = conn.get_server_pid()
@@ -276,6 +292,19 @@ class PostgresEventStore(GroupCommitStore):
                 except Exception:
                     conn.terminate()  # the next write connects again
             raise
+
+    async def _lease_transaction(
+            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+        # Apart from the commits (no position lock): a process stopped in the middle of a
+        # commit, holding the lock, must not keep the others from renewing their leases.
+        # Changes of hands wait for a commit that checked the old hands' fence (it locked
+        # the rows it read), so a stream never changes hands under a commit of its old owner.
+        pool = self._pool
+        if pool is None:
+            raise StoreClosedError("the store is not open")
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
+            return await work(_PostgresTransaction(conn))  # type: ignore[arg-type]
 
     @property
     def url(self) -> str | None:
@@ -526,11 +555,14 @@ class _PostgresTransaction:
             return _deleted(await self._conn.execute(_DELETE_ALL_SNAPSHOTS))
         return _deleted(await self._conn.execute(_DELETE_SNAPSHOTS, list(positions)))
 
-    async def lease_rows(self, resources: Sequence[str] | None
+    async def lease_rows(self, resources: Sequence[str] | None, lock: bool = False
                          ) -> tuple[int, dict[str, LeaseRow]]:
         now, rows = 0, {}
-        found = await self._conn.fetch(
-            _LEASE_ROWS, None if resources is None else list(resources))
+        if lock and resources is not None:  # (in the commit, under the position lock)
+            found = await self._conn.fetch(_LOCK_LEASES, list(resources))
+        else:
+            found = await self._conn.fetch(
+                _LEASE_ROWS, None if resources is None else list(resources))
         for resource, owner, epoch, expires_at in found:
             if resource is None:
                 now = int(expires_at)
@@ -538,8 +570,11 @@ class _PostgresTransaction:
                 rows[resource] = LeaseRow(resource, owner, int(epoch), int(expires_at))
         return now, rows
 
-    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
-        await self._conn.executemany(_PUT_LEASE, rows)
+    async def swap_lease(self, old: LeaseRow | None, new: LeaseRow) -> bool:
+        if old is None:
+            return await self._conn.execute(_INSERT_LEASE, *new) == "INSERT 0 1"
+        status = await self._conn.execute(_SWAP_LEASE, *new, *old[1:])
+        return bool(status == "UPDATE 1")
 
     async def delete_leases(self, resources: Sequence[str]) -> None:
         await self._conn.execute(_DELETE_LEASES, list(resources))

@@ -432,13 +432,14 @@ class _SqliteTransaction:
         return int(self._writer.call("delete_snapshots",
                                      None if positions is None else list(positions)))
 
-    async def lease_rows(self, resources: Sequence[str] | None
+    async def lease_rows(self, resources: Sequence[str] | None, lock: bool = False
                          ) -> tuple[int, dict[str, LeaseRow]]:
         rows = self._writer.call("lease_rows", None if resources is None else list(resources))
         return self._clock(), {row[0]: LeaseRow(*row) for row in rows}
 
-    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
-        self._writer.call("put_leases", [tuple(row) for row in rows])
+    async def swap_lease(self, old: LeaseRow | None, new: LeaseRow) -> bool:
+        return bool(self._writer.call("swap_lease", None if old is None else tuple(old),
+                                      tuple(new)))
 
     async def delete_leases(self, resources: Sequence[str]) -> None:
         self._writer.call("delete_leases", list(resources))

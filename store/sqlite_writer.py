@@ -140,7 +140,7 @@ class Writer:
             "insert_commit": self.insert_commit, "commit": self.commit,
             "rollback": self.rollback, "put_snapshot": self.put_snapshot,
             "delete_snapshots": self.delete_snapshots, "query": self.query,
-            "lease_rows": self.lease_rows, "put_leases": self.put_leases,
+            "lease_rows": self.lease_rows, "swap_lease": self.swap_lease,
             "delete_leases": self.delete_leases,
         }
 
@@ -218,9 +218,15 @@ class Writer:
                 f"{sql} WHERE resource IN ({', '.join('?' * len(chunk))})", chunk).fetchall()
         return found
 
-    def put_leases(self, rows: Sequence[Sequence[Any]]) -> None:
-        self.conn.executemany("INSERT OR REPLACE INTO leases (resource, owner, epoch, "
-                              "expires_at) VALUES (?, ?, ?, ?)", rows)
+    def swap_lease(self, old: Sequence[Any] | None, new: Sequence[Any]) -> bool:
+        if old is None:
+            return self.conn.execute(
+                "INSERT OR IGNORE INTO leases (resource, owner, epoch, expires_at) "
+                "VALUES (?, ?, ?, ?)", tuple(new)).rowcount == 1
+        return self.conn.execute(
+            "UPDATE leases SET owner = ?, epoch = ?, expires_at = ? WHERE resource = ? AND "
+            "owner IS ? AND epoch = ? AND expires_at = ?",
+            (*new[1:], old[0], *old[1:])).rowcount == 1
 
     def delete_leases(self, resources: Sequence[str]) -> None:
         self.conn.executemany("DELETE FROM leases WHERE resource = ?",

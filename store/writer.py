@@ -74,6 +74,10 @@ DEFAULT_MAX_BATCH: Final = 2000
 DEFAULT_FOLLOWER_BUFFER: Final = 10_000
 """Most events buffered for one follower before it is switched to catching up by reading."""
 
+FORGET_MEMBER_MS: Final = 3_600_000
+"""A member whose lease expired this long ago and that holds nothing is deleted (by the
+next member to join)."""
+
 RATE_HORIZON_S: Final = 1.0
 """The busy time over which `GroupCommitStore.commit_rate` is averaged."""
 
@@ -130,14 +134,16 @@ class WriteTransaction(Protocol):
         """Delete the snapshots at ``positions`` (None: every one); how many there were."""
         ...
 
-    async def lease_rows(self, resources: Sequence[str] | None
+    async def lease_rows(self, resources: Sequence[str] | None, lock: bool = False
                          ) -> tuple[int, dict[str, LeaseRow]]:
         """The store's clock now (ms; the database's where several processes share it) and
-        the lease rows of ``resources`` that exist (None: every row), by resource."""
+        the lease rows of ``resources`` that exist (None: every row), by resource; with
+        ``lock``, those rows cannot change hands until this transaction ends."""
         ...
 
-    async def put_leases(self, rows: Sequence[LeaseRow]) -> None:
-        """Insert or replace lease rows."""
+    async def swap_lease(self, old: LeaseRow | None, new: LeaseRow) -> bool:
+        """Put ``new`` in place of ``old`` if the row is still exactly ``old`` (None: if
+        there is no row of that resource yet); whether it was."""
         ...
 
     async def delete_leases(self, resources: Sequence[str]) -> None:
@@ -754,8 +760,19 @@ class GroupCommitStore(ABC):
 
         async def join(txn: WriteTransaction) -> LeaseView:
             now, rows = await txn.lease_rows(None)
+            # Members that died long ago and hold nothing any more: forgotten.
+            owners = {row.owner for row in rows.values()
+                      if not row.resource.startswith(MEMBER_PREFIX)}
+            dead = [r for r, row in rows.items() if r.startswith(MEMBER_PREFIX)
+                    and row.expires_at + FORGET_MEMBER_MS < now and row.owner not in owners]
+            if dead:
+                await txn.delete_leases(dead)
+                for resource in dead:
+                    del rows[resource]
+            old = rows.get(MEMBER_PREFIX + member)
             row = LeaseRow(MEMBER_PREFIX + member, member, 0, now + ttl_ms)
-            await txn.put_leases([row])
+            if not await txn.swap_lease(old, row):
+                raise LeaseLost(f"member {member} changed while it joined; join again")
             rows[row.resource] = row
             return _view(now, rows)
 
@@ -768,11 +785,11 @@ class GroupCommitStore(ABC):
         async def renew(txn: WriteTransaction) -> LeaseView:
             now, rows = await txn.lease_rows(None)
             own = rows.get(MEMBER_PREFIX + member)
-            if own is None or own.expires_at <= now:
+            row = None if own is None else own._replace(expires_at=now + ttl_ms)
+            if own is None or own.expires_at <= now or row is None \
+                    or not await txn.swap_lease(own, row):
                 raise LeaseLost(f"the lease of member {member} expired: it may hold nothing "
                                 "and write nothing; join again under a new id")
-            row = own._replace(expires_at=now + ttl_ms)
-            await txn.put_leases([row])
             rows[row.resource] = row
             return _view(now, rows)
 
@@ -780,7 +797,9 @@ class GroupCommitStore(ABC):
 
     async def acquire(self, member: str, resources: Sequence[str]) -> dict[str, int]:
         """Take the free leases of ``resources`` at a new epoch each, keep ``member``'s own;
-        every one of them ``member`` holds now, with its epoch (`store.port.Leases`)."""
+        every one of them ``member`` holds now, with its epoch (`store.port.Leases`). Each
+        one changes hands only if nobody else changed it meanwhile (compare and set: two
+        members taking one stream at once get it once)."""
         _check_member(member, 0)
         for resource in resources:
             if not resource or len(resource) > STREAM_MAX or resource.startswith(MEMBER_PREFIX):
@@ -793,17 +812,14 @@ class GroupCommitStore(ABC):
                 raise LeaseLost(f"member {member} is not live (its lease expired): it may "
                                 "acquire nothing; join again under a new id")
             held: dict[str, int] = {}
-            taken: list[LeaseRow] = []
-            for resource in dict.fromkeys(resources):
+            for resource in sorted(set(resources)):  # one order: no deadlock between two
                 row = rows.get(resource)
                 if row is not None and row.owner == member:
                     held[resource] = row.epoch
                 elif row is None or row.owner is None or row.owner not in alive:
-                    epoch = 1 if row is None else row.epoch + 1
-                    taken.append(LeaseRow(resource, member, epoch, 0))
-                    held[resource] = epoch
-            if taken:
-                await txn.put_leases(taken)
+                    taken = LeaseRow(resource, member, 1 if row is None else row.epoch + 1, 0)
+                    if await txn.swap_lease(row, taken):
+                        held[resource] = taken.epoch
             return held
 
         return await self._leasing("acquiring leases", acquire)
@@ -811,10 +827,10 @@ class GroupCommitStore(ABC):
     async def release(self, member: str, resources: Sequence[str]) -> None:
         """Give up the leases of ``resources`` that ``member`` holds."""
         async def release(txn: WriteTransaction) -> None:
-            _, rows = await txn.lease_rows(list(resources))
-            freed = [row._replace(owner=None) for row in rows.values() if row.owner == member]
-            if freed:
-                await txn.put_leases(freed)
+            _, rows = await txn.lease_rows(sorted(set(resources)))
+            for row in rows.values():
+                if row.owner == member:
+                    await txn.swap_lease(row, row._replace(owner=None))
 
         await self._leasing("releasing leases", release)
 
@@ -822,10 +838,9 @@ class GroupCommitStore(ABC):
         """Give up every lease of ``member``, its own included."""
         async def leave(txn: WriteTransaction) -> None:
             _, rows = await txn.lease_rows(None)
-            freed = [row._replace(owner=None) for row in rows.values()
-                     if row.owner == member and not row.resource.startswith(MEMBER_PREFIX)]
-            if freed:
-                await txn.put_leases(freed)
+            for row in sorted(rows.values()):
+                if row.owner == member and not row.resource.startswith(MEMBER_PREFIX):
+                    await txn.swap_lease(row, row._replace(owner=None))
             await txn.delete_leases([MEMBER_PREFIX + member])
 
         await self._leasing("leaving the cluster", leave)
@@ -839,14 +854,27 @@ class GroupCommitStore(ABC):
 
     async def _leasing(self, what: str,
                        work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
-        """``work`` in a write transaction of its own (ordered with every commit)."""
+        """``work`` in a transaction of its own (`_lease_transaction`); a database failure
+        is `WriteFailed`."""
         self._check_open()
+        try:
+            return await self._lease_transaction(work)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise WriteFailed(what, self._describe(exc)) from exc
 
+    async def _lease_transaction(
+            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+        """Run ``work`` in a transaction for leases: here, a write transaction of the
+        writer's, between two commits (one process writes this log). An adapter whose log
+        several processes write (PostgreSQL) runs it apart from the commits, so that a
+        process stuck in a commit never holds up the others' leases."""
         async def run() -> T:
             assert self._write_lock is not None
             async with self._write_lock:
                 self._check_open()
-                async with self._writing(what) as txn:
+                async with self._transaction() as txn:
                     return await work(txn)
 
         return await self._on_writer(run())
@@ -1064,7 +1092,7 @@ class GroupCommitStore(ABC):
             return {}
         wanted = {stream for _, stream, _ in fences}
         wanted.update(MEMBER_PREFIX + fence.owner for _, _, fence in fences if fence)
-        now, rows = await txn.lease_rows(sorted(wanted))
+        now, rows = await txn.lease_rows(sorted(wanted), lock=True)
         failed: dict[int, FencedError] = {}
         for index, stream, fence in fences:
             assert fence is not None

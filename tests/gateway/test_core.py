@@ -22,7 +22,15 @@ from gateway.quarantine import PLAIN
 from lanes import AgentState, decide, replay
 from lanes.codec import AGENT_CODEC
 from lanes.events import Decision, Input, RequestQueued, RequestReceived
-from store import Append, MemoryEventStore, RecordedEvent, StoreError, WriteFailed
+from store import (
+    Append,
+    Fence,
+    FencedError,
+    MemoryEventStore,
+    RecordedEvent,
+    StoreError,
+    WriteFailed,
+)
 from tests.gateway.support import TIMEOUT, request
 
 
@@ -73,6 +81,9 @@ class Heard:
     def due(self) -> None:
         self.said.append("due")
 
+    def fenced(self, error: FencedError) -> None:
+        self.said.append(f"fenced: now {error.holder}")
+
 
 def fold_a(records: Sequence[RecordedEvent]) -> AgentState:
     return replay(PLAIN.entries(records)).get("a") or AgentState(agent_id="a")
@@ -100,6 +111,28 @@ async def turns() -> None:
     """Let everything ready run (a few turns of the loop), to see what did not happen."""
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+async def test_an_append_of_a_lease_lost_is_fenced_and_never_rebuilt_to_write_again(
+    store: Flaky,
+) -> None:
+    clock, heard = FakeClock(), Heard()
+    core = core_of(store, clock, heard)
+    await store.join("m1", 60_000)
+    await store.join("m2", 60_000)
+    core.fence = Fence("m1", (await store.acquire("m1", ["a"]))["a"])
+    first = core.feed(received(clock)).commit
+    assert first is not None
+    await asyncio.wait_for(first, TIMEOUT)
+    await store.release("m1", ["a"])
+    await store.acquire("m2", ["a"])  # another process took it
+    late = core.feed(received(clock)).commit
+    assert late is not None
+    with pytest.raises(FencedError):
+        await asyncio.wait_for(late, TIMEOUT)
+    await turns()
+    assert heard.said[1:] == ["failed", f"fenced: now {Fence('m2', 2)}"]
+    assert not core.recovering and heard.rebuilds.empty()
 
 
 def test_the_backoff_doubles_from_the_second_failure_up_to_its_cap() -> None:

@@ -1,0 +1,291 @@
+"""Several gateway processes on one log: who owns which stream, and keeping it so.
+
+Every process of a cluster is a *member*: it holds a lease of its own in the log's database
+(`store.port.Leases`) and renews it every `Cluster.period_ms`. Its member id names the URL
+it serves at (``http://10.0.0.5:8000#3f9a...``), so whoever sees one of its leases knows
+where to forward to. Each stream (an agent, a provider gate) goes to one live member by
+rendezvous hashing (`assign`): every member computes the same answer from the same members,
+a new member takes over its share, and a dead member's streams spread over the others. At
+each renewal a member hands over (gracefully: `gateway.engine.Engine.hand_over`) the
+streams assigned elsewhere and releases their leases, acquires those assigned to it that
+are free (never held, released, or held by a member whose lease expired) and adopts them
+(`Engine.adopt`: folded from the log, a run cut off by a dead owner recorded aborted and
+rerun). A lease this member did not renew in time is lost: it stops the stream at once, and
+the store fences its appends from then on (`store.port.FencedError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final
+
+from gateway.clock import Clock
+from gateway.engine import Engine
+from gateway.gate import ProviderGate
+from gateway.tasks import spawn
+from store.port import Fence, LeaseLost, LeaseView, StoreError
+from store.writer import GroupCommitStore
+
+log = logging.getLogger("gateway.cluster")
+
+LEASE_MS: Final = 5_000
+"""Default lease of a member: a process that stopped renewing it for this long is dead to
+the others, which take its streams over."""
+
+
+def owner_id(url: str) -> str:
+    """A new member's id: the URL it serves at, and a random part (a restarted process, or
+    one that lost its lease, is a new member)."""
+    return f"{url}#{os.urandom(6).hex()}"
+
+
+def url_of(owner: str) -> str:
+    """The URL a member serves at, from its id."""
+    return owner.rsplit("#", 1)[0]
+
+
+def incarnation(owner: str) -> str:
+    """The random part of a member's id: the prefix of every event id it writes."""
+    return owner.rsplit("#", 1)[-1]
+
+
+def _weight(member: str, resource: str) -> bytes:
+    return hashlib.blake2b(f"{member}\x00{resource}".encode(), digest_size=8).digest()
+
+
+def assign(resources: Iterable[str], members: Sequence[str]) -> dict[str, str]:
+    """Each resource's member by rendezvous hashing (the member with the highest hash of
+    the pair): the same on every member for the same members; when one joins or leaves,
+    only the resources it gains or held move. Empty if there are no members."""
+    if not members:
+        return {}
+    return {resource: max(members, key=lambda member: _weight(member, resource))
+            for resource in resources}
+
+
+class Cluster:
+    """This process as a member of a cluster: its lease, and its share of the streams.
+
+    ``url`` is where the other members reach this process (its internal API). Start it
+    after the engine (clustered, so owning nothing yet); stop it before the engine: the
+    streams it owns are handed over and its leases given up, so that the others take them
+    over at their next renewal rather than after the lease time.
+    """
+
+    def __init__(self, engine: Engine, url: str, *, lease_ms: int = LEASE_MS,
+                 clock: Clock | None = None) -> None:
+        if not engine.clustered:
+            raise ValueError("a cluster member needs a clustered engine")
+        store = engine.store
+        if not isinstance(store, GroupCommitStore):
+            raise ValueError("a cluster needs a store with leases")
+        if lease_ms < 100:
+            raise ValueError(f"a member lease of at least 100 ms: {lease_ms}")
+        self.engine = engine
+        self.store: GroupCommitStore = store
+        self.url = url
+        self.lease_ms = lease_ms
+        self.period_ms = max(20, lease_ms // 5)
+        """How often the lease is renewed (and the streams rebalanced)."""
+        self.clock = clock or engine.clock
+        self.member = owner_id(url)
+        self.view = LeaseView(0, {}, {})
+        """The leases as last read."""
+        self._fences: dict[str, Fence] = {}
+        """The streams this member owns, each with the lease it holds."""
+        self._renewed_at = 0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.on_handed_over: Callable[[str], None] = lambda _url: None
+        """Told the URL of a member this one handed streams over to (to wake it)."""
+        self.takeovers = 0
+        """Streams adopted so far (for metrics)."""
+
+    @property
+    def owned(self) -> list[str]:
+        """The streams this member owns now."""
+        return sorted(self._fences)
+
+    def owner_of(self, stream: str) -> str | None:
+        """The URL of the member owning ``stream`` now (as last read), if any."""
+        if stream in self._fences:
+            return self.url
+        holder = self.view.holders.get(stream)
+        if holder is None or holder.owner == self.member:  # (handed over since it was read)
+            return None
+        return url_of(holder.owner)
+
+    async def locate(self, stream: str) -> str | None:
+        """`owner_of`, after reading the leases again if it is not known (it moved since
+        the last renewal, say)."""
+        found = self.owner_of(stream)
+        if found is None:
+            with contextlib.suppress(StoreError):
+                self.view = await self.store.leases()
+            found = self.owner_of(stream)
+        return found
+
+    async def start(self) -> None:
+        """Join, take this member's share of the streams, and keep it up in the
+        background."""
+        self.engine.owner_of = self.owner_of
+        self.engine.locate = self.locate
+        self.engine.on_fenced = self._fenced
+        for gate in self.engine.gates.values():
+            gate.on_fenced = self._fenced
+        await self._join()
+        await self._rebalance(self.view)
+        self._task = spawn(self._run(), "cluster membership")
+
+    async def stop(self) -> None:
+        """Hand every owned stream over and leave (the others take them at once); again:
+        nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for stream in self.owned:
+            await self._hand_over(stream)
+        with contextlib.suppress(StoreError):
+            await self.store.leave(self.member)
+
+    def poke(self) -> None:
+        """Renew and rebalance now rather than at the next period."""
+        self._wakeup.set()
+
+    def _fenced(self, stream: str) -> None:
+        """An append of ``stream`` was fenced: it is someone else's; look again now."""
+        self._fences.pop(stream, None)
+        self.poke()
+
+    async def _run(self) -> None:
+        while True:
+            sleeping = asyncio.ensure_future(self.clock.sleep(self.period_ms))
+            waking = asyncio.ensure_future(self._wakeup.wait())
+            try:
+                await asyncio.wait([sleeping, waking], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeping.cancel()
+                waking.cancel()
+            self._wakeup.clear()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let membership die: the next period tries again
+                log.exception("cluster membership: renewing or rebalancing failed")
+
+    async def tick(self) -> None:
+        """Renew this member's lease, then rebalance (what the background task does every
+        period; tests call it directly on a fake clock)."""
+        try:
+            view = await self.store.renew(self.member, self.lease_ms)
+        except LeaseLost as lost:
+            log.error("%s: stopping every stream it owned; joining again", lost)
+            self._lose_all()
+            self.member = owner_id(self.url)
+            view = await self._join()
+        except StoreError as error:
+            if self.clock.now_ms() - self._renewed_at >= self.lease_ms and self._fences:
+                log.error("the member lease could not be renewed for %d ms (%s): its "
+                          "streams are the others' now; stopping them", self.lease_ms, error)
+                self._lose_all()
+            else:
+                log.warning("renewing the member lease failed: %s", error)
+            return
+        self._renewed_at = self.clock.now_ms()
+        self.view = view
+        await self._rebalance(view)
+
+    async def _join(self) -> LeaseView:
+        """Join as ``member``: the events this process writes from now on carry its id's
+        random part (`incarnation`), so the log tells which member wrote what."""
+        prefix = incarnation(self.member)
+        if self.engine.ids is not None:
+            self.engine.ids.use(prefix)
+        for index, gate in enumerate(self.engine.gates.values()):  # each counts on its own
+            gate.ids.use(f"{prefix}g{index}")
+        self.view = await self.store.join(self.member, self.lease_ms)
+        self._renewed_at = self.clock.now_ms()
+        return self.view
+
+    async def _rebalance(self, view: LeaseView) -> None:
+        me = self.member
+        # What the leases say this member lost (taken while it was paused, say): stop now.
+        for stream, fence in list(self._fences.items()):
+            if view.holders.get(stream) != fence:
+                log.warning("the lease of %s is no longer this member's: stopping it", stream)
+                self._lose(stream)
+        wanted = assign(self._streams(), sorted(view.members))
+        handed = [s for s in self._fences if wanted.get(s) != me]
+        for stream in handed:
+            await self._hand_over(stream)
+        for member in {wanted[s] for s in handed if s in wanted}:
+            self.on_handed_over(url_of(member))  # it takes them now, not at its next renewal
+        free = [s for s, member in wanted.items()
+                if member == me and s not in self._fences and s not in view.holders]
+        if not free:
+            return
+        acquired = await self.store.acquire(me, free)
+        alive = {stream for stream, fence in view.holders.items()
+                 if fence.owner in view.members}
+        for stream, epoch in acquired.items():
+            fence = Fence(me, epoch)
+            await self._adopt(stream, fence, alive)
+
+    def _streams(self) -> list[str]:
+        return [*self.engine.agent_ids, *(g.stream for g in self.engine.gates.values())]
+
+    async def _adopt(self, stream: str, fence: Fence, alive: set[str]) -> None:
+        gate = self._gate(stream)
+        try:
+            if gate is not None:  # granted slots of runs still alive elsewhere are kept
+                await gate.adopt(fence, lambda agent_id: agent_id in alive)
+            else:
+                await self.engine.adopt(stream, fence)
+        except StoreError as error:  # its stream could not be read: give the lease back
+            log.warning("could not take %s over (%s); giving its lease back", stream, error)
+            with contextlib.suppress(StoreError):
+                await self.store.release(self.member, [stream])
+            return
+        self._fences[stream] = fence
+        self.takeovers += 1
+
+    async def _hand_over(self, stream: str) -> None:
+        self._fences.pop(stream, None)
+        gate = self._gate(stream)
+        if gate is not None:
+            await gate.hand_over()
+        else:
+            await self.engine.hand_over(stream)
+        with contextlib.suppress(StoreError):
+            await self.store.release(self.member, [stream])
+
+    def _lose(self, stream: str) -> None:
+        self._fences.pop(stream, None)
+        gate = self._gate(stream)
+        if gate is not None:
+            gate.lose()
+        else:
+            self.engine.lose(stream)
+
+    def _lose_all(self) -> None:
+        for stream in list(self._fences):
+            self._lose(stream)
+
+    def _gate(self, stream: str) -> ProviderGate | None:
+        for gate in self.engine.gates.values():
+            if gate.stream == stream:
+                return gate
+        return None
+

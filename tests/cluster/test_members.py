@@ -1,0 +1,230 @@
+"""Several gateway members on one PostgreSQL log, in this process: each a real server on its
+own port with its own store (as separate processes would have), over one database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.cluster import AGENTS, config_text, read_log
+from bench.crash import CONTROL_TOKEN, FEED_TOKEN
+from gateway.client import ControlClient, FeedClient
+from gateway.cluster import assign, incarnation
+from gateway.config import parse_config
+from gateway.errors import StorageFailed
+from gateway.server import Running, build_service, serving
+from lanes import parse_request
+from lanes.codec import decode
+from lanes.events import AbortReason, RequestReceived, RunAborted
+from lanes.gate import decode_gate_event
+from lanes.gate_events import SlotRequested
+from store import PostgresEventStore
+from tests.gateway.support import until
+
+TIMEOUT = 20.0
+LEASE_MS = 600
+"""A short member lease: failovers within a second or so."""
+
+
+@contextlib.asynccontextmanager
+async def member(db: str, lease_ms: int = LEASE_MS) -> AsyncIterator[Running]:
+    """One member serving on 127.0.0.1:<ephemeral>, stopped gracefully after."""
+    config = parse_config(config_text(lease_ms))
+    async with serving(build_service(config, db), "127.0.0.1", 0) as running:
+        yield running
+
+
+def owned(running: Running) -> set[str]:
+    assert running.cluster is not None
+    return set(running.cluster.owned)
+
+
+async def spread(members: list[Running]) -> None:
+    """Wait until every agent and the provider gate is owned by the member `assign` gives
+    it, and by no other."""
+    streams = [*AGENTS, "provider:sim"]
+
+    async def settled() -> bool:
+        ids = {m.cluster.member: m for m in members if m.cluster is not None}
+        wanted = assign(streams, sorted(ids))
+        return all(owned(m) == {s for s, w in wanted.items() if w == member}
+                   for member, m in ids.items())
+
+    await until(settled, "every stream owned by exactly one member", TIMEOUT)
+
+
+def request(n: int, agent: str, **extra: Any) -> dict[str, Any]:
+    return {"requestId": f"t{n}", "createdAt": datetime.now(UTC).isoformat(),
+            "agentId": agent, "kind": "hook_trigger", "dedupeKey": f"k{n}", **extra}
+
+
+def test_assign_is_the_same_everywhere_and_moves_only_what_it_must() -> None:
+    streams = [f"s{n}" for n in range(200)]
+    before = assign(streams, ["m1", "m2", "m3"])
+    assert before == assign(streams, ["m3", "m1", "m2"])  # the order of members is nothing
+    counts = {m: list(before.values()).count(m) for m in ("m1", "m2", "m3")}
+    assert min(counts.values()) > 40, counts  # spread, roughly evenly
+    after = assign(streams, ["m1", "m2", "m3", "m4"])
+    moved = [s for s in streams if before[s] != after[s]]
+    assert all(after[s] == "m4" for s in moved)  # only to the newcomer
+    gone = assign(streams, ["m1", "m3"])
+    assert all(gone[s] == before[s] for s in streams if before[s] != "m2")
+
+
+@given(st.sets(st.text(min_size=1, max_size=8), min_size=1, max_size=6),
+       st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=30))
+def test_assign_gives_every_resource_one_of_the_members(members: set[str],
+                                                        resources: list[str]) -> None:
+    found = assign(resources, sorted(members))
+    assert set(found) == set(resources) and set(found.values()) <= members
+
+
+async def test_two_members_share_the_agents_and_forward_what_the_other_owns(
+    postgres_url: str,
+) -> None:
+    async with member(postgres_url) as one, member(postgres_url) as two:
+        await spread([one, two])
+        assert owned(one) and owned(two)
+        # Every request through the first member, whoever owns the agent: all accepted once.
+        async with ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client:
+            acks = await client.submit_many([request(n, agent)
+                                             for n, agent in enumerate(AGENTS)])
+        assert {a.decision for a in acks} == {"accepted"}, acks  # type: ignore[union-attr]
+        records = await read_log(postgres_url)
+        received = [decode(r.type, r.data) for r in records if r.type == "RequestReceived"]
+        ids = [e.request.request_id for e in received if isinstance(e, RequestReceived)]
+        assert sorted(ids) == sorted(f"t{n}" for n in range(len(AGENTS)))
+        by_position = {r.position: r for r in records}
+        for ack in acks:
+            assert by_position[ack.position].stream in AGENTS  # type: ignore[union-attr]
+        # Each agent's events are written by its owner alone (its member id's prefix).
+        assert one.cluster is not None and two.cluster is not None
+        prefixes = {incarnation(one.cluster.member): owned(one),
+                    incarnation(two.cluster.member): owned(two)}
+        for record in records:
+            if record.stream in AGENTS and record.type == "RequestQueued":
+                writer = next(p for p in prefixes if record.event_id.startswith(p))
+                assert record.stream in prefixes[writer]
+
+
+async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owner(
+    postgres_url: str,
+) -> None:
+    async with member(postgres_url) as one, member(postgres_url) as two:
+        await spread([one, two])
+        theirs = sorted(owned(two))[0]
+        headers = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
+        async with httpx.AsyncClient(base_url=one.url, headers=headers,
+                                     timeout=TIMEOUT) as http:
+            stop = await http.post(f"/api/agents/{theirs}/control",
+                                   json={"action": "emergency_stop", "requestId": "stop-1"})
+            assert stop.status_code == 200, stop.text
+            assert stop.json()["decision"] == "accepted"
+            cleared = await http.post(f"/api/agents/{theirs}/queue/clear")
+            assert cleared.status_code == 200, cleared.text
+            assert cleared.json()["applied"] is True
+            # Both members read the agent as HALTED (the owner live, the other its replica).
+            for running in (one, two):
+                async def halted(running: Running = running) -> bool:
+                    body = (await http.get(f"{running.url}/api/agents/{theirs}")).json()
+                    return bool(body["trading"] == "HALTED")
+
+                await until(halted, f"{theirs} HALTED at {running.url}")
+
+
+async def test_a_member_that_stops_hands_its_agents_over_at_once(postgres_url: str) -> None:
+    async with member(postgres_url, lease_ms=60_000) as one:
+        async with member(postgres_url, lease_ms=60_000) as two:
+            await spread([one, two])
+            handed = owned(two)
+            async with ControlClient(two.url, CONTROL_TOKEN, reconnect=False) as client:
+                await client.submit_many([request(n, a) for n, a in enumerate(AGENTS)])
+        # Its stop gave the leases back, and woke the other member: taken at once, not
+        # after the lease of a minute (nor at the next renewal, a fifth of it).
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await until(lambda: _holds(one, handed), "the other member took them over", TIMEOUT)
+        assert loop.time() - began < 60_000 / 1000 / 5
+    # Handed over gracefully: a run in flight was recorded aborted (shutdown), never left
+    # to be found cut off (restart) by the next owner.
+    events = [(r.stream, decode(r.type, r.data)) for r in await read_log(postgres_url)
+              if r.stream in AGENTS]
+    assert not [e for _, e in events
+                if isinstance(e, RunAborted) and e.reason is AbortReason.RESTART]
+
+
+async def _holds(running: Running, streams: set[str]) -> bool:
+    return streams <= owned(running)
+
+
+async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_move(
+    postgres_url: str,
+) -> None:
+    async with member(postgres_url) as one, member(postgres_url) as two:
+        await spread([one, two])
+        assert two.cluster is not None and two.cluster._task is not None
+        lost = owned(two)
+        old = two.cluster.member
+        agent = sorted(a for a in lost if a in AGENTS)[0]
+        # As if its process had been paused: its renewals stop, its lease runs out.
+        two.cluster._task.cancel()
+        engine = two.service.engine
+        store = engine.store
+        assert isinstance(store, PostgresEventStore)
+        async with ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client:
+            await client.submit_many([request(n, a) for n, a in enumerate(AGENTS)])
+        await engine.flush()
+        await store.renew(old, 0)
+        await until(lambda: _holds(one, lost), "the live member took everything over",
+                    TIMEOUT)
+        expired = await store.last_position()
+        # The paused member still believes it owns the agent: what it decides is refused
+        # by the database (its fence), and it stops the agent.
+        assert agent in engine.owned
+        with pytest.raises(StorageFailed, match="no longer holds"):
+            await engine.submit(parse_request(request(99, agent)))
+        assert agent not in engine.owned
+        # The live member serves every agent the other one had.
+        async with ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client:
+            acks = await client.submit_many([request(100 + n, a)
+                                             for n, a in enumerate(sorted(lost & set(AGENTS)))])
+        assert {a.decision for a in acks} == {"accepted"}, acks  # type: ignore[union-attr]
+    records = await read_log(postgres_url)
+    assert "t99" not in {decode(r.type, r.data).request.request_id  # type: ignore[union-attr]
+                         for r in records if r.type == RequestReceived.__name__}
+    # Nothing of the old member after its lease expired and the other took over.
+    prefix = incarnation(old)
+    assert [r for r in records if r.event_id.startswith(prefix)], "it wrote before"
+    assert not [r for r in records if r.position > expired and r.event_id.startswith(prefix)]
+
+
+async def test_the_shared_provider_gate_serves_runs_of_every_member(postgres_url: str) -> None:
+    async with member(postgres_url) as one, member(postgres_url) as two:
+        await spread([one, two])
+        gated = [a for n, a in enumerate(AGENTS) if n % 2]  # the config: odd ones use "sim"
+        other = two if "provider:sim" in owned(one) else one
+        remote = [a for a in gated if a in owned(other)]
+        assert remote, "some gated agents live on the member without the gate"
+        async with FeedClient(one.url, FEED_TOKEN, reconnect=False) as feed:
+            acks = await feed.submit_many([request(200 + n, a) for n, a in enumerate(gated)])
+        assert {a.decision for a in acks} == {"accepted"}, acks  # type: ignore[union-attr]
+
+        async def every_run_ended() -> bool:
+            states = [(one if a in owned(one) else two).service.engine.state(a)
+                      for a in gated]
+            return all(s.counters.runs >= 1 and s.active is None for s in states)
+
+        await until(every_run_ended, "every gated agent ran (collect mode waits 2 s)", TIMEOUT)
+    records = await read_log(postgres_url)
+    asked = {event.agent_id for event in (decode_gate_event(r.type, r.data) for r in records
+                                          if r.stream == "provider:sim")
+             if isinstance(event, SlotRequested)}
+    assert set(remote) <= asked  # the runs of the other member took slots of this gate

@@ -1,0 +1,37 @@
+"""Three real gateway processes on one PostgreSQL log (`bench.cluster`): killed again and
+again under load, and one paused past its lease."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.cluster import crash_run, pause_run
+
+LEASE_MS = 1_000
+
+
+async def test_members_killed_again_and_again_lose_nothing_and_run_nothing_twice(
+    tmp_path: Path, postgres_url: str,
+) -> None:
+    report = await crash_run(tmp_path, postgres_url, kills=6, seed=6, lease_ms=LEASE_MS)
+    print("\n" + "\n".join(line for line in report.lines() if line))
+    assert report.problems == []
+    assert report.kills == 6
+    assert report.lost == 0 and report.duplicated == 0
+    assert report.acked > 100, "the load never got going"
+    assert report.runs > 50
+    assert report.verify_exit == 0
+    # Every dead member's streams were owned again within the lease and a renewal or two.
+    assert max(report.failover_s) < LEASE_MS / 1000 * 3
+
+
+async def test_a_paused_member_writes_nothing_once_its_agents_were_taken_over(
+    tmp_path: Path, postgres_url: str,
+) -> None:
+    report = await pause_run(tmp_path, postgres_url, lease_ms=LEASE_MS, seed=3)
+    print("\n" + "\n".join(line for line in report.lines() if line))
+    assert report.problems == []
+    assert report.late_writes == 0
+    assert report.lost == 0 and report.duplicated == 0
+    assert report.acked > 50
+    assert report.verify_exit == 0
