@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -1164,7 +1164,11 @@ class Session:
                 self.drained.clear()
                 await self.drained.wait()
             self.inflight_bytes += len(raw)
-            task = asyncio.create_task(self._answer(frame))
+            if isinstance(frame, Submit) and frame.request.action is not None:
+                answering = self._control_now(frame)  # decided here, not a loop turn later
+            else:
+                answering = self._answer(frame)
+            task = asyncio.create_task(answering)
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self._done, len(raw)))
 
@@ -1216,7 +1220,10 @@ class Session:
             if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
                 return
             try:
-                await asyncio.wait_for(self.ws.send_text(text), self.service.send_timeout_s)
+                # (asyncio.timeout, not wait_for: that runs the send as a task of its own,
+                # a turn of the loop later, several ms under a flood for every answer)
+                async with asyncio.timeout(self.service.send_timeout_s):
+                    await self.ws.send_text(text)
             except (RuntimeError, WebSocketDisconnect):
                 return
             except TimeoutError:
@@ -1229,6 +1236,37 @@ class Session:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(
                         self.ws.close(code=POLICY_VIOLATION, reason="slow reader"), 1.0)
+
+    def _control_now(self, frame: Submit) -> Coroutine[Any, Any, None]:
+        """A control (stop, pause, resume, cancel) decided at once, as it is read: its run is
+        cancelled there and then; what it returns sends its ack after the commit."""
+        principal = self.principal
+        assert principal is not None
+        request = frame.request
+        pacer = self.service.pacer
+        pacer.hold()  # the feed's bulk work waits until this ack is out
+        try:
+            principal.check_submit(request)
+            pending = self.engine.decide_now(request, principal.name)
+        except Exception as error:
+            pacer.release()
+            return self._send(error_frame(error, id=frame.id, request_id=request.request_id))
+        return self._acked(frame, pending)
+
+    async def _acked(self, frame: Submit, pending: Awaitable[Ack]) -> None:
+        """Send the ack of a control decided by `_control_now` (which held the pacer)."""
+        try:
+            try:
+                ack = await pending
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                await self._send(error_frame(error, id=frame.id,
+                                             request_id=frame.request.request_id))
+            else:
+                await self._send(ack_frame(ack, frame.id))
+        finally:
+            self.service.pacer.release()
 
     async def _answer(self, frame: Any) -> None:
         try:

@@ -729,22 +729,27 @@ class Engine:
                      forward: bool = True) -> Ack:
         """Decide a request and answer once the decision is durable (an agent another
         process owns: there, if ``forward``)."""
+        return await self.decide_now(request, principal, forward)
+
+    def decide_now(self, request: AgentRequest, principal: str | None = None,
+                   forward: bool = True) -> Coroutine[Any, Any, Ack]:
+        """`submit` with the decision made at once, when called (its effects too: a stop's
+        run is cancelled there and then); what it returns awaits the commit and gives the
+        ack. An input that cannot be stored raises `Unstorable` at once."""
         received = RequestReceived(at=self.clock.now_ms(), request=request, principal=principal)
         try:
             agent = self._agent(request.agent_id)
         except AgentUnavailable as error:
-            raise self._hold(received, error) from None
+            return _raise(self._hold(received, error))
         except NotOwner as error:
-            owner = error.owner or await self.locate(request.agent_id) if forward else None
-            if owner is None or self.forwarder is None:
-                raise
-            answer = (await self.forwarder.submit_many(owner, [request], principal))[0]
-            if isinstance(answer, GatewayError):
-                raise answer from None
-            return answer
+            return self._forward_one(error, request, principal, forward)
         if agent.superseded and request.request_id in agent.superseded:
-            raise Superseded(request)
-        outcome = self._feed(agent, received)
+            return _raise(Superseded(request))
+        return self._acked(agent, received, self._feed(agent, received))
+
+    async def _acked(self, agent: _Agent, received: RequestReceived,
+                     outcome: Outcome[Decision]) -> Ack:
+        request = received.request
         try:
             records = await self._committed(outcome)
         except StorageFailed as error:
@@ -752,6 +757,16 @@ class Engine:
         if agent.refused and request.request_id in agent.refused:
             agent.refused.remove(request.request_id)  # stored at last: nothing to supersede
         return _ack(request.request_id, outcome.decisions, records)
+
+    async def _forward_one(self, error: NotOwner, request: AgentRequest,
+                           principal: str | None, forward: bool) -> Ack:
+        owner = error.owner or await self.locate(request.agent_id) if forward else None
+        if owner is None or self.forwarder is None:
+            raise error
+        answer = (await self.forwarder.submit_many(owner, [request], principal))[0]
+        if isinstance(answer, GatewayError):
+            raise answer
+        return answer
 
     async def submit_many(
         self, requests: Sequence[AgentRequest], principal: str | None = None,
@@ -1230,6 +1245,10 @@ class Engine:
 
 async def _nowhere(_stream: str) -> str | None:
     return None
+
+
+async def _raise(error: GatewayError) -> Ack:
+    raise error
 
 
 def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent]) -> Ack:
