@@ -478,7 +478,9 @@ class _Api:
             "payload": payload,
         })
         try:
-            return _json(ack_frame(await self.engine.submit(agent_request, principal.name)))
+            with self.service.pacer.urgent():  # the feed's bulk work waits for its answer
+                ack = await self.engine.submit(agent_request, principal.name)
+            return _json(ack_frame(ack))
         except GatewayError as error:  # with the id it was given: a retry is idempotent
             return error_response(error, request_id)
 
