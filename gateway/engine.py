@@ -590,7 +590,8 @@ class Engine:
         if self._running and not agent.recovering:
             self._feed(agent, Stopping(at=self.clock.now_ms()))
         self._disown(agent)
-        await self.flush()
+        # Its appends settled (not the rebuilds: while the log refuses writes, they go on).
+        await self.flush(rebuilt=False)
         await self._refresh(agent)
 
     def lose(self, agent_id: str) -> None:
@@ -1227,7 +1228,7 @@ class Engine:
             self._position, self._anchor = records[-1].position, records[-1].event_id
         seen = agent.state.seen
         agent.held = {rid: held for rid, held in agent.held.items() if rid not in seen}
-        if self._running:
+        if self._running and agent.owned:  # (handed over meanwhile: the owner goes on)
             # Held stops first: a run cut off by the failure must not start again before them.
             for received, _ in list(agent.held.values()):
                 self._feed(agent, RequestReceived(at=self.clock.now_ms(),
