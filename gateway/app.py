@@ -32,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.auth import Principal, Role, TokenBook
+from gateway.cluster import Cluster
 from gateway.engine import Ack, Engine
 from gateway.errors import (
     HTTP_STATUS,
@@ -191,8 +192,9 @@ class Service:
     """The member lease of this process in its cluster (`gateway.cluster.Cluster`)."""
     advertise: str | None = None
     """The URL the other processes reach this one at (default: where it is bound)."""
-    poke: Callable[[], None] | None = None
-    """Renew and rebalance this cluster member now (`gateway.cluster.Cluster.poke`)."""
+    cluster: Cluster | None = None
+    """This process's membership of its log's cluster (several processes on one PostgreSQL
+    log), once it joined."""
     intake: Intake = field(init=False)
     pacer: Pacer = field(default_factory=Pacer)
     """The feed's work takes turns on the event loop, so that a control waits for at most
@@ -400,6 +402,10 @@ class _Api:
             body["storage"] = f"the event log cannot be written: {storage_fault_kind(fault.reason)}"
             since = datetime.fromtimestamp(fault.since / 1000, UTC)
             body["storageFailingSince"] = since.isoformat()
+        cluster = self.service.cluster
+        if cluster is not None:  # who this is, and how much of the cluster it carries
+            body["cluster"] = {"member": cluster.member, "owns": len(cluster.owned),
+                               "members": len(cluster.view.members)}
         if running and "storage" in body:
             body["status"] = "degraded"
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
@@ -422,8 +428,17 @@ class _Api:
         principal = self._principal(request)
         principal.check_read()
         now = self.engine.clock.now_ms()
-        return _json([agent_summary(self.engine.state(a), now) for a in self.engine.agent_ids
+        return _json([self._summary(a, now) for a in self.engine.agent_ids
                       if principal.may_see(a)])
+
+    def _summary(self, agent_id: str, now: int) -> dict[str, Any]:
+        """`agent_summary`, and in a cluster which process serves the agent (``servedBy``:
+        its URL; null while it moves)."""
+        body = agent_summary(self.engine.state(agent_id), now)
+        cluster = self.service.cluster
+        if cluster is not None:
+            body["servedBy"] = cluster.owner_of(agent_id)
+        return body
 
     @_guarded
     async def agent(self, request: Request) -> Response:
@@ -431,7 +446,7 @@ class _Api:
         agent_id = self._agent_id(request)
         self._principal(request).check_read(agent_id)
         state = self.engine.state(agent_id)
-        body = agent_summary(state, self.engine.clock.now_ms())
+        body = self._summary(agent_id, self.engine.clock.now_ms())
         body["config"] = state.config.model_dump(mode="json")
         return _json(body)
 
@@ -772,6 +787,7 @@ class _Api:
             *gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
                    lambda v: int(v.held is not None)),
             *self._connection_metrics(),
+            *self._cluster_metrics(),
             *self._gate_metrics(now),
         ]
         return "\n".join(lines) + "\n"
@@ -798,6 +814,22 @@ class _Api:
             *family("gateway_asyncio_tasks", "gauge",
                     "Tasks alive in the server's event loop (connections, commits, runs).",
                     [f"gateway_asyncio_tasks {len(asyncio.all_tasks())}"]),
+        ]
+
+    def _cluster_metrics(self) -> list[str]:
+        cluster = self.service.cluster
+        if cluster is None:
+            return []
+        return [
+            *family("gateway_cluster_members", "gauge",
+                    "Live processes of this log's cluster, as this one last read them.",
+                    [f"gateway_cluster_members {len(cluster.view.members)}"]),
+            *family("gateway_cluster_owned_streams", "gauge",
+                    "Agents and provider gates this process owns now.",
+                    [f"gateway_cluster_owned_streams {len(cluster.owned)}"]),
+            *family("gateway_cluster_takeovers_total", "counter",
+                    "Streams this process adopted (at its start, a hand-over or a failover).",
+                    [f"gateway_cluster_takeovers_total {cluster.takeovers}"]),
         ]
 
     def _gate_metrics(self, now: int) -> list[str]:

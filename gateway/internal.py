@@ -70,8 +70,8 @@ class _Internal:
     async def poke(self, request: Request, body: dict[str, Any]) -> Response:
         """Another member handed streams over to this one: take them now rather than at the
         next renewal."""
-        if self.service.poke is not None:
-            self.service.poke()
+        if self.service.cluster is not None:
+            self.service.cluster.poke()
         return JSONResponse({})
 
     async def submit(self, request: Request, body: dict[str, Any]) -> Response:

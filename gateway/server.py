@@ -340,9 +340,9 @@ async def join_cluster(service: Service, url: str) -> Cluster:
     member = Cluster(engine, url, lease_ms=service.cluster_lease_ms)
     engine.run_gates = {name: RoutedGate(gate, peers, member.owner_of)
                         for name, gate in engine.gates.items()}
-    service.poke = member.poke
     member.on_handed_over = peers.poke
     await member.start()
+    service.cluster = member
     return member
 
 

@@ -128,6 +128,14 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
                                    json={"action": "emergency_stop", "requestId": "stop-1"})
             assert stop.status_code == 200, stop.text
             assert stop.json()["decision"] == "accepted"
+            served = (await http.get(f"/api/agents/{theirs}")).json()["servedBy"]
+            assert served == two.url  # any member says where an agent is served
+            health = (await http.get("/healthz")).json()
+            assert one.cluster is not None
+            assert health["cluster"] == {"member": one.cluster.member,
+                                         "owns": len(owned(one)), "members": 2}
+            metrics = (await http.get("/metrics")).text
+            assert f"gateway_cluster_owned_streams {len(owned(one))}" in metrics
             cleared = await http.post(f"/api/agents/{theirs}/queue/clear")
             assert cleared.status_code == 200, cleared.text
             assert cleared.json()["applied"] is True
