@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from gateway.clock import Clock
+from gateway.clock import Clock, Timer
 from gateway.engine import Engine
 from gateway.gate import ProviderGate
 from gateway.tasks import spawn
@@ -99,6 +99,11 @@ class Cluster:
         self._fences: dict[str, Fence] = {}
         """The streams this member owns, each with the lease it holds."""
         self._renewed_at = 0
+        """When the last renewal that went through was sent: the lease lasts at least
+        `lease_ms` from then."""
+        self._watchdog: Timer | None = None
+        self._located: asyncio.Future[LeaseView] | None = None
+        """A read of the leases under way for `locate` (one at a time, shared)."""
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -123,11 +128,19 @@ class Cluster:
 
     async def locate(self, stream: str) -> str | None:
         """`owner_of`, after reading the leases again if it is not known (it moved since
-        the last renewal, say)."""
+        the last renewal, say): one read at a time, shared by every caller."""
         found = self.owner_of(stream)
         if found is None:
-            with contextlib.suppress(StoreError):
-                self.view = await self.store.leases()
+            if self._located is None:
+                self._located = asyncio.ensure_future(self.store.leases())
+            reading = self._located
+            try:
+                self.view = await asyncio.shield(reading)
+            except StoreError:
+                pass
+            finally:
+                if self._located is reading and reading.done():
+                    self._located = None
             found = self.owner_of(stream)
         return found
 
@@ -144,8 +157,8 @@ class Cluster:
         self._task = spawn(self._run(), "cluster membership")
 
     async def stop(self) -> None:
-        """Hand every owned stream over and leave (the others take them at once); again:
-        nothing."""
+        """Hand every owned stream over, wake the members they go to, and leave (the others
+        take them at once); again: nothing."""
         if self._stopped:
             return
         self._stopped = True
@@ -154,10 +167,16 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        others = sorted(m for m in self.view.members if m != self.member)
+        wanted = assign(self.owned, others)
         for stream in self.owned:
             await self._hand_over(stream)
         with contextlib.suppress(StoreError):
             await self.store.leave(self.member)
+        for member in set(wanted.values()):
+            self.on_handed_over(url_of(member))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
 
     def poke(self) -> None:
         """Renew and rebalance now rather than at the next period."""
@@ -188,24 +207,40 @@ class Cluster:
     async def tick(self) -> None:
         """Renew this member's lease, then rebalance (what the background task does every
         period; tests call it directly on a fake clock)."""
+        sent = self.clock.now_ms()
         try:
-            view = await self.store.renew(self.member, self.lease_ms)
+            async with asyncio.timeout(self.lease_ms / 2000):  # a stuck renewal is a failed one
+                view = await self.store.renew(self.member, self.lease_ms)
         except LeaseLost as lost:
             log.error("%s: stopping every stream it owned; joining again", lost)
             self._lose_all()
             self.member = owner_id(self.url)
             view = await self._join()
-        except StoreError as error:
-            if self.clock.now_ms() - self._renewed_at >= self.lease_ms and self._fences:
-                log.error("the member lease could not be renewed for %d ms (%s): its "
-                          "streams are the others' now; stopping them", self.lease_ms, error)
-                self._lose_all()
-            else:
-                log.warning("renewing the member lease failed: %s", error)
-            return
-        self._renewed_at = self.clock.now_ms()
+        except (StoreError, TimeoutError) as error:
+            log.warning("renewing the member lease failed: %s", error or "timed out")
+            return  # (the watchdog stops everything if no renewal goes through in time)
+        else:
+            self._renewed(sent)
         self.view = view
         await self._rebalance(view)
+
+    def _renewed(self, sent: int) -> None:
+        """The lease was renewed by a call sent at ``sent``: it holds until at least
+        ``sent + lease_ms``. Stop everything a little before that unless renewed again."""
+        self._renewed_at = sent
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = self.clock.call_at(sent + self.lease_ms - self.period_ms // 2,
+                                            self._expiring)
+
+    def _expiring(self) -> None:
+        """No renewal went through in time: the others may take this member's streams any
+        moment now; stop them first (their appends would be fenced anyway)."""
+        self._watchdog = None
+        if self._fences:
+            log.error("the member lease was not renewed for %d ms: its streams are the "
+                      "others' now; stopping them", self.clock.now_ms() - self._renewed_at)
+            self._lose_all()
 
     async def _join(self) -> LeaseView:
         """Join as ``member``: the events this process writes from now on carry its id's
@@ -215,8 +250,9 @@ class Cluster:
             self.engine.ids.use(prefix)
         for index, gate in enumerate(self.engine.gates.values()):  # each counts on its own
             gate.ids.use(f"{prefix}g{index}")
+        sent = self.clock.now_ms()
         self.view = await self.store.join(self.member, self.lease_ms)
-        self._renewed_at = self.clock.now_ms()
+        self._renewed(sent)
         return self.view
 
     async def _rebalance(self, view: LeaseView) -> None:
@@ -227,13 +263,21 @@ class Cluster:
                 log.warning("the lease of %s is no longer this member's: stopping it", stream)
                 self._lose(stream)
         wanted = assign(self._streams(), sorted(view.members))
+        # Held by this member without owning them (an adoption or a release failed): the
+        # leases say it holds them, so nobody else will: take them up again, or give them back.
+        stray = [s for s, fence in view.holders.items()
+                 if fence.owner == me and s not in self._fences]
+        for stream in stray:
+            if wanted.get(stream) != me:
+                with contextlib.suppress(StoreError):
+                    await self.store.release(me, [stream])
         handed = [s for s in self._fences if wanted.get(s) != me]
         for stream in handed:
             await self._hand_over(stream)
         for member in {wanted[s] for s in handed if s in wanted}:
             self.on_handed_over(url_of(member))  # it takes them now, not at its next renewal
-        free = [s for s, member in wanted.items()
-                if member == me and s not in self._fences and s not in view.holders]
+        free = [s for s, member in wanted.items() if member == me and s not in self._fences
+                and (s not in view.holders or view.holders[s].owner == me)]
         if not free:
             return
         acquired = await self.store.acquire(me, free)

@@ -151,6 +151,9 @@ class StreamCore(Generic[S, I, D]):
         self.fence: Fence | None = None
         """The lease this process holds on the stream, when several share the log: every
         append carries it, and lands only while it holds (`store.port.Append.fence`)."""
+        self.last_commit: Commit | None = None
+        """The stream's latest append: once it settled, so did every earlier one (a
+        stream's appends commit in order)."""
 
     @property
     def version(self) -> int:
@@ -189,6 +192,7 @@ class StreamCore(Generic[S, I, D]):
             return Outcome(decisions, None)
         commit = self.store.append(Append(self.stream, events, base, urgent, self.fence))
         self._pending.add(commit)
+        self.last_commit = commit
         commit.add_done_callback(partial(self._settled, decisions, time.perf_counter(), urgent))
         return Outcome(decisions, commit)
 
@@ -204,7 +208,8 @@ class StreamCore(Generic[S, I, D]):
         error = None if commit.cancelled() else commit.exception()
         if isinstance(error, FencedError):
             self._listener.failed(decisions, error)
-            self._listener.fenced(error)
+            if error.fence == self.fence:  # (a late one of a lease held before: nothing now)
+                self._listener.fenced(error)
             return
         if commit.cancelled() or error is not None:
             self._listener.failed(decisions, error)

@@ -101,10 +101,16 @@ if TYPE_CHECKING:
     from gateway.pacing import Pacer
 
 log = logging.getLogger("gateway.engine")
-CALL_ATTEMPTS = 4
-"""How often delivering a sub-agent call is tried while the target is unavailable."""
+CALL_ATTEMPTS = 10
+"""How often delivering a sub-agent call is tried while the target is unavailable (being
+rebuilt, or moving between the processes of a cluster: about 20 s in all)."""
+CALL_BACKOFF_MAX_S = 4.0
+RETRY_CALL_CODES: Final = frozenset({"unavailable", "storage_failed"})
+"""What a call's delivery is tried again after (its target may take it a moment later)."""
 SNAPSHOT_EVERY = 100_000
 """Agent events committed between two snapshots of the fold, by default."""
+REPLICA_WAIT_S: Final = 2.0
+"""How long an adoption waits for the replicas to follow the log (for the calls it holds)."""
 NOT_DECIDED: Final = sys.maxsize
 MAX_HELD: Final = 100
 """Most controls held for one agent (beyond it, new ones are refused as usual)."""
@@ -334,6 +340,8 @@ class Engine:
         """Clustered: sub-agent calls dispatched and not received yet, by call id (an
         adopted agent delivers its own)."""
         self._replicas: asyncio.Task[None] | None = None
+        self._followed = asyncio.Event()
+        """Set whenever the replicas followed a batch of the log."""
         self.run_gates: dict[str, SlotGate] = {}
         """Clustered: how runs reach each provider gate (`gateway.peers.RoutedGate`)."""
 
@@ -549,6 +557,7 @@ class Engine:
             agent.core.fence = fence
             return
         records = await self.store.read_stream(agent_id)
+        await self._replicas_reach(await self.store.last_position())  # its calls known
         agent.core.state = self._fold_stream(agent_id, records)
         agent.core.fence = fence
         agent.owned = True
@@ -590,8 +599,11 @@ class Engine:
         if self._running and not agent.recovering:
             self._feed(agent, Stopping(at=self.clock.now_ms()))
         self._disown(agent)
-        # Its appends settled (not the rebuilds: while the log refuses writes, they go on).
-        await self.flush(rebuilt=False)
+        # Its own appends settled (those of other agents, and rebuilds that go on while the
+        # log refuses writes, are not waited for).
+        last = agent.core.last_commit
+        if last is not None and not last.done():
+            await asyncio.wait([last])
         await self._refresh(agent)
 
     def lose(self, agent_id: str) -> None:
@@ -643,6 +655,20 @@ class Engine:
                 agent.core.state = self._fold_stream(agent_id, records)
             return
 
+    async def _replicas_reach(self, position: int) -> None:
+        """Wait (up to `REPLICA_WAIT_S`) until the replicas have followed the log up to
+        ``position``: the sub-agent calls on their way are known then."""
+        deadline = time.monotonic() + REPLICA_WAIT_S  # (waiting on I/O: real time)
+        while self._position < position and self._replicas is not None:
+            self._followed.clear()
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._followed.wait()
+            except TimeoutError:
+                log.warning("the replicas are behind the log (at %d of %d)", self._position,
+                            position)
+                return
+
     async def _follow_replicas(self, after: int) -> None:
         """Keep the replicas of agents (and provider gates) owned elsewhere folded from the
         log as it commits, and the sub-agent calls on their way."""
@@ -658,6 +684,7 @@ class Engine:
                         gate = self._gates_by_stream.get(record.stream)
                         if gate is not None:
                             gate.replicate(record)
+                self._followed.set()
 
     def _replicate(self, record: RecordedEvent) -> None:
         event = self._reader.decode(record)
@@ -969,6 +996,8 @@ class Engine:
             return await asyncio.shield(outcome.commit)
         except WriteFailed as error:
             raise StorageFailed(error.reason) from None
+        except FencedError as error:  # another process owns the agent now: ask it there
+            raise NotOwner(error.stream, None) from None
         except ConcurrencyError:
             # Decided on top of an append of its agent that failed: that failure is the cause.
             fault = self.storage_fault
@@ -1123,12 +1152,12 @@ class Engine:
             try:
                 await self.submit(request)
                 return
-            except (AgentUnavailable, StorageFailed) as error:
-                reason = str(error)
-                await asyncio.sleep(0.1 * 2**attempt)
             except GatewayError as error:
                 reason = str(error)
-                break
+                if error.code not in RETRY_CALL_CODES:
+                    break
+                # (its target is being rebuilt, or moves to another process: wait for it)
+                await asyncio.sleep(min(CALL_BACKOFF_MAX_S, 0.1 * 2**attempt))
         parent_agent = self._agents.get(parent)
         if (self._running and parent_agent is not None and parent_agent.owned
                 and not parent_agent.recovering):

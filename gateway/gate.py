@@ -201,6 +201,8 @@ class ProviderGate:
         self._core.state = self._fold(records)
         self._core.fence = fence
         self.owned = True
+        if records:  # limits set at runtime (on any member) stay: the log's are in force
+            self._limits = self._core.state.limits
         if self._running:
             self._take_over(keep)
 

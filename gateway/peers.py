@@ -126,15 +126,16 @@ def _error(frame: dict[str, Any], owner: str) -> GatewayError:
 class RoutedGate:
     """A provider gate as a run sees it when several processes share the log: the local
     `ProviderGate` while this process owns it, else its owner's, over the internal API.
-    A wait cut off by a change of owner is asked again of the new one."""
+    A wait cut off by a change of owner is asked again of the new one; a slot given back
+    goes to whoever owns the gate then."""
 
     def __init__(self, gate: ProviderGate, peers: Peers,
                  owner_of: Callable[[str], str | None]) -> None:
         self.gate = gate
         self._peers = peers
         self._owner_of = owner_of
-        self._remote: dict[str, str] = {}
-        """Slots granted by another process: to whom each goes back."""
+        self._held: dict[str, str | None] = {}
+        """Slots granted and not given back yet: where each was granted (None: here)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -154,10 +155,12 @@ class RoutedGate:
             slot_id = f"{run_id}/{self.gate.ids()}"  # a new one each time: never reused
             if self.gate.owned:
                 try:
-                    return await self.gate.acquire(agent_id, run_id, priority, input_tokens,
+                    slot = await self.gate.acquire(agent_id, run_id, priority, input_tokens,
                                                    output_tokens, slot_id=slot_id)
                 except GateMoved:
                     continue
+                self._held[slot.slot_id] = None
+                return slot
             owner = self._owner_of(self.gate.stream)
             if owner is None:  # no owner this moment (a failover): ask again shortly
                 await self.gate.clock.sleep(OWNER_WAIT_MS)
@@ -174,7 +177,7 @@ class RoutedGate:
                 await self.gate.clock.sleep(OWNER_WAIT_MS)
                 continue
             slot = Slot(answer["slotId"], answer["leaseDeadline"], answer["probe"])
-            self._remote[slot.slot_id] = owner
+            self._held[slot.slot_id] = owner
             return slot
 
     async def _asking(self, owner: str, body: dict[str, Any]) -> Any:
@@ -184,7 +187,7 @@ class RoutedGate:
             answer = await self._peers.post(owner, path + "/acquire", body,
                                             timeout_s=self.limits.max_wait_ms / 1000 + 30)
         except asyncio.CancelledError:
-            self._send(owner, path + "/cancel", {"slotId": body["slotId"]})
+            self._send("cancel", {"slotId": body["slotId"]}, owner)
             raise
         if "refused" in answer:
             refused = answer["refused"]
@@ -197,34 +200,32 @@ class RoutedGate:
                 output_tokens: int | None = None, retry_after_ms: int | None = None,
                 remaining_requests: int | None = None, remaining_tokens: int | None = None,
                 reset_at: int | None = None) -> None:
-        """Give a slot back with how the provider answered, where it was granted."""
-        owner = self._remote.pop(slot.slot_id, None)
-        if owner is None and self.gate.owned:
+        """Give a slot back with how the provider answered, to the gate's owner."""
+        if slot.slot_id not in self._held:
+            return  # given back already
+        granted_by = self._held.pop(slot.slot_id)
+        if self.gate.owned:
             self.gate.release(slot, outcome, input_tokens=input_tokens,
                               output_tokens=output_tokens, retry_after_ms=retry_after_ms,
                               remaining_requests=remaining_requests,
                               remaining_tokens=remaining_tokens, reset_at=reset_at)
             return
-        owner = owner or self._owner_of(self.gate.stream)  # granted here, owned elsewhere now
-        if owner is None:
-            return  # nobody owns the gate this moment: the slot's lease frees it
-        self._send(owner, f"/internal/gates/{self.provider}/release", {
+        self._send("release", {
             "slotId": slot.slot_id, "outcome": outcome.value, "inputTokens": input_tokens,
             "outputTokens": output_tokens, "retryAfterMs": retry_after_ms,
             "remainingRequests": remaining_requests, "remainingTokens": remaining_tokens,
-            "resetAt": reset_at})
+            "resetAt": reset_at}, granted_by)
 
     def cancel(self, slot: Slot) -> None:
         """Free a slot without an answer (the run was aborted or crashed)."""
-        owner = self._remote.pop(slot.slot_id, None)
-        if owner is None and self.gate.owned:
+        if slot.slot_id not in self._held:
+            return
+        granted_by = self._held.pop(slot.slot_id)
+        if self.gate.owned:
             if slot.slot_id in self.gate.state.leases:
                 self.gate.cancel(slot.slot_id)
             return
-        owner = owner or self._owner_of(self.gate.stream)
-        if owner is not None:
-            self._send(owner, f"/internal/gates/{self.provider}/cancel",
-                       {"slotId": slot.slot_id})
+        self._send("cancel", {"slotId": slot.slot_id}, granted_by)
 
     @contextlib.asynccontextmanager
     async def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
@@ -234,18 +235,40 @@ class RoutedGate:
         try:
             yield slot
         finally:
-            if slot.slot_id in self._remote or slot.slot_id in self.gate.state.leases:
-                self.cancel(slot)
+            self.cancel(slot)  # (nothing, if it was released)
 
-    def _send(self, owner: str, path: str, body: dict[str, Any]) -> None:
-        """POST in the background (a release must not hold up the run's end); a failure is
+    def _send(self, what: str, body: dict[str, Any], owner: str | None) -> None:
+        """POST a release or cancel to the gate's owner in the background (a release must
+        not hold up the run's end): the current one, else ``owner`` (who granted it); if
+        that one says the gate moved, once more to whoever owns it by then. A failure is
         logged: the slot's lease frees it in the end."""
+        path = f"/internal/gates/{self.provider}/{what}"
+
         async def send() -> None:
-            try:
-                await self._peers.post(owner, path, body)
-            except GatewayError as error:
-                log.warning("%s at %s failed: %s (the slot's lease frees it)", path, owner,
-                            error)
+            tried: set[str] = set()
+            for _ in range(2):
+                target = self._owner_of(self.gate.stream) or owner
+                if self.gate.owned:  # this process took the gate over meanwhile
+                    slot = Slot(str(body["slotId"]), 0, False)
+                    if what == "release":
+                        self.gate.release(slot, CallOutcome(body["outcome"]), input_tokens=body[
+                            "inputTokens"], output_tokens=body["outputTokens"],
+                            retry_after_ms=body["retryAfterMs"],
+                            remaining_requests=body["remainingRequests"],
+                            remaining_tokens=body["remainingTokens"], reset_at=body["resetAt"])
+                    elif slot.slot_id in self.gate.state.leases:
+                        self.gate.cancel(slot.slot_id)
+                    return
+                if target is None or target in tried:
+                    break
+                tried.add(target)
+                try:
+                    await self._peers.post(target, path, body)
+                    return
+                except GatewayError as error:
+                    log.info("%s at %s: %s", path, target, error)
+            log.warning("%s of slot %s could not be delivered (the slot's lease frees it)",
+                        what, body["slotId"])
 
         task = asyncio.get_running_loop().create_task(send())
         self._tasks.add(task)

@@ -128,7 +128,7 @@ _LEASE_ROWS: Final = (
     "WHERE $1::varchar[] IS NULL OR resource = ANY($1::varchar[])")
 _LOCK_LEASES: Final = (
     "WITH locked AS (SELECT resource, owner, epoch, expires_at FROM leases "
-    "WHERE resource = ANY($1::varchar[]) ORDER BY resource FOR SHARE) "
+    "WHERE resource = ANY($1::varchar[]) ORDER BY resource COLLATE \"C\" FOR SHARE) "
     "SELECT NULL::varchar, NULL::varchar, NULL::bigint, "
     "(extract(epoch FROM clock_timestamp()) * 1000)::bigint UNION ALL "
     "SELECT * FROM locked")

@@ -812,7 +812,9 @@ class GroupCommitStore(ABC):
                 raise LeaseLost(f"member {member} is not live (its lease expired): it may "
                                 "acquire nothing; join again under a new id")
             held: dict[str, int] = {}
-            for resource in sorted(set(resources)):  # one order: no deadlock between two
+            # One order (code points: PostgreSQL's "C" collation, as the commits lock them):
+            # no deadlock between two transactions locking the same rows.
+            for resource in sorted(set(resources)):
                 row = rows.get(resource)
                 if row is not None and row.owner == member:
                     held[resource] = row.epoch

@@ -19,7 +19,7 @@ from bench.crash import CONTROL_TOKEN, FEED_TOKEN
 from gateway.client import ControlClient, FeedClient
 from gateway.cluster import assign, incarnation
 from gateway.config import parse_config
-from gateway.errors import StorageFailed
+from gateway.errors import NotOwner
 from gateway.server import Running, build_service, serving
 from lanes import parse_request
 from lanes.codec import decode
@@ -182,8 +182,11 @@ async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_m
         lost = owned(two)
         old = two.cluster.member
         agent = sorted(a for a in lost if a in AGENTS)[0]
-        # As if its process had been paused: its renewals stop, its lease runs out.
+        # As if its process had been paused: its renewals stop (and its own watchdog, which
+        # would stop its agents before the lease runs out), its lease runs out.
         two.cluster._task.cancel()
+        if two.cluster._watchdog is not None:
+            two.cluster._watchdog.cancel()
         engine = two.service.engine
         store = engine.store
         assert isinstance(store, PostgresEventStore)
@@ -195,9 +198,10 @@ async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_m
                     TIMEOUT)
         expired = await store.last_position()
         # The paused member still believes it owns the agent: what it decides is refused
-        # by the database (its fence), and it stops the agent.
+        # by the database (its fence), typed as a request to send elsewhere, and it stops
+        # the agent.
         assert agent in engine.owned
-        with pytest.raises(StorageFailed, match="no longer holds"):
+        with pytest.raises(NotOwner):
             await engine.submit(parse_request(request(99, agent)))
         assert agent not in engine.owned
         # The live member serves every agent the other one had.

@@ -9,11 +9,13 @@ import asyncio
 import pytest
 
 from gateway.clock import FakeClock
+from gateway.cluster import Cluster
+from gateway.core import Commit
 from gateway.engine import Engine
 from gateway.errors import NotOwner, StorageFailed
 from lanes import AgentConfig, Mode
 from lanes.events import RunAborted, RunStarted
-from store import Fence
+from store import Append, Fence, WriteFailed
 from tests.gateway.support import ManualReasoner, request
 from tests.gateway.test_core import Flaky
 
@@ -89,4 +91,60 @@ async def test_a_hand_over_ends_while_the_log_refuses_writes_and_nothing_is_writ
         with pytest.raises(NotOwner):
             await engine.submit(request("a"))
     finally:
+        await engine.stop()
+
+
+class Stalling(Flaky):
+    """A memory log whose commits of stream ``b`` never come (a commit stuck elsewhere)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled: list[Commit] = []
+
+    def append(self, append: Append) -> Commit:
+        if append.stream == "b":
+            future: Commit = asyncio.get_running_loop().create_future()
+            self.stalled.append(future)
+            return future
+        return super().append(append)
+
+
+async def test_a_hand_over_waits_for_its_own_agent_only() -> None:
+    store, clock, reasoner = Stalling(), FakeClock(), ManualReasoner()
+    engine = Engine(store, {"a": AgentConfig(), "b": AgentConfig()}, clock=clock,
+                    reasoners=lambda _: reasoner, clustered=True, snapshot_every=None)
+    await engine.start()
+    try:
+        await store.join("m1", 600_000)
+        held = await store.acquire("m1", ["a", "b"])
+        for agent in ("a", "b"):
+            await engine.adopt(agent, Fence("m1", held[agent]))
+        stuck = asyncio.ensure_future(engine.submit(request("b")))  # never committed
+        await asyncio.wait_for(engine.hand_over("a"), TIMEOUT)  # not held up by b's
+        assert engine.owned == ["b"] and not stuck.done()
+    finally:
+        for future in store.stalled:  # it fails in the end: nothing stays in flight
+            future.set_exception(WriteFailed("the batch", "stalled"))
+        await asyncio.gather(stuck, return_exceptions=True)
+        for agent in engine.owned:
+            engine.lose(agent)
+        await engine.stop()
+
+
+async def test_a_stream_whose_lease_is_held_but_not_owned_is_taken_up_again() -> None:
+    store, clock, reasoner = Flaky(), FakeClock(), ManualReasoner()
+    engine = await clustered(store, clock, reasoner)
+    member = Cluster(engine, "http://127.0.0.1:1", lease_ms=600_000, clock=clock)
+    await member.start()
+    try:
+        assert member.owned == ["a"] and engine.owned == ["a"]
+        # As if its adoption had failed after the lease was taken (and its release too):
+        # the lease says this member holds it, so no other member would ever take it.
+        member._fences.pop("a")
+        engine.lose("a")
+        assert engine.owned == []
+        await member.tick()
+        assert member.owned == ["a"] and engine.owned == ["a"]
+    finally:
+        await member.stop()
         await engine.stop()
