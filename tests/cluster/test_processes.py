@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.cluster import crash_run, pause_run
+
+pytestmark = pytest.mark.slow
 
 LEASE_MS = 1_000
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.crash import (
     CONFIG,
     CONTROL_TOKEN,
@@ -21,6 +23,7 @@ from lanes import Entry, Mode, parse_request
 from lanes.events import RequestQueued, RequestReceived
 
 
+@pytest.mark.slow
 async def test_twenty_kill9_lose_nothing_acked_and_decide_nothing_twice(tmp_path: Path) -> None:
     report = await crash_run(tmp_path, kills=20, seed=20, min_load_ms=100, max_load_ms=600)
     assert report.problems == []

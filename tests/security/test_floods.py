@@ -36,6 +36,8 @@ from lanes.events import RequestReceived
 from tests.e2e.live import browser_protocols
 from tests.gateway.support import until as wait_until
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 TIMEOUT = 30.0

@@ -391,8 +391,11 @@ async def test_a_second_process_writing_is_detected(
 # ---------------------------------------------------------------------- throughput
 
 
-async def test_writer_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Rows/s of the writer in batches of 1000, next to raw sqlite3 executemany (printed)."""
+async def test_the_writer_writes_big_and_many_appends_back_to_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """80,000 rows in 40 appends of 1000 events and 40,000 appends of one: all read back;
+    the rows/s of each, next to raw sqlite3 executemany, printed."""
     batches, size = 40, 1000
     data = '{"symbol": "AAPL", "side": "buy", "qty": 10, "price": 123.45}'
 
@@ -433,6 +436,12 @@ async def test_writer_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[s
         read_rate = len(log) / (time.perf_counter() - start)
     finally:
         await store.close()
+    # Everything written came back, in order, once (the rates are only printed: they
+    # depend on the machine).
+    assert len(log) == 2 * batches * size
+    assert_gap_free(log)
+    assert {r.event_id for r in log} == {f"{tag}{b}-{i}" for tag in "ab"
+                                         for b in range(batches) for i in range(size)}
     with capsys.disabled():
         print(
             f"\nraw sqlite3 executemany: {raw:,.0f} rows/s; store, 1 append x {size} events: "
