@@ -77,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.feed import SyntheticFeed
     from gateway.quarantine import UnreadableEvent
     from gateway.server import Running, build_service, feed_market, serve_forever
-    from store import LogInUse
+    from store import LogInUse, LogUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -111,7 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_forever(service, host, port, ready,
                                       feed if args.command == "demo" else None))
-    except (LogInUse, UnreadableEvent) as error:
+    except (LogInUse, LogUnavailable, UnreadableEvent) as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
     return 0

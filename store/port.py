@@ -162,6 +162,11 @@ class LeaseLost(StoreError):
     be taken; it must stop writing and join again under a new id."""
 
 
+class LogUnavailable(StoreError):
+    """The event log cannot be opened (its server cannot be reached, its directory does
+    not exist, ...): where it is and why, in words."""
+
+
 class StoreClosedError(StoreError):
     """The store is closed (or closing) and takes no more appends."""
 

@@ -32,12 +32,20 @@ import asyncpg
 from sqlalchemy import BigInteger, String, any_, bindparam, delete, func, insert, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from .engine import BUSY_TIMEOUT_MS, check_busy_timeout, create_engine, database_url, is_postgres
 from .migration import upgrade_engine
-from .port import RecordedEvent, Snapshot, SnapshotInfo, StoreClosedError, StoreError
+from .port import (
+    LogUnavailable,
+    RecordedEvent,
+    Snapshot,
+    SnapshotInfo,
+    StoreClosedError,
+    StoreError,
+)
 from .schema import events, snapshots
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
@@ -222,6 +230,16 @@ class PostgresEventStore(GroupCommitStore):
     # ----------------------------------------------------------------- lifecycle
 
     async def _start(self) -> int:
+        try:
+            return await self._connect()
+        except (OSError, asyncpg.PostgresError, *_CONNECTION_ERRORS, SQLAlchemyError) as exc:
+            shown = self._url.set(drivername="postgresql").render_as_string(
+                hide_password=True)
+            orig = getattr(exc, "orig", None) or exc
+            raise LogUnavailable(f"cannot open the event log at {shown}: "
+                                 f"{_reason(orig)}") from None
+
+    async def _connect(self) -> int:
         engine = create_engine(self._url)
         try:
             await upgrade_engine(engine)

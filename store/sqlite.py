@@ -29,7 +29,14 @@ from .engine import (
     is_sqlite,
 )
 from .migration import upgrade_engine
-from .port import RecordedEvent, Snapshot, SnapshotInfo, StoreClosedError, StoreError
+from .port import (
+    LogUnavailable,
+    RecordedEvent,
+    Snapshot,
+    SnapshotInfo,
+    StoreClosedError,
+    StoreError,
+)
 from .schema import events, snapshots
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
@@ -175,14 +182,21 @@ class SqliteEventStore(GroupCommitStore):
         return self._engine
 
     async def _start(self) -> int:
-        if self._log_lock is not None:
-            self._log_lock.acquire(self._url.database or "")
+        where = self._url.database or ""
+        try:
+            if self._log_lock is not None:
+                self._log_lock.acquire(where)
+        except OSError as exc:
+            raise LogUnavailable(f"cannot open the event log at {where}: "
+                                 f"{exc.strerror or exc}") from None
         try:
             return await self._connect()
-        except BaseException:
-            if self._log_lock is not None:
+        except SQLAlchemyError as exc:
+            raise LogUnavailable(f"cannot open the event log at {where}: "
+                                 f"{_reason(exc, where)}") from None
+        finally:
+            if self._log_lock is not None and self._engine is None:
                 self._log_lock.release()
-            raise
 
     async def _connect(self) -> int:
         engine = create_engine(self._url, synchronous=self._synchronous,
@@ -201,7 +215,11 @@ class SqliteEventStore(GroupCommitStore):
         # On the writer's thread: the process is spoken to from there alone.
         writer = WriterProcess(self._url.database or "", self._synchronous,
                                self._busy_timeout_ms)
-        writer.start()
+        try:
+            writer.start()
+        except WriterFailed as exc:
+            raise LogUnavailable(f"cannot open the event log at {self._url.database}: "
+                                 f"{exc.reason}") from None
         self._writer_process = writer
 
     async def _stop_writer(self) -> None:

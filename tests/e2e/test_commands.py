@@ -156,6 +156,23 @@ async def test_a_second_gateway_on_the_same_log_refuses_to_start_until_the_first
         assert await stop(third, signal.SIGTERM) == 0
 
 
+@pytest.mark.parametrize("where", ["postgresql://gateway:secret@127.0.0.1:1/desk",
+                                   "missing-directory/events.db"])
+async def test_a_log_that_cannot_be_opened_is_said_plainly(tmp_path: Path, where: str) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG)
+    db = where if where.startswith("postgresql") else str(tmp_path / where)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--db", db,
+        "--port", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    text = err.decode()
+    assert process.returncode == 2, (out, text)
+    assert "gateway: cannot open the event log at " in text and "Traceback" not in text
+    assert "secret" not in text  # a password in the URL is never printed
+
+
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 async def test_uv_run_gateway_stops_with_its_uv_process(tmp_path: Path,
