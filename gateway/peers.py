@@ -70,6 +70,10 @@ class Peers:
             raise PeerError(f"the gateway process at {owner} did not answer ({error!r}); "
                             "nothing is known to be taken: retry with the same "
                             "requestId") from None
+        if response.status_code == 404:  # what a member with another secret answers
+            raise PeerError(f"the gateway process at {owner} does not take this member's "
+                            "calls: is it a member of the same log, with the same [cluster] "
+                            "secret (by default derived from the tokens: the same tokens)?")
         if response.status_code >= 400:
             raise _error(answer, owner)
         return answer

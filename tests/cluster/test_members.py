@@ -240,3 +240,22 @@ async def test_the_shared_provider_gate_serves_runs_of_every_member(postgres_url
                                           if r.stream == "provider:sim")
              if isinstance(event, SlotRequested)}
     assert set(remote) <= asked  # the runs of the other member took slots of this gate
+
+
+async def test_a_member_with_another_secret_is_refused_and_the_error_says_why(
+    postgres_url: str,
+) -> None:
+    from gateway.peers import Peers
+
+    async with member(postgres_url) as one:
+        wrong = Peers("not-the-cluster-secret")
+        try:
+            answers = await wrong.submit_many(one.url, [parse_request(request(1, "a00"))], None)
+        finally:
+            await wrong.close()
+        assert len(answers) == 1 and isinstance(answers[0], Exception)
+        assert "same [cluster] secret" in str(answers[0])
+    received = [decode(r.type, r.data) for r in await read_log(postgres_url)
+                if r.type == RequestReceived.__name__]
+    assert not [e for e in received if isinstance(e, RequestReceived)
+                and e.request.request_id == "t1"]  # nothing was taken
