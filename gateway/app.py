@@ -1476,8 +1476,8 @@ class Session:
 _NO_TURN = contextlib.nullcontext()
 WORK_TYPES = frozenset({"submit", "submit_many", "market"})
 """Frame types that make work for the log (a feed connection's are admitted by the intake)."""
-VALIDATE_STEP = 100
-"""Items of a batch frame validated before other work may run (about 1 ms of the loop)."""
+VALIDATE_STEP = 50
+"""Items of a batch frame validated before other work may run (well under 1 ms of the loop)."""
 BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
     "submit_many": ("requests", TypeAdapter(AgentRequest)),
     "market": ("events", TypeAdapter(MarketEvent)),

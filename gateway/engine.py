@@ -114,8 +114,9 @@ REPLICA_WAIT_S: Final = 2.0
 NOT_DECIDED: Final = sys.maxsize
 MAX_HELD: Final = 100
 """Most controls held for one agent (beyond it, new ones are refused as usual)."""
-DECIDE_STEP: Final = 100
-"""Requests of a batch decided before other work may run (about 2 ms of the loop)."""
+DECIDE_STEP: Final = 50
+"""Requests of a batch decided before other work may run (about 1-2 ms of the loop; the
+requests of one agent are still appended once per batch, `_Group`)."""
 FAULT_LOG_INTERVAL_S = 60.0
 """A storage fault that comes back with the same reason within this long is not logged again
 (a nearly full disk takes small commits and refuses big ones: it would flap)."""
@@ -183,6 +184,8 @@ class _Agent:
     superseded: set[str] = field(default_factory=set)
     """Of those, the ones a held control came after: a retry of one is refused (it would
     undo the later stop)."""
+    open: _Group | None = None
+    """Decided for the agent and not appended yet (a `Engine.submit_many` between steps)."""
 
     @property
     def state(self) -> AgentState:
@@ -231,15 +234,18 @@ class _Hooks:
         self.engine._fenced(self.agent, error)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Group:
-    """The requests of one agent in one `Engine.submit_many` call: one append."""
+    """The requests of one agent in one `Engine.submit_many` call, decided across its steps
+    and appended once (`Engine._close`): when the call has decided them all, or as soon as
+    anything else is decided for the agent (its appends keep the order of its decisions)."""
 
     agent: _Agent
     base: int
     events: list[NewEvent] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     outcome: Outcome[Decision] = field(default_factory=lambda: Outcome([], None))
+    closed: bool = False
 
 
 class Engine:
@@ -308,6 +314,8 @@ class Engine:
         self.snapshot_loaded: int | None = None
         """The position of the snapshot the start continued from, if any."""
         self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
+        self._open_groups = 0
+        """Groups of `submit_many` decided and not appended yet (`_Group`)."""
         self._rebuilds: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         """Runs and call deliveries: cancelled and awaited on stop."""
@@ -481,7 +489,8 @@ class Engine:
         no sub-agent call on its way: nothing decided is uncommitted, no agent is being
         rebuilt, no call is being delivered."""
         # An agent being rebuilt has its rebuild task in ``_rebuilds`` until it is back.
-        return not (self._in_flight or self._rebuilds or self._deliveries)
+        return not (self._in_flight or self._rebuilds or self._deliveries
+                    or self._open_groups)
 
     def _live_fold(self) -> LogFold:
         states = {agent_id: agent.state for agent_id, agent in self._agents.items()}
@@ -620,6 +629,8 @@ class Engine:
         return sorted(a for a, agent in self._agents.items() if agent.owned)
 
     def _disown(self, agent: _Agent) -> None:
+        if agent.open is not None:  # decided while it was this process's: appended now
+            self._close(agent.open)
         agent.owned = False
         agent.core.fence = None
         agent.core.cancel_timer()
@@ -812,15 +823,20 @@ class Engine:
         """
         at = self.clock.now_ms()
         placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
-        for start in range(0, len(requests), DECIDE_STEP):
-            chunk = requests[start:start + DECIDE_STEP]
-            if pacer is not None:
-                async with pacer.turn():
-                    placed += self._place(chunk, at, principal)
-                continue
-            if start:
-                await asyncio.sleep(0)
-            placed += self._place(chunk, at, principal)
+        groups: dict[str, _Group] = {}
+        try:
+            for start in range(0, len(requests), DECIDE_STEP):
+                chunk = requests[start:start + DECIDE_STEP]
+                if pacer is not None:
+                    async with pacer.turn():
+                        placed += self._place(chunk, at, principal, groups)
+                    continue
+                if start:
+                    await asyncio.sleep(0)
+                placed += self._place(chunk, at, principal, groups)
+        finally:  # every decision appended, whatever happens to the call
+            for group in groups.values():
+                self._close(group)
         remote = self._forward(requests, placed, principal) if forward else None
         answers: list[Ack | GatewayError] = []
         for item in placed:
@@ -872,11 +888,12 @@ class Engine:
 
         return asyncio.ensure_future(gather())
 
-    def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None
+    def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None,
+               groups: dict[str, _Group]
                ) -> list[tuple[str, _Group, int, list[Decision]] | GatewayError]:
-        """Decide requests in order and enqueue one append per agent: for each request, its
-        group with its decisions, or the error it gets."""
-        groups: dict[str, _Group] = {}
+        """Decide requests in order into ``groups`` (one per agent, left open for the next
+        step of the same call): for each request, its group with its decisions, or the
+        error it gets."""
         placed: list[tuple[str, _Group, int, list[Decision]] | GatewayError] = []
         for request in requests:
             received = RequestReceived(at=at, request=request, principal=principal)
@@ -888,21 +905,33 @@ class Engine:
             if agent.superseded and request.request_id in agent.superseded:
                 placed.append(Superseded(request))
                 continue
-            base = agent.state.version
+            group = groups.get(request.agent_id)
+            if group is None or group.closed:  # (closed: something else came in between)
+                if agent.open is not None:
+                    self._close(agent.open)
+                group = groups[request.agent_id] = agent.open = _Group(agent,
+                                                                       agent.state.version)
+                self._open_groups += 1
             try:
-                decisions, events = self._decide(agent, received)
+                decisions, events = self._decide(agent, received, group)
             except Unstorable as error:  # refused before anything changed: the rest go on
                 placed.append(error)
                 continue
-            group = groups.get(request.agent_id)
-            if group is None:
-                group = groups[request.agent_id] = _Group(agent, base)
             placed.append((request.request_id, group, len(group.events), decisions))
             group.events += events
             group.decisions += decisions
-        for group in groups.values():
-            group.outcome = self._append(group.agent, group.base, group.events, group.decisions)
         return placed
+
+    def _close(self, group: _Group) -> None:
+        """Append what ``group`` decided (once)."""
+        if group.closed:
+            return
+        group.closed = True
+        self._open_groups -= 1
+        agent = group.agent
+        if agent.open is group:
+            agent.open = None
+        group.outcome = self._append(agent, group.base, group.events, group.decisions)
 
     async def operate(
         self, agent_id: str, action: OperatorAction, principal: str, run_id: str | None = None
@@ -950,8 +979,12 @@ class Engine:
         decisions, events = self._decide(agent, event)
         return self._append(agent, base, events, decisions)
 
-    def _decide(self, agent: _Agent, event: Input) -> tuple[list[Decision], list[NewEvent]]:
-        """Decide an input: the decisions and the events to append (none if none)."""
+    def _decide(self, agent: _Agent, event: Input, into: _Group | None = None
+                ) -> tuple[list[Decision], list[NewEvent]]:
+        """Decide an input: the decisions and the events to append (none if none). What
+        is open for the agent, unless it is ``into``, is appended first."""
+        if agent.open is not None and agent.open is not into:
+            self._close(agent.open)
         state = agent.state
         if type(event) is RequestReceived:
             self.requests_received += 1

@@ -463,3 +463,29 @@ async def test_a_graceful_stop_records_runs_in_flight_and_the_next_start_reruns_
     assert [r.request_id for r in rerun.requests] == [ack.request_id]
     await assert_log_is_the_state(engine)
     await engine.stop()
+
+
+async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_order(
+    engine: Engine,
+) -> None:
+    from gateway.engine import DECIDE_STEP
+    from gateway.pacing import Pacer
+
+    agent = next(iter(AGENTS))
+    batch = [request(agent, dedupe_key=f"k{n}") for n in range(3 * DECIDE_STEP)]
+    pacer = Pacer()
+    submitting = asyncio.ensure_future(engine.submit_many(batch, pacer=pacer))
+    # Run until the batch has decided its first step for the agent, not appended yet...
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if engine._agents[agent].open is not None and pacer.turns >= 1:
+            break
+    assert engine._agents[agent].open is not None
+    # ...then a stop: what the batch decided so far is appended before it, the rest after.
+    stop = await asyncio.wait_for(engine.submit(control(agent, "emergency_stop")), 5)
+    acks = await asyncio.wait_for(submitting, 5)
+    assert stop.decision == "accepted"
+    assert all(not isinstance(a, Exception) for a in acks), acks
+    positions = [a.position for a in acks if not isinstance(a, Exception)]
+    assert min(positions) < stop.position < max(positions)
+    await assert_log_is_the_state(engine)
