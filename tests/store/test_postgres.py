@@ -39,6 +39,7 @@ from ..gateway.support import until
 from .contract import (
     EventStoreContract,
     StoreFactory,
+    _Gate,
     app,
     assert_gap_free,
     ev,
@@ -240,26 +241,28 @@ async def test_a_key_conflict_from_outside_the_lock_is_a_concurrency_error(
     async with opened(postgres_url) as store:
         await wait(store.append(app("s", expected=0)))
         real_insert = postgres_module._PostgresTransaction.insert
-        foreign = await asyncpg.connect(postgres_url)
 
         async def insert_after_a_foreign_row(
             self: postgres_module._PostgresTransaction, rows: Sequence[RecordedEvent]
         ) -> None:
-            if not await foreign.fetchval("SELECT count(*) FROM events WHERE event_id = 'x'"):
-                await foreign.execute(
-                    "INSERT INTO events VALUES (2, 's', 2, 'x', 'Foreign', '{}', 0)")
+            # (on the writer's thread and loop: a connection of its own there)
+            foreign = await asyncpg.connect(postgres_url)
+            try:
+                if not await foreign.fetchval(
+                        "SELECT count(*) FROM events WHERE event_id = 'x'"):
+                    await foreign.execute(
+                        "INSERT INTO events VALUES (2, 's', 2, 'x', 'Foreign', '{}', 0)")
+            finally:
+                await foreign.close()
             await real_insert(self, rows)
 
         monkeypatch.setattr(postgres_module._PostgresTransaction, "insert",
                             insert_after_a_foreign_row)
-        try:
-            conflict, landed = store.append_many([app("s", expected=1), app("t")])
-            error = await fails(conflict, ConcurrencyError)
-            assert isinstance(error, ConcurrencyError)
-            assert error.actual == 2
-            assert [(r.position, r.version) for r in await wait(landed)] == [(3, 1)]
-        finally:
-            await foreign.close()
+        conflict, landed = store.append_many([app("s", expected=1), app("t")])
+        error = await fails(conflict, ConcurrencyError)
+        assert isinstance(error, ConcurrencyError)
+        assert error.actual == 2
+        assert [(r.position, r.version) for r in await wait(landed)] == [(3, 1)]
         assert [r.event_id for r in await store.read_stream("s")][1:] == ["x"]
         assert_gap_free(await store.read())
 
@@ -269,26 +272,16 @@ async def test_a_late_commit_is_never_skipped(postgres_url: str) -> None:
     waits for it: positions become visible in order, and a follower sees both in order."""
     async with (opened(postgres_url) as slow, opened(postgres_url) as fast,
                 opened(postgres_url) as watcher):
-        entered, release = asyncio.Event(), asyncio.Event()
-        inner = slow._transaction
-
-        @contextlib.asynccontextmanager
-        async def held() -> AsyncIterator[Any]:
-            async with inner() as txn:
-                yield txn
-                entered.set()
-                await release.wait()
-
-        slow._transaction = held  # type: ignore[method-assign]
+        gate = _Gate(slow)  # (its writer runs on a thread and loop of its own)
         async with contextlib.aclosing(watcher.follow()) as follower:
             first = slow.append(app("slow"))
-            await wait(entered.wait())
+            await wait(gate.entered.wait())
             second = fast.append(app("fast"))
             await until(lambda: _waits_for_the_lock(postgres_url, fast._writer_pid),
                         "the second store to wait for the position lock")
             assert not second.done()
             assert await watcher.read() == []
-            release.set()
+            gate.release.set()
             [a] = await wait(first)
             [b] = await wait(second)
             assert (a.position, b.position) == (1, 2)
