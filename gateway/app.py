@@ -51,7 +51,7 @@ from gateway.hooks import HookEngine
 from gateway.intake import BUDGET_MS, Intake
 from gateway.internal import internal_routes
 from gateway.llm import LLMClient
-from gateway.market import MarketEvent, event_time, to_ms
+from gateway.market import MarketEvent, event_time, from_ms, iso, to_ms
 from gateway.metrics import family, label
 from gateway.openapi import openapi_document
 from gateway.pacing import Pacer
@@ -78,6 +78,7 @@ from gateway.protocol import (
     Unsubscribe,
     load_json,
 )
+from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
@@ -85,6 +86,7 @@ from lanes.gate import GateStatus, gate_status
 from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
 from lanes.replay import is_agent_stream
 from lanes.requests import MAX_INT, ControlAction, FieldError, WireModel
+from lanes.schedules import Schedule
 from lanes.state import AgentState
 from store.port import RecordedEvent, StoreError
 
@@ -238,6 +240,17 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/release", api.release, methods=["POST"]),
         Route("/api/agents/{agent_id}/runs/{run_id}/abort", api.abort, methods=["POST"]),
         Route("/api/agents/{agent_id}/config", api.configure, methods=["POST"]),
+        Route("/api/agents/{agent_id}/schedules", api.schedules),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}", api.put_schedule,
+              methods=["PUT"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}", api.delete_schedule,
+              methods=["DELETE"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}/pause", api.pause_schedule,
+              methods=["POST"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}/resume", api.resume_schedule,
+              methods=["POST"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}/run", api.run_schedule,
+              methods=["POST"]),
         Route("/api/events", api.events),
         Route("/api/events/{position:int}", api.event_cause),
         Route("/api/event-types", api.event_types),
@@ -375,17 +388,20 @@ class _Api:
         return agent_id
 
     async def _body(self, request: Request, model: type[BaseModel]) -> Any:
+        data = await self._json_body(request)
+        try:
+            return model.model_validate(data)
+        except ValidationError as error:
+            raise InvalidRequest.from_validation_error(error) from None
+
+    async def _json_body(self, request: Request) -> Any:
         try:
             raw = await request.body()
         except ClientDisconnect:  # gone, or cut off by the server's request timeout
             raise BadFrame("invalid", "the body ended before its Content-Length") from None
         if len(raw) > self.service.max_frame_bytes:
             raise BadFrame("too_large", f"body over {self.service.max_frame_bytes} bytes")
-        data = load_json(raw, "the body")
-        try:
-            return model.model_validate(data)
-        except ValidationError as error:
-            raise InvalidRequest.from_validation_error(error) from None
+        return load_json(raw, "the body")
 
     async def healthz(self, request: Request) -> Response:
         """200 while the engine takes inputs; 503 while it stops, or while the event log
@@ -448,7 +464,81 @@ class _Api:
         state = self.engine.state(agent_id)
         body = self._summary(agent_id, self.engine.clock.now_ms())
         body["config"] = state.config.model_dump(mode="json")
+        body["schedules"] = schedules_view(state, self.engine.clock.now_ms())
         return _json(body)
+
+    @_guarded
+    async def schedules(self, request: Request) -> Response:
+        """An agent's schedules, with when each fired last and fires next."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        return _json({"schedules": schedules_view(self.engine.state(agent_id),
+                                                  self.engine.clock.now_ms())})
+
+    @_guarded
+    async def put_schedule(self, request: Request) -> Response:
+        """Add or replace a schedule (admin); recorded as `ScheduleChanged`, lasts until
+        removed (one the config file defines goes back to the file's at a start)."""
+        agent_id, schedule_id, principal = self._schedule_call(request, admin=True)
+        raw = await self._json_body(request)
+        if not isinstance(raw, dict):
+            raise BadFrame("invalid", "the body must be a JSON object (a schedule)")
+        data = {"id": schedule_id, **raw}
+        try:
+            schedule = Schedule.model_validate(data)
+        except ValidationError as error:
+            raise InvalidRequest.from_validation_error(error) from None
+        changed = await self.engine.set_schedule(agent_id, schedule_id, schedule,
+                                                 principal.name)
+        return self._schedule_answer(agent_id, schedule_id, changed)
+
+    @_guarded
+    async def delete_schedule(self, request: Request) -> Response:
+        """Remove a schedule (admin)."""
+        agent_id, schedule_id, principal = self._schedule_call(request, admin=True)
+        await self.engine.set_schedule(agent_id, schedule_id, None, principal.name)
+        return _json({"removed": schedule_id})
+
+    @_guarded
+    async def pause_schedule(self, request: Request) -> Response:
+        """Pause a schedule (admin): it fires no more until resumed, and catches nothing
+        up then."""
+        return await self._set_paused(request, True)
+
+    @_guarded
+    async def resume_schedule(self, request: Request) -> Response:
+        """Resume a paused schedule (admin): it fires from its next time after now."""
+        return await self._set_paused(request, False)
+
+    async def _set_paused(self, request: Request, paused: bool) -> Response:
+        agent_id, schedule_id, principal = self._schedule_call(request, admin=True)
+        schedule = self.engine.schedule(agent_id, schedule_id)
+        changed = await self.engine.set_schedule(
+            agent_id, schedule_id, schedule.model_copy(update={"paused": paused}),
+            principal.name)
+        return self._schedule_answer(agent_id, schedule_id, changed)
+
+    @_guarded
+    async def run_schedule(self, request: Request) -> Response:
+        """Fire a schedule now (an operator): a ``scheduled_audit`` request like its
+        firings, marked ``manual``; its next automatic firing stays as it was."""
+        agent_id, schedule_id, principal = self._schedule_call(request, admin=False)
+        return _json(ack_frame(await self.engine.run_schedule(agent_id, schedule_id,
+                                                              principal.name)))
+
+    def _schedule_call(self, request: Request, *, admin: bool) -> tuple[str, str, Principal]:
+        agent_id = self._agent_id(request)
+        principal = self._principal(request)
+        if admin:
+            principal.check_admin()
+        else:
+            principal.check_operate(agent_id)
+        return agent_id, str(request.path_params["schedule_id"]), principal
+
+    def _schedule_answer(self, agent_id: str, schedule_id: str, changed: bool) -> Response:
+        views = schedules_view(self.engine.state(agent_id), self.engine.clock.now_ms())
+        view = next(v for v in views if v["id"] == schedule_id)
+        return _json({"changed": changed, "schedule": view})
 
     @_guarded
     async def queue(self, request: Request) -> Response:
@@ -961,6 +1051,21 @@ def provider_summary(name: str, gate: ProviderGate, now: int,
         body["waitingAgents"] = [a for a in body["waitingAgents"]
                                  if principal.may_see(a["agentId"])]
     return body
+
+
+def schedules_view(state: AgentState, now: int) -> list[dict[str, Any]]:
+    """An agent's schedules as JSON: each definition, with ``lastFireAt``, ``nextFireAt``
+    (None while paused), ``fired`` and ``since`` (ISO times)."""
+    views = []
+    for schedule_id, entry in state.schedules.items():
+        view = entry.schedule.model_dump(mode="json", by_alias=True)
+        next_at = next_fire_at(state, schedule_id, now)
+        view.update(since=iso(from_ms(entry.since)), fired=entry.fired,
+                    lastFireAt=None if entry.last_fire is None else iso(from_ms(entry.last_fire)),
+                    nextFireAt=None if next_at is None else iso(from_ms(next_at)),
+                    fromFile=entry.from_file)
+        views.append(view)
+    return views
 
 
 def queue_view(state: AgentState, now: int) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.auth import Role
+from gateway.errors import BadFrame
 from gateway.hooks import (
     HOOK_KINDS,
     AgentId,
@@ -58,8 +59,10 @@ from gateway.hooks import (
 )
 from gateway.market import Symbol
 from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, Reasoner, SimulatedReasoner
+from gateway.schedules import check as check_schedule
 from lanes.config import AgentConfig, Budgets
 from lanes.gate_events import GateLimits
+from lanes.schedules import MAX_SCHEDULES, Schedule
 from store import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
@@ -347,16 +350,34 @@ class AgentEntry(ConfigModel):
     id: AgentId
     reasoner: ReasonerConfig = Field(default_factory=SimulatedReasonerConfig)
     config: AgentConfig = Field(default_factory=AgentConfig)
-    """The lane policy: every key of the table other than ``id`` and ``reasoner``."""
+    """The lane policy: every key of the table other than ``id``, ``reasoner`` and
+    ``schedules``."""
+    schedules: tuple[Schedule, ...] = Field(default=(), max_length=MAX_SCHEDULES)
+    """``[[agents.schedules]]``: scheduled audits (`gateway.schedules`)."""
+
+    @field_validator("schedules")
+    @classmethod
+    def _schedules_valid(cls, schedules: tuple[Schedule, ...]) -> tuple[Schedule, ...]:
+        ids = [schedule.id for schedule in schedules]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"schedule ids must be unique; repeated: {', '.join(repeated)}")
+        for schedule in schedules:
+            try:
+                check_schedule(schedule)
+            except BadFrame as error:
+                raise ValueError(f"schedule {schedule.id!r}: {error}") from None
+        return schedules
 
     @model_validator(mode="before")
     @classmethod
     def _split(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
-        if "config" in data and set(data) <= {"id", "reasoner", "config"}:
+        if "config" in data and set(data) <= {"id", "reasoner", "config", "schedules"}:
             return data  # already split (a dumped entry)
-        own = {key: value for key, value in data.items() if key in ("id", "reasoner")}
+        own = {key: value for key, value in data.items()
+               if key in ("id", "reasoner", "schedules")}
         reasoner = own.get("reasoner")
         if isinstance(reasoner, Mapping) and "kind" not in reasoner:
             own["reasoner"] = {"kind": "simulated", **reasoner}
@@ -459,6 +480,10 @@ class GatewayConfig(ConfigModel):
         """The provider gate each agent's calls go through, for agents that have one."""
         return {entry.id: entry.reasoner.provider for entry in self.agents
                 if entry.reasoner.provider is not None}
+
+    def agent_schedules(self) -> dict[str, tuple[Schedule, ...]]:
+        """Each agent's schedules by id, for agents that have some."""
+        return {entry.id: entry.schedules for entry in self.agents if entry.schedules}
 
     def agent_configs(self) -> dict[str, AgentConfig]:
         """Each agent's lane policy by id, in file order."""

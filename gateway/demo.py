@@ -16,6 +16,7 @@ from gateway.report import print_status
 from lanes import AgentConfig, Budgets, Mode, parse_request, verify
 from lanes.codec import decode
 from lanes.replay import Entry, is_agent_stream
+from lanes.schedules import Schedule
 from store import SqliteEventStore
 
 AGENTS = {
@@ -57,6 +58,11 @@ async def run_demo(db: Path, pace: float = 1.0, out: Callable[[str], None] = pri
     await send("agent_btc_5m", dedupeKey="two_green:BTCUSD:5m:0")  # a redelivery
     await send("agent_eth_1m", dedupeKey="cross:ETHUSD:3000", payload={"symbol": "ETHUSD"})
     await send("agent_news", "user_control", payload={"message": "watch the CPI print"})
+    # A scheduled audit at New York's open on weekdays, and one run of it now, by hand.
+    await engine.set_schedule("agent_news", "open-bell", Schedule(
+        id="open-bell", cron="30 9 * * 1-5", timezone="America/New_York",
+        payload={"scope": "positions"}), "demo")
+    await engine.run_schedule("agent_news", "open-bell", "demo")
     await pause(0.2)
     await send("agent_news", "user_control", payload={"message": "CPI came in hot"})
     await send("agent_eth_1m", dedupeKey="cross:ETHUSD:3050", payload={"symbol": "ETHUSD"})

@@ -31,8 +31,11 @@ from lanes.events import (
     RunStarted,
     RunSteerability,
     RunSteered,
+    ScheduleApplied,
+    ScheduleChanged,
     SteerabilityChanged,
 )
+from lanes.schedules import Schedule
 
 
 def describe(event: Event) -> str:
@@ -84,6 +87,16 @@ def describe(event: Event) -> str:
             return f"call to {target}: {reason}"
         case ConfigChanged(principal=who) | ConfigApplied(principal=who):
             return f"by {who}"
+        case ScheduleChanged(schedule_id=sid, schedule=None, principal=who) | ScheduleApplied(
+            schedule_id=sid, schedule=None, principal=who
+        ):
+            return f"schedule {sid} removed by {who}"
+        case ScheduleChanged(schedule=Schedule() as s, principal=who) | ScheduleApplied(
+            schedule=Schedule() as s, principal=who
+        ):
+            when = s.cron if s.cron is not None else f"every {s.every_ms} ms"
+            paused = ", paused" if s.paused else ""
+            return f"schedule {s.id}: {when} ({s.timezone}{paused}) by {who}"
         case OperatorCommand(action=action, principal=who) | OperatorApplied(
             action=action, principal=who
         ) | OperatorRejected(action=action, principal=who):

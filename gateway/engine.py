@@ -29,6 +29,7 @@ from gateway.clock import Clock, SystemClock
 from gateway.core import EventIds, Outcome, StreamCore
 from gateway.errors import (
     AgentUnavailable,
+    BadFrame,
     GatewayError,
     NotOwner,
     NotRunning,
@@ -42,6 +43,8 @@ from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
 from gateway.quarantine import PLAIN, LogReader, log_reader
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
+from gateway.schedules import Scheduler, check_count, manual_request
+from gateway.schedules import check as check_schedule
 from gateway.snapshots import KEEP, load_latest, seal, snapshot_of_log
 from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
@@ -75,6 +78,7 @@ from lanes.events import (
     RunStarted,
     RunSteerability,
     RunSteered,
+    ScheduleChanged,
     SpendLimitHit,
     Stopping,
     TimerElapsed,
@@ -82,6 +86,7 @@ from lanes.events import (
 from lanes.evolve import fold as fold_events
 from lanes.replay import LogFold, is_agent_stream
 from lanes.requests import ControlAction, Kind
+from lanes.schedules import FILE_PRINCIPAL, SCHEDULER, Schedule
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
 from store.port import (
@@ -265,6 +270,7 @@ class Engine:
         snapshot_worker: bool = False,
         ids: Callable[[], str] | None = None,
         clustered: bool = False,
+        schedules: Mapping[str, Sequence[Schedule]] | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
         orders accepted by the trading gate go to ``broker`` (none: they stay open).
@@ -277,7 +283,9 @@ class Engine:
         desk never holds the event loop. ``ids`` makes event ids (default: `EventIds`).
         A ``clustered`` engine shares its log with other gateway processes: it owns no agent
         until `adopt` (a `gateway.cluster.Cluster` decides which), keeps a replica of the
-        others, and forwards their requests (`forwarder`) to their owners (`owner_of`)."""
+        others, and forwards their requests (`forwarder`) to their owners (`owner_of`).
+        ``schedules`` are the config file's schedules per agent (`gateway.schedules`): applied
+        when the engine first owns the agent, then fired by `scheduler`."""
         if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1 or None: {snapshot_every}")
         self.broker = broker
@@ -291,6 +299,13 @@ class Engine:
         self._configs = dict(agents)
         self._file_configs = dict(agents)
         """The configs the engine was built with (its config file's), never changed."""
+        self._file_schedules = {agent: tuple(found) for agent, found in (schedules or {}).items()}
+        for found in self._file_schedules.values():
+            for schedule in found:
+                check_schedule(schedule)
+        self.scheduler = Scheduler(self.clock, self._scheduled_states, self._fire_schedule,
+                                   self._apply_file_schedules)
+        """Fires the schedules of the agents this process owns."""
         self._gates_by_stream = {gate.stream: gate for gate in self.gates.values()}
         if reasoners is None:
             shared = SimulatedReasoner()
@@ -378,6 +393,7 @@ class Engine:
             self._calls = dict(log_fold.calls)
             self._running = True
             self._replicas = spawn(self._follow_replicas(log_fold.position), "replicas")
+            self._spawn(self.scheduler.run(), "scheduler")
             return
         if self._snapshot_every is not None and log_fold.position and (
             self._since_snapshot >= self._snapshot_every or stale
@@ -405,6 +421,7 @@ class Engine:
                     self._spawn(self.broker.place(agent.state.agent_id, order.order_id,
                                                   order.intent), f"place {order.order_id}")
         await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
+        self._spawn(self.scheduler.run(), "scheduler")
 
     def _new_agent(self, state: AgentState, owned: bool = True) -> _Agent:
         hooks = _Hooks(self)
@@ -951,6 +968,65 @@ class Engine:
         await self._committed(outcome)
         self._configs[agent_id] = config
         return bool(outcome.decisions)
+
+    async def set_schedule(self, agent_id: str, schedule_id: str, schedule: Schedule | None,
+                           principal: str) -> bool:
+        """Define (add, replace, pause, resume) or remove (``schedule`` None) one of an
+        agent's schedules, after its commit; False if nothing changed. `BadFrame` for a
+        schedule that is not one (time zone, cron, too many) or one to remove that is not."""
+        agent = self._agent(agent_id)
+        if schedule is None:
+            if schedule_id not in agent.state.schedules:
+                raise BadFrame("not_found", f"agent {agent_id!r} has no schedule "
+                               f"{schedule_id!r}; list them with GET /api/agents/{agent_id}")
+        else:
+            if schedule.id != schedule_id:
+                raise BadFrame("invalid", f"the schedule's id {schedule.id!r} is not "
+                               f"{schedule_id!r}, the one named in the path", field="id")
+            check_schedule(schedule)
+            check_count(agent.state, schedule_id)
+        outcome = self._feed(agent, ScheduleChanged(at=self.clock.now_ms(),
+                                                    schedule_id=schedule_id,
+                                                    schedule=schedule, principal=principal))
+        await self._committed(outcome)
+        self.scheduler.poke()
+        return bool(outcome.decisions)
+
+    def schedule(self, agent_id: str, schedule_id: str) -> Schedule:
+        """One of an agent's schedules (`BadFrame` ``not_found`` if it has none by that id)."""
+        entry = self.state(agent_id).schedules.get(schedule_id)
+        if entry is None:
+            raise BadFrame("not_found", f"agent {agent_id!r} has no schedule {schedule_id!r}; "
+                           f"list them with GET /api/agents/{agent_id}")
+        return entry.schedule
+
+    async def run_schedule(self, agent_id: str, schedule_id: str, principal: str) -> Ack:
+        """Fire a schedule now, by hand (its next automatic firing stays as it was)."""
+        request = manual_request(agent_id, self.schedule(agent_id, schedule_id),
+                                 self.clock.now_ms())
+        return await self.submit(request, principal)
+
+    def _scheduled_states(self) -> list[AgentState]:
+        return [agent.state for agent in self._agents.values()
+                if agent.owned and not agent.recovering]
+
+    async def _fire_schedule(self, request: AgentRequest) -> None:
+        await self.submit(request, SCHEDULER, forward=False)
+
+    async def _apply_file_schedules(self, state: AgentState) -> None:
+        """The config file's schedules of an agent this process owns now: those it changed
+        are applied (a pause made at runtime stays), those it no longer has removed."""
+        agent_id = state.agent_id
+        wanted = {schedule.id: schedule for schedule in self._file_schedules.get(agent_id, ())}
+        for schedule_id, entry in list(state.schedules.items()):
+            if entry.from_file and schedule_id not in wanted:
+                await self.set_schedule(agent_id, schedule_id, None, FILE_PRINCIPAL)
+        for schedule_id, schedule in wanted.items():
+            stored = state.schedules.get(schedule_id)
+            if stored is None or stored.schedule.timing() != schedule.timing():
+                if stored is not None:
+                    schedule = schedule.model_copy(update={"paused": stored.schedule.paused})
+                await self.set_schedule(agent_id, schedule_id, schedule, FILE_PRINCIPAL)
 
     async def report(self, agent_id: str, event: Input) -> list[Decision]:
         """Any other input from outside (a broker report, say), after its commit."""

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 from gateway.protocol import AckFrame, ErrorFrame
 from lanes import AgentConfig, AgentRequest
 from lanes.gate_events import GateLimits
+from lanes.schedules import Schedule
 
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 
@@ -52,7 +53,8 @@ def openapi_document() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
                         ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
-                        ("ControlBody", ControlBody), ("GateLimits", GateLimits)):
+                        ("ControlBody", ControlBody), ("GateLimits", GateLimits),
+                        ("Schedule", Schedule)):
         schema = TypeAdapter(model).json_schema(
             by_alias=True, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
@@ -60,6 +62,7 @@ def openapi_document() -> dict[str, Any]:
     obj = {"type": "object"}
     array = {"type": "array", "items": obj}
     agent = "/api/agents/{agent_id}"
+    sched = ("agent_id", "schedule_id")
     return {
         "openapi": "3.1.0",
         "info": {"title": "Trading agent gateway", "version": "1"},
@@ -84,6 +87,19 @@ def openapi_document() -> dict[str, Any]:
                 params=("agent_id", "run_id"), errors=(401, 403, 404, 409))},
             f"{agent}/config": {"post": _op("Replace the config (admin)", obj,
                                             "AgentConfig")},
+            f"{agent}/schedules": {"get": _op(
+                "The agent's schedules, each with lastFireAt and nextFireAt", obj)},
+            f"{agent}/schedules/{{schedule_id}}": {
+                "put": _op("Add or replace a schedule (admin; the path names its id)", obj,
+                           "Schedule", params=sched),
+                "delete": _op("Remove a schedule (admin)", obj, params=sched)},
+            f"{agent}/schedules/{{schedule_id}}/pause": {"post": _op(
+                "Pause a schedule (admin)", obj, params=sched)},
+            f"{agent}/schedules/{{schedule_id}}/resume": {"post": _op(
+                "Resume a schedule from its next fire time (admin)", obj, params=sched)},
+            f"{agent}/schedules/{{schedule_id}}/run": {"post": _op(
+                "Fire a schedule now, by hand (an operator; ack after commit)", "AckFrame",
+                params=sched)},
             "/api/events": {"get": _op(
                 "The event log, paged", obj, params=(),
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),

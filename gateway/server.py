@@ -74,7 +74,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     engine = Engine(store, config.agent_configs(), clock=clock,
                     reasoners=reasoners.__getitem__, broker=broker,
                     gates=build_gates(config, store, clock), agent_gates=config.agent_gates(),
-                    snapshot_worker=True, clustered=clustered)
+                    snapshot_worker=True, clustered=clustered,
+                    schedules=config.agent_schedules())
     tokens = TokenBook(
         (token.secret, Principal(token.name, token.role,
                                  None if token.agents is None else frozenset(token.agents)))

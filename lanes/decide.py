@@ -61,6 +61,8 @@ from lanes.events import (
     RunSteerability,
     RunSteered,
     RunsUnheld,
+    ScheduleApplied,
+    ScheduleChanged,
     SpendLimitHit,
     SteerabilityChanged,
     Stopping,
@@ -70,6 +72,7 @@ from lanes.events import (
 from lanes.evolve import evolve, held_ids
 from lanes.requests import AgentRequest, ControlAction, Kind, Priority
 from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key, fingerprint
+from lanes.schedules import MAX_SCHEDULES
 from lanes.state import AgentState
 from lanes.tables import ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
 
@@ -525,6 +528,23 @@ def _config(state: AgentState, event: ConfigChanged, emit: Emit) -> None:
     if event.config != state.config or state.version == 1:
         emit(ConfigApplied(config=event.config, principal=event.principal))
         _start_next(state, emit)
+
+
+@_on(ScheduleChanged)
+def _schedule(state: AgentState, event: ScheduleChanged, emit: Emit) -> None:
+    entry = state.schedules.get(event.schedule_id)
+    schedule = event.schedule
+    if schedule is None:
+        if entry is not None:
+            emit(ScheduleApplied(schedule_id=event.schedule_id, schedule=None,
+                                 principal=event.principal))
+        return
+    if schedule.id != event.schedule_id or (entry is not None and entry.schedule == schedule):
+        return
+    if entry is None and len(state.schedules) >= MAX_SCHEDULES:
+        return  # (the shell refuses it before: `gateway.schedules`)
+    emit(ScheduleApplied(schedule_id=event.schedule_id, schedule=schedule,
+                         principal=event.principal))
 
 
 @_on(BrokerReport)

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from lanes.config import AgentConfig, Mode
 from lanes.requests import AgentRequest, ControlAction, JsonObject, Priority, WireModel
+from lanes.schedules import Schedule
 
 
 class TradingState(StrEnum):
@@ -158,6 +159,17 @@ class ConfigChanged:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleChanged:
+    """A schedule of this agent is defined (added, replaced, paused, resumed: ``schedule``)
+    or removed (``schedule`` is None)."""
+
+    at: int
+    schedule_id: str
+    schedule: Schedule | None
+    principal: str = "config"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerReport:
     """The broker reports on an order."""
 
@@ -226,6 +238,7 @@ Input = (
     | RunErrored
     | OperatorCommand
     | ConfigChanged
+    | ScheduleChanged
     | BrokerReport
     | SpendLimitHit
     | CallUndeliverable
@@ -247,6 +260,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     Stopping,
     Restarted,
     Quarantined,
+    ScheduleChanged,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""
@@ -507,6 +521,15 @@ class ConfigApplied:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleApplied:
+    """This agent's schedule ``schedule_id`` from now on (None: removed)."""
+
+    schedule_id: str
+    schedule: Schedule | None
+    principal: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OperatorApplied:
     """An operator command took effect."""
 
@@ -555,6 +578,7 @@ Decision = (
     | AgentCallDispatched
     | AgentCallRejected
     | ConfigApplied
+    | ScheduleApplied
     | OperatorApplied
     | OperatorRejected
 )
@@ -589,6 +613,7 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     ConfigApplied,
     OperatorApplied,
     OperatorRejected,
+    ScheduleApplied,
 )
 
 Event = Input | Decision

@@ -55,6 +55,8 @@ from lanes.events import (
     RunSteerability,
     RunSteered,
     RunsUnheld,
+    ScheduleApplied,
+    ScheduleChanged,
     SpendLimitHit,
     SteerabilityChanged,
     Stopping,
@@ -63,6 +65,7 @@ from lanes.events import (
 )
 from lanes.requests import AgentRequest
 from lanes.rules import dedupe_key, fingerprint, insert_index
+from lanes.schedules import FILE_PRINCIPAL, ScheduleEntry, firing_of
 from lanes.state import ActiveRun, AgentState, OpenOrder, Pending
 from lanes.tables import LANE_TRANSITIONS
 
@@ -217,6 +220,14 @@ def _received(state: AgentState, event: RequestReceived) -> None:
     state.staged = event.request
     counters = state.counters
     counters.received += 1
+    if state.schedules:
+        firing = firing_of(event.request, event.principal)
+        if firing is not None:
+            entry = state.schedules.get(firing[0])
+            if entry is not None:
+                entry.last_fire = firing[1] if entry.last_fire is None else max(
+                    entry.last_fire, firing[1])
+                entry.fired += 1
     if counters.received % PRUNE_EVERY == 0:
         config = state.config
         _prune_seen(state, state.now - config.idempotency_window_ms, config.idempotency_max)
@@ -239,6 +250,7 @@ for _cls in (
     RunErrored,
     OperatorCommand,
     ConfigChanged,
+    ScheduleChanged,
     BrokerReport,
     SpendLimitHit,
     CallUndeliverable,
@@ -534,6 +546,20 @@ def _call_rejected(state: AgentState, event: AgentCallRejected) -> None:
 @_on(ConfigApplied)
 def _config(state: AgentState, event: ConfigApplied) -> None:
     state.config = event.config
+
+
+@_on(ScheduleApplied)
+def _schedule(state: AgentState, event: ScheduleApplied) -> None:
+    schedule = event.schedule
+    if schedule is None:
+        state.schedules.pop(event.schedule_id, None)
+        return
+    entry = state.schedules.get(event.schedule_id)
+    if entry is None:
+        state.schedules[event.schedule_id] = ScheduleEntry(
+            schedule, state.now, from_file=event.principal == FILE_PRINCIPAL)
+    else:  # redefined, paused or resumed: it fires only after now, never a time again
+        entry.schedule, entry.since = schedule, state.now
 
 
 @_on(OperatorApplied)

@@ -12,13 +12,14 @@ stores snapshots (a snapshot made by other code is ignored, never trusted).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter, ValidationError
 
 from lanes.config import AgentConfig
 from lanes.events import AgentCallDispatched, Summary, TradingState
 from lanes.replay import LogFold, is_agent_stream
+from lanes.schedules import ScheduleEntry
 from lanes.state import ActiveRun, AgentState, Counters, OpenOrder, Pending
 
 SNAPSHOT_FORMAT = 1
@@ -60,6 +61,7 @@ class AgentImage:
     orders: list[OpenOrder]
     positions: dict[str, float]
     counters: Counters
+    schedules: list[ScheduleEntry] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -154,6 +156,7 @@ def _image(state: AgentState) -> AgentImage:
         orders=list(state.orders.values()),
         positions=state.positions,
         counters=state.counters,
+        schedules=list(state.schedules.values()),
     )
 
 
@@ -194,4 +197,5 @@ def _state(image: AgentImage) -> AgentState:
         orders={order.order_id: order for order in image.orders},
         positions=image.positions,
         counters=image.counters,
+        schedules={entry.schedule.id: entry for entry in image.schedules},
     )

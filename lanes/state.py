@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, Mode
 from lanes.events import OrderIntent, Summary, TradingState
 from lanes.requests import AgentRequest
+from lanes.schedules import ScheduleEntry
 from lanes.tables import LaneState
 
 
@@ -114,6 +115,8 @@ class AgentState:
     orders: dict[str, OpenOrder] = field(default_factory=dict)
     positions: dict[str, float] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
+    schedules: dict[str, ScheduleEntry] = field(default_factory=dict)
+    """Schedule id -> the schedule in force and how far it fired."""
 
     @property
     def lane(self) -> LaneState:

@@ -350,3 +350,25 @@ async def test_keyboard_alone_opens_and_escapes_the_confirm_and_dark_mode_is_dar
         await expect(page.locator("#agent-title")).to_have_text("charlie")
         await screenshot(page, "agent-dark")
 
+
+
+async def test_the_agent_page_lists_its_schedules_with_their_next_fire_times(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    db = tmp_path / "panel.db"
+    schedules = [{"id": "open-bell", "cron": "30 9 * * 1-5", "timezone": "America/New_York",
+                  "catch_up": "once"},
+                 {"id": "hourly", "every_ms": 3_600_000, "paused": True}]
+    config = panel_config(db, [agent("delta", schedules=schedules)], hooked=[])
+    async with live_gateway(config, db) as running:
+        async with http(running) as client:
+            shown = (await client.get("/api/agents/delta/schedules")).json()["schedules"]
+        page = await open_panel(running.url, CONTROL)
+        await page.get_by_role("link", name="delta").click()
+        listed = page.get_by_role("list", name="Schedules")
+        bell = listed.locator('li[data-schedule="open-bell"]')
+        await expect(bell).to_contain_text("30 9 * * 1-5 (America/New_York)")
+        await expect(bell.locator(".next-fire")).to_have_text(re.compile(r"^next \S"))
+        assert shown[0]["nextFireAt"] is not None
+        await expect(listed.locator('li[data-schedule="hourly"]')).to_contain_text("paused")
+        await screenshot(page, "schedules")

@@ -92,10 +92,12 @@ async def receive_until(ws: ClientConnection, done: Callable[[dict[str, Any]], b
 
 @contextlib.asynccontextmanager
 async def running(store: EventStore, agents: dict[str, AgentConfig],
-                  reasoners: Callable[[str], Reasoner], **service: Any
+                  reasoners: Callable[[str], Reasoner], *,
+                  engine_options: dict[str, Any] | None = None, **service: Any
                   ) -> AsyncIterator[Live]:
-    """Start a gateway (engine + uvicorn on 127.0.0.1, ephemeral port); stop it after."""
-    engine = Engine(store, agents, reasoners=reasoners)
+    """Start a gateway (engine + uvicorn on 127.0.0.1, ephemeral port); stop it after.
+    ``engine_options`` go to the `Engine` (a clock, schedules)."""
+    engine = Engine(store, agents, reasoners=reasoners, **(engine_options or {}))
     book = TokenBook(TOKENS.items())
     svc = Service(engine=engine, tokens=book, **service)
 

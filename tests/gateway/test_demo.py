@@ -16,6 +16,8 @@ async def test_the_demo_scenario_runs_and_its_log_verifies(tmp_path: Path) -> No
     assert "verify: clean" in text
     assert "emergency_stop: ACTIVE -> HALTED" in text
     assert "RunAborted" in text and "RequestDeduped" in text
+    assert "schedule open-bell: 30 9 * * 1-5 (America/New_York) by demo" in text
+    assert "scheduled_audit/low schedule:open-bell:manual:" in text
 
 
 def test_replay_and_verify_commands_read_a_log(tmp_path: Path, capsys: object) -> None:

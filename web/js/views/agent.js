@@ -90,6 +90,7 @@ export function createAgentView(ctx) {
       laneFacts: h("dl", {class: "facts"}), run: h("div", {id: "active-run"}),
       pendingTitle: h("h4", {id: "pending-title"}), pending: h("div", {id: "pending"}),
       missing: h("p", {class: "error", hidden: true}),
+      schedules: h("ul", {class: "list", id: "schedules", "aria-label": "Schedules"}),
     };
     timeline = createTimeline(ctx, id, {loadEarlier});
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
@@ -105,7 +106,8 @@ export function createAgentView(ctx) {
           h("h4", {}, "Actions and their results"), parts.actions),
         h("section", {class: "card", "aria-labelledby": "reasoning-lane-title"},
           h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
-          h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending)),
+          h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending,
+          h("h4", {}, "Scheduled audits"), parts.schedules)),
       timeline.el);
     renderHead();  // what the model knows already, while the lanes and the log load
     return load(id, generation);
@@ -146,10 +148,12 @@ export function createAgentView(ctx) {
     queueTimer = null;
     const id = agentId;
     try {
-      const answer = await ctx.api.get(`/api/agents/${encodeURIComponent(id)}/queue`);
+      const path = `/api/agents/${encodeURIComponent(id)}`;
+      const [answer, found] = await Promise.all([ctx.api.get(`${path}/queue`), ctx.api.get(`${path}/schedules`)]);
       if (id !== agentId) return;
       queue = {...answer, _at: Date.now()};
       renderLanes();
+      renderSchedules(found.schedules);
     } catch {
       // disconnected: the banner says so; the next event or tick tries again
     }
@@ -213,6 +217,20 @@ export function createAgentView(ctx) {
     replace(parts.run, runCard(queue.run, {elapsed, kinds: ctx.model.kinds, steers}));
     setText(parts.pendingTitle, `Pending, in order (${queue.pending.length})`);
     replace(parts.pending, pendingTable(queue.pending, {elapsed, id: "pending-table"}));
+  }
+
+  function renderSchedules(schedules) {
+    if (!schedules.length) {
+      replace(parts.schedules, h("li", {class: "muted"}, "No schedule."));
+      return;
+    }
+    replace(parts.schedules, ...schedules.map((s) => h("li", {"data-schedule": s.id},
+      h("strong", {}, s.id), " ",
+      h("span", {class: "muted"}, `${s.cron ?? `every ${duration(s.everyMs)}`} (${s.timezone}) · ${s.priority} · catch-up ${s.catchUp}`),
+      " → ",
+      s.paused ? h("span", {class: "tag warn"}, "paused")
+        : h("span", {class: "next-fire"}, `next ${new Date(s.nextFireAt).toLocaleString()}`),
+      h("span", {class: "muted"}, ` · last ${s.lastFireAt ? new Date(s.lastFireAt).toLocaleString() : "never"} · fired ${s.fired}`))));
   }
 
   function renderActions() {

@@ -1,0 +1,234 @@
+"""Scheduled audits, live: when each schedule fires, and the task that fires them.
+
+A schedule (`lanes.schedules.Schedule`) is a cron expression in a time zone (croniter with
+zoneinfo: daylight saving moves the wall time, never the rule) or a fixed interval (fire
+times are multiples of ``everyMs`` since the epoch). Each firing is submitted as an ordinary
+``scheduled_audit`` request through the lanes (`firing_request`), and folding it moves the
+schedule's ``last_fire`` on in the log: a restart never fires a time twice.
+
+Catch-up (`plan`): fire times missed while no process ran the schedule (the gateway was
+down, or the agent's owner died) are skipped (``catchUp = "skip"``, the default) or run once,
+for the latest missed time (``"once"``). A firing that is merely late while the gateway runs
+(a stalled loop) fires once, for the latest time due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from gateway.clock import Clock
+from gateway.errors import BadFrame, GatewayError
+from lanes.requests import AgentRequest, Kind
+from lanes.schedules import (
+    MANUAL_SOURCE,
+    MAX_SCHEDULES,
+    SCHEDULE_SOURCE,
+    CatchUp,
+    Schedule,
+    firing_key,
+)
+from lanes.state import AgentState
+
+log = logging.getLogger("gateway.schedules")
+
+RESCAN_MS = 1_000
+"""The scheduler looks at the agents it owns at least this often (schedules changed, agents
+taken over) even when nothing is due."""
+RETRY_MS = 1_000
+"""A firing the engine could not take (the log refused it, say) is tried again after this."""
+
+
+def check(schedule: Schedule) -> None:
+    """`BadFrame` (``invalid``, naming the field) if the schedule's time zone or cron
+    expression is not one."""
+    try:
+        zone = ZoneInfo(schedule.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise BadFrame("invalid", f"timezone {schedule.timezone!r} is not a known time zone "
+                       "(an IANA name such as 'UTC' or 'America/New_York')",
+                       field="timezone") from None
+    if schedule.cron is not None:
+        fields = len(schedule.cron.split())
+        if fields not in (5, 6) or not croniter.is_valid(schedule.cron):
+            raise BadFrame("invalid", f"cron {schedule.cron!r} is not a cron expression "
+                           "(five fields: minute hour day-of-month month day-of-week, and "
+                           "an optional sixth for seconds)", field="cron")
+        try:
+            croniter(schedule.cron, datetime.now(zone)).get_next(float)
+        except (ValueError, KeyError, OverflowError) as error:
+            raise BadFrame("invalid", f"cron {schedule.cron!r} never fires: {error}",
+                           field="cron") from None
+
+
+def check_count(state: AgentState, schedule_id: str) -> None:
+    """`BadFrame` if a new schedule would take the agent past `MAX_SCHEDULES`."""
+    if schedule_id not in state.schedules and len(state.schedules) >= MAX_SCHEDULES:
+        raise BadFrame("invalid", f"agent {state.agent_id!r} has {MAX_SCHEDULES} schedules, "
+                       "the most it may have; remove one first", field="id")
+
+
+def _zoned(schedule: Schedule, at_ms: int) -> datetime:
+    return datetime.fromtimestamp(at_ms / 1000, ZoneInfo(schedule.timezone))
+
+
+def next_fire(schedule: Schedule, after_ms: int) -> int:
+    """The first fire time strictly after ``after_ms``."""
+    if schedule.every_ms is not None:
+        return (after_ms // schedule.every_ms + 1) * schedule.every_ms
+    assert schedule.cron is not None
+    fire = round(croniter(schedule.cron, _zoned(schedule, after_ms)).get_next(float) * 1000)
+    return fire if fire > after_ms else next_fire(schedule, after_ms + 1)
+
+
+def prev_fire(schedule: Schedule, at_ms: int) -> int:
+    """The latest fire time at or before ``at_ms``."""
+    if schedule.every_ms is not None:
+        return at_ms // schedule.every_ms * schedule.every_ms
+    assert schedule.cron is not None
+    return round(croniter(schedule.cron, _zoned(schedule, at_ms + 1)).get_prev(float) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do about one schedule now: fire it for ``fire`` (or not), then look again at
+    ``wake``."""
+
+    fire: int | None
+    wake: int
+
+
+def plan(schedule: Schedule, through: int, floor: int, now: int) -> Plan:
+    """The schedule's next step: fire times up to ``through`` are done; those before
+    ``floor`` (when this process took the schedule up) were missed while nobody ran it."""
+    first = next_fire(schedule, through)
+    if first < floor and first <= now:  # missed while nobody ran it
+        if schedule.catch_up is CatchUp.ONCE:
+            latest = prev_fire(schedule, min(floor - 1, now))
+            return Plan(latest, latest)
+        first = next_fire(schedule, max(through, floor - 1))
+    if first <= now:  # due (perhaps late: then once, for the latest time due)
+        latest = prev_fire(schedule, now)
+        return Plan(latest, next_fire(schedule, latest))
+    return Plan(None, first)
+
+
+def firing_request(agent_id: str, schedule: Schedule, fire_ms: int) -> AgentRequest:
+    """The ``scheduled_audit`` request of the schedule's firing at ``fire_ms``."""
+    at = datetime.fromtimestamp(fire_ms / 1000, UTC)
+    return AgentRequest(
+        request_id=f"schedule:{schedule.id}:{fire_ms}", created_at=at, agent_id=agent_id,
+        kind=Kind.SCHEDULED_AUDIT, priority=schedule.priority,
+        dedupe_key=firing_key(schedule.id, fire_ms), source=SCHEDULE_SOURCE,
+        payload={**schedule.payload, "schedule": schedule.id, "fireAt": at.isoformat()})
+
+
+def manual_request(agent_id: str, schedule: Schedule, now_ms: int) -> AgentRequest:
+    """The request of a "run now" of the schedule (its ``last_fire`` does not move)."""
+    at = datetime.fromtimestamp(now_ms / 1000, UTC)
+    return AgentRequest(
+        request_id=f"schedule:{schedule.id}:manual:{now_ms}", created_at=at,
+        agent_id=agent_id, kind=Kind.SCHEDULED_AUDIT, priority=schedule.priority,
+        dedupe_key=f"{SCHEDULE_SOURCE}:{schedule.id}:manual:{now_ms}", source=MANUAL_SOURCE,
+        payload={**schedule.payload, "schedule": schedule.id, "fireAt": at.isoformat(),
+                 "manual": True})
+
+
+def next_fire_at(state: AgentState, schedule_id: str, now: int) -> int | None:
+    """When the schedule fires next as things stand (None: paused), for people to read."""
+    entry = state.schedules[schedule_id]
+    if entry.schedule.paused:
+        return None
+    step = plan(entry.schedule, entry.fired_through, entry.since, now)
+    return step.wake if step.fire is None else now
+
+
+class Scheduler:
+    """Fires the schedules of the agents this process owns, on ``clock``.
+
+    ``states`` gives the owned agents' states (read, never changed here); ``fire`` submits a
+    firing (through the lanes, committed when it returns); ``adopt`` is called once for each
+    agent the first time it is seen (the config file's schedules are applied there).
+    """
+
+    def __init__(self, clock: Clock, states: Callable[[], Iterable[AgentState]],
+                 fire: Callable[[AgentRequest], Awaitable[object]],
+                 adopt: Callable[[AgentState], Awaitable[None]] | None = None) -> None:
+        self.clock = clock
+        self._states = states
+        self._fire = fire
+        self._adopt = adopt
+        self._floors: dict[tuple[str, str], int] = {}
+        """When this process took each schedule up (for catch-up)."""
+        self._seen: set[str] = set()
+        self._wake = asyncio.Event()
+        self.fired = 0
+        """Firings submitted by this process."""
+        self.passes = 0
+        """Times it looked at every schedule (for tests that wait for a look)."""
+
+    def poke(self) -> None:
+        """Look at the schedules again now (one changed)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Fire schedules as they fall due, until cancelled."""
+        while True:
+            self._wake.clear()
+            wake = await self.step()
+            delay = max(0, min(wake, self.clock.now_ms() + RESCAN_MS) - self.clock.now_ms())
+            sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+            poked = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait([sleeper, poked], return_when=asyncio.FIRST_COMPLETED)
+            finally:  # (a cancellation of this task while it waits for them goes on up)
+                sleeper.cancel()
+                poked.cancel()
+                await asyncio.gather(sleeper, poked, return_exceptions=True)
+
+    async def step(self) -> int:
+        """Fire what is due now; the time to look again."""
+        now = self.clock.now_ms()
+        wake = now + RESCAN_MS
+        floors: dict[tuple[str, str], int] = {}
+        states = list(self._states())
+        for state in states:
+            if state.agent_id not in self._seen:
+                self._seen.add(state.agent_id)
+                if self._adopt is not None:
+                    try:
+                        await self._adopt(state)
+                    except GatewayError as error:
+                        self._seen.discard(state.agent_id)
+                        log.warning("schedules of %s not applied yet: %s", state.agent_id,
+                                    error)
+        for state in states:
+            for schedule_id, entry in list(state.schedules.items()):
+                if entry.schedule.paused:
+                    continue
+                key = (state.agent_id, schedule_id)
+                floor = floors[key] = self._floors.get(key, now)
+                step = plan(entry.schedule, entry.fired_through, floor, now)
+                if step.fire is not None:
+                    request = firing_request(state.agent_id, entry.schedule, step.fire)
+                    try:
+                        await self._fire(request)
+                    except GatewayError as error:
+                        log.warning("schedule %s of %s did not fire for %s: %s", schedule_id,
+                                    state.agent_id, request.created_at.isoformat(), error)
+                        wake = min(wake, now + RETRY_MS)
+                        continue
+                    self.fired += 1
+                    step = plan(entry.schedule, max(entry.fired_through, step.fire), floor,
+                                now)
+                wake = min(wake, step.wake)
+        self._floors = floors  # (an agent handed over and back is taken up afresh)
+        self._seen &= {state.agent_id for state in states}
+        self.passes += 1
+        return wake

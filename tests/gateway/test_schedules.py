@@ -1,0 +1,288 @@
+"""Scheduled audits live: fire times, catch-up, and the scheduler on a real log and clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.clock import FakeClock
+from gateway.engine import Engine
+from gateway.errors import BadFrame
+from gateway.schedules import check, next_fire, plan, prev_fire
+from lanes import AgentConfig, Mode, replay, verify
+from lanes.events import RequestReceived, ScheduleApplied
+from lanes.schedules import SCHEDULER, CatchUp, Schedule, firing_of
+from store import SqliteEventStore
+from tests.gateway.support import ManualReasoner, log_of, until
+
+MINUTE = 60_000
+T0 = FakeClock().now_ms()  # 2026-02-17T03:10:00Z, a whole minute
+
+
+def ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+# ---------------------------------------------------------------------- fire times
+
+
+def test_cron_fire_times_follow_the_wall_clock_of_their_time_zone() -> None:
+    open_bell = Schedule(id="open", cron="30 9 * * 1-5", timezone="America/New_York")
+    # Friday 2026-03-06 14:30 UTC is 09:30 in New York (EST); the next is Monday, and after
+    # the switch to daylight saving time (2026-03-08) 09:30 is 13:30 UTC.
+    assert next_fire(open_bell, ms("2026-03-06T14:00:00+00:00")) == ms("2026-03-06T14:30:00+00:00")
+    assert next_fire(open_bell, ms("2026-03-06T14:30:00+00:00")) == ms("2026-03-09T13:30:00+00:00")
+    assert prev_fire(open_bell, ms("2026-03-09T13:30:00+00:00")) == ms("2026-03-09T13:30:00+00:00")
+    assert prev_fire(open_bell, ms("2026-03-09T13:29:59.999+00:00")) == \
+        ms("2026-03-06T14:30:00+00:00")
+
+
+def test_interval_fire_times_are_multiples_since_the_epoch() -> None:
+    every = Schedule(id="e", every_ms=15 * MINUTE)
+    assert next_fire(every, T0) == T0 + 5 * MINUTE  # 03:10 -> 03:15
+    assert prev_fire(every, T0) == T0 - 10 * MINUTE
+    assert prev_fire(every, T0 + 5 * MINUTE) == T0 + 5 * MINUTE
+
+
+@pytest.mark.parametrize(("schedule", "field", "words"), [
+    (Schedule(id="x", cron="61 * * * *"), "cron", "is not a cron expression"),
+    (Schedule(id="x", cron="every minute"), "cron", "five fields"),
+    (Schedule(id="x", cron="* * * * * * *"), "cron", "five fields"),
+    (Schedule(id="x", every_ms=MINUTE, timezone="Mars/Olympus"), "timezone", "not a known"),
+])
+def test_a_schedule_that_is_not_one_is_refused_naming_the_field(
+        schedule: Schedule, field: str, words: str) -> None:
+    with pytest.raises(BadFrame, match=words) as caught:
+        check(schedule)
+    assert (caught.value.code, caught.value.field) == ("invalid", field)
+
+
+schedules = st.one_of(
+    st.builds(lambda n, c: Schedule(id="s", every_ms=n * 1000, catch_up=c),
+              st.integers(1, 7_200), st.sampled_from(CatchUp)),
+    st.builds(lambda cron, c: Schedule(id="s", cron=cron, catch_up=c),
+              st.sampled_from(["*/5 * * * *", "0 9 * * 1-5", "15 3 1 * *", "0 0 * * *"]),
+              st.sampled_from(CatchUp)),
+)
+
+
+@given(schedules, st.integers(0, 3 * 86_400_000), st.integers(0, 3 * 86_400_000),
+       st.lists(st.integers(0, 6 * 3_600_000), min_size=1, max_size=12))
+@settings(max_examples=120, deadline=None)
+def test_the_scheduler_never_fires_a_time_twice_nor_one_it_should_skip(
+        schedule: Schedule, defined: int, down: int, steps: Sequence[int]) -> None:
+    """Driven as `gateway.schedules.Scheduler` drives it: from a definition, through a
+    downtime (the floor: when a process took it up), then ticks. Fire times only grow; none
+    is after now; with skip none is before the floor; with once at most one is, the latest
+    fire time before the floor."""
+    since = T0 + defined
+    floor = now = since + down
+    through = since
+    fired: list[int] = []
+    for step in [0, *steps]:
+        now += step
+        while True:
+            decided = plan(schedule, through, floor, now)
+            if decided.fire is None:
+                assert decided.wake > now
+                break
+            assert through < decided.fire <= now
+            fired.append(decided.fire)
+            through = decided.fire
+    assert fired == sorted(set(fired))
+    missed = [f for f in fired if f < floor]
+    if schedule.catch_up is CatchUp.SKIP:
+        assert missed == []
+    else:
+        assert len(missed) <= 1
+        first = next_fire(schedule, since)
+        if first < floor:
+            assert missed == [prev_fire(schedule, floor - 1)]
+    if fired:  # and nothing due is left unfired: the last fire time is the latest due
+        assert fired[-1] == prev_fire(schedule, now)
+
+
+# ------------------------------------------------------------------- on a real log
+
+
+def agents() -> dict[str, AgentConfig]:
+    return {"desk": AgentConfig(mode=Mode.QUEUE, cap=1_000)}
+
+
+def engine_on(db: Path, clock: FakeClock, *found: Schedule) -> Engine:
+    return Engine(SqliteEventStore(db), agents(), clock=clock,
+                  reasoners=ManualReasoner.per_agent(), schedules={"desk": found})
+
+
+async def firings(engine: Engine) -> list[int]:
+    """The fire times recorded in the log, in log order."""
+    await engine.flush()
+    times = []
+    for entry in await log_of(engine.store):
+        if isinstance(entry.event, RequestReceived):
+            found = firing_of(entry.event.request, entry.event.principal)
+            if found is not None:
+                times.append(found[1])
+    return times
+
+
+async def fired(engine: Engine, count: int) -> None:
+    async def probe() -> bool:
+        return engine.scheduler.fired >= count
+
+    await until(probe, f"{count} firings")
+
+
+async def looked(engine: Engine) -> None:
+    """The scheduler has looked at every schedule once more."""
+    target = engine.scheduler.passes + 1
+
+    async def probe() -> bool:
+        return engine.scheduler.passes >= target
+
+    await until(probe, "a look at the schedules")
+
+
+async def test_a_file_schedule_fires_through_the_lanes_and_replays(tmp_path: Path) -> None:
+    clock = FakeClock()
+    audit = Schedule(id="audit", every_ms=MINUTE, payload={"scope": "positions"})
+    engine = engine_on(tmp_path / "log.db", clock, audit)
+    await engine.start()
+    try:
+        await looked(engine)
+        entry = engine.state("desk").schedules["audit"]
+        assert (entry.since, entry.from_file, entry.last_fire) == (T0, True, None)
+        clock.advance(MINUTE)
+        await fired(engine, 1)
+        clock.advance(MINUTE)
+        await fired(engine, 2)
+        assert await firings(engine) == [T0 + MINUTE, T0 + 2 * MINUTE]
+        log = await log_of(engine.store)
+        first = next(e.event for e in log if isinstance(e.event, RequestReceived))
+        assert first.principal == SCHEDULER
+        assert first.request.kind.value == "scheduled_audit"
+        assert first.request.priority.value == "low"
+        assert first.request.payload == {"scope": "positions", "schedule": "audit",
+                                         "fireAt": "2026-02-17T03:11:00+00:00"}
+        assert [type(e.event).__name__ for e in log][-2:] == ["RequestReceived",
+                                                             "RequestQueued"]
+        assert replay(log)["desk"] == engine.state("desk")
+        assert verify(log) is None
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize(("catch_up", "caught_up"), [(CatchUp.SKIP, []), (CatchUp.ONCE, [11])])
+async def test_a_restart_never_fires_a_time_twice_and_catches_up_by_policy(
+        tmp_path: Path, catch_up: CatchUp, caught_up: list[int]) -> None:
+    clock = FakeClock()
+    audit = Schedule(id="audit", every_ms=MINUTE, catch_up=catch_up)
+    engine = engine_on(tmp_path / "log.db", clock, audit)
+    await engine.start()
+    await looked(engine)
+    clock.advance(MINUTE)
+    await fired(engine, 1)
+    await engine.stop(graceful=False)  # as if it died
+    engine = engine_on(tmp_path / "log.db", clock, audit)  # at once: nothing due, none again
+    await engine.start()
+    await looked(engine)
+    assert engine.scheduler.fired == 0
+    await engine.stop()
+    clock.advance(10 * MINUTE + 30_000)  # down through ten fire times, back at 03:21:30
+    engine = engine_on(tmp_path / "log.db", clock, audit)
+    await engine.start()
+    try:
+        await looked(engine)  # (a catch-up fires in its first look)
+        assert await firings(engine) == [T0 + MINUTE, *(T0 + n * MINUTE for n in caught_up)]
+        clock.advance(30_000)  # the next fire time after the restart
+        await fired(engine, 1 + len(caught_up))
+        assert await firings(engine) == [T0 + MINUTE, *(T0 + n * MINUTE for n in caught_up),
+                                         T0 + 12 * MINUTE]
+    finally:
+        await engine.stop()
+
+
+async def test_paused_it_fires_nothing_and_resumed_only_what_comes_after(
+        tmp_path: Path) -> None:
+    clock = FakeClock()
+    audit = Schedule(id="audit", every_ms=MINUTE, catch_up=CatchUp.ONCE)
+    engine = engine_on(tmp_path / "log.db", clock)
+    await engine.start()
+    try:
+        assert await engine.set_schedule("desk", "audit", audit, "root")
+        assert not await engine.set_schedule("desk", "audit", audit, "root")  # no change
+        await engine.set_schedule("desk", "audit",
+                                  audit.model_copy(update={"paused": True}), "root")
+        clock.advance(5 * MINUTE)
+        await looked(engine)  # (a look after the advance: none has run since)
+        assert await firings(engine) == []
+        await engine.set_schedule("desk", "audit", audit, "root")  # resumed at 03:15: what
+        clock.advance(MINUTE)  # it missed is not caught up; the next time after it is 03:16
+        await fired(engine, 1)
+        assert await firings(engine) == [T0 + 6 * MINUTE]
+        run = await engine.run_schedule("desk", "audit", "ops")  # by hand
+        assert run.decision == "accepted"
+        assert engine.state("desk").schedules["audit"].last_fire == T0 + 6 * MINUTE
+        await engine.set_schedule("desk", "audit", None, "root")
+        assert "audit" not in engine.state("desk").schedules
+        with pytest.raises(BadFrame, match="has no schedule 'audit'") as caught:
+            await engine.set_schedule("desk", "audit", None, "root")
+        assert caught.value.code == "not_found"
+        applied = [e.event for e in await log_of(engine.store)
+                   if isinstance(e.event, ScheduleApplied)]
+        assert [(a.schedule is not None and a.schedule.paused, a.principal)
+                for a in applied] == [(False, "root"), (True, "root"), (False, "root"),
+                                      (False, "root")]
+    finally:
+        await engine.stop()
+
+
+async def test_a_schedule_the_file_no_longer_has_goes_and_a_runtime_pause_stays(
+        tmp_path: Path) -> None:
+    clock = FakeClock()
+    audit = Schedule(id="audit", every_ms=MINUTE)
+    close = Schedule(id="close", cron="0 16 * * 1-5", timezone="America/New_York")
+    engine = engine_on(tmp_path / "log.db", clock, audit, close)
+    await engine.start()
+    await looked(engine)
+    await engine.set_schedule("desk", "close", close.model_copy(update={"paused": True}),
+                              "root")
+    await engine.set_schedule("desk", "mine", Schedule(id="mine", every_ms=MINUTE), "root")
+    await engine.stop()
+    later = close.model_copy(update={"cron": "5 16 * * 1-5"})
+    engine = engine_on(tmp_path / "log.db", clock, later)  # no audit; close changed
+    await engine.start()
+    try:
+        await looked(engine)
+        kept = engine.state("desk").schedules
+        assert sorted(kept) == ["close", "mine"]
+        assert kept["close"].schedule.cron == "5 16 * * 1-5"
+        assert kept["close"].schedule.paused  # the operator's pause outlives the file's edit
+    finally:
+        await engine.stop()
+
+
+async def test_refused_schedules_change_nothing(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = engine_on(tmp_path / "log.db", clock)
+    await engine.start()
+    try:
+        before = await engine.store.last_position()
+        with pytest.raises(BadFrame, match="not a cron expression"):
+            await engine.set_schedule("desk", "x", Schedule(id="x", cron="99 * * * *"), "root")
+        with pytest.raises(BadFrame, match="is not 'y'"):
+            await engine.set_schedule("desk", "y", Schedule(id="x", every_ms=MINUTE), "root")
+        assert await engine.store.last_position() == before
+        assert engine.state("desk").schedules == {}
+    finally:
+        await engine.stop()
+
+
+def test_fire_times_are_whole_utc_instants() -> None:
+    fire = next_fire(Schedule(id="s", cron="0 0 * * *", timezone="Asia/Tokyo"), T0)
+    assert datetime.fromtimestamp(fire / 1000, UTC).isoformat() == "2026-02-17T15:00:00+00:00"
