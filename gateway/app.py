@@ -846,6 +846,19 @@ class _Api:
                    "counter"),
             *gauge("gateway_budget_suppressions_total", "Times runs were held by a budget.",
                    lambda v: v.counters.suppressions, "counter"),
+            *gauge("gateway_suppressed", "1 while a budget suppresses the agent's runs.",
+                   lambda v: int(v.suppressed_until is not None)),
+            *gauge("gateway_held", "1 while the agent's runs are held until a resume "
+                   "(the provider refused for spend).", lambda v: int(v.held is not None)),
+            *family("gateway_agents", "gauge",
+                    "Agents now, by what holds them: HALTED, REDUCING, suppressed by a "
+                    "budget, held until a resume (an alert on any of them needs no other "
+                    "series).",
+                    [f'gateway_agents{{state="{name}"}} {count}' for name, count in (
+                        ("halted", sum(v.trading.value == "HALTED" for v in views)),
+                        ("reducing", sum(v.trading.value == "REDUCING" for v in views)),
+                        ("suppressed", sum(v.suppressed_until is not None for v in views)),
+                        ("held", sum(v.held is not None for v in views)))]),
             *family("gateway_requests_received_total", "counter",
                     "Requests received (its rate is the ingest rate).",
                     [f"gateway_requests_received_total {engine.requests_received}"]),

@@ -441,3 +441,18 @@ async def test_the_replay_api_shows_the_queue_as_it_was_at_a_position(
     async with live.client("scoped-secret") as http:
         hidden = await http.get("/api/replay", params={"agent": "eth"})
         assert hidden.status_code == 403
+
+
+async def test_metrics_count_the_agents_that_are_stuck_by_what_holds_them(live: Live) -> None:
+    async with live.client() as http:
+        before = (await http.get("/metrics")).text
+        assert 'gateway_agents{state="halted"} 0' in before
+        for agent, action in (("btc", "emergency_stop"), ("eth", "pause")):
+            answer = await http.post(f"/api/agents/{agent}/control", json={"action": action})
+            assert answer.status_code == 200, answer.text
+        metrics = (await http.get("/metrics")).text
+    for line in ('gateway_agents{state="halted"} 1', 'gateway_agents{state="reducing"} 1',
+                 'gateway_agents{state="suppressed"} 0', 'gateway_agents{state="held"} 0',
+                 'gateway_halted{agent="btc"} 1', 'gateway_suppressed{agent="btc"} 0',
+                 'gateway_held{agent="news"} 0'):
+        assert line in metrics, line
