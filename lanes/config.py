@@ -7,9 +7,10 @@ force; a change applies to requests that arrive after it.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic.alias_generators import to_camel
 
 from lanes.requests import Kind, WireModel
 
@@ -54,7 +55,17 @@ DEFAULT_DEDUPE: dict[Kind, DedupeStrategy] = {
     Kind.SCHEDULED_AUDIT: DedupeStrategy.DEDUPE_KEY,
     Kind.SYSTEM_ALERT: DedupeStrategy.DEDUPE_KEY,
     Kind.AGENT_CALL: DedupeStrategy.NONE,
+    Kind.CALL_RESULT: DedupeStrategy.NONE,
 }
+
+
+class CallResults(StrEnum):
+    """How the results of a run's sub-agent calls come back to the agent that made them."""
+
+    ALL = "all"
+    """Wait for every call of the run, then one request with all the results."""
+    EACH = "each"
+    """One request per result as it arrives (steered into a run that can take it)."""
 
 
 class Budgets(WireModel):
@@ -83,10 +94,35 @@ class AgentConfig(WireModel):
     budgets: Budgets = Field(default_factory=Budgets)
     max_call_depth: int = Field(default=3, ge=0, le=100)
     max_calls_per_run: int = Field(default=10, ge=0, le=10_000)
+    max_parallel_calls: int = Field(default=5, ge=1, le=10_000)
+    """This agent's sub-agent calls out at once at most; the others wait in its call queue,
+    high priority first (FIFO within a priority)."""
+    max_open_calls: int = Field(default=1_000, ge=1, le=1_000_000)
+    """Calls queued or out at once at most; more are refused (``queue_full``)."""
+    call_timeout_ms: int | None = Field(default=600_000, ge=1, le=MAX_MS)
+    """A call out this long ends ``timed_out`` (a call's own ``timeoutMs`` wins; None: never)."""
+    call_results: CallResults = CallResults.ALL
+    """How call results come back, unless the run that made the calls says."""
     run_timeout_ms: int = Field(default=120_000, ge=1, le=MAX_MS)
     halt_on_alerts: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), max_length=1_000)
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Keys added after configs were stored are written only when set: a config that
+        # does not use them is stored exactly as before (old logs re-record byte for byte).
+        data: dict[str, Any] = handler(self)
+        for name, default in _WRITTEN_WHEN_SET:
+            if getattr(self, name) == default:
+                data.pop(to_camel(name), None)
+                data.pop(name, None)
+        dedupe = data.get("dedupe")
+        if isinstance(dedupe, dict) and self.dedupe.get(Kind.CALL_RESULT) is \
+                DEFAULT_DEDUPE[Kind.CALL_RESULT]:
+            dedupe.pop(Kind.CALL_RESULT, None)
+            dedupe.pop(Kind.CALL_RESULT.value, None)
+        return data
 
     @model_validator(mode="after")
     def _complete_dedupe(self) -> AgentConfig:
@@ -101,3 +137,8 @@ class AgentConfig(WireModel):
         if self.collect_max_wait_ms is not None:
             return self.collect_max_wait_ms
         return 5 * self.debounce_ms
+
+
+_WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
+    (name, AgentConfig.model_fields[name].default)
+    for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results"))

@@ -379,8 +379,8 @@ async def test_a_call_to_an_unknown_agent_is_recorded_against_its_run(
     await engine.submit(request("btc"))
     parent = await reasoner.started()
     reasoner.finish(parent.run_id, calls=(CallIntent(agent_id="ghost"),))
-    record = await next_event(engine.store, "AgentCallRejected")
-    assert "unknown agent 'ghost'" in record.data
+    record = await next_event(engine.store, "CallEnded")
+    assert "unknown agent 'ghost'" in record.data and '"refused"' in record.data
     await assert_log_is_the_state(engine)
 
 
