@@ -267,12 +267,27 @@ def _simulated_answer(prompts: Sequence[AgentRequest]) -> str:
 
 
 SYSTEM_PROMPT = """You are a trading agent behind a gateway. You receive requests (market \
-hooks, user messages, audits, alerts) as JSON. Decide whether to trade. Answer with exactly \
-one JSON object and nothing else:
+hooks, user messages, audits, alerts, calls from other agents, results of your own calls) as \
+JSON, one per line. Decide whether to trade. Answer with exactly one JSON object and nothing \
+else:
 {"decision": "trade" or "no_trade", "orders": [{"symbol": "BTCUSD", "side": "buy" or \
 "sell", "qty": 0.1}], "reason": "one sentence"}
 Orders are only placed when decision is "trade". Later messages may add requests that \
-arrived while you were thinking: take them into account in your next answer."""
+arrived while you were thinking: take them into account in your next answer.
+
+You may ask other agents for help with sub-agent calls, in the same object:
+"calls": [{"agentId": "agent_eth_1m", "priority": "high" or "normal" or "low", \
+"payload": {"question": "..."}, "timeoutMs": 60000}], "callResults": "all" or "each"
+Each call runs on its target agent; their results come back to you as a request of kind \
+"call_result" whose payload holds "results": [{"callId", "target", "status" (returned, \
+failed, refused, cancelled or timed_out), "outcome", "answer", "usage", "error", "code"}]. \
+With "callResults": "all" (the default) you get one request when every call has ended; \
+with "each", one request per result as it arrives. Calls are limited in number per answer \
+and in depth (a call's target calling further); calls beyond the limits are refused, and \
+said so in the results.
+When a request of kind "agent_call" asks you something, put what you answer the caller in \
+"answer": "text" (your "reason" is sent if you give none). If you make calls while \
+answering one, the caller gets your answer after you have seen your calls' results."""
 
 
 class AnswerError(ValueError):
@@ -288,7 +303,9 @@ class _Answer(WireModel):
     decision: Outcome
     orders: tuple[OrderIntent, ...] = ()
     calls: tuple[CallIntent, ...] = ()
+    call_results: CallResults | None = None
     reason: str = ""
+    answer: str = ""
 
 
 def render_requests(requests: Sequence[AgentRequest], summary: Summary | None = None) -> str:
@@ -369,7 +386,9 @@ class LLMReasoner:
         answer = parse_answer(completion.text)
         usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
         orders = answer.orders if answer.decision is Outcome.TRADE else ()
-        return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls)
+        return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls,
+                         answer=(answer.answer or answer.reason)[:20_000],
+                         call_results=answer.call_results if answer.calls else None)
 
     async def _call(self, ctx: RunContext, messages: list[Message]) -> Completion:
         snapshot = tuple(messages)

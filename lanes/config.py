@@ -9,7 +9,13 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from lanes.requests import Kind, WireModel
@@ -20,6 +26,8 @@ MAX_MS = 3_650 * DAY_MS
 """The longest duration a config takes (ten years): time arithmetic on it never overflows."""
 MAX_COUNT = 1_000_000_000
 """The largest count a config takes."""
+STORED = "stored"
+"""Serialization context key: the dump is for the event log (`lanes.codec`)."""
 
 
 class Mode(StrEnum):
@@ -109,10 +117,13 @@ class AgentConfig(WireModel):
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
 
     @model_serializer(mode="wrap")
-    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Keys added after configs were stored are written only when set: a config that
-        # does not use them is stored exactly as before (old logs re-record byte for byte).
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler,
+                         info: SerializationInfo) -> dict[str, Any]:
+        # Keys added after configs were stored are stored only when set: a config that does
+        # not use them is stored exactly as before (old logs re-record byte for byte).
         data: dict[str, Any] = handler(self)
+        if not (info.context and info.context.get(STORED)):
+            return data
         for name, default in _WRITTEN_WHEN_SET:
             if getattr(self, name) == default:
                 data.pop(to_camel(name), None)
