@@ -105,9 +105,9 @@ class CallResult(WireModel):
     usage: Usage = Field(default_factory=Usage)
     error: str | None = Field(default=None, max_length=1_000)
     code: str | None = Field(default=None, max_length=64)
-    """Why it was refused or failed, for a program: ``queue_full``, ``depth_limit``,
-    ``fan_out_limit``, ``undeliverable``, ``rejected``, ``dropped``, ``run_failed``,
-    ``run_aborted``, ``halted``, ``timeout``."""
+    """Why it did not return, for a program: ``fan_out_limit``, ``depth_limit``,
+    ``queue_full``, ``deduped``, ``undeliverable``, ``run_failed``, ``run_aborted``,
+    ``halted``, ``cleared``, ``timeout`` (docs/calls.md)."""
 
 
 def answer_id(call_id: str) -> str:
