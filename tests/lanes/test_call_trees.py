@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lanes import AgentConfig, AgentState, Entry, Mode, decide, next_due, replay, verify
+from lanes.codec import decode, encode
 from lanes.config import CallResults
 from lanes.events import (
     AgentCallDispatched,
@@ -33,7 +34,9 @@ from lanes.events import (
     TimerElapsed,
     answer_id,
 )
+from lanes.replay import LogFold
 from lanes.requests import RANK, AgentRequest, Kind, Priority
+from lanes.snapshot import dump_fold, load_fold
 from tests.lanes.harness import T0, Bench, types
 
 AGENTS = ("a", "b", "c")
@@ -343,3 +346,18 @@ def test_a_call_served_is_answered_when_its_own_calls_come_back() -> None:
     assert answered.parent == "p" and answered.result.call_id == "p-r1-c1"
     assert answered.result.answer == "all done"
     assert answered.result.status is CallStatus.RETURNED
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(configs, min_size=3, max_size=3), steps)
+def test_a_snapshot_holds_the_calls_on_their_way_and_the_open_ones(
+    agent_configs: list[AgentConfig], plan: list[tuple[Any, ...]]
+) -> None:
+    desk = Desk(dict(zip(AGENTS, agent_configs, strict=True)))
+    play(desk, plan)
+    log_fold = LogFold()
+    log_fold.add(Entry(e.position, e.stream, decode(*encode(e.event))) for e in desk.log)
+    loaded, _ = load_fold(dump_fold(log_fold, "ev"))
+    assert loaded == log_fold and loaded.states == desk.states
+    undelivered = {r.request_id for r in desk.mail}
+    assert set(loaded.calls) | set(loaded.answers) >= undelivered
