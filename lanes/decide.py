@@ -86,6 +86,7 @@ from lanes.state import AgentState, CallBatch, OpenCall, Pending
 from lanes.tables import ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
 
 Emit = Callable[[Decision], None]
+_CALL_RESULT = Kind.CALL_RESULT  # (compared by identity on every request)
 In = TypeVar("In")
 _DECIDERS: dict[type[Any], Callable[[AgentState, Any, Emit], None]] = {}
 
@@ -107,12 +108,10 @@ def decide(state: AgentState, event: Input) -> list[Decision]:
 
     def emit(decision: Decision) -> None:
         kind = type(decision)
-        run = state.active
-        served = _served(state, run.requests) if run is not None and (kind is RunFailed or (
-            kind is RunAborted and not decision.requeued)) else None  # type: ignore[union-attr]
+        served = _ending(state, decision) if kind is RunFailed or kind is RunAborted else None
         evolve(state, decision)
         decisions.append(decision)
-        if served:  # the calls its requests served end with it
+        if served:  # the calls its requests served end with the run
             _answer_run_end(served, decision, emit)
 
     decider(state, event, emit)
@@ -229,7 +228,7 @@ def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
             )
         )
         return
-    if request.kind is Kind.CALL_RESULT:
+    if request.kind is _CALL_RESULT:
         _call_result(state, request, emit)
         return
     action = _control_action(request, state)
@@ -304,9 +303,9 @@ def _enqueue(state: AgentState, request: AgentRequest, mode: Mode, emit: Emit) -
         if victim is None:
             reason = (f"queue full: cap {config.cap} reached and every pending request is "
                       "high priority; retry later (the same requestId may be used)")
-            served = _unserved(state, request)
+            refused = _unserved(state, request)
             emit(RequestRejected(request_id=request_id, reason=reason, transient=True))
-            _answer(served, CallStatus.REFUSED, "queue_full", reason, emit)
+            _answer(refused, CallStatus.REFUSED, "queue_full", reason, emit)
             return False
         reason = (
             f"cap {config.cap} reached, policy {config.drop_policy.value}: "
@@ -315,12 +314,13 @@ def _enqueue(state: AgentState, request: AgentRequest, mode: Mode, emit: Emit) -
         )
         dropped = request if victim.index is None else state.pending[victim.index].request
         dropped_id = dropped.request_id
-        served = _unserved(state, dropped)
+        served = _unserved(state, dropped) if dropped.kind in _SERVING_KINDS else None
         if config.drop_policy is DropPolicy.SUMMARIZE:
             emit(RequestSummarized(request_id=dropped_id, reason=reason))
         else:
             emit(RequestDropped(request_id=dropped_id, reason=reason))
-        _answer(served, CallStatus.REFUSED, "queue_full", reason, emit)
+        if served:
+            _answer(served, CallStatus.REFUSED, "queue_full", reason, emit)
         if victim.index is None:
             return False
     emit(RequestQueued(request_id=request_id, mode=mode))
@@ -728,20 +728,34 @@ def _served(state: AgentState, requests: Iterable[Pending]) -> list[ServedCall]:
     return served
 
 
+_SERVING_KINDS = (Kind.AGENT_CALL, Kind.CALL_RESULT)
+
+
 def _unserved(state: AgentState, request: AgentRequest) -> list[ServedCall]:
     """The calls a request serves, read before it is dropped or refused (it never runs)."""
-    if request.kind is not Kind.AGENT_CALL and request.kind is not Kind.CALL_RESULT:
-        return []
+    if request.kind not in _SERVING_KINDS:
+        return _NONE
     return _served(state, [Pending(request, state.now, state.config.mode)])
+
+
+_NONE: list[ServedCall] = []  # (never changed)
 
 
 def _answer(served: list[ServedCall], status: CallStatus, code: str, error: str,
             emit: Emit) -> None:
     """Answer served calls that end without a result of their own."""
-    for item in served:
+    for item in served:  # (mostly none: a drop of a request that serves no call)
         emit(CallAnswered(parent=item.parent, result=CallResult(
             call_id=item.call_id, target=item.target, status=status, code=code,
             error=error[:1_000])))
+
+
+def _ending(state: AgentState, decision: Decision) -> list[ServedCall] | None:
+    """The calls served by the requests of a run that ends for good with ``decision``."""
+    run = state.active
+    if run is None or getattr(decision, "requeued", False):
+        return None
+    return _served(state, run.requests)
 
 
 def _answer_run_end(served: list[ServedCall], ended: Decision, emit: Emit) -> None:
