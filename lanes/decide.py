@@ -707,6 +707,11 @@ def _call_result(state: AgentState, request: AgentRequest, emit: Emit) -> None:
         emit(RequestRejected(request_id=request.request_id, reason=f"call {result.call_id} is "
                              "not out from this agent (it ended already, or was never made)"))
         return
+    if request.source != f"agent:{call.target}":
+        emit(RequestRejected(request_id=request.request_id, reason=f"the result of call "
+                             f"{result.call_id} comes from its target agent {call.target!r} "
+                             "(source 'agent:<target>'), not from a client"))
+        return
     if result.target != call.target:
         result = result.model_copy(update={"target": call.target})
     _end_call(state, call, result, request.request_id, emit)

@@ -277,8 +277,10 @@ def fan_out(bench: Bench, count: int) -> list[Decision]:
 
 
 def result(call_id: str, status: str = "returned", **fields: Any) -> AgentRequest:
+    """The answer of call ``...-cN`` from its target (``c{N-1}`` in `fan_out`)."""
+    target = f"c{int(call_id.rpartition('-c')[2]) - 1}"
     return _request("agent_btc_5m", answer_id(call_id), Kind.CALL_RESULT,
-                    {"callId": call_id, "status": status, **fields}, "agent:c")
+                    {"callId": call_id, "status": status, **fields}, f"agent:{target}")
 
 
 def test_all_results_come_back_as_one_request_in_call_order() -> None:
@@ -305,6 +307,15 @@ def test_each_result_is_steered_into_a_run_that_can_take_it() -> None:
     bench.steerable()
     decisions = bench.submit(result("agent_btc_5m-r1-c1"))
     assert types(decisions) == ["CallEnded", "CallResultsReady", "RunSteered"]
+
+
+def test_a_result_from_anyone_but_the_calls_target_is_refused() -> None:
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP))
+    fan_out(bench, 1)
+    forged = _request("agent_btc_5m", "forged", Kind.CALL_RESULT,
+                      {"callId": "agent_btc_5m-r1-c1", "status": "returned"}, "user")
+    assert types(bench.submit(forged)) == ["RequestRejected"]
+    assert bench.state.calls.open
 
 
 def test_a_late_result_after_a_timeout_is_refused_and_the_timeout_is_the_result() -> None:
@@ -340,7 +351,9 @@ def test_a_call_served_is_answered_when_its_own_calls_come_back() -> None:
     bench.submit(_request("agent_btc_5m", "p-r1-c1", Kind.AGENT_CALL, {"depth": 1}, "agent:p"))
     decisions = bench.finish(calls=(CallIntent(agent_id="leaf"),), answer="later")
     assert not [d for d in decisions if isinstance(d, CallAnswered)]
-    decisions = bench.submit(result("agent_btc_5m-r1-c1", answer="leaf says hi"))
+    decisions = bench.submit(_request("agent_btc_5m", answer_id("agent_btc_5m-r1-c1"),
+                                      Kind.CALL_RESULT, {"callId": "agent_btc_5m-r1-c1",
+                                                         "status": "returned"}, "agent:leaf"))
     assert types(decisions)[-1] == "RunStarted"
     [answered] = [d for d in bench.finish(answer="all done") if isinstance(d, CallAnswered)]
     assert answered.parent == "p" and answered.result.call_id == "p-r1-c1"
