@@ -962,6 +962,10 @@ def agent_summary(state: AgentState, now: int) -> dict[str, Any]:
     view = status(state, now)
     body: dict[str, Any] = _camel(asdict(view))
     body["budgets"] = state.config.budgets.model_dump(mode="json")
+    book = state.calls
+    body["calls"] = {"queued": len(book.queue), "out": book.out,
+                     "ended": {s.value: n for s, n in book.ended.items()},
+                     "answered": book.answered}
     return body
 
 
