@@ -51,6 +51,7 @@ from lanes.codec import AGENT_CODEC, Unrepeatable
 from lanes.events import (
     AgentCallDispatched,
     CallAnswered,
+    CallEnded,
     CallUndeliverable,
     ConfigChanged,
     ControlApplied,
@@ -80,6 +81,7 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
     answer_id,
+    withdrawal_id,
 )
 from lanes.evolve import fold as fold_events
 from lanes.replay import Answer, LogFold, is_agent_stream, track_call
@@ -1072,6 +1074,8 @@ class Engine:
                 self._deliver_call(agent.state.agent_id, decision)
             elif isinstance(decision, CallAnswered):
                 self._deliver_answer(agent.state.agent_id, decision)
+            elif isinstance(decision, CallEnded) and decision.withdraw:
+                self._withdraw_call(agent.state.agent_id, decision)
             elif isinstance(decision, OrderAccepted) and self.broker is not None:
                 self._spawn(self.broker.place(agent.state.agent_id, decision.order_id,
                                               decision.intent), f"place {decision.order_id}")
@@ -1241,6 +1245,28 @@ class Engine:
         if reason is not None:  # the caller times the call out, if it has a timeout
             log.warning("the answer to call %s (%s) did not reach %s: %s", result.call_id,
                         result.status.value, answer.parent, reason)
+
+    def _withdraw_call(self, caller: str, ended: CallEnded) -> None:
+        task = self._spawn(self._send_withdrawal(caller, ended), f"withdraw {ended.call_id}")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _send_withdrawal(self, caller: str, ended: CallEnded) -> None:
+        """Tell the target of a call its caller gave up on (a ``call_cancel`` request), so
+        that it drops what is still to do for it. Best effort: not sent again after a
+        restart (the target's answer is then refused by the caller, as late)."""
+        request = AgentRequest(
+            request_id=withdrawal_id(ended.call_id),
+            created_at=_utc(self.clock.now_ms()),
+            agent_id=ended.result.target,
+            kind=Kind.CALL_CANCEL,
+            source=f"agent:{caller}",
+            payload={"callId": ended.call_id, "status": ended.result.status.value},
+        )
+        reason = await self._submit_retrying(request)
+        if reason is not None:
+            log.warning("call %s was not withdrawn from %s: %s", ended.call_id,
+                        ended.result.target, reason)
 
     # ------------------------------------------------------------------------ timers
 

@@ -64,7 +64,10 @@ DEFAULT_DEDUPE: dict[Kind, DedupeStrategy] = {
     Kind.SYSTEM_ALERT: DedupeStrategy.DEDUPE_KEY,
     Kind.AGENT_CALL: DedupeStrategy.NONE,
     Kind.CALL_RESULT: DedupeStrategy.NONE,
+    Kind.CALL_CANCEL: DedupeStrategy.NONE,
 }
+_NEW_KINDS = (Kind.CALL_RESULT, Kind.CALL_CANCEL)
+"""Kinds added after configs were stored (their dedupe entry is stored only when set)."""
 
 
 class CallResults(StrEnum):
@@ -103,7 +106,7 @@ class AgentConfig(WireModel):
     max_call_depth: int = Field(default=3, ge=0, le=100)
     max_calls_per_run: int = Field(default=10, ge=0, le=10_000)
     max_parallel_calls: int = Field(default=5, ge=1, le=10_000)
-    """This agent's sub-agent calls out at once at most; the others wait in its call queue,
+    """The calls of one run out at once at most; the others wait in the agent's call queue,
     high priority first (FIFO within a priority)."""
     max_open_calls: int = Field(default=1_000, ge=1, le=1_000_000)
     """Calls queued or out at once at most; more are refused (``queue_full``)."""
@@ -129,10 +132,11 @@ class AgentConfig(WireModel):
                 data.pop(to_camel(name), None)
                 data.pop(name, None)
         dedupe = data.get("dedupe")
-        if isinstance(dedupe, dict) and self.dedupe.get(Kind.CALL_RESULT) is \
-                DEFAULT_DEDUPE[Kind.CALL_RESULT]:
-            dedupe.pop(Kind.CALL_RESULT, None)
-            dedupe.pop(Kind.CALL_RESULT.value, None)
+        if isinstance(dedupe, dict):
+            for kind in _NEW_KINDS:
+                if self.dedupe.get(kind) is DEFAULT_DEDUPE[kind]:
+                    dedupe.pop(kind, None)
+                    dedupe.pop(kind.value, None)
         return data
 
     @model_validator(mode="after")

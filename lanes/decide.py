@@ -34,6 +34,7 @@ from lanes.events import (
     CallResultsReady,
     CallStatus,
     CallUndeliverable,
+    CallWithdrawn,
     ConfigApplied,
     ConfigChanged,
     ControlApplied,
@@ -87,6 +88,7 @@ from lanes.tables import ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
 
 Emit = Callable[[Decision], None]
 _CALL_RESULT = Kind.CALL_RESULT  # (compared by identity on every request)
+_CALL_CANCEL = Kind.CALL_CANCEL
 In = TypeVar("In")
 _DECIDERS: dict[type[Any], Callable[[AgentState, Any, Emit], None]] = {}
 
@@ -230,6 +232,9 @@ def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
         return
     if request.kind is _CALL_RESULT:
         _call_result(state, request, emit)
+        return
+    if request.kind is _CALL_CANCEL:
+        _withdraw(state, request, emit)
         return
     action = _control_action(request, state)
     if action is not None:
@@ -636,13 +641,20 @@ def _timeout(state: AgentState, call: CallIntent) -> int | None:
 
 
 def _dispatch(state: AgentState, emit: Emit) -> None:
-    """Send queued calls out while a parallel slot is free, in queue order."""
+    """Send queued calls out, in queue order, while their run has a parallel slot free.
+
+    The slots are per run (the calls one run made), not per agent: an agent serving a call
+    may need to make calls of its own while calls of its other runs are out, and slots
+    shared by them could all be held by calls that wait for it (a deadlock)."""
     book = state.calls
-    limit = state.config.max_parallel_calls
-    if state.trading is TradingState.HALTED:
+    if not book.queue or state.trading is TradingState.HALTED:
         return
-    while book.queue and book.out < limit:
-        call = book.open[book.queue[0]]
+    limit = state.config.max_parallel_calls
+    for call_id in list(book.queue):
+        call = book.open[call_id]
+        batch = book.batches.get(call.run_id)
+        if batch is not None and batch.out >= limit:
+            continue
         emit(AgentCallDispatched(
             call_id=call.call_id, run_id=call.run_id, target=call.target, depth=call.depth,
             priority=call.priority, payload=call.payload,
@@ -651,8 +663,11 @@ def _dispatch(state: AgentState, emit: Emit) -> None:
 
 def _end_call(state: AgentState, call: OpenCall, result: CallResult, request_id: str | None,
               emit: Emit) -> None:
-    """End one open call; free its slot for the next; hand the results over when due."""
-    emit(CallEnded(call_id=call.call_id, result=result, request_id=request_id))
+    """End one open call; free its slot for the next; hand the results over when due. A
+    call that was out and is given up on is withdrawn from its target."""
+    withdraw = call.dispatched and result.status in _GIVEN_UP
+    emit(CallEnded(call_id=call.call_id, result=result, request_id=request_id,
+                   withdraw=withdraw))
     _dispatch(state, emit)
     batch = state.calls.batches.get(call.run_id)
     if batch is not None and (batch.results is CallResults.EACH or batch.open == 0):
@@ -664,6 +679,9 @@ def _end_call(state: AgentState, call: OpenCall, result: CallResult, request_id:
 def _call_number(result: CallResult) -> int:
     number = result.call_id.rpartition("-c")[2]
     return int(number) if number.isdigit() else 0
+
+
+_GIVEN_UP = (CallStatus.CANCELLED, CallStatus.TIMED_OUT)
 
 
 def _results_request(state: AgentState, batch: CallBatch) -> AgentRequest:
@@ -764,6 +782,8 @@ def _ending(state: AgentState, decision: Decision) -> list[ServedCall] | None:
 
 
 def _answer_run_end(served: list[ServedCall], ended: Decision, emit: Emit) -> None:
+    if isinstance(ended, RunAborted) and ended.reason is AbortReason.WITHDRAWN:
+        return  # its caller gave up on it: nobody waits for an answer
     if isinstance(ended, RunAborted):
         halted = ended.reason is AbortReason.EMERGENCY_STOP
         status = CallStatus.CANCELLED if halted else CallStatus.FAILED
@@ -773,3 +793,51 @@ def _answer_run_end(served: list[ServedCall], ended: Decision, emit: Emit) -> No
         assert isinstance(ended, RunFailed)
         status, code, error = CallStatus.FAILED, "run_failed", ended.error
     _answer(served, status, code, error, emit)
+
+
+def _withdraw(state: AgentState, request: AgentRequest, emit: Emit) -> None:
+    """A caller gave up on a call this agent serves: drop what is still to do for it (the
+    request if it waits, the run if it serves only that call, the calls made for it alone,
+    which are withdrawn in turn)."""
+    call_id = str(request.payload["callId"])
+    book = state.calls
+    pending = next((p.request for p in state.pending if p.request.request_id == call_id
+                    and p.request.kind is Kind.AGENT_CALL), None)
+    run = state.active
+    running = run is not None and any(p.request.request_id == call_id for p in run.requests)
+    served = [(run_id, s) for run_id, batch in book.batches.items() for s in batch.serves
+              if s.call_id == call_id]
+    callers = {f"agent:{s.parent}" for _, s in served}
+    if pending is not None:
+        callers.add(pending.source or "")
+    if running and run is not None:
+        callers.update(p.request.source or "" for p in run.requests
+                       if p.request.request_id == call_id)
+    if callers and callers != {request.source}:
+        emit(RequestRejected(request_id=request.request_id, reason=f"call {call_id} may be "
+                             "withdrawn only by the agent that made it"))
+        return
+    alone = run is not None and running and all(
+        p.request.request_id == call_id for p in run.requests)
+    emptied = {run_id for run_id, _ in served
+               if all(s.call_id == call_id for s in book.batches[run_id].serves)}
+    done = [what for what, did in (("dropped it from the queue", pending is not None),
+                                   ("aborted the run serving it", alone),
+                                   (f"cancelled the calls of {len(emptied)} run(s)", emptied))
+            if did]
+    emit(CallWithdrawn(request_id=request.request_id, call_id=call_id,
+                       detail="; ".join(done) or "nothing left to do for it"))
+    if pending is not None:
+        emit(RequestDropped(request_id=call_id, reason="withdrawn by the agent that made it"))
+    if alone and run is not None:
+        emit(RunAborted(run_id=run.run_id, reason=AbortReason.WITHDRAWN, by=request.request_id))
+    if emptied:
+        doomed = [c for c in [*book.queue, *book.open] if book.open[c].run_id in emptied]
+        for doomed_id in doomed:
+            call = book.open.get(doomed_id)
+            if call is not None:
+                _end_call(state, call, CallResult(
+                    call_id=call.call_id, target=call.target, status=CallStatus.CANCELLED,
+                    code="withdrawn", error=f"the call {call_id} it served for was withdrawn "
+                    "by its caller"), None, emit)
+    _start_next(state, emit)

@@ -41,6 +41,8 @@ class AbortReason(StrEnum):
     RESTART = "restart"
     SHUTDOWN = "shutdown"
     OPERATOR = "operator"
+    WITHDRAWN = "withdrawn"
+    """Its only request was a call its caller gave up on."""
 
 
 class OperatorAction(StrEnum):
@@ -113,6 +115,11 @@ class CallResult(WireModel):
 def answer_id(call_id: str) -> str:
     """The request id of the answer to a call (the ``call_result`` request that carries it)."""
     return f"{call_id}-a"
+
+
+def withdrawal_id(call_id: str) -> str:
+    """The request id of the ``call_cancel`` request that withdraws a call."""
+    return f"{call_id}-w"
 
 
 class ServedCall(WireModel):
@@ -591,6 +598,18 @@ class CallEnded:
     call_id: str
     result: CallResult
     request_id: str | None = None
+    withdraw: bool = False
+    """The call was out: its target is told to drop it (a ``call_cancel`` request)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallWithdrawn:
+    """A caller gave up on a call this agent serves (request ``request_id``): what is still
+    to do for it is dropped (``detail`` says what)."""
+
+    request_id: str
+    call_id: str
+    detail: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -674,6 +693,7 @@ Decision = (
     | CallEnded
     | CallResultsReady
     | CallAnswered
+    | CallWithdrawn
     | ConfigApplied
     | OperatorApplied
     | OperatorRejected
@@ -711,6 +731,7 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     CallEnded,
     CallResultsReady,
     CallAnswered,
+    CallWithdrawn,
     ConfigApplied,
     OperatorApplied,
     OperatorRejected,

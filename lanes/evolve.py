@@ -25,6 +25,7 @@ from lanes.events import (
     CallResultsReady,
     CallStatus,
     CallUndeliverable,
+    CallWithdrawn,
     ConfigApplied,
     ConfigChanged,
     ControlApplied,
@@ -580,6 +581,9 @@ def _call_dispatched(state: AgentState, event: AgentCallDispatched) -> None:
         if event.deadline is not None:
             book.deadlines[event.call_id] = event.deadline
         book.out += 1
+        batch = book.batches.get(call.run_id)
+        if batch is not None:
+            batch.out += 1
     state.counters.calls_dispatched += 1
 
 
@@ -612,6 +616,8 @@ def _call_ended(state: AgentState, event: CallEnded) -> None:
     batch = book.batches.get(call.run_id)
     if batch is not None:
         batch.open -= 1
+        if call.dispatched:
+            batch.out -= 1
         batch.ended.append(event.result)
     _count_end(state, event.result.status)
 
@@ -633,6 +639,27 @@ def _results_ready(state: AgentState, event: CallResultsReady) -> None:
 @_on(CallAnswered)
 def _answered(state: AgentState, event: CallAnswered) -> None:
     state.calls.answered += 1
+
+
+@_on(CallWithdrawn)
+def _withdrawn(state: AgentState, event: CallWithdrawn) -> None:
+    _take_staged(state, event.request_id, "accepted")
+    book = state.calls
+    call_id = event.call_id
+    # Nobody waits for an answer to it any more: a batch that served it alone is closed
+    # (its calls are cancelled next, and their results go nowhere).
+    for run_id, batch in list(book.batches.items()):
+        if any(s.call_id == call_id for s in batch.serves):
+            batch.serves = [s for s in batch.serves if s.call_id != call_id]
+            if not batch.serves:
+                del book.batches[run_id]
+    for request_id, carried in list(book.carried.items()):
+        if any(s.call_id == call_id for s in carried):
+            left = [s for s in carried if s.call_id != call_id]
+            if left:
+                book.carried[request_id] = left
+            else:
+                del book.carried[request_id]
 
 
 @_on(ConfigApplied)

@@ -109,6 +109,9 @@ class Kind(StrEnum):
     AGENT_CALL = "agent_call"
     CALL_RESULT = "call_result"
     """The result of a sub-agent call, on its way back to the agent that made it."""
+    CALL_CANCEL = "call_cancel"
+    """The agent that made a call gave up on it (stopped, or the call timed out): its
+    target drops the work still to do for it."""
 
 
 class Priority(StrEnum):
@@ -199,6 +202,8 @@ class AgentRequest(WireModel):
             depth = payload.get("depth", 0)
             if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
                 raise ValueError("'depth' must be an integer >= 0")
+        elif kind == Kind.CALL_CANCEL and not isinstance(payload.get("callId"), str):
+            raise ValueError("a call_cancel payload needs a 'callId' string")
         return payload
 
     @property

@@ -105,6 +105,8 @@ class CallBatch:
     serves: list[ServedCall] = field(default_factory=list)
     open: int = 0
     """Calls of the batch not ended yet."""
+    out: int = 0
+    """Of which dispatched (at most ``max_parallel_calls``)."""
     ended: list[CallResult] = field(default_factory=list)
     """Results not handed to the reasoning lane yet (``all``: every one, at the end)."""
 
@@ -118,7 +120,7 @@ class CallBook:
     queue: list[str] = field(default_factory=list)
     """Queued call ids in the order they go out: high priority first, FIFO within one."""
     out: int = 0
-    """Calls dispatched and not ended (at most ``max_parallel_calls``)."""
+    """Calls dispatched and not ended (of all batches)."""
     deadlines: dict[str, int] = field(default_factory=dict)
     """Call id -> when it times out, for the calls out that have a timeout."""
     batches: dict[str, CallBatch] = field(default_factory=dict)

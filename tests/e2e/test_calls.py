@@ -56,8 +56,11 @@ class Desk:
     """Scripted agents: ``desk`` calls the helpers on a message; a helper answers at once,
     unless it is ``slow`` (it never answers: a test stops it or lets the call time out)."""
 
-    def __init__(self, *helpers: str) -> None:
+    def __init__(self, *helpers: str, mid: tuple[str, ...] = ()) -> None:
         self.helpers = helpers
+        self.mid = mid
+        """Whom ``mid`` calls while serving a call."""
+        self.cancelled: list[str] = []
         self.runs: list[RunContext] = []
         self.seen: asyncio.Queue[RunContext] = asyncio.Queue()
 
@@ -74,8 +77,15 @@ class Desk:
             calls = tuple(CallIntent(agent_id=h, payload={"q": f"view of {h}?"})
                           for h in self.helpers)
             return RunResult(outcome=Outcome.NO_TRADE, calls=calls)
+        if ctx.agent_id == "mid" and kinds == {Kind.AGENT_CALL}:
+            return RunResult(outcome=Outcome.NO_TRADE,
+                             calls=tuple(CallIntent(agent_id=h) for h in self.mid))
         if ctx.agent_id == "slow":
-            await asyncio.Event().wait()  # cancelled by a stop
+            try:
+                await asyncio.Event().wait()  # until cancelled (a stop, a withdrawal)
+            except asyncio.CancelledError:
+                self.cancelled.append(ctx.run_id)
+                raise
         question = ctx.requests[0].payload.get("q")
         return RunResult(outcome=Outcome.NO_TRADE, answer=f"{ctx.agent_id} on {question!r}")
 
@@ -88,7 +98,8 @@ class Desk:
 
 
 AGENTS = {"desk": AgentConfig(mode=Mode.FOLLOWUP), "alpha": AgentConfig(),
-          "beta": AgentConfig(), "slow": AgentConfig(call_timeout_ms=None)}
+          "beta": AgentConfig(), "slow": AgentConfig(call_timeout_ms=None, mode=Mode.FOLLOWUP),
+          "mid": AgentConfig(mode=Mode.FOLLOWUP, max_parallel_calls=1)}
 
 
 async def test_a_run_fans_out_and_its_follow_up_run_sees_every_result(tmp_path: Path) -> None:
@@ -123,6 +134,32 @@ async def test_an_emergency_stop_of_the_caller_cancels_its_calls(tmp_path: Path)
         assert not live.engine.state("desk").calls.open
         await live.engine.flush()
         assert verify(await log_of(live.engine.store)) is None
+
+
+async def test_a_stop_at_the_root_withdraws_the_calls_below_it_down_the_tree(
+    tmp_path: Path,
+) -> None:
+    desk = Desk("mid", mid=("slow", "slow"))
+    async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, desk) as live:
+        await submit(live, message("desk"))
+        busy = await desk.run_of("slow", Kind.AGENT_CALL)  # mid's first call; its second waits
+        await submit(live, stop("desk"))
+
+        async def withdrawn() -> bool:
+            engine = live.engine
+            return (busy.run_id in desk.cancelled and not engine.state("mid").calls.open
+                    and engine.state("slow").active is None)
+
+        await until(withdrawn, "the calls below the root withdrawn")
+        await live.engine.flush()
+        log = await log_of(live.engine.store)
+    assert verify(log) is None
+    mid = [e.event for e in log if e.stream == "mid" and isinstance(e.event, CallEnded)]
+    assert [(e.result.status, e.result.code) for e in mid] == [
+        (CallStatus.CANCELLED, "withdrawn")] * 2
+    slow = replay(log)["slow"]
+    assert slow.active is None and not slow.pending  # its run aborted, nothing left to run
+    assert not [e for e in log if e.stream == "mid" and isinstance(e.event, CallAnswered)]
 
 
 async def test_a_call_that_gets_no_result_times_out_on_the_clock(tmp_path: Path) -> None:

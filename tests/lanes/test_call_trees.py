@@ -33,6 +33,7 @@ from lanes.events import (
     RunFinished,
     TimerElapsed,
     answer_id,
+    withdrawal_id,
 )
 from lanes.replay import LogFold
 from lanes.requests import RANK, AgentRequest, Kind, Priority
@@ -78,17 +79,23 @@ class Desk:
                     decision.parent, answer_id(decision.result.call_id), Kind.CALL_RESULT,
                     decision.result.model_dump(mode="json", by_alias=True, exclude_none=True),
                     f"agent:{agent}"))
-        assert state.calls.out <= state.config.max_parallel_calls
+            elif isinstance(decision, CallEnded) and decision.withdraw:
+                self.mail.append(_request(
+                    decision.result.target, withdrawal_id(decision.call_id), Kind.CALL_CANCEL,
+                    {"callId": decision.call_id}, f"agent:{agent}"))
+        out = Counter(c.run_id for c in state.calls.open.values() if c.dispatched)
+        assert max(out.values(), default=0) <= state.config.max_parallel_calls
         return decisions
 
     def _check(self, agent: str, decision: Decision) -> None:
-        """The parallel limit and the priority order, as each decision is made."""
+        """The priority order of the calls of each run, as each decision is made."""
         shadow = self.queued[agent]
         if isinstance(decision, AgentCallQueued):
             self.seq += 1
             shadow[decision.call_id] = (-RANK[decision.priority], self.seq)
         elif isinstance(decision, AgentCallDispatched) and decision.call_id in shadow:
-            first = min(shadow, key=shadow.__getitem__)
+            same_run = [c for c in shadow if c.rpartition("-c")[0] == decision.run_id]
+            first = min(same_run, key=shadow.__getitem__)
             assert decision.call_id == first, "a call went out before a higher-priority one"
             del shadow[decision.call_id]
         elif isinstance(decision, CallEnded):
@@ -99,6 +106,8 @@ class Desk:
         if request.agent_id in self.states:
             self.feed(request.agent_id, RequestReceived(at=self.now, request=request))
             return
+        if request.kind is not Kind.AGENT_CALL:
+            return  # (an answer or a withdrawal for an agent that does not exist: lost)
         parent = (request.source or "")[len("agent:"):]
         self.feed(parent, CallUndeliverable(
             at=self.now, call_id=request.request_id, target=request.agent_id,
@@ -247,7 +256,7 @@ def test_every_call_ends_in_exactly_one_terminal_state(
 @given(st.integers(min_value=1, max_value=4), st.lists(st.sampled_from(list(Priority)),
                                                        min_size=1, max_size=10),
        st.lists(st.integers(min_value=0, max_value=20), max_size=30))
-def test_calls_go_out_in_priority_order_never_more_than_max_parallel(
+def test_a_runs_calls_go_out_in_priority_order_never_more_than_max_parallel(
     parallel: int, priorities: list[Priority], order: list[int]
 ) -> None:
     desk = Desk({"a": AgentConfig(mode=Mode.FOLLOWUP, max_parallel_calls=parallel),
@@ -281,6 +290,14 @@ def result(call_id: str, status: str = "returned", **fields: Any) -> AgentReques
     target = f"c{int(call_id.rpartition('-c')[2]) - 1}"
     return _request("agent_btc_5m", answer_id(call_id), Kind.CALL_RESULT,
                     {"callId": call_id, "status": status, **fields}, f"agent:{target}")
+
+
+def test_an_agent_serving_a_call_may_call_out_while_its_own_calls_hold_every_slot() -> None:
+    bench = Bench(AgentConfig(mode=Mode.FOLLOWUP, max_parallel_calls=1))
+    fan_out(bench, 1)  # its one slot holds a call to c0...
+    bench.submit(_request("agent_btc_5m", "p-r1-c1", Kind.AGENT_CALL, {"depth": 1}, "agent:p"))
+    decisions = bench.finish(calls=(CallIntent(agent_id="leaf"),))  # ...serving p, it calls
+    assert "AgentCallDispatched" in types(decisions)  # out at once: the slots are per run
 
 
 def test_all_results_come_back_as_one_request_in_call_order() -> None:
@@ -372,5 +389,5 @@ def test_a_snapshot_holds_the_calls_on_their_way_and_the_open_ones(
     log_fold.add(Entry(e.position, e.stream, decode(*encode(e.event))) for e in desk.log)
     loaded, _ = load_fold(dump_fold(log_fold, "ev"))
     assert loaded == log_fold and loaded.states == desk.states
-    undelivered = {r.request_id for r in desk.mail}
-    assert set(loaded.calls) | set(loaded.answers) >= undelivered
+    undelivered = {r.request_id for r in desk.mail if r.kind is not Kind.CALL_CANCEL}
+    assert set(loaded.calls) | set(loaded.answers) >= undelivered  # (withdrawals: best effort)
