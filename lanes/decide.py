@@ -587,12 +587,13 @@ def _broker(state: AgentState, event: BrokerReport, emit: Emit) -> None:
 # ------------------------------------------------------------------------ sub-agent calls
 #
 # An agent's calls wait in its call queue (high priority first) and go out at most
-# `max_parallel_calls` at a time. Each ends exactly once (`CallEnded`, or `AgentCallRejected`
-# before it is queued); its result comes back as a ``call_result`` request. The results of a
-# run's calls become a request for the agent's own reasoning lane (`CallResultsReady`): all at
-# once when the last one ends, or one by one. A call an agent serves is answered
-# (`CallAnswered`) when the run that took it is done, or, if that run made calls itself, when
-# the run that takes their last result is.
+# `max_parallel_calls` of one run at a time. Each ends exactly once (`CallEnded`, or
+# `AgentCallRejected` before it is queued); its result comes back as a ``call_result``
+# request. The results of a run's calls become a request for the agent's own reasoning lane
+# (`CallResultsReady`): all at once when the last one ends, or one by one. A call an agent
+# serves is answered (`CallAnswered`) when the run that took it is done, or, if that run made
+# calls itself, when the run that takes their last result is. A call given up on while out is
+# withdrawn from its target (`CallWithdrawn` there), which drops the work still to do for it.
 
 
 def _made_refusal(state: AgentState, number: int, depth: int, accepted: int
