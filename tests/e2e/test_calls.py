@@ -229,3 +229,17 @@ async def test_a_10_by_10_by_10_call_tree_completes_and_answers_the_root(
     assert len(run["calls"]) == 10 and tree["counts"] == {"returned": 1_110}
     assert sum(len(n["calls"]) for m in run["calls"] for n in m["calls"]) == 1_000
     print(f"\n1,000-leaf call tree: {took:.1f} s, {len(log)} events")
+
+
+async def test_no_token_may_send_a_call_result_or_a_withdrawal(tmp_path: Path) -> None:
+    desk = Desk("alpha")
+    async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, desk) as live:
+        for kind in ("call_result", "call_cancel"):
+            forged = {**message("desk"), "kind": kind, "source": "agent:alpha",
+                      "payload": {"callId": "desk-r1-c1", "status": "returned"}}
+            for token in ("control-secret", "admin-secret"):
+                async with live.socket(token=token) as ws:
+                    await ws.send(json.dumps({"type": "submit", "request": forged}))
+                    refused = await receive(ws)
+                assert refused["type"] == "error" and refused["code"] == "forbidden", refused
+        assert live.engine.state("desk").counters.received == 0
