@@ -81,6 +81,7 @@ from gateway.protocol import (
 from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
+from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
 from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
@@ -255,6 +256,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/events/{position:int}", api.event_cause),
         Route("/api/event-types", api.event_types),
         Route("/api/agents/{agent_id}/events", api.agent_events),
+        Route("/api/agents/{agent_id}/calls", api.calls),
         Route("/api/replay", api.replay),
         Route("/api/providers", api.providers),
         Route("/api/providers/{name}", api.provider),
@@ -732,6 +734,31 @@ class _Api:
                       "more": bool(records) and records[0].version > 1})
 
     @_guarded
+    async def calls(self, request: Request) -> Response:
+        """The sub-agent call trees of an agent's runs, from the log: its newest ``limit``
+        (<= 200, default 20) runs that made calls, or the one ``run``; each call with its
+        status, result and the calls its target made while serving it (agents outside the
+        token's scope are not followed)."""
+        agent_id = self._agent_id(request)
+        principal = self._principal(request)
+        principal.check_read(agent_id)
+        query = request.query_params
+        limit = min(max(_int_param(query, "limit", 20), 1), 200)
+        known = set(self.engine.agent_ids)
+        trees = CallTrees()
+        followed: set[str] = set()
+        waiting = [agent_id]
+        while waiting:
+            stream = waiting.pop()
+            followed.add(stream)
+            records = await self.engine.store.read_stream(stream)
+            reader = self.engine.reader
+            trees.add(stream, [reader.decode(r) for r in records if r.type in CALL_EVENT_TYPES])
+            waiting = sorted({t for t in trees.targets() - followed
+                              if t in known and principal.may_see(t)})
+        return _json(trees.tree(agent_id, query.get("run"), limit))
+
+    @_guarded
     async def replay(self, request: Request) -> Response:
         """An agent's queue exactly as it was at a log position (``agent``, ``position``:
         default the last), rebuilt from the log, with the events around that position
@@ -1038,6 +1065,10 @@ def agent_summary(state: AgentState, now: int) -> dict[str, Any]:
     view = status(state, now)
     body: dict[str, Any] = _camel(asdict(view))
     body["budgets"] = state.config.budgets.model_dump(mode="json")
+    book = state.calls
+    body["calls"] = {"queued": len(book.queue), "out": book.out,
+                     "ended": {s.value: n for s, n in book.ended.items()},
+                     "answered": book.answered}
     return body
 
 

@@ -22,6 +22,8 @@ class Role(StrEnum):
 
 
 FEED_KINDS = frozenset({Kind.HOOK_TRIGGER, Kind.SYSTEM_ALERT})
+GATEWAY_KINDS = frozenset({Kind.CALL_RESULT, Kind.CALL_CANCEL})
+"""Kinds only the gateway itself sends (sub-agent call results and withdrawals)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,9 @@ class Principal:
                 f"a feed token may submit hook_trigger and system_alert only, not "
                 f"{request.kind.value}"
             )
+        if request.kind in GATEWAY_KINDS:
+            raise Forbidden(f"{request.kind.value} requests are the gateway's own (the "
+                            "results and withdrawals of sub-agent calls); no token sends them")
 
     def check_operate(self, agent_id: str) -> None:
         """Controls, release, abort, clear: control and admin."""

@@ -58,10 +58,17 @@ from gateway.hooks import (
     PriceCrossRule,
 )
 from gateway.market import Symbol
-from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, Reasoner, SimulatedReasoner
+from gateway.reasoner import (
+    SYSTEM_PROMPT,
+    LLMReasoner,
+    Reasoner,
+    SimulatedCall,
+    SimulatedReasoner,
+)
 from gateway.schedules import check as check_schedule
-from lanes.config import AgentConfig, Budgets
+from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
 from lanes.gate_events import GateLimits
+from lanes.requests import Priority
 from lanes.schedules import MAX_SCHEDULES, Schedule
 from store import DEFAULT_MAX_BATCH
 
@@ -244,6 +251,16 @@ class TokenConfig(ConfigModel):
         return self.agents is None or agent_id in self.agents
 
 
+class SimulatedCallConfig(ConfigModel):
+    """Calls a simulated run makes: ``count`` calls to agent ``agent``."""
+
+    agent: AgentId
+    count: int = Field(default=1, ge=1, le=10_000)
+    priority: Priority = Priority.NORMAL
+    payload: dict[str, Any] = Field(default_factory=dict)
+    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_MS)
+
+
 class SimulatedReasonerConfig(ConfigModel):
     """The simulated reasoner (see `gateway.reasoner.SimulatedReasoner`)."""
 
@@ -258,6 +275,14 @@ class SimulatedReasonerConfig(ConfigModel):
     """The symbol of its orders when the requests name none."""
     provider: str | None = None
     """A ``[[providers]]`` name: each simulated turn then takes a slot of that gate."""
+    calls: tuple[SimulatedCallConfig, ...] = Field(default=(), max_length=100)
+    """Sub-agent calls each run makes (not a run about call results, nor one at a depth of
+    ``call_below_depth`` or more): ``[[agents.reasoner.calls]]`` tables."""
+    call_below_depth: int = Field(default=1, ge=0, le=100)
+    """Runs at a call depth below this make the calls (0 never; 1 only runs on hooks,
+    messages and audits, not those serving another agent's call)."""
+    call_results: CallResults | None = None
+    """How the calls' results come back (None: the agent's ``call_results``)."""
 
     @field_validator("latency_ms")
     @classmethod
@@ -419,6 +444,12 @@ class GatewayConfig(ConfigModel):
                     problems.append((("tokens", i, "agents", k), _unknown_agent(agent)))
         providers = _first_of_each("providers", "name", "provider name",
                                    [p.name for p in self.providers], problems)
+        for i, entry in enumerate(self.agents):
+            if isinstance(entry.reasoner, SimulatedReasonerConfig):
+                for k, call in enumerate(entry.reasoner.calls):
+                    if call.agent not in agents:
+                        problems.append((("agents", i, "reasoner", "calls", k, "agent"),
+                                         _unknown_agent(call.agent)))
         for i, entry in enumerate(self.agents):
             name = entry.reasoner.provider
             if name is None:
@@ -706,6 +737,10 @@ def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = 
         turns=config.turns,
         seed=config.seed,
         symbol=config.symbol,
+        calls=[SimulatedCall(call.agent, call.count, call.priority, dict(call.payload),
+                             call.timeout_ms) for call in config.calls],
+        call_below_depth=config.call_below_depth,
+        call_results=config.call_results,
     )
 
 
@@ -740,9 +775,15 @@ def demo_config() -> GatewayConfig:
             {
                 "id": "agent_news", "mode": "steer-backlog",
                 "halt_on_alerts": ["connector_down"],
+                # Each of its runs asks the two market agents (sub-agent calls); their
+                # answers come back to it as one follow-up run (the panel's call tree).
                 "reasoner": {"latency_ms": [800, 3_000], "trade_probability": 0.1,
                              "steerable": True, "turns": 3, "seed": 3,
-                             "provider": "sim-llm"},
+                             "provider": "sim-llm",
+                             "calls": [{"agent": "agent_btc_5m",
+                                        "payload": {"question": "BTC outlook?"}},
+                                       {"agent": "agent_eth_1m",
+                                        "payload": {"question": "ETH outlook?"}}]},
             },
         ],
         "hooks": [

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from lanes.events import (
     AgentCallDispatched,
+    AgentCallQueued,
     AgentCallRejected,
+    CallAnswered,
+    CallBatchOpened,
+    CallEnded,
+    CallResultsReady,
     ConfigApplied,
     ConfigChanged,
     ControlApplied,
@@ -85,6 +90,19 @@ def describe(event: Event) -> str:
             return f"{cid} -> {target} (depth {depth})"
         case AgentCallRejected(target=target, reason=reason):
             return f"call to {target}: {reason}"
+        case AgentCallQueued(call_id=cid, target=target, priority=priority):
+            return f"{cid} -> {target} queued ({priority.value})"
+        case CallBatchOpened(run_id=run_id, results=results, serves=serves):
+            serving = f", answers {len(serves)} call(s) after" if serves else ""
+            return f"{run_id} awaits its calls ({results.value}){serving}"
+        case CallEnded(call_id=cid, result=result):
+            why = f": {result.error}" if result.error else ""
+            return f"{cid} {result.status.value}{why}"
+        case CallResultsReady(request=request, last=last):
+            count = len(request.payload.get("results", ()))
+            return f"{request.request_id}: {count} result(s){' (last)' if last else ''}"
+        case CallAnswered(parent=parent, result=result):
+            return f"{result.call_id} answered to {parent}: {result.status.value}"
         case ConfigChanged(principal=who) | ConfigApplied(principal=who):
             return f"by {who}"
         case ScheduleChanged(schedule_id=sid, schedule=None, principal=who) | ScheduleApplied(

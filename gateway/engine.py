@@ -53,6 +53,8 @@ from lanes import status as agent_status
 from lanes.codec import AGENT_CODEC, Unrepeatable
 from lanes.events import (
     AgentCallDispatched,
+    CallAnswered,
+    CallEnded,
     CallUndeliverable,
     ConfigChanged,
     ControlApplied,
@@ -82,9 +84,11 @@ from lanes.events import (
     SpendLimitHit,
     Stopping,
     TimerElapsed,
+    answer_id,
+    withdrawal_id,
 )
 from lanes.evolve import fold as fold_events
-from lanes.replay import LogFold, is_agent_stream
+from lanes.replay import Answer, LogFold, is_agent_stream, track_call
 from lanes.requests import ControlAction, Kind
 from lanes.schedules import FILE_PRINCIPAL, SCHEDULER, Schedule
 from lanes.snapshot import dump_fold
@@ -362,6 +366,9 @@ class Engine:
         self._calls: dict[str, tuple[str, AgentCallDispatched]] = {}
         """Clustered: sub-agent calls dispatched and not received yet, by call id (an
         adopted agent delivers its own)."""
+        self._answers: dict[str, Answer] = {}
+        """Clustered: answers to sub-agent calls not received by their caller yet, by the id
+        of the request that carries them (an adopted agent delivers its own)."""
         self._replicas: asyncio.Task[None] | None = None
         self._followed = asyncio.Event()
         """Set whenever the replicas followed a batch of the log."""
@@ -391,6 +398,7 @@ class Engine:
                 self._agents[agent_id] = self._new_agent(
                     states.get(agent_id) or AgentState(agent_id=agent_id), owned=False)
             self._calls = dict(log_fold.calls)
+            self._answers = dict(log_fold.answers)
             self._running = True
             self._replicas = spawn(self._follow_replicas(log_fold.position), "replicas")
             self._spawn(self.scheduler.run(), "scheduler")
@@ -415,6 +423,8 @@ class Engine:
             self._schedule(agent)
         for parent, call in list(log_fold.calls.values()):
             self._deliver_call(parent, call)
+        for child, answer in list(log_fold.answers.values()):
+            self._deliver_answer(child, answer)
         if self.broker is not None:  # orders still open in the log go to the broker again
             for agent in self._agents.values():
                 for order in agent.state.orders.values():
@@ -601,6 +611,9 @@ class Engine:
         for parent, call in list(self._calls.values()):
             if parent == agent_id:
                 self._deliver_call(parent, call)
+        for child, answer in list(self._answers.values()):
+            if child == agent_id:
+                self._deliver_answer(child, answer)
         if self.broker is not None:  # its open orders go to this process's broker
             for order in agent.state.orders.values():
                 self._spawn(self.broker.place(agent_id, order.order_id, order.intent),
@@ -716,13 +729,7 @@ class Engine:
 
     def _replicate(self, record: RecordedEvent) -> None:
         event = self._reader.decode(record)
-        calls = self._calls
-        if type(event) is AgentCallDispatched:
-            calls[event.call_id] = (record.stream, event)
-        elif type(event) is CallUndeliverable:
-            calls.pop(event.call_id, None)
-        elif calls and type(event) is RequestReceived:
-            calls.pop(event.request.request_id, None)
+        track_call(self._calls, self._answers, record.stream, event)
         agent = self._agents.get(record.stream)
         if agent is None:
             agent = self._agents[record.stream] = self._new_agent(
@@ -1141,6 +1148,10 @@ class Engine:
                 self._start_run(agent, decision)
             elif isinstance(decision, AgentCallDispatched):
                 self._deliver_call(agent.state.agent_id, decision)
+            elif isinstance(decision, CallAnswered):
+                self._deliver_answer(agent.state.agent_id, decision)
+            elif isinstance(decision, CallEnded) and decision.withdraw:
+                self._withdraw_call(agent.state.agent_id, decision)
             elif isinstance(decision, OrderAccepted) and self.broker is not None:
                 self._spawn(self.broker.place(agent.state.agent_id, decision.order_id,
                                               decision.intent), f"place {decision.order_id}")
@@ -1193,6 +1204,8 @@ class Engine:
                 usage=result.usage,
                 orders=result.orders,
                 calls=result.calls,
+                answer=result.answer,
+                call_results=result.call_results,
             )
         finally:
             if agent.context is context:
@@ -1257,16 +1270,9 @@ class Engine:
             source=f"agent:{parent}",
             payload={**call.payload, "depth": call.depth, "parentRunId": call.run_id},
         )
-        for attempt in range(CALL_ATTEMPTS):
-            try:
-                await self.submit(request)
-                return
-            except GatewayError as error:
-                reason = str(error)
-                if error.code not in RETRY_CALL_CODES:
-                    break
-                # (its target is being rebuilt, or moves to another process: wait for it)
-                await asyncio.sleep(min(CALL_BACKOFF_MAX_S, 0.1 * 2**attempt))
+        reason = await self._submit_retrying(request)
+        if reason is None:
+            return
         parent_agent = self._agents.get(parent)
         if (self._running and parent_agent is not None and parent_agent.owned
                 and not parent_agent.recovering):
@@ -1275,6 +1281,68 @@ class Engine:
                 target=call.target, reason=f"call {call.call_id} not delivered: {reason}",
             )
             await self._committed(self._feed(parent_agent, undeliverable))
+
+    async def _submit_retrying(self, request: AgentRequest) -> str | None:
+        """Submit a request of the gateway's own (a call, an answer) to its agent, wherever
+        it is owned, trying again while the agent is unavailable; why it could not be, or
+        None once it is decided."""
+        reason = ""
+        for attempt in range(CALL_ATTEMPTS):
+            try:
+                await self.submit(request)
+                return None
+            except GatewayError as error:
+                reason = str(error)
+                if error.code not in RETRY_CALL_CODES:
+                    break
+                # (its agent is being rebuilt, or moves to another process: wait for it)
+                await asyncio.sleep(min(CALL_BACKOFF_MAX_S, 0.1 * 2**attempt))
+        return reason
+
+    def _deliver_answer(self, child: str, answer: CallAnswered) -> None:
+        task = self._spawn(self._send_answer(child, answer), f"answer {answer.result.call_id}")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _send_answer(self, child: str, answer: CallAnswered) -> None:
+        """Deliver a committed answer to the agent that made the call, as a ``call_result``
+        request (forwarded to its owner like any request). Its id is fixed by the call's, so
+        delivering twice (after a restart) is harmless."""
+        result = answer.result
+        request = AgentRequest(
+            request_id=answer_id(result.call_id),
+            created_at=_utc(self.clock.now_ms()),
+            agent_id=answer.parent,
+            kind=Kind.CALL_RESULT,
+            source=f"agent:{child}",
+            payload=result.model_dump(mode="json", by_alias=True, exclude_none=True),
+        )
+        reason = await self._submit_retrying(request)
+        if reason is not None:  # the caller times the call out, if it has a timeout
+            log.warning("the answer to call %s (%s) did not reach %s: %s", result.call_id,
+                        result.status.value, answer.parent, reason)
+
+    def _withdraw_call(self, caller: str, ended: CallEnded) -> None:
+        task = self._spawn(self._send_withdrawal(caller, ended), f"withdraw {ended.call_id}")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _send_withdrawal(self, caller: str, ended: CallEnded) -> None:
+        """Tell the target of a call its caller gave up on (a ``call_cancel`` request), so
+        that it drops what is still to do for it. Best effort: not sent again after a
+        restart (the target's answer is then refused by the caller, as late)."""
+        request = AgentRequest(
+            request_id=withdrawal_id(ended.call_id),
+            created_at=_utc(self.clock.now_ms()),
+            agent_id=ended.result.target,
+            kind=Kind.CALL_CANCEL,
+            source=f"agent:{caller}",
+            payload={"callId": ended.call_id, "status": ended.result.status.value},
+        )
+        reason = await self._submit_retrying(request)
+        if reason is not None:
+            log.warning("call %s was not withdrawn from %s: %s", ended.call_id,
+                        ended.result.target, reason)
 
     # ------------------------------------------------------------------------ timers
 

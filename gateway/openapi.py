@@ -112,6 +112,10 @@ def openapi_document() -> dict[str, Any]:
             f"{agent}/events": {"get": _op(
                 "One agent's log, newest last, paged back by version", obj,
                 query=(("beforeVersion", "integer"), ("limit", "integer")))},
+            f"{agent}/calls": {"get": _op(
+                "The sub-agent call trees of the agent's runs (each call's status, result "
+                "and the calls made while serving it)", obj,
+                query=(("run", "string"), ("limit", "integer")))},
             "/api/replay": {"get": _op(
                 "An agent's status and queue as they were at a log position, with the "
                 "events around it", obj, params=(),

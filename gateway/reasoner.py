@@ -15,10 +15,11 @@ from pydantic.alias_generators import to_camel
 from gateway.clock import Clock
 from gateway.errors import GatewayError
 from gateway.llm import Completion, LLMClient, Message, ProviderCallError
+from lanes.config import CallResults
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
 from lanes.gate import backoff_ceiling, full_jitter
 from lanes.gate_events import THROTTLED, CallOutcome
-from lanes.requests import RANK, AgentRequest, Priority, WireModel
+from lanes.requests import RANK, AgentRequest, Kind, Priority, WireModel
 
 if TYPE_CHECKING:
     from gateway.gate import SlotGate
@@ -37,12 +38,16 @@ class SpendLimitError(GatewayError):
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """What a run came to: its outcome, token usage, order intents and sub-agent calls."""
+    """What a run came to: its outcome, token usage, order intents and sub-agent calls,
+    and what it answers the agents whose calls it served."""
 
     outcome: Outcome
     usage: Usage = field(default_factory=Usage)
     orders: tuple[OrderIntent, ...] = ()
     calls: tuple[CallIntent, ...] = ()
+    answer: str = ""
+    call_results: CallResults | None = None
+    """How its calls' results come back (None: the agent's ``call_results``)."""
 
 
 class RunContext:
@@ -155,11 +160,24 @@ class Reasoner(Protocol):
         """Reason over ``ctx.requests`` (and steers as they come) and return the result."""
 
 
+@dataclass(frozen=True, slots=True)
+class SimulatedCall:
+    """Sub-agent calls a simulated run makes: ``count`` calls to ``agent_id``."""
+
+    agent_id: str
+    count: int = 1
+    priority: Priority = Priority.NORMAL
+    payload: dict[str, object] = field(default_factory=dict)
+    timeout_ms: int | None = None
+
+
 class SimulatedReasoner:
     """A stand-in LLM: random latency, trade or no trade, token usage, orders, steerable.
 
     Seeded, so a scenario is repeatable; the latency is drawn uniformly from
     ``latency_ms`` and spent on the run's clock in ``turns`` turns, taking steers between.
+    A run at a depth below ``call_below_depth`` that is not about call results makes the
+    ``calls``; a run that serves calls answers with a line about what it saw.
     """
 
     def __init__(
@@ -171,7 +189,13 @@ class SimulatedReasoner:
         turns: int = 2,
         seed: int | None = 7,
         symbol: str = "BTCUSD",
+        calls: Sequence[SimulatedCall] = (),
+        call_below_depth: int = 1,
+        call_results: CallResults | None = None,
     ) -> None:
+        self.calls = tuple(calls)
+        self.call_below_depth = call_below_depth
+        self.call_results = call_results
         self.latency_ms = latency_ms
         self.trade_probability = trade_probability
         self.steerable = steerable
@@ -203,21 +227,67 @@ class SimulatedReasoner:
         if self.steerable:
             ctx.set_steerable(False)
         usage = Usage(input_tokens=400 + 120 * len(prompts), output_tokens=80 + 40 * len(prompts))
-        if self._random.random() >= self.trade_probability:
-            return RunResult(outcome=Outcome.NO_TRADE, usage=usage)
-        symbol = str(ctx.requests[0].payload.get("symbol", self.symbol))
-        side: Literal["buy", "sell"] = "buy" if self._random.random() < 0.5 else "sell"
-        order = OrderIntent(symbol=symbol, side=side, qty=round(self._random.uniform(0.01, 0.5), 3))
-        return RunResult(outcome=Outcome.TRADE, usage=usage, orders=(order,))
+        calls = self._calls_for(ctx, prompts)
+        answer = _simulated_answer(prompts)
+        outcome, orders = Outcome.NO_TRADE, tuple[OrderIntent, ...]()
+        if self._random.random() < self.trade_probability:
+            symbol = str(ctx.requests[0].payload.get("symbol", self.symbol))
+            side: Literal["buy", "sell"] = "buy" if self._random.random() < 0.5 else "sell"
+            qty = round(self._random.uniform(0.01, 0.5), 3)
+            outcome, orders = Outcome.TRADE, (OrderIntent(symbol=symbol, side=side, qty=qty),)
+        return RunResult(outcome=outcome, usage=usage, orders=orders, calls=calls, answer=answer,
+                         call_results=self.call_results if calls else None)
+
+    def _calls_for(self, ctx: RunContext, prompts: Sequence[AgentRequest]
+                   ) -> tuple[CallIntent, ...]:
+        """The configured calls, in a run that is not about call results, below the depth."""
+        if not self.calls or ctx.depth >= self.call_below_depth or all(
+                r.kind is Kind.CALL_RESULT for r in prompts):
+            return ()
+        return tuple(
+            CallIntent(agent_id=plan.agent_id, priority=plan.priority, timeout_ms=plan.timeout_ms,
+                       payload={**plan.payload, "from": ctx.run_id, "n": n})
+            for plan in self.calls for n in range(1, plan.count + 1))
+
+
+def _simulated_answer(prompts: Sequence[AgentRequest]) -> str:
+    """What a simulated run answers its callers (nothing when it serves no call)."""
+    results = [result for r in prompts if r.kind is Kind.CALL_RESULT
+               for result in r.payload.get("results", ())]
+    if results:
+        statuses: dict[str, int] = {}
+        for result in results:
+            status = str(result.get("status"))
+            statuses[status] = statuses.get(status, 0) + 1
+        seen = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+        return f"simulated: {len(results)} call results ({seen})"
+    if any(r.kind is Kind.AGENT_CALL for r in prompts):
+        return f"simulated: looked at {len(prompts)} requests"
+    return ""
 
 
 SYSTEM_PROMPT = """You are a trading agent behind a gateway. You receive requests (market \
-hooks, user messages, audits, alerts) as JSON. Decide whether to trade. Answer with exactly \
-one JSON object and nothing else:
+hooks, user messages, audits, alerts, calls from other agents, results of your own calls) as \
+JSON, one per line. Decide whether to trade. Answer with exactly one JSON object and nothing \
+else:
 {"decision": "trade" or "no_trade", "orders": [{"symbol": "BTCUSD", "side": "buy" or \
 "sell", "qty": 0.1}], "reason": "one sentence"}
 Orders are only placed when decision is "trade". Later messages may add requests that \
-arrived while you were thinking: take them into account in your next answer."""
+arrived while you were thinking: take them into account in your next answer.
+
+You may ask other agents for help with sub-agent calls, in the same object:
+"calls": [{"agentId": "agent_eth_1m", "priority": "high" or "normal" or "low", \
+"payload": {"question": "..."}, "timeoutMs": 60000}], "callResults": "all" or "each"
+Each call runs on its target agent; their results come back to you as a request of kind \
+"call_result" whose payload holds "results": [{"callId", "target", "status" (returned, \
+failed, refused, cancelled or timed_out), "outcome", "answer", "usage", "error", "code"}]. \
+With "callResults": "all" (the default) you get one request when every call has ended; \
+with "each", one request per result as it arrives. Calls are limited in number per answer \
+and in depth (a call's target calling further); calls beyond the limits are refused, and \
+said so in the results.
+When a request of kind "agent_call" asks you something, put what you answer the caller in \
+"answer": "text" (your "reason" is sent if you give none). If you make calls while \
+answering one, the caller gets your answer after you have seen your calls' results."""
 
 
 class AnswerError(ValueError):
@@ -233,7 +303,9 @@ class _Answer(WireModel):
     decision: Outcome
     orders: tuple[OrderIntent, ...] = ()
     calls: tuple[CallIntent, ...] = ()
+    call_results: CallResults | None = None
     reason: str = ""
+    answer: str = ""
 
 
 def render_requests(requests: Sequence[AgentRequest], summary: Summary | None = None) -> str:
@@ -314,7 +386,9 @@ class LLMReasoner:
         answer = parse_answer(completion.text)
         usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
         orders = answer.orders if answer.decision is Outcome.TRADE else ()
-        return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls)
+        return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls,
+                         answer=(answer.answer or answer.reason)[:20_000],
+                         call_results=answer.call_results if answer.calls else None)
 
     async def _call(self, ctx: RunContext, messages: list[Message]) -> Completion:
         snapshot = tuple(messages)

@@ -12,12 +12,16 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from lanes.events import DECISION_TYPES, INPUT_TYPES, Event
+from lanes.config import STORED
+from lanes.events import DECISION_TYPES, INPUT_TYPES, WRITTEN_WHEN_SET, Event
 from lanes.upcast import AGENT_UPCASTERS, VERSION_KEY, UnknownEventVersion, Upcaster, Upcasters
 
 E = TypeVar("E")
 
 _ANY_MARKER = f'{{"{VERSION_KEY}":'
+
+
+_STORED = {STORED: True}
 
 
 class UnknownEventType(ValueError):
@@ -99,7 +103,13 @@ class Codec(Generic[E]):
     def encode(self, event: E) -> tuple[str, str]:
         """The type name and JSON text of an event (at its type's current version)."""
         cls = type(event)
-        text = self._by_class[cls].dump_json(event, by_alias=True).decode()
+        optional = WRITTEN_WHEN_SET.get(cls)
+        if optional is None:
+            text = self._by_class[cls].dump_json(event, by_alias=True, context=_STORED).decode()
+        else:
+            unset = {name for name, default in optional if getattr(event, name) == default}
+            text = self._by_class[cls].dump_json(event, by_alias=True, exclude=unset or None,
+                                                 context=_STORED).decode()
         marker = self._marker_by_class.get(cls)
         if marker is not None:
             text = marker + ("}" if text == "{}" else "," + text[1:])

@@ -7,9 +7,16 @@ force; a change applies to requests that arrive after it.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from lanes.requests import Kind, WireModel
 
@@ -19,6 +26,8 @@ MAX_MS = 3_650 * DAY_MS
 """The longest duration a config takes (ten years): time arithmetic on it never overflows."""
 MAX_COUNT = 1_000_000_000
 """The largest count a config takes."""
+STORED = "stored"
+"""Serialization context key: the dump is for the event log (`lanes.codec`)."""
 
 
 class Mode(StrEnum):
@@ -54,7 +63,20 @@ DEFAULT_DEDUPE: dict[Kind, DedupeStrategy] = {
     Kind.SCHEDULED_AUDIT: DedupeStrategy.DEDUPE_KEY,
     Kind.SYSTEM_ALERT: DedupeStrategy.DEDUPE_KEY,
     Kind.AGENT_CALL: DedupeStrategy.NONE,
+    Kind.CALL_RESULT: DedupeStrategy.NONE,
+    Kind.CALL_CANCEL: DedupeStrategy.NONE,
 }
+_NEW_KINDS = (Kind.CALL_RESULT, Kind.CALL_CANCEL)
+"""Kinds added after configs were stored (their dedupe entry is stored only when set)."""
+
+
+class CallResults(StrEnum):
+    """How the results of a run's sub-agent calls come back to the agent that made them."""
+
+    ALL = "all"
+    """Wait for every call of the run, then one request with all the results."""
+    EACH = "each"
+    """One request per result as it arrives (steered into a run that can take it)."""
 
 
 class Budgets(WireModel):
@@ -83,10 +105,39 @@ class AgentConfig(WireModel):
     budgets: Budgets = Field(default_factory=Budgets)
     max_call_depth: int = Field(default=3, ge=0, le=100)
     max_calls_per_run: int = Field(default=10, ge=0, le=10_000)
+    max_parallel_calls: int = Field(default=5, ge=1, le=10_000)
+    """The calls of one run out at once at most; the others wait in the agent's call queue,
+    high priority first (FIFO within a priority)."""
+    max_open_calls: int = Field(default=1_000, ge=1, le=1_000_000)
+    """Calls queued or out at once at most; more are refused (``queue_full``)."""
+    call_timeout_ms: int | None = Field(default=600_000, ge=1, le=MAX_MS)
+    """A call out this long ends ``timed_out`` (a call's own ``timeoutMs`` wins; None: never)."""
+    call_results: CallResults = CallResults.ALL
+    """How call results come back, unless the run that made the calls says."""
     run_timeout_ms: int = Field(default=120_000, ge=1, le=MAX_MS)
     halt_on_alerts: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), max_length=1_000)
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler,
+                         info: SerializationInfo) -> dict[str, Any]:
+        # Keys added after configs were stored are stored only when set: a config that does
+        # not use them is stored exactly as before (old logs re-record byte for byte).
+        data: dict[str, Any] = handler(self)
+        if not (info.context and info.context.get(STORED)):
+            return data
+        for name, default in _WRITTEN_WHEN_SET:
+            if getattr(self, name) == default:
+                data.pop(to_camel(name), None)
+                data.pop(name, None)
+        dedupe = data.get("dedupe")
+        if isinstance(dedupe, dict):
+            for kind in _NEW_KINDS:
+                if self.dedupe.get(kind) is DEFAULT_DEDUPE[kind]:
+                    dedupe.pop(kind, None)
+                    dedupe.pop(kind.value, None)
+        return data
 
     @model_validator(mode="after")
     def _complete_dedupe(self) -> AgentConfig:
@@ -101,3 +152,8 @@ class AgentConfig(WireModel):
         if self.collect_max_wait_ms is not None:
             return self.collect_max_wait_ms
         return 5 * self.debounce_ms
+
+
+_WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
+    (name, AgentConfig.model_fields[name].default)
+    for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results"))

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeGuard
 
 from pydantic import Field
 
-from lanes.config import AgentConfig, Mode
+from lanes.config import MAX_MS, AgentConfig, CallResults, Mode
 from lanes.requests import AgentRequest, ControlAction, JsonObject, Priority, WireModel
 from lanes.schedules import Schedule
 
@@ -42,6 +42,8 @@ class AbortReason(StrEnum):
     RESTART = "restart"
     SHUTDOWN = "shutdown"
     OPERATOR = "operator"
+    WITHDRAWN = "withdrawn"
+    """Its only request was a call its caller gave up on."""
 
 
 class OperatorAction(StrEnum):
@@ -75,6 +77,59 @@ class CallIntent(WireModel):
     agent_id: str
     priority: Priority = Priority.NORMAL
     payload: JsonObject = Field(default_factory=dict)
+    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_MS)
+    """Ends the call ``timed_out`` if no result came this long after it went out (None: the
+    agent's ``call_timeout_ms``)."""
+
+
+class CallStatus(StrEnum):
+    """How a sub-agent call ended: every call ends in exactly one of these."""
+
+    RETURNED = "returned"
+    """The target ran it and answered."""
+    FAILED = "failed"
+    """The target's run failed or was aborted."""
+    REFUSED = "refused"
+    """Never run: a limit, a full queue, an unknown or unreachable target (``code`` says)."""
+    CANCELLED = "cancelled"
+    """The agent that made it was stopped (or its queue cleared) first."""
+    TIMED_OUT = "timed_out"
+    """No result within its timeout."""
+
+
+class CallResult(WireModel):
+    """The result of one sub-agent call, as the agent that made it receives it."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    target: str = Field(default="", max_length=64)
+    status: CallStatus
+    outcome: Outcome | None = None
+    answer: str = Field(default="", max_length=20_000)
+    usage: Usage = Field(default_factory=Usage)
+    error: str | None = Field(default=None, max_length=1_000)
+    code: str | None = Field(default=None, max_length=64)
+    """Why it did not return, for a program: ``fan_out_limit``, ``depth_limit``,
+    ``queue_full``, ``deduped``, ``undeliverable``, ``run_failed``, ``run_aborted``,
+    ``halted``, ``cleared``, ``timeout`` (docs/calls.md)."""
+
+
+def answer_id(call_id: str) -> str:
+    """The request id of the answer to a call (the ``call_result`` request that carries it)."""
+    return f"{call_id}-a"
+
+
+def withdrawal_id(call_id: str) -> str:
+    """The request id of the ``call_cancel`` request that withdraws a call."""
+    return f"{call_id}-w"
+
+
+class ServedCall(WireModel):
+    """A call this agent serves for another (``parent``), answered when its work is done."""
+
+    call_id: str
+    parent: str
+    target: str = ""
+    """The agent serving it (this one)."""
 
 
 class Summary(WireModel):
@@ -128,6 +183,11 @@ class RunFinished:
     usage: Usage = field(default_factory=Usage)
     orders: tuple[OrderIntent, ...] = ()
     calls: tuple[CallIntent, ...] = ()
+    answer: str = ""
+    """What the run answers the agents whose calls it served (written only when set)."""
+    call_results: CallResults | None = None
+    """How its calls' results come back (None: the agent's ``call_results``; written only
+    when set)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -501,15 +561,89 @@ class AgentCallDispatched:
     depth: int
     priority: Priority
     payload: dict[str, Any]
+    deadline: int | None = None
+    """When it times out, if it does (written only when set)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AgentCallRejected:
-    """A sub-agent call of a run was refused."""
+    """A sub-agent call of a run was refused: it ends ``refused`` before it is queued."""
 
     run_id: str
     target: str
     reason: str
+    call_id: str = ""
+    """Its id (written only when set: logs before call results had none)."""
+    code: str = ""
+    """``fan_out_limit``, ``depth_limit``, ``queue_full`` or ``undeliverable`` (written only
+    when set)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallBatchOpened:
+    """A run made sub-agent calls: their results come back together (``all``) or one by one
+    (``each``), and the calls the run served (``serves``) are answered only when the run
+    that takes the last result is done."""
+
+    run_id: str
+    results: CallResults
+    depth: int
+    serves: tuple[ServedCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentCallQueued:
+    """A sub-agent call waits in this agent's call queue for one of its parallel slots."""
+
+    call_id: str
+    run_id: str
+    target: str
+    depth: int
+    priority: Priority
+    payload: dict[str, Any]
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallEnded:
+    """One of this agent's calls ended (its result arrived as request ``request_id``, it
+    timed out, or it was cancelled or found undeliverable)."""
+
+    call_id: str
+    result: CallResult
+    request_id: str | None = None
+    withdraw: bool = False
+    """The call was out: its target is told to drop it (a ``call_cancel`` request)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallWithdrawn:
+    """A caller gave up on a call this agent serves (request ``request_id``): what is still
+    to do for it is dropped (``detail`` says what)."""
+
+    request_id: str
+    call_id: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallResultsReady:
+    """Results of this agent's calls, made into a request for its reasoning lane (decided
+    next like any arriving request: queued, or steered into the active run)."""
+
+    run_id: str
+    request: AgentRequest
+    last: bool
+    """Whether it holds the batch's last result (the batch is closed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAnswered:
+    """This agent answers a call it served; the answer goes to ``parent`` as a
+    ``call_result`` request."""
+
+    parent: str
+    result: CallResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -577,6 +711,12 @@ Decision = (
     | BrokerReportIgnored
     | AgentCallDispatched
     | AgentCallRejected
+    | CallBatchOpened
+    | AgentCallQueued
+    | CallEnded
+    | CallResultsReady
+    | CallAnswered
+    | CallWithdrawn
     | ConfigApplied
     | ScheduleApplied
     | OperatorApplied
@@ -610,6 +750,12 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     BrokerReportIgnored,
     AgentCallDispatched,
     AgentCallRejected,
+    CallBatchOpened,
+    AgentCallQueued,
+    CallEnded,
+    CallResultsReady,
+    CallAnswered,
+    CallWithdrawn,
     ConfigApplied,
     OperatorApplied,
     OperatorRejected,
@@ -617,3 +763,11 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
 )
 
 Event = Input | Decision
+
+WRITTEN_WHEN_SET: dict[type[Any], tuple[tuple[str, Any], ...]] = {
+    RunFinished: (("answer", ""), ("call_results", None)),
+    AgentCallDispatched: (("deadline", None),),
+    AgentCallRejected: (("call_id", ""), ("code", "")),
+}
+"""Fields added after logs were written with their type: left out of the stored data while
+they hold their default, so an event that does not use them is stored as before."""

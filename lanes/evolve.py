@@ -15,10 +15,17 @@ from lanes.config import DAY_MS, Mode
 from lanes.events import (
     SUMMARY_IDS,
     AgentCallDispatched,
+    AgentCallQueued,
     AgentCallRejected,
     BrokerReport,
     BrokerReportIgnored,
+    CallAnswered,
+    CallBatchOpened,
+    CallEnded,
+    CallResultsReady,
+    CallStatus,
     CallUndeliverable,
+    CallWithdrawn,
     ConfigApplied,
     ConfigChanged,
     ControlApplied,
@@ -63,10 +70,10 @@ from lanes.events import (
     Summary,
     TimerElapsed,
 )
-from lanes.requests import AgentRequest
+from lanes.requests import RANK, AgentRequest
 from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.schedules import FILE_PRINCIPAL, ScheduleEntry, firing_of
-from lanes.state import ActiveRun, AgentState, OpenOrder, Pending
+from lanes.state import ActiveRun, AgentState, CallBatch, OpenCall, OpenOrder, Pending
 from lanes.tables import LANE_TRANSITIONS
 
 
@@ -323,6 +330,8 @@ def _dropped(state: AgentState, event: RequestDropped) -> None:
         key = _remove_pending(state, event.request_id).key
         if key is not None and state.recent_keys.get(key, ("",))[0] == event.request_id:
             del state.recent_keys[key]
+    if state.calls.carried:
+        state.calls.carried.pop(event.request_id, None)
     state.counters.drops += 1
 
 
@@ -333,6 +342,8 @@ def _summarized(state: AgentState, event: RequestSummarized) -> None:
         at = state.now
     else:
         at = _remove_pending(state, event.request_id).at
+    if state.calls.carried:
+        state.calls.carried.pop(event.request_id, None)
     folded = Summary(count=1, request_ids=(event.request_id,), first_at=at, last_at=at)
     state.summary = merge_summaries(state.summary, folded)
     state.counters.summarized += 1
@@ -416,9 +427,18 @@ def _steerability(state: AgentState, event: SteerabilityChanged) -> None:
     _run(state, event.run_id, "SteerabilityChanged").steerable = event.steerable
 
 
+def _release_carried(state: AgentState, requests: list[Pending]) -> None:
+    """The requests of a run that ended carry no call answers any more (given, or lost)."""
+    carried = state.calls.carried
+    if carried:
+        for entry in requests:
+            carried.pop(entry.request.request_id, None)
+
+
 @_on(RunCompleted)
 def _completed(state: AgentState, event: RunCompleted) -> None:
-    _run(state, event.run_id, "RunCompleted")
+    run = _run(state, event.run_id, "RunCompleted")
+    _release_carried(state, run.requests)
     state.active = None
     cooldown = state.config.budgets.no_trade_cooldown_ms
     if event.outcome is Outcome.NO_TRADE and cooldown:
@@ -431,7 +451,8 @@ def _completed(state: AgentState, event: RunCompleted) -> None:
 
 @_on(RunFailed)
 def _failed(state: AgentState, event: RunFailed) -> None:
-    _run(state, event.run_id, "RunFailed")
+    run = _run(state, event.run_id, "RunFailed")
+    _release_carried(state, run.requests)
     state.active = None
     state.counters.failed += 1
 
@@ -440,6 +461,8 @@ def _failed(state: AgentState, event: RunFailed) -> None:
 def _aborted(state: AgentState, event: RunAborted) -> None:
     run = _run(state, event.run_id, "RunAborted")
     state.active = None
+    if not event.requeued:
+        _release_carried(state, run.requests)
     if event.requeued:
         state.pending[0:0] = run.requests
         state.summary = merge_summaries(run.summary, state.summary)
@@ -533,14 +556,122 @@ def _report_ignored(state: AgentState, event: BrokerReportIgnored) -> None:
 # ---------------------------------------------------------------- calls, config, operator
 
 
+@_on(CallBatchOpened)
+def _batch_opened(state: AgentState, event: CallBatchOpened) -> None:
+    if event.run_id in state.calls.batches:
+        raise IllegalTransition(f"the calls of run {event.run_id} are already awaited")
+    state.calls.batches[event.run_id] = CallBatch(event.run_id, event.results, event.depth,
+                                                  list(event.serves))
+
+
+@_on(AgentCallQueued)
+def _call_queued(state: AgentState, event: AgentCallQueued) -> None:
+    book = state.calls
+    batch = book.batches.get(event.run_id)
+    if batch is None or event.call_id in book.open:
+        raise IllegalTransition(f"call {event.call_id} queued outside an open batch, or twice")
+    book.open[event.call_id] = OpenCall(event.call_id, event.run_id, event.target, event.depth,
+                                        event.priority, event.payload, event.timeout_ms)
+    queue = book.queue
+    index, rank = len(queue), RANK[event.priority]
+    while index > 0 and RANK[book.open[queue[index - 1]].priority] < rank:
+        index -= 1
+    queue.insert(index, event.call_id)
+    batch.open += 1
+
+
 @_on(AgentCallDispatched)
 def _call_dispatched(state: AgentState, event: AgentCallDispatched) -> None:
+    book = state.calls
+    call = book.open.get(event.call_id)
+    if call is not None:  # (a log written before call results dispatched without a queue)
+        if call.dispatched:
+            raise IllegalTransition(f"call {event.call_id} was dispatched already")
+        book.queue.remove(event.call_id)
+        call.dispatched = True
+        call.deadline = event.deadline
+        if event.deadline is not None:
+            book.deadlines[event.call_id] = event.deadline
+        book.out += 1
+        batch = book.batches.get(call.run_id)
+        if batch is not None:
+            batch.out += 1
     state.counters.calls_dispatched += 1
 
 
 @_on(AgentCallRejected)
 def _call_rejected(state: AgentState, event: AgentCallRejected) -> None:
+    if event.call_id:  # (none: a log before call results, or a call that ended before)
+        _count_end(state, CallStatus.REFUSED)
     state.counters.calls_rejected += 1
+
+
+def _count_end(state: AgentState, status: CallStatus) -> None:
+    ended = state.calls.ended
+    ended[status] = ended.get(status, 0) + 1
+
+
+@_on(CallEnded)
+def _call_ended(state: AgentState, event: CallEnded) -> None:
+    book = state.calls
+    call = book.open.get(event.call_id)
+    if call is None:
+        raise IllegalTransition(f"call {event.call_id} is not open")
+    if event.request_id is not None:
+        _take_staged(state, event.request_id, "accepted")
+    del book.open[event.call_id]
+    if call.dispatched:
+        book.out -= 1
+        book.deadlines.pop(event.call_id, None)
+    else:
+        book.queue.remove(event.call_id)
+    batch = book.batches.get(call.run_id)
+    if batch is not None:
+        batch.open -= 1
+        if call.dispatched:
+            batch.out -= 1
+        batch.ended.append(event.result)
+    _count_end(state, event.result.status)
+
+
+@_on(CallResultsReady)
+def _results_ready(state: AgentState, event: CallResultsReady) -> None:
+    book = state.calls
+    batch = book.batches.get(event.run_id)
+    if batch is None or state.staged is not None:
+        raise IllegalTransition(f"no results of run {event.run_id} to hand over now")
+    state.staged = event.request  # decided next like a request that arrived
+    batch.ended = []
+    if event.last:
+        if batch.serves:
+            book.carried[event.request.request_id] = batch.serves
+        del book.batches[event.run_id]
+
+
+@_on(CallAnswered)
+def _answered(state: AgentState, event: CallAnswered) -> None:
+    state.calls.answered += 1
+
+
+@_on(CallWithdrawn)
+def _withdrawn(state: AgentState, event: CallWithdrawn) -> None:
+    _take_staged(state, event.request_id, "accepted")
+    book = state.calls
+    call_id = event.call_id
+    # Nobody waits for an answer to it any more: a batch that served it alone is closed
+    # (its calls are cancelled next, and their results go nowhere).
+    for run_id, batch in list(book.batches.items()):
+        if any(s.call_id == call_id for s in batch.serves):
+            batch.serves = [s for s in batch.serves if s.call_id != call_id]
+            if not batch.serves:
+                del book.batches[run_id]
+    for request_id, carried in list(book.carried.items()):
+        if any(s.call_id == call_id for s in carried):
+            left = [s for s in carried if s.call_id != call_id]
+            if left:
+                book.carried[request_id] = left
+            else:
+                del book.carried[request_id]
 
 
 @_on(ConfigApplied)

@@ -10,6 +10,7 @@ from lanes.decide import decide
 from lanes.events import (
     INPUTS,
     AgentCallDispatched,
+    CallAnswered,
     CallUndeliverable,
     ControlApplied,
     Decision,
@@ -25,6 +26,7 @@ from lanes.events import (
     RunFailed,
     RunStarted,
     RunSteered,
+    answer_id,
 )
 from lanes.evolve import fold
 from lanes.state import AgentState
@@ -76,22 +78,27 @@ def _fold_batches(states: dict[str, AgentState], batches: dict[str, list[Event]]
 
 Call = tuple[str, AgentCallDispatched]
 """A sub-agent call and the agent that dispatched it."""
+Answer = tuple[str, CallAnswered]
+"""An answer to a sub-agent call and the agent that gives it."""
 
 
 @dataclass(slots=True)
 class LogFold:
     """What a start needs from the log up to ``position``: every agent's state, and the
     sub-agent calls committed as dispatched that their target has not received (nor given up
-    on) yet, by call id. A snapshot stores exactly this (`lanes.snapshot`)."""
+    on) yet, by call id, and the answers to calls their caller has not received yet, by
+    the id of the request that carries them. A snapshot stores exactly this
+    (`lanes.snapshot`)."""
 
     states: dict[str, AgentState] = field(default_factory=dict)
     position: int = 0
     calls: dict[str, Call] = field(default_factory=dict)
+    answers: dict[str, Answer] = field(default_factory=dict)
 
     def add(self, entries: Iterable[Entry]) -> None:
         """Fold more of the log (entries in position order, after ``position``)."""
         batches: dict[str, list[Event]] = {}
-        calls = self.calls
+        calls, answers = self.calls, self.answers
         position = self.position
         for entry in entries:
             stream, event = entry.stream, entry.event
@@ -100,14 +107,25 @@ class LogFold:
             if batch is None:
                 batch = batches[stream] = []
             batch.append(event)
-            if type(event) is AgentCallDispatched:
-                calls[event.call_id] = (stream, event)
-            elif type(event) is CallUndeliverable:
-                calls.pop(event.call_id, None)
-            elif calls and type(event) is RequestReceived:
-                calls.pop(event.request.request_id, None)
+            track_call(calls, answers, stream, event)
         _fold_batches(self.states, batches)
         self.position = position
+
+
+def track_call(calls: dict[str, Call], answers: dict[str, Answer], stream: str,
+               event: Event) -> None:
+    """Follow calls and answers on their way: a dispatched call until its target receives
+    it (or it is found undeliverable), an answer until its caller receives it."""
+    if type(event) is AgentCallDispatched:
+        calls[event.call_id] = (stream, event)
+    elif type(event) is CallAnswered:
+        answers[answer_id(event.result.call_id)] = (stream, event)
+    elif type(event) is CallUndeliverable:
+        calls.pop(event.call_id, None)
+    elif type(event) is RequestReceived and (calls or answers):
+        request_id = event.request.request_id
+        calls.pop(request_id, None)
+        answers.pop(request_id, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,6 +107,11 @@ class Kind(StrEnum):
     SCHEDULED_AUDIT = "scheduled_audit"
     SYSTEM_ALERT = "system_alert"
     AGENT_CALL = "agent_call"
+    CALL_RESULT = "call_result"
+    """The result of a sub-agent call, on its way back to the agent that made it."""
+    CALL_CANCEL = "call_cancel"
+    """The agent that made a call gave up on it (stopped, or the call timed out): its
+    target drops the work still to do for it."""
 
 
 class Priority(StrEnum):
@@ -149,7 +154,9 @@ class AgentRequest(WireModel):
 
     A ``user_control`` payload names either an ``action`` (control lane) or a ``message``
     (reasoning lane); ``cancel_order`` needs an ``orderId``. An ``agent_call`` payload may
-    carry ``depth`` (an integer >= 1, default 1).
+    carry ``depth`` (an integer >= 1, default 1). A ``call_result`` payload is one call's
+    result (``callId``, ``status``, ...) or the results a run awaited (``results``), with the
+    ``depth`` of the run that made the calls.
     """
 
     request_id: str = Field(min_length=1, max_length=128)
@@ -187,6 +194,16 @@ class AgentRequest(WireModel):
             depth = payload["depth"]
             if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
                 raise ValueError("'depth' must be an integer >= 1")
+        elif kind == Kind.CALL_RESULT:
+            if not isinstance(payload.get("callId"), str) and not isinstance(
+                    payload.get("results"), list):
+                raise ValueError("a call_result payload needs a 'callId' string (one result) "
+                                 "or a 'results' list")
+            depth = payload.get("depth", 0)
+            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+                raise ValueError("'depth' must be an integer >= 0")
+        elif kind == Kind.CALL_CANCEL and not isinstance(payload.get("callId"), str):
+            raise ValueError("a call_cancel payload needs a 'callId' string")
         return payload
 
     @property
@@ -198,9 +215,12 @@ class AgentRequest(WireModel):
 
     @property
     def depth(self) -> int:
-        """Sub-agent call depth: 0 for requests that are not agent calls."""
+        """Sub-agent call depth: 0 for requests that are not agent calls (a call's result
+        runs at the depth of the run that made the call)."""
         if self.kind is Kind.AGENT_CALL:
             return int(self.payload.get("depth", 1))
+        if self.kind is Kind.CALL_RESULT:
+            return int(self.payload.get("depth", 0))
         return 0
 
 

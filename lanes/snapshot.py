@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter, ValidationError
 
 from lanes.config import AgentConfig
-from lanes.events import AgentCallDispatched, Summary, TradingState
+from lanes.events import AgentCallDispatched, CallAnswered, Summary, TradingState, answer_id
 from lanes.replay import LogFold, is_agent_stream
 from lanes.schedules import ScheduleEntry
-from lanes.state import ActiveRun, AgentState, Counters, OpenOrder, Pending
+from lanes.state import ActiveRun, AgentState, CallBook, Counters, OpenOrder, Pending
 
 SNAPSHOT_FORMAT = 1
 """Bump when the image below changes shape."""
@@ -62,6 +62,7 @@ class AgentImage:
     positions: dict[str, float]
     counters: Counters
     schedules: list[ScheduleEntry] = field(default_factory=list)
+    calls: CallBook = field(default_factory=CallBook)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,6 +75,7 @@ class FoldImage:
     """The id of the event at ``position``: a snapshot is only ever applied to its own log."""
     agents: list[AgentImage]
     calls: list[tuple[str, AgentCallDispatched]]
+    answers: list[tuple[str, CallAnswered]] = field(default_factory=list)
 
 
 _IMAGE = TypeAdapter(FoldImage)
@@ -90,7 +92,8 @@ def dump_fold(log_fold: LogFold, anchor: str) -> bytes:
             raise ValueError(f"{state.agent_id}: a request awaits its decision; not at rest")
         agents.append(_image(state))
     image = FoldImage(format=SNAPSHOT_FORMAT, position=log_fold.position, anchor=anchor,
-                      agents=agents, calls=list(log_fold.calls.values()))
+                      agents=agents, calls=list(log_fold.calls.values()),
+                      answers=list(log_fold.answers.values()))
     return _IMAGE.dump_json(image, by_alias=True)
 
 
@@ -113,7 +116,10 @@ def load_fold(data: bytes) -> tuple[LogFold, str]:
             raise BadSnapshot(f"snapshot holds a bad or repeated agent {agent.agent_id!r}")
         states[agent.agent_id] = _state(agent)
     calls = {call.call_id: (parent, call) for parent, call in image.calls}
-    return LogFold(states=states, position=image.position, calls=calls), image.anchor
+    answers = {answer_id(answer.result.call_id): (child, answer)
+               for child, answer in image.answers}
+    return LogFold(states=states, position=image.position, calls=calls,
+                   answers=answers), image.anchor
 
 
 def _format_of(data: bytes) -> object:
@@ -157,6 +163,7 @@ def _image(state: AgentState) -> AgentImage:
         positions=state.positions,
         counters=state.counters,
         schedules=list(state.schedules.values()),
+        calls=state.calls,
     )
 
 
@@ -198,4 +205,5 @@ def _state(image: AgentImage) -> AgentState:
         positions=image.positions,
         counters=image.counters,
         schedules={entry.schedule.id: entry for entry in image.schedules},
+        calls=image.calls,
     )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from lanes.config import DAY_MS, HOUR_MS, AgentConfig, Mode
-from lanes.events import OrderIntent, Summary, TradingState
-from lanes.requests import AgentRequest
+from lanes.config import DAY_MS, HOUR_MS, AgentConfig, CallResults, Mode
+from lanes.events import CallResult, CallStatus, OrderIntent, ServedCall, Summary, TradingState
+from lanes.requests import AgentRequest, Priority
 from lanes.schedules import ScheduleEntry
 from lanes.tables import LaneState
 
@@ -81,6 +82,58 @@ class Counters:
 
 
 @dataclass(slots=True)
+class OpenCall:
+    """A sub-agent call this agent made that has not ended: queued, or out (``dispatched``)."""
+
+    call_id: str
+    run_id: str
+    target: str
+    depth: int
+    priority: Priority
+    payload: dict[str, Any]
+    timeout_ms: int | None = None
+    dispatched: bool = False
+    deadline: int | None = None
+
+
+@dataclass(slots=True)
+class CallBatch:
+    """The calls one run made, awaited together."""
+
+    run_id: str
+    results: CallResults
+    depth: int
+    serves: list[ServedCall] = field(default_factory=list)
+    open: int = 0
+    """Calls of the batch not ended yet."""
+    out: int = 0
+    """Of which dispatched (at most ``max_parallel_calls``)."""
+    ended: list[CallResult] = field(default_factory=list)
+    """Results not handed to the reasoning lane yet (``all``: every one, at the end)."""
+
+
+@dataclass(slots=True)
+class CallBook:
+    """This agent's sub-agent calls: those it made (queue, slots, batches) and the calls it
+    serves for others carried by requests it made itself (results)."""
+
+    open: dict[str, OpenCall] = field(default_factory=dict)
+    queue: list[str] = field(default_factory=list)
+    """Queued call ids in the order they go out: high priority first, FIFO within one."""
+    out: int = 0
+    """Calls dispatched and not ended (of all batches)."""
+    deadlines: dict[str, int] = field(default_factory=dict)
+    """Call id -> when it times out, for the calls out that have a timeout."""
+    batches: dict[str, CallBatch] = field(default_factory=dict)
+    carried: dict[str, list[ServedCall]] = field(default_factory=dict)
+    """Request id of a results request -> the calls it carries the answer of."""
+    ended: dict[CallStatus, int] = field(default_factory=dict)
+    """How many calls ended in each status (made, ended here: every call in exactly one)."""
+    answered: int = 0
+    """Calls served for others and answered."""
+
+
+@dataclass(slots=True)
 class AgentState:
     """One agent's two lanes. Mutable, but only `lanes.evolve.evolve` changes it."""
 
@@ -117,6 +170,7 @@ class AgentState:
     counters: Counters = field(default_factory=Counters)
     schedules: dict[str, ScheduleEntry] = field(default_factory=dict)
     """Schedule id -> the schedule in force and how far it fired."""
+    calls: CallBook = field(default_factory=CallBook)
 
     @property
     def lane(self) -> LaneState:

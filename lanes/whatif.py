@@ -145,11 +145,11 @@ def tally(entries: Iterable[Entry]) -> dict[str, Tally]:
         t = now[stream]
         if kind is RequestQueued:
             count["accepted"] += 1
-            arrivals[stream].setdefault(event.request_id, t)  # type: ignore[union-attr]
+            arrivals[stream].setdefault(event.request_id, t)  # type: ignore[union-attr,arg-type]
         elif kind is RunSteered:
             count["accepted"] += 1
             count["steered"] += 1
-            waits[stream].setdefault(event.request_id, 0)  # type: ignore[union-attr]
+            waits[stream].setdefault(event.request_id, 0)  # type: ignore[union-attr,arg-type]
         elif kind is RunStarted:
             count["runs"] += 1
             for request_id in event.request_ids:  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from websockets.typing import Subprotocol
 
 from gateway.app import Service, create_app, own_origins
 from gateway.auth import Principal, Role, TokenBook
+from gateway.clock import Clock
 from gateway.engine import Engine
 from gateway.reasoner import Reasoner
 from lanes import AgentConfig
@@ -92,12 +93,12 @@ async def receive_until(ws: ClientConnection, done: Callable[[dict[str, Any]], b
 
 @contextlib.asynccontextmanager
 async def running(store: EventStore, agents: dict[str, AgentConfig],
-                  reasoners: Callable[[str], Reasoner], *,
+                  reasoners: Callable[[str], Reasoner], clock: Clock | None = None, *,
                   engine_options: dict[str, Any] | None = None, **service: Any
                   ) -> AsyncIterator[Live]:
     """Start a gateway (engine + uvicorn on 127.0.0.1, ephemeral port); stop it after.
-    ``engine_options`` go to the `Engine` (a clock, schedules)."""
-    engine = Engine(store, agents, reasoners=reasoners, **(engine_options or {}))
+    ``engine_options`` go to the `Engine` (schedules, say)."""
+    engine = Engine(store, agents, reasoners=reasoners, clock=clock, **(engine_options or {}))
     book = TokenBook(TOKENS.items())
     svc = Service(engine=engine, tokens=book, **service)
 

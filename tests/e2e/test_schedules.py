@@ -23,8 +23,8 @@ async def live() -> AsyncIterator[Live]:
     clock = FakeClock()  # (nothing fires by itself: the test moves no time)
     reasoner = ManualReasoner()
     async with running(MemoryEventStore(clock=clock.now_ms),
-                       {"desk": AgentConfig(mode=Mode.QUEUE)}, lambda _: reasoner,
-                       engine_options={"clock": clock, "schedules": {
+                       {"desk": AgentConfig(mode=Mode.QUEUE)}, lambda _: reasoner, clock,
+                       engine_options={"schedules": {
                            "desk": [Schedule(id="open", cron="30 9 * * 1-5",
                                              timezone="America/New_York")]}}) as gateway:
         async def looked() -> bool:

@@ -17,7 +17,11 @@ from lanes.codec import encode
 from lanes.events import (
     AbortReason,
     AgentCallDispatched,
+    CallAnswered,
+    CallEnded,
     CallIntent,
+    CallResult,
+    CallStatus,
     ConfigApplied,
     OperatorAction,
     RequestReceived,
@@ -379,8 +383,8 @@ async def test_a_call_to_an_unknown_agent_is_recorded_against_its_run(
     await engine.submit(request("btc"))
     parent = await reasoner.started()
     reasoner.finish(parent.run_id, calls=(CallIntent(agent_id="ghost"),))
-    record = await next_event(engine.store, "AgentCallRejected")
-    assert "unknown agent 'ghost'" in record.data
+    record = await next_event(engine.store, "CallEnded")
+    assert "unknown agent 'ghost'" in record.data and '"refused"' in record.data
     await assert_log_is_the_state(engine)
 
 
@@ -489,3 +493,32 @@ async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_or
     positions = [a.position for a in acks if not isinstance(a, Exception)]
     assert min(positions) < stop.position < max(positions)
     await assert_log_is_the_state(engine)
+
+
+async def test_an_answer_committed_before_a_crash_is_delivered_to_its_caller_at_the_next_start(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "events.db"
+    reasoner = ManualReasoner()
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock, reasoners=lambda _: reasoner)
+    await engine.start()
+    await engine.submit(request("btc"))
+    parent = await reasoner.started()
+    reasoner.finish(parent.run_id, calls=(CallIntent(agent_id="sol"),))
+    await reasoner.started()  # sol runs the call
+    await engine.flush()
+    answer = CallAnswered(parent="btc", result=CallResult(
+        call_id="btc-r1-c1", target="sol", status=CallStatus.RETURNED, answer="seen"))
+    # What a crash between the commit and the delivery leaves: the answer, no delivery.
+    await engine.store.append(Append("sol", [NewEvent("crash-2", *encode(answer))],
+                                     engine.state("sol").version))
+    await engine.stop(graceful=False)
+
+    engine = Engine(SqliteEventStore(path), AGENTS, clock=clock,
+                    reasoners=ManualReasoner.per_agent())
+    await engine.start()
+    await engine.flush()
+    ended = [e.event for e in await log_of(engine.store) if isinstance(e.event, CallEnded)]
+    assert [(e.call_id, e.result.answer) for e in ended] == [("btc-r1-c1", "seen")]
+    assert not engine.state("btc").calls.open
+    await engine.stop()

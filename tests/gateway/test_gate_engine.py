@@ -12,7 +12,7 @@ from gateway.clock import FakeClock
 from gateway.engine import Engine
 from gateway.gate import ProviderGate
 from gateway.llm import Completion, Message, ProviderCallError, RateHints
-from gateway.reasoner import LLMReasoner, SimulatedReasoner
+from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
 from lanes import AgentConfig, Mode
 from lanes.events import RunFailed, RunsHeld, TradingState
 from lanes.gate_events import CallOutcome, GateLimits
@@ -237,3 +237,28 @@ async def test_the_simulated_reasoner_takes_a_slot_per_turn() -> None:
     await gate.flush()
     assert gate.status().counters.granted == 2
     await engine.stop()
+
+
+async def test_a_models_calls_go_out_and_its_next_turn_reads_their_answers() -> None:
+    ask = answer(calls=[{"agentId": "eth", "priority": "high", "payload": {"q": "ETH?"}}],
+                 callResults="all", reason="ask eth first")
+    client = ScriptedLLM(ask, answer(answer="ETH looks heavy"), answer(reason="done"))
+    engine, store, _ = await engine_with(client, agents=("btc", "eth"))
+    await engine.submit(request("btc"))
+    await next_event(store, "CallResultsReady")
+    await next_event(store, "RunCompleted", after=(await next_event(
+        store, "CallResultsReady")).position)
+    assert len(client.calls) == 3
+    asked = client.calls[1][0].content  # eth's run reads the call and its payload
+    assert '"kind":"agent_call"' in asked and '"q":"ETH?"' in asked
+    results = json.loads(client.calls[2][0].content)  # btc's next run reads the answers
+    assert results["kind"] == "call_result"
+    [result] = results["payload"]["results"]
+    assert result["answer"] == "ETH looks heavy" and result["status"] == "returned"
+    await engine.stop()
+
+
+def test_the_system_prompt_says_how_to_make_calls_and_how_results_come_back() -> None:
+    for words in ('"calls"', '"agentId"', '"callResults"', '"call_result"', '"answer"',
+                  "timed_out"):
+        assert words in SYSTEM_PROMPT

@@ -185,6 +185,7 @@ def test_calls_beyond_the_fan_out_limit_are_rejected_with_a_reason() -> None:
         AgentCallRejected(
             run_id="agent_btc_5m-r1", target="helper2",
             reason="fan-out limit of 2 calls per run reached",
+            call_id="agent_btc_5m-r1-c3", code="fan_out_limit",
         )
     ]
 

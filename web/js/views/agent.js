@@ -7,6 +7,7 @@ import {Model} from "../model.js";
 import {ACTIONS} from "../controls.js";
 import {pendingTable, runCard} from "./queue.js";
 import {createTimeline} from "./timeline.js";
+import {createCallTree, isCallEvent} from "./calls.js";
 
 const PAGE = 1000;
 const QUEUE_REFRESH_MS = 250;
@@ -69,6 +70,7 @@ export function createAgentView(ctx) {
   let queueTimer = null;
   let generation = 0;
   let timeline = null;
+  let calls = null;
   let parts = null;
 
   function build(id) {
@@ -93,6 +95,7 @@ export function createAgentView(ctx) {
       schedules: h("ul", {class: "list", id: "schedules", "aria-label": "Schedules"}),
     };
     timeline = createTimeline(ctx, id, {loadEarlier});
+    calls = createCallTree(ctx, id);
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
       h("span", {class: "who-for", "aria-hidden": "true"}, `${id}:`),
       Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
@@ -108,7 +111,7 @@ export function createAgentView(ctx) {
           h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
           h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending,
           h("h4", {}, "Scheduled audits"), parts.schedules)),
-      timeline.el);
+      calls.el, timeline.el);
     renderHead();  // what the model knows already, while the lanes and the log load
     return load(id, generation);
   }
@@ -268,6 +271,8 @@ export function createAgentView(ctx) {
           }
         }
       }
+      // A call anywhere may be part of this agent's trees (its calls' calls are elsewhere).
+      if (detail.events.some(isCallEvent)) calls?.refresh();
       if (mine) {
         timeline.set(stream, more);
         renderActions();
