@@ -828,6 +828,14 @@ def _settle(state: GateState, emit: Emit) -> None:
     deadlines = state.index.deadlines
     if deadlines and deadlines[0][0] < now:  # the front is the earliest wait bound
         _refuse_overdue(state, now, emit)
+    _grant(state, now, emit)
+    if deadlines and deadlines[0][0] <= now:
+        _refuse_overdue(state, now + 1, emit)  # those the grants left at their bound...
+        _grant(state, now, emit)  # ...may have held back some that fit
+
+
+def _grant(state: GateState, now: int, emit: Emit) -> None:
+    """Grant whatever fits, in the fair order, until the next in line does not."""
     while state.waiting and not _exhausted(state):
         entry = next_in_line(state)
         assert entry is not None
@@ -841,8 +849,6 @@ def _settle(state: GateState, emit: Emit) -> None:
                 probe=state.breaker is _HALF_OPEN,
             )
         )
-    if deadlines and deadlines[0][0] <= now:
-        _refuse_overdue(state, now + 1, emit)
 
 
 def _expire_leases(state: GateState, now: int, emit: Emit) -> None:

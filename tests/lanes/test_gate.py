@@ -517,6 +517,22 @@ def test_remaining_tokens_hold_a_request_that_would_use_more() -> None:
     assert granted(bench.advance(5_000)) == ["big"]
 
 
+def test_a_request_refused_at_its_wait_bound_lets_the_one_behind_it_go_at_once() -> None:
+    """The head of the line is refused at the end of the millisecond of its bound: a
+    request it held back, and that fits, is granted in that same decision."""
+    bench = GateBench(GateLimits(max_wait_ms=5_000))
+    bench.request("s1", input_tokens=0, output_tokens=0)
+    bench.release("s1", remaining_tokens=0, reset_at=T0 + WINDOW_MS)
+    assert names(bench.request("big", priority="high")) == ["SlotQueued"]  # no tokens left
+    bench.limits(max_wait_ms=60_000)
+    assert names(bench.request("free", input_tokens=0, output_tokens=0)) == ["SlotQueued"]
+
+    decisions = bench.advance(5_000)
+
+    assert names(decisions) == ["SlotRefused", "SlotGranted"]
+    assert granted(decisions) == ["free"]
+
+
 # ------------------------------------------------------------------------------ limits
 
 
