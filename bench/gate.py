@@ -8,25 +8,37 @@ runs in virtual time, fed as the live gate feeds it: the inputs, and a `GateTime
 
 - **equal**: 100 equal agents (normal priority, 1,500-4,000 input and 400-1,000 output
   tokens estimated per call);
-- **priorities**: 20 high, 50 normal and 30 low agents (the aging between classes at work);
-- **token sizes**: half the agents send prompts and answers 4x bigger (the fair share is
-  meant to be tokens);
+- **priorities**: 20 high, 50 normal and 30 low agents (the aging between classes at work:
+  the share is fair within a class; between classes, the higher one goes first unless a
+  lower one has waited ``priority_aging_ms`` per rank longer, so under saturation the high
+  agents make more calls than the low ones);
+- **token sizes**: half the agents send prompts and answers 4x bigger; the RPM binds;
 - **token sizes, input TPM binding**: the same agents under an input-token limit that runs
   out long before the RPM does (not timed);
+- **token sizes, output TPM binding**: the same under an output-token limit (not timed);
 - **token sizes, concurrency binding**: the same agents, no per-minute limit, at most 10
-  calls in flight, so the queue is contended all the time and the fair order alone decides
-  who goes next (not timed). Under a sliding window the shares follow the window instead:
-  capacity comes back exactly as it was taken 60 s earlier, and agents that call again
-  right away take it as it frees, so the shares there stay close to even per request.
+  calls in flight (not timed).
+
+The gate's share is tokens, whichever limit binds (see `lanes.gate`): agents that all
+want more than the gate can give get the same number of tokens over time, counted as the
+gate counts them in its fair order, the estimates (input + output) of their granted
+requests. So where the agents differ in size the fair result is the same tokens per agent,
+and the 1x agents make four times the calls of the 4x ones, under the RPM as under a token
+limit or the concurrency cap.
 
 Measures:
 
-- **utilisation** = requests granted in the period / (RPM x minutes): the most a sliding
-  60 s window can grant (goal >= 98 %); where input tokens bind, input tokens granted /
-  (ITPM x minutes);
+- **utilisation** of the limit that binds: requests granted in the period / (RPM x
+  minutes), the most a sliding 60 s window can grant (goal >= 98 %); where input tokens
+  bind, input tokens granted / (ITPM x minutes); where output tokens bind, output tokens
+  charged (the actual usage once released, as the gate's window counts them) / (OTPM x
+  minutes); where the concurrency binds, the time slots were held / (max_concurrent x the
+  period);
 - **Jain's index** J(x) = (sum x)^2 / (n sum x^2), shown x 100, over the granted requests of
   equal agents (100 % is perfectly even, 100/n % is one agent taking all; goal >= 99 %),
-  and over granted tokens where the agents differ in size;
+  and over the tokens granted (the estimates, input + output, of the requests granted in
+  the period) to all agents where they differ in size (goal >= 99 %); with the tokens per
+  4x agent / per 1x agent (goal 1 +- 0.1; 4 would be a share by requests);
 - **wait** from `SlotRequested` to its `SlotGranted`, in virtual time (p50 / p99 / max);
 - **overhead per slot**: the recorded inputs are fed again to a fresh gate with nothing else
   in the loop: wall time of `decide_gate` / slots granted, which is one slot's whole life
@@ -97,6 +109,11 @@ class Sim:
     """Agent -> estimated tokens granted in the period."""
     input_tokens: int = 0
     """Estimated input tokens granted in the period, all agents."""
+    output_charged: dict[str, int] = field(default_factory=dict)
+    """Slot granted in the period -> its output tokens as the window counts them: the
+    estimate, then the actual usage once released."""
+    held_ms: int = 0
+    """Time slots were held within the period, all slots together."""
     waits: dict[str, list[int]] = field(default_factory=dict)
     """Agent -> every wait, ms."""
     refused: int = 0
@@ -115,6 +132,7 @@ def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 
     asked: dict[str, tuple[int, SlotRequested]] = {}  # slot id -> (asked at, request)
     calling: dict[str, SlotRequested] = {}  # granted slots whose call is under way
     later: list[tuple[int, str, str]] = []  # a heap of (at, "release" | "ask", slot | agent)
+    granted_at: dict[str, int] = {}  # slot granted in the period and not yet released
     ids = itertools.count(1)
 
     def feed(event: GateInput) -> None:
@@ -129,6 +147,8 @@ def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 
                 sim.granted[request.agent_id] += 1
                 sim.tokens[request.agent_id] += request.input_tokens + request.output_tokens
                 sim.input_tokens += request.input_tokens
+                sim.output_charged[decision.slot_id] = request.output_tokens
+                granted_at[decision.slot_id] = now
             sim.waits[request.agent_id].append(now - at)
             calling[decision.slot_id] = request
             heapq.heappush(later, (now + rng.randint(*LATENCY_MS), "release", decision.slot_id))
@@ -153,13 +173,18 @@ def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 
 
     def release(now: int, slot_id: str) -> None:
         request = calling.pop(slot_id)
+        output = rng.randint(request.output_tokens // 4, request.output_tokens)
+        if slot_id in sim.output_charged:
+            sim.output_charged[slot_id] = output
+        if slot_id in granted_at:
+            sim.held_ms += min(now, sim.end) - granted_at.pop(slot_id)
         feed(
             SlotReleased(
                 at=now,
                 slot_id=slot_id,
                 outcome=CallOutcome.OK,
                 input_tokens=request.input_tokens,
-                output_tokens=rng.randint(request.output_tokens // 4, request.output_tokens),
+                output_tokens=output,
             )
         )
         ask(by_name[request.agent_id], now)
@@ -181,6 +206,7 @@ def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 
             feed(GateTimer(at=now))
         else:
             break
+    sim.held_ms += sum(sim.end - at for at in granted_at.values())  # still held at the end
     return sim
 
 
@@ -245,11 +271,13 @@ class Variant:
     agents: Callable[[int], list[Agent]]
     input_tokens_per_minute: int | None = None
     """If set, the input tokens rather than the requests are what runs out."""
+    output_tokens_per_minute: int | None = None
+    """If set, the output tokens rather than the requests are what runs out."""
     timed: bool = True
     """Whether to measure the gate's cost per slot on this variant."""
     max_concurrent: int | None = None
-    """If set, calls in flight rather than requests per minute are what runs out (the
-    queue is then contended all the time, which is where the fair order decides)."""
+    """If set, calls in flight rather than requests per minute are what runs out (and no
+    per-minute limit is set)."""
 
 
 VARIANTS: dict[str, Variant] = {
@@ -257,6 +285,9 @@ VARIANTS: dict[str, Variant] = {
     "priorities": Variant(mixed_priorities),
     "token sizes": Variant(two_sizes),
     "token sizes, input TPM binding": Variant(two_sizes, 1_000_000, timed=False),
+    "token sizes, output TPM binding": Variant(
+        two_sizes, output_tokens_per_minute=150_000, timed=False
+    ),
     "token sizes, concurrency binding": Variant(two_sizes, timed=False, max_concurrent=10),
 }
 
@@ -265,25 +296,34 @@ def measure(agents: int = 100, rpm: int = 600, minutes: int = 10) -> list[Figure
     """Every variant's utilisation, fairness and waits, and the gate's cost per slot."""
     figures: list[Figure] = []
     for name, variant in VARIANTS.items():
-        itpm = variant.input_tokens_per_minute
+        itpm, otpm = variant.input_tokens_per_minute, variant.output_tokens_per_minute
         cap = variant.max_concurrent
         limits = GateLimits(requests_per_minute=rpm if cap is None else None,
-                            input_tokens_per_minute=itpm, max_concurrent=cap)
+                            input_tokens_per_minute=itpm, output_tokens_per_minute=otpm,
+                            max_concurrent=cap)
         sim = simulate(variant.agents(agents), limits, minutes)
         tag = f"[{name}]"
         groups: dict[str, list[Agent]] = {}
         for agent in sim.agents:
             groups.setdefault(agent.group, []).append(agent)
         if cap is not None:
-            figures.append(Figure(f"{tag} calls granted (max {cap} in flight)",
-                                  sum(sim.granted.values()), "requests"))
-        elif itpm is None:
+            figures += [
+                Figure(f"{tag} utilisation: time slots held / (max_concurrent x period)",
+                       100 * sim.held_ms / (cap * minutes * WINDOW_MS), "%", ">= 98 %"),
+                Figure(f"{tag} calls granted (max {cap} in flight)",
+                       sum(sim.granted.values()), "requests"),
+            ]
+        elif itpm is not None:
+            figures.append(Figure(f"{tag} utilisation: input tokens granted / (ITPM x minutes)",
+                                  100 * sim.input_tokens / (itpm * minutes), "%", ">= 98 %"))
+        elif otpm is not None:
+            figures.append(Figure(
+                f"{tag} utilisation: output tokens charged / (OTPM x minutes)",
+                100 * sum(sim.output_charged.values()) / (otpm * minutes), "%", ">= 98 %"))
+        else:
             figures.append(Figure(f"{tag} utilisation: granted / (RPM x minutes)",
                                   100 * sum(sim.granted.values()) / (rpm * minutes), "%",
                                   ">= 98 %"))
-        else:
-            figures.append(Figure(f"{tag} utilisation: input tokens granted / (ITPM x minutes)",
-                                  100 * sim.input_tokens / (itpm * minutes), "%"))
         for group, members in groups.items():
             part = "" if len(groups) == 1 else f" {group} ({len(members)} agents)"
             counts = [sim.granted[a.name] for a in members]
@@ -300,9 +340,9 @@ def measure(agents: int = 100, rpm: int = 600, minutes: int = 10) -> list[Figure
                       for group, members in groups.items()}
             figures += [
                 Figure(f"{tag} Jain's index over granted tokens, all agents",
-                       100 * jain(list(sim.tokens.values())), "%"),
+                       100 * jain(list(sim.tokens.values())), "%", ">= 99 %"),
                 Figure(f"{tag} tokens granted per 4x agent / per 1x agent",
-                       tokens["4x"] / tokens["1x"], "x", "1 if shared by tokens, 4 by requests"),
+                       tokens["4x"] / tokens["1x"], "x", "1 +- 0.1 (4 would be by requests)"),
             ]
         if sim.refused:
             figures.append(Figure(f"{tag} requests refused", sim.refused, "requests"))

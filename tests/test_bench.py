@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import fanout, peers, pg_throughput
+from bench import fanout, gate, peers, pg_throughput
 from bench.common import Figure
 from store import pg_server
 
@@ -26,6 +26,16 @@ def test_fanout_delivers_every_event_to_every_subscriber_both_ways() -> None:
     assert figures["events in the log"] > 600
     assert figures["... events per frame"] > 1
     assert all(value > 0 for value in figures.values())
+
+
+def test_gate_reports_utilisation_and_the_token_share_under_each_binding_limit() -> None:
+    figures = gate.measure(agents=20, rpm=120, minutes=2)
+    names = [f.name for f in figures]
+    for variant in gate.VARIANTS:
+        assert any(n.startswith(f"[{variant}] utilisation") for n in names), variant
+        if variant.startswith("token sizes"):
+            assert f"[{variant}] tokens granted per 4x agent / per 1x agent" in names
+            assert f"[{variant}] Jain's index over granted tokens, all agents" in names
 
 
 def test_a_whole_count_prints_without_decimals() -> None:

@@ -256,6 +256,7 @@ def test_agents_are_served_in_turn_not_in_arrival_order() -> None:
 
     order = []
     for slot_id in ["hold", "a0", "b0", "a1"]:
+        bench.advance(2_000)  # each call takes a while: no grace is left of the one before
         order += granted(bench.release(slot_id))
 
     assert order == ["a0", "b0", "a1", "a2"]
@@ -515,6 +516,22 @@ def test_remaining_tokens_hold_a_request_that_would_use_more() -> None:
 
     assert names(bench.request("big", input_tokens=5_000)) == ["SlotQueued"]
     assert granted(bench.advance(5_000)) == ["big"]
+
+
+def test_a_request_refused_at_its_wait_bound_lets_the_one_behind_it_go_at_once() -> None:
+    """The head of the line is refused at the end of the millisecond of its bound: a
+    request it held back, and that fits, is granted in that same decision."""
+    bench = GateBench(GateLimits(max_wait_ms=5_000))
+    bench.request("s1", input_tokens=0, output_tokens=0)
+    bench.release("s1", remaining_tokens=0, reset_at=T0 + WINDOW_MS)
+    assert names(bench.request("big", priority="high")) == ["SlotQueued"]  # no tokens left
+    bench.limits(max_wait_ms=60_000)
+    assert names(bench.request("free", input_tokens=0, output_tokens=0)) == ["SlotQueued"]
+
+    decisions = bench.advance(5_000)
+
+    assert names(decisions) == ["SlotRefused", "SlotGranted"]
+    assert granted(decisions) == ["free"]
 
 
 # ------------------------------------------------------------------------------ limits

@@ -4,6 +4,7 @@ changes and timers of many agents, in virtual time."""
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -12,11 +13,13 @@ from hypothesis import strategies as st
 
 from lanes.evolve import IllegalTransition
 from lanes.gate import (
+    FAIR_GRACE_MS,
     RANKS,
     Breaker,
     GateState,
     HotLimits,
     Waiting,
+    _between_calls,
     _exhausted,
     blocker,
     decide_gate,
@@ -352,7 +355,21 @@ def naive_next_gate_due(state: GateState, after: int) -> int | None:
             times.append(state.hint.reset_at)
         times += [charge.at + WINDOW_MS for charge in state.window]
         times += [entry.deadline for entry in state.waiting.values()]
+        times += grace_ends(state)
     return min((at for at in times if at > after), default=None)
+
+
+def grace_ends(state: GateState) -> list[int]:
+    """When the grace after its latest release ends of each agent that neither waits nor
+    holds a slot (those not over at ``now``)."""
+    busy = {e.agent_id for e in state.waiting.values()}
+    busy |= {lease.agent_id for lease in state.leases.values()}
+    ends = [
+        share.released_at + FAIR_GRACE_MS
+        for agent_id, share in state.shares.items()
+        if share.released_at is not None and agent_id not in busy
+    ]
+    return [end for end in ends if end >= state.now]
 
 
 def check_index(state: GateState) -> None:
@@ -379,6 +396,13 @@ def check_index(state: GateState) -> None:
     assert not deadlines or (deadlines[0] == min(deadlines) and not deadlines[0][2].left)
     assert all(waiting is state.waiting[waiting.slot_id] for _, _, waiting in deadlines
                if not waiting.left)
+    assert index.waiting_of == dict(Counter(e.agent_id for e in state.waiting.values()))
+    assert all(finish == state.shares[a].finish for a, finish in index.between.items())
+    assert index.behind == sorted((finish, a) for a, finish in index.between.items())
+    assert {a for a in index.between if _between_calls(state, a)} == {
+        a for a in state.shares if _between_calls(state, a)
+    }
+    assert index.leases_of == dict(Counter(lease.agent_id for lease in state.leases.values()))
     leases = index.leases
     assert {lease.slot_id for _, _, lease in leases if not lease.ended} == set(state.leases)
     assert all(lease is state.leases[lease.slot_id] for _, _, lease in leases if not lease.ended)
@@ -390,6 +414,7 @@ def check_index(state: GateState) -> None:
     times |= {lease.deadline for lease in state.leases.values()}
     times |= {entry.deadline for entry in state.waiting.values()}
     times |= {charge.at + WINDOW_MS for charge in state.window}
+    times |= set(grace_ends(state))
     for at in times:  # every time that matters, and either side of it
         for after in (at - 1, at, at + 1):
             assert next_gate_due(state, after) == naive_next_gate_due(state, after), after
