@@ -9,6 +9,14 @@ from enum import StrEnum
 
 from gateway.errors import Forbidden, Unauthorized
 from lanes.requests import AgentRequest, Kind
+from lanes.schedules import MANUAL_SOURCE, SCHEDULE_SOURCE
+
+
+def is_schedule_firing(request: AgentRequest) -> bool:
+    """Whether a request looks like a firing of a schedule (which only the gateway makes)."""
+    return (request.request_id.startswith(f"{SCHEDULE_SOURCE}:")
+            or (request.dedupe_key or "").startswith(f"{SCHEDULE_SOURCE}:")
+            or request.source in (SCHEDULE_SOURCE, MANUAL_SOURCE))
 
 
 class Role(StrEnum):
@@ -64,6 +72,10 @@ class Principal:
         if request.kind in GATEWAY_KINDS:
             raise Forbidden(f"{request.kind.value} requests are the gateway's own (the "
                             "results and withdrawals of sub-agent calls); no token sends them")
+        if is_schedule_firing(request):
+            raise Forbidden("requests with a requestId or dedupeKey starting 'schedule:', or "
+                            "the source 'schedule', are the scheduler's own (firings of "
+                            "schedules); fire one with POST /api/agents/{id}/schedules/{id}/run")
 
     def check_operate(self, agent_id: str) -> None:
         """Controls, release, abort, clear: control and admin."""

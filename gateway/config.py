@@ -69,7 +69,7 @@ from gateway.schedules import check as check_schedule
 from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
 from lanes.gate_events import GateLimits
 from lanes.requests import Priority
-from lanes.schedules import MAX_SCHEDULES, Schedule
+from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
@@ -79,6 +79,8 @@ if TYPE_CHECKING:
     from store.port import EventStore
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+RESERVED_PRINCIPALS = frozenset({FILE_PRINCIPAL, SCHEDULER})
+"""Principal names no token may take."""
 ORIGIN_PATTERN = r"https?://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?"
 
 
@@ -209,6 +211,14 @@ class TokenConfig(ConfigModel):
     agents: tuple[AgentId, ...] | None = Field(default=None, min_length=1)
     """The agents this token may touch; absent means all."""
     _secret: SecretStr = PrivateAttr(default=SecretStr(""))
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_reserved(cls, name: str) -> str:
+        if name in RESERVED_PRINCIPALS:
+            raise ValueError(f"the name {name!r} is the gateway's own (it records what the "
+                             "config file and the scheduler do under it); choose another")
+        return name
 
     @field_validator("token")
     @classmethod

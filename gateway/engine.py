@@ -1014,8 +1014,7 @@ class Engine:
         return await self.submit(request, principal)
 
     def _scheduled_states(self) -> list[AgentState]:
-        return [agent.state for agent in self._agents.values()
-                if agent.owned and not agent.recovering]
+        return [agent.state for agent in self._agents.values() if agent.owned]
 
     async def _fire_schedule(self, request: AgentRequest) -> None:
         await self.submit(request, SCHEDULER, forward=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from lanes.schedules import (
 from lanes.state import AgentState
 
 log = logging.getLogger("gateway.schedules")
+_TOKENS = re.compile(r"[,/#\-]")
 
 RESCAN_MS = 1_000
 """The scheduler looks at the agents it owns at least this often (schedules changed, agents
@@ -47,24 +49,34 @@ RETRY_MS = 1_000
 
 def check(schedule: Schedule) -> None:
     """`BadFrame` (``invalid``, naming the field) if the schedule's time zone or cron
-    expression is not one."""
+    expression is not one. Cron's random fields (``R``, ``H``) are refused: a fire time must
+    be the same whenever it is computed."""
     try:
         zone = ZoneInfo(schedule.timezone)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         raise BadFrame("invalid", f"timezone {schedule.timezone!r} is not a known time zone "
                        "(an IANA name such as 'UTC' or 'America/New_York')",
                        field="timezone") from None
     if schedule.cron is not None:
-        fields = len(schedule.cron.split())
-        if fields not in (5, 6) or not croniter.is_valid(schedule.cron):
+        fields = schedule.cron.split()
+        if len(fields) not in (5, 6) or not croniter.is_valid(schedule.cron):
             raise BadFrame("invalid", f"cron {schedule.cron!r} is not a cron expression "
                            "(five fields: minute hour day-of-month month day-of-week, and "
                            "an optional sixth for seconds)", field="cron")
+        tokens = {token.upper() for field in fields for token in _TOKENS.split(field)}
+        if any(token in ("R", "H") or token.startswith(("R(", "H(")) for token in tokens):
+            raise BadFrame("invalid", f"cron {schedule.cron!r} has a random field (R or H): "
+                           "a schedule's fire times must not change from one look to the "
+                           "next; name the time", field="cron")
         try:
-            croniter(schedule.cron, datetime.now(zone)).get_next(float)
+            start = datetime(2026, 1, 1, tzinfo=zone)
+            first = croniter(schedule.cron, start).get_next(float)
         except (ValueError, KeyError, OverflowError) as error:
             raise BadFrame("invalid", f"cron {schedule.cron!r} never fires: {error}",
                            field="cron") from None
+        if croniter(schedule.cron, start).get_next(float) != first:
+            raise BadFrame("invalid", f"cron {schedule.cron!r} fires at random times",
+                           field="cron")
 
 
 def check_count(state: AgentState, schedule_id: str) -> None:
@@ -152,9 +164,11 @@ def next_fire_at(state: AgentState, schedule_id: str, now: int) -> int | None:
 class Scheduler:
     """Fires the schedules of the agents this process owns, on ``clock``.
 
-    ``states`` gives the owned agents' states (read, never changed here); ``fire`` submits a
-    firing (through the lanes, committed when it returns); ``adopt`` is called once for each
-    agent the first time it is seen (the config file's schedules are applied there).
+    ``states`` gives the owned agents' states (read, never changed here; an agent the engine
+    cannot write for now is in it too: its firings fail and are tried again, and it keeps
+    its place, so nothing it misses meanwhile counts as missed while down); ``fire`` submits
+    a firing (through the lanes, committed when it returns); ``adopt`` is called once for
+    each agent the first time it is seen (the config file's schedules are applied there).
     """
 
     def __init__(self, clock: Clock, states: Callable[[], Iterable[AgentState]],
@@ -166,6 +180,9 @@ class Scheduler:
         self._adopt = adopt
         self._floors: dict[tuple[str, str], int] = {}
         """When this process took each schedule up (for catch-up)."""
+        self._plans: dict[tuple[str, str], tuple[object, int, int, int]] = {}
+        """What each schedule's last plan was for, and when it said to look again: a
+        schedule whose plan would not change is not planned again before then."""
         self._seen: set[str] = set()
         self._wake = asyncio.Event()
         self.fired = 0
@@ -197,6 +214,7 @@ class Scheduler:
         now = self.clock.now_ms()
         wake = now + RESCAN_MS
         floors: dict[tuple[str, str], int] = {}
+        plans: dict[tuple[str, str], tuple[object, int, int, int]] = {}
         states = list(self._states())
         for state in states:
             if state.agent_id not in self._seen:
@@ -210,11 +228,18 @@ class Scheduler:
                                     error)
         for state in states:
             for schedule_id, entry in list(state.schedules.items()):
-                if entry.schedule.paused:
-                    continue
                 key = (state.agent_id, schedule_id)
                 floor = floors[key] = self._floors.get(key, now)
-                step = plan(entry.schedule, entry.fired_through, floor, now)
+                if state.schedules.get(schedule_id) is not entry or entry.schedule.paused:
+                    continue  # (removed, replaced or paused while this pass awaited a firing)
+                through = entry.fired_through
+                cached = self._plans.get(key)
+                if cached is not None and cached[:3] == (entry.schedule, through, floor) \
+                        and cached[3] > now:
+                    plans[key] = cached
+                    wake = min(wake, cached[3])
+                    continue
+                step = plan(entry.schedule, through, floor, now)
                 if step.fire is not None:
                     request = firing_request(state.agent_id, entry.schedule, step.fire)
                     try:
@@ -225,10 +250,12 @@ class Scheduler:
                         wake = min(wake, now + RETRY_MS)
                         continue
                     self.fired += 1
-                    step = plan(entry.schedule, max(entry.fired_through, step.fire), floor,
-                                now)
+                    through = max(entry.fired_through, step.fire)
+                    step = plan(entry.schedule, through, floor, now)
+                plans[key] = (entry.schedule, through, floor, step.wake)
                 wake = min(wake, step.wake)
         self._floors = floors  # (an agent handed over and back is taken up afresh)
+        self._plans = plans
         self._seen &= {state.agent_id for state in states}
         self.passes += 1
         return wake

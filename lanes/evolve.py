@@ -691,6 +691,7 @@ def _schedule(state: AgentState, event: ScheduleApplied) -> None:
             schedule, state.now, from_file=event.principal == FILE_PRINCIPAL)
     else:  # redefined, paused or resumed: it fires only after now, never a time again
         entry.schedule, entry.since = schedule, state.now
+        entry.from_file = entry.from_file or event.principal == FILE_PRINCIPAL
 
 
 @_on(OperatorApplied)

@@ -82,8 +82,8 @@ class ScheduleEntry:
     fired: int = 0
     """Firings recorded."""
     from_file: bool = False
-    """First defined by the config file (principal ``config``): a start whose file no longer
-    has it removes it."""
+    """Defined by the config file (principal ``config``) at some time: a start whose file no
+    longer has it removes it."""
 
     @property
     def fired_through(self) -> int:

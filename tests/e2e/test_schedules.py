@@ -94,6 +94,13 @@ async def test_schedules_are_managed_over_http_and_recorded(live: Live) -> None:
     ("control-secret", "PUT", f"{BASE}/x", {"everyMs": 60_000}, 403, ""),
     ("viewer-secret", "POST", f"{BASE}/open/run", None, 403, ""),
     (ADMIN, "GET", "/api/agents/ghost/schedules", None, 404, "unknown agent"),
+    ("control-secret", "POST", "/api/agents/desk/requests", {
+        "requestId": "forged", "createdAt": "2026-02-17T03:10:00Z", "agentId": "desk",
+        "kind": "scheduled_audit", "dedupeKey": "schedule:open:9999999999999"}, 403,
+     "are the scheduler's own"),
+    ("control-secret", "POST", "/api/agents/desk/requests", {
+        "requestId": "schedule:open:1", "createdAt": "2026-02-17T03:10:00Z",
+        "agentId": "desk", "kind": "hook_trigger"}, 403, "are the scheduler's own"),
 ])
 async def test_bad_schedule_calls_get_a_typed_error_and_change_nothing(
         live: Live, token: str, method: str, path: str, body: object, status: int,

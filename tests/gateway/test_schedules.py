@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from gateway.clock import FakeClock
 from gateway.engine import Engine
-from gateway.errors import BadFrame
-from gateway.schedules import check, next_fire, plan, prev_fire
-from lanes import AgentConfig, Mode, replay, verify
-from lanes.events import RequestReceived, ScheduleApplied
+from gateway.errors import AgentUnavailable, BadFrame
+from gateway.schedules import RETRY_MS, Scheduler, check, next_fire, plan, prev_fire
+from lanes import AgentConfig, AgentRequest, AgentState, Mode, decide, replay, verify
+from lanes.events import RequestReceived, ScheduleApplied, ScheduleChanged
 from lanes.schedules import SCHEDULER, CatchUp, Schedule, firing_of
 from store import SqliteEventStore
 from tests.gateway.support import ManualReasoner, log_of, until
@@ -54,6 +54,9 @@ def test_interval_fire_times_are_multiples_since_the_epoch() -> None:
     (Schedule(id="x", cron="every minute"), "cron", "five fields"),
     (Schedule(id="x", cron="* * * * * * *"), "cron", "five fields"),
     (Schedule(id="x", every_ms=MINUTE, timezone="Mars/Olympus"), "timezone", "not a known"),
+    (Schedule(id="x", every_ms=MINUTE, timezone="Europe"), "timezone", "not a known"),
+    (Schedule(id="x", cron="R * * * *"), "cron", "random field"),
+    (Schedule(id="x", cron="0 H * * MON-FRI"), "cron", "is not a cron expression"),
 ])
 def test_a_schedule_that_is_not_one_is_refused_naming_the_field(
         schedule: Schedule, field: str, words: str) -> None:
@@ -281,6 +284,55 @@ async def test_refused_schedules_change_nothing(tmp_path: Path) -> None:
         assert engine.state("desk").schedules == {}
     finally:
         await engine.stop()
+
+
+async def test_a_pass_fires_nothing_of_a_schedule_removed_while_it_awaited_a_firing() -> None:
+    """The scheduler awaits each firing's commit: a schedule removed (or paused) meanwhile
+    is not fired from what the pass read before."""
+    clock = FakeClock()
+    state = AgentState(agent_id="desk")
+    for schedule_id in ("a", "b"):
+        decide(state, ScheduleChanged(at=T0, schedule_id=schedule_id,
+                                      schedule=Schedule(id=schedule_id, every_ms=MINUTE)))
+    fired: list[str] = []
+
+    async def fire(request: AgentRequest) -> None:
+        fired.append(request.dedupe_key or "")
+        decide(state, ScheduleChanged(at=clock.now_ms(), schedule_id="b", schedule=None))
+
+    scheduler = Scheduler(clock, lambda: [state], fire)
+    await scheduler.step()  # takes both up
+    clock.advance(MINUTE)
+    await scheduler.step()
+    assert fired == [f"schedule:a:{T0 + MINUTE}"]
+
+
+async def test_a_firing_the_engine_cannot_take_is_tried_again_not_counted_as_missed() -> None:
+    """While the agent cannot be written (its log refuses writes), a firing fails and is
+    tried again; once it can, the time that fell due meanwhile fires (late, once), even with
+    catch-up ``skip``: the gateway ran all along."""
+    clock = FakeClock()
+    state = AgentState(agent_id="desk")
+    decide(state, ScheduleChanged(at=T0, schedule_id="a",
+                                  schedule=Schedule(id="a", every_ms=MINUTE)))
+    fired: list[int] = []
+    failing = True
+
+    async def fire(request: AgentRequest) -> None:
+        if failing:
+            raise AgentUnavailable("desk", "the disk is full")
+        found = firing_of(request, SCHEDULER)
+        assert found is not None
+        fired.append(found[1])
+
+    scheduler = Scheduler(clock, lambda: [state], fire)
+    await scheduler.step()
+    clock.advance(MINUTE)
+    assert await scheduler.step() == T0 + MINUTE + RETRY_MS
+    clock.advance(3 * MINUTE)
+    failing = False
+    await scheduler.step()
+    assert fired == [T0 + 4 * MINUTE]
 
 
 def test_fire_times_are_whole_utc_instants() -> None:

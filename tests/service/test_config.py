@@ -268,3 +268,16 @@ def test_a_provider_key_comes_from_the_environment_and_is_never_shown() -> None:
     assert provider.secret == "sk-live-123"
     assert "sk-live-123" not in repr(config) + str(config) + config.model_dump_json()
     assert config.agent_gates() == {"a2": "claude"}
+
+
+@pytest.mark.parametrize("name", ["scheduler", "config"])
+def test_no_token_takes_a_name_the_gateway_records_its_own_work_under(name: str) -> None:
+    found = problems(MINIMAL.replace('name = "ops"', f'name = "{name}"'))
+    assert "is the gateway's own" in found["tokens[0].name"]
+
+
+def test_schedules_in_the_config_file_are_checked() -> None:
+    text = MINIMAL + '\n[[agents.schedules]]\nid = "x"\ncron = "61 * * * *"\n'
+    assert "is not a cron expression" in problems(text)["agents[0].schedules"]
+    twice = MINIMAL + '\n[[agents.schedules]]\nid = "x"\nevery_ms = 60000\n' * 2
+    assert "repeated: x" in problems(twice)["agents[0].schedules"]
