@@ -794,6 +794,13 @@ def demo_config() -> GatewayConfig:
                                         "payload": {"question": "BTC outlook?"}},
                                        {"agent": "agent_eth_1m",
                                         "payload": {"question": "ETH outlook?"}}]},
+                # A scheduled audit every five minutes, and one at New York's open.
+                "schedules": [
+                    {"id": "desk-audit", "every_ms": 300_000,
+                     "payload": {"scope": "positions and open orders"}},
+                    {"id": "open-bell", "cron": "30 9 * * 1-5",
+                     "timezone": "America/New_York", "catch_up": "once"},
+                ],
             },
         ],
         "hooks": [
