@@ -538,8 +538,8 @@ class _Api:
         return agent_id, str(request.path_params["schedule_id"]), principal
 
     def _schedule_answer(self, agent_id: str, schedule_id: str, changed: bool) -> Response:
-        views = schedules_view(self.engine.state(agent_id), self.engine.clock.now_ms())
-        view = next(v for v in views if v["id"] == schedule_id)
+        view = schedule_view(self.engine.state(agent_id), schedule_id,
+                             self.engine.clock.now_ms())
         return _json({"changed": changed, "schedule": view})
 
     @_guarded
@@ -1098,18 +1098,21 @@ def provider_summary(name: str, gate: ProviderGate, now: int,
 
 
 def schedules_view(state: AgentState, now: int) -> list[dict[str, Any]]:
-    """An agent's schedules as JSON: each definition, with ``lastFireAt``, ``nextFireAt``
-    (None while paused), ``fired`` and ``since`` (ISO times)."""
-    views = []
-    for schedule_id, entry in state.schedules.items():
-        view = entry.schedule.model_dump(mode="json", by_alias=True)
-        next_at = next_fire_at(state, schedule_id, now)
-        view.update(since=iso(from_ms(entry.since)), fired=entry.fired,
-                    lastFireAt=None if entry.last_fire is None else iso(from_ms(entry.last_fire)),
-                    nextFireAt=None if next_at is None else iso(from_ms(next_at)),
-                    fromFile=entry.from_file)
-        views.append(view)
-    return views
+    """An agent's schedules as JSON (`schedule_view` of each)."""
+    return [schedule_view(state, schedule_id, now) for schedule_id in state.schedules]
+
+
+def schedule_view(state: AgentState, schedule_id: str, now: int) -> dict[str, Any]:
+    """One schedule as JSON: its definition, with ``lastFireAt``, ``nextFireAt`` (None while
+    paused), ``fired``, ``since`` (ISO times) and ``fromFile``."""
+    entry = state.schedules[schedule_id]
+    view = entry.schedule.model_dump(mode="json", by_alias=True)
+    next_at = next_fire_at(state, schedule_id, now)
+    view.update(since=iso(from_ms(entry.since)), fired=entry.fired,
+                lastFireAt=None if entry.last_fire is None else iso(from_ms(entry.last_fire)),
+                nextFireAt=None if next_at is None else iso(from_ms(next_at)),
+                fromFile=entry.from_file)
+    return view
 
 
 def queue_view(state: AgentState, now: int) -> dict[str, Any]:

@@ -983,9 +983,7 @@ class Engine:
         schedule that is not one (time zone, cron, too many) or one to remove that is not."""
         agent = self._agent(agent_id)
         if schedule is None:
-            if schedule_id not in agent.state.schedules:
-                raise BadFrame("not_found", f"agent {agent_id!r} has no schedule "
-                               f"{schedule_id!r}; list them with GET /api/agents/{agent_id}")
+            self.schedule(agent_id, schedule_id)  # (`BadFrame` if there is none to remove)
         else:
             if schedule.id != schedule_id:
                 raise BadFrame("invalid", f"the schedule's id {schedule.id!r} is not "

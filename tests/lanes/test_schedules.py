@@ -24,6 +24,7 @@ from lanes.schedules import (
     firing_of,
 )
 from lanes.snapshot import dump_fold, load_fold
+from tests.lanes.harness import Bench
 
 AGENT = "desk"
 T0 = 1_771_297_800_000
@@ -40,15 +41,11 @@ def firing(schedule_id: str, fire: int, principal: str = SCHEDULER, n: int = 0) 
 
 
 def run(inputs: list[Input]) -> tuple[AgentState, list[Entry]]:
-    """Decide every input on one state; the state and the log it made."""
-    state = AgentState(agent_id=AGENT)
-    log: list[Entry] = []
+    """Decide every input on one agent (`tests.lanes.harness.Bench`); its state and log."""
+    bench = Bench(agent=AGENT)
     for event in inputs:
-        decisions = decide(state, event)
-        if decisions:
-            for recorded in (event, *decisions):
-                log.append(Entry(len(log) + 1, AGENT, recorded))
-    return state, log
+        bench.feed(event)
+    return bench.state, bench.log
 
 
 def test_a_firing_is_told_only_by_the_scheduler_its_kind_source_and_key() -> None:
