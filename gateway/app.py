@@ -80,6 +80,18 @@ from gateway.protocol import (
 )
 from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
+from gateway.story import (
+    JUMP_KINDS,
+    Group,
+    around,
+    diff_json,
+    find,
+    gate_at,
+    gate_json,
+    group_json,
+    moment_json,
+    story_of,
+)
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
@@ -258,6 +270,11 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/events", api.agent_events),
         Route("/api/agents/{agent_id}/calls", api.calls),
         Route("/api/replay", api.replay),
+        # time travel as a story (gateway.story)
+        Route("/api/agents/{agent_id}/story", api.story),
+        Route("/api/agents/{agent_id}/story/find", api.story_find),
+        Route("/api/agents/{agent_id}/moment", api.moment),
+        Route("/api/agents/{agent_id}/diff", api.diff),
         Route("/api/providers", api.providers),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
@@ -790,6 +807,108 @@ class _Api:
             "around": [event_json(r) for r in nearby],
         })
 
+    # ------------------------------------------------------------ time travel as a story
+
+    async def _story_read(self, request: Request) -> tuple[str, int]:
+        """The path's agent (readable by the caller) and the log's last position."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        return agent_id, await self.engine.store.last_position()
+
+    async def _groups(self, agent_id: str) -> list[Group]:
+        records = await self.engine.store.read_stream(agent_id)
+        return list(story_of(self.engine.reader.entries(records)))
+
+    async def _state_at(self, agent_id: str, position: int) -> tuple[AgentState, int]:
+        """The agent replayed from the log up to ``position``, and the position of its last
+        event folded (0: none)."""
+        records = [r for r in await self.engine.store.read_stream(agent_id)
+                   if r.position <= position]
+        state = await state_after(self.engine.store, agent_id, records,
+                                  reader=self.engine.reader)
+        return state, records[-1].position if records else 0
+
+    @_guarded
+    async def story(self, request: Request) -> Response:
+        """An agent's stream as groups, each an input and the decisions it caused, worded as
+        ``gateway timeline`` words them: those with their input in [``from``, ``to``] (at
+        most ``limit``, <= 1000, default 200), or, given ``at``, the group holding that
+        position with ``around`` (<= 100, default 3) groups each side."""
+        agent_id, last = await self._story_read(request)
+        query = request.query_params
+        groups = await self._groups(agent_id)
+        if query.get("at"):
+            at = _position_param(query, "at", last, last)
+            count = min(_int_param(query, "around", 3), 100)
+            chosen, index = around(groups, at, count)
+            return _json({"agentId": agent_id, "at": at, "index": index,
+                          "groups": [group_json(g) for g in chosen], "more": False})
+        start = _position_param(query, "from", 0, last)
+        upto = _position_param(query, "to", last, last)
+        limit = min(max(_int_param(query, "limit", 200), 1), 1000)
+        inside = [g for g in groups if start <= g.position <= upto]
+        return _json({"agentId": agent_id, "from": start, "to": upto,
+                      "groups": [group_json(g) for g in inside[:limit]],
+                      "more": len(inside) > limit})
+
+    @_guarded
+    async def story_find(self, request: Request) -> Response:
+        """The position of the next decision of a ``kind`` (stop, drop or suppression) after
+        ``after``, or of the previous one before ``before`` (null: none)."""
+        agent_id, last = await self._story_read(request)
+        query = request.query_params
+        kind = query.get("kind", "")
+        if kind not in JUMP_KINDS:
+            raise BadFrame("invalid", f"kind must be one of {', '.join(JUMP_KINDS)}, got "
+                           f"{kind[:40]!r}", field="kind")
+        if ("after" in query) == ("before" in query):
+            raise BadFrame("invalid", "give after (the next one) or before (the previous "
+                           "one), not both", field="after")
+        after = _position_param(query, "after", 0, last) if "after" in query else None
+        before = _position_param(query, "before", 0, last + 1) if "before" in query else None
+        found = find(await self._groups(agent_id), kind, after, before)
+        return _json({"agentId": agent_id, "kind": kind, "position": found})
+
+    @_guarded
+    async def moment(self, request: Request) -> Response:
+        """An agent as it was at a log ``position`` (default the last), replayed from the
+        log: trading, lane and why it waits, runs in the last hour and day against their
+        budgets, cooldown, suppression, hold, pending list, orders, positions, and what its
+        provider gate held for it then."""
+        agent_id, last = await self._story_read(request)
+        position = _position_param(request.query_params, "position", last, last)
+        state, folded = await self._state_at(agent_id, position)
+        gate = self.engine.gate_of(agent_id)
+        gate_state = None
+        if gate is not None:
+            gate_state = gate_at(gate.stream, [
+                r for r in await self.engine.store.read_stream(gate.stream)
+                if r.position <= position])
+        body = moment_json(state, gate_json(agent_id, None if gate is None else gate.provider,
+                                            gate_state, position))
+        return _json({**body, "position": position, "eventPosition": folded})
+
+    @_guarded
+    async def diff(self, request: Request) -> Response:
+        """What changed in an agent between two log positions (``from``, ``to``), each state
+        replayed from the log: facts that differ, pending requests added and removed, orders
+        opened, closed and filled, positions per symbol."""
+        agent_id, last = await self._story_read(request)
+        query = request.query_params
+        for name in ("from", "to"):
+            if not query.get(name):
+                raise BadFrame("invalid", f"{name} (a log position) is required", field=name)
+        start = _position_param(query, "from", 0, last)
+        upto = _position_param(query, "to", last, last)
+        before, before_at = await self._state_at(agent_id, start)
+        after, after_at = await self._state_at(agent_id, upto)
+        return _json({"agentId": agent_id,
+                      "from": {"position": start, "eventPosition": before_at,
+                               "version": before.version, "at": before.now},
+                      "to": {"position": upto, "eventPosition": after_at,
+                             "version": after.version, "at": after.now},
+                      **diff_json(before, after)})
+
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])
         gate = self.engine.gates.get(name)
@@ -1030,6 +1149,15 @@ def _int_param(query: Mapping[str, str], name: str, default: int) -> int:
                        field=name) from None
     if not 0 <= value <= MAX_INT:
         raise BadFrame("invalid", f"{name} must be between 0 and 2^63-1", field=name)
+    return value
+
+
+def _position_param(query: Mapping[str, str], name: str, default: int, last: int) -> int:
+    """A log position from the query, no later than ``last`` (the end of the log)."""
+    value = _int_param(query, name, default)
+    if value > last:
+        raise BadFrame("invalid", f"{name} {value} is past the end of the log (position "
+                       f"{last})", field=name)
     return value
 
 

@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import tomllib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,6 +65,7 @@ from lanes.events import (
     RunsUnheld,
     SteerabilityChanged,
     TimerElapsed,
+    TradingState,
     is_input,
 )
 from lanes.evolve import IllegalTransition
@@ -486,20 +487,86 @@ async def timeline_command(db: Log, agent: str, start: Point | None, end: Point 
     printed = inputs = 0
     out(f"timeline of {agent}, positions {first}..{upto} (times are the inputs', UTC)")
     out(f"{'position':>8}  {'time':<23}  input, then -> each decision")
-    for step in steps(entries):
-        position = step.input.position
-        if not first <= position <= upto:
+    for group in story(entries):
+        if not first <= group.position <= upto:
             continue
         inputs += 1
-        printed += 1 + len(step.decisions)
-        event = step.input.event
-        assert is_input(event)  # (a step starts with its input)
-        out(f"{position:>8}  {clock(event.at):<23}  {what_came_in(event)}")
-        for decision in step.decisions:
-            out(f"{decision.position:>8}  {'':<23}    -> {explain(decision.event)}")
+        printed += 1 + len(group.decisions)
+        out(f"{group.position:>8}  {clock(group.at):<23}  {group.text}")
+        for said in group.decisions:
+            out(f"{said.position:>8}  {'':<23}    -> {said.text}")
     out(f"\n{inputs} inputs and {printed - inputs} decisions of {agent} "
         f"({len(entries)} events in its stream)")
     return 0
+
+
+JUMP_KINDS = ("stop", "drop", "suppression")
+"""The kinds of decision a person jumps between in time travel."""
+
+
+def kinds_of(event: Event) -> tuple[str, ...]:
+    """What a decision is, for markers and jumps: ``stop`` (a control that halts),
+    ``drop`` (a request dropped or folded into a summary), ``suppression`` (runs held back
+    by a budget), ``hold`` (runs held for the provider's spend), ``run``, ``order``,
+    ``error`` (a run failed or aborted, a request or order refused), ``control``; none for
+    the rest."""
+    match event:
+        case ControlApplied(to_state=TradingState.HALTED):
+            return ("stop",)
+        case ControlApplied() | OperatorApplied() | RunsUnheld() | RunsResumed():
+            return ("control",)
+        case RequestDropped() | RequestSummarized():
+            return ("drop",)
+        case RunsSuppressed():
+            return ("suppression",)
+        case RunsHeld():
+            return ("hold",)
+        case RunStarted() | RunCompleted() | RunSteered():
+            return ("run",)
+        case OrderAccepted() | OrderFilled() | OrderClosed() | OrderCancelRequested():
+            return ("order",)
+        case RunFailed() | RunAborted() | RequestRejected() | OrderRejected() \
+                | OperatorRejected() | AgentCallRejected():
+            return ("error",)
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """One decision of a `Group`, worded as the timeline says it (`explain`)."""
+
+    position: int
+    type: str
+    text: str
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One input of an agent's stream and the decisions it caused, worded as the timeline
+    command prints them: the input by `what_came_in`, each decision by `explain`."""
+
+    position: int
+    at: int
+    """The input's time (the agent's clock)."""
+    type: str
+    text: str
+    decisions: tuple[Said, ...]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of its decisions (`kinds_of`), each once, in order."""
+        return tuple(dict.fromkeys(k for said in self.decisions for k in said.kinds))
+
+
+def story(entries: Iterable[Entry]) -> Iterator[Group]:
+    """One agent's stream (in position order) as groups: the story the timeline tells."""
+    for step in steps(entries):
+        event = step.input.event
+        assert is_input(event)  # (a step starts with its input)
+        yield Group(step.input.position, event.at, type(event).__name__, what_came_in(event),
+                    tuple(Said(d.position, type(d.event).__name__, explain(d.event),
+                               kinds_of(d.event)) for d in step.decisions))
 
 
 def what_came_in(event: Event) -> str:

@@ -120,6 +120,22 @@ def openapi_document() -> dict[str, Any]:
                 "An agent's status and queue as they were at a log position, with the "
                 "events around it", obj, params=(),
                 query=(("agent", "string"), ("position", "integer"), ("around", "integer")))},
+            f"{agent}/story": {"get": _op(
+                "The agent's log as groups (an input and the decisions it caused), worded as "
+                "the CLI timeline words them: a position range, or the groups around ``at``",
+                obj, query=(("from", "integer"), ("to", "integer"), ("limit", "integer"),
+                            ("at", "integer"), ("around", "integer")))},
+            f"{agent}/story/find": {"get": _op(
+                "The position of the next (after) or previous (before) stop, drop or "
+                "suppression", obj,
+                query=(("kind", "string"), ("after", "integer"), ("before", "integer")))},
+            f"{agent}/moment": {"get": _op(
+                "The agent at a log position, replayed: budgets, cooldown, suppression, "
+                "hold, pending, orders, positions and its provider gate's view", obj,
+                query=(("position", "integer"),))},
+            f"{agent}/diff": {"get": _op(
+                "What changed in the agent between two log positions (replayed states)", obj,
+                query=(("from", "integer"), ("to", "integer")))},
             "/api/providers": {"get": _op(
                 "Every provider gate: limits, window usage, waiting agents, breaker, next "
                 "retry", obj, params=())},

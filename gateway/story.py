@@ -1,0 +1,237 @@
+"""Time travel as a story, for the panel: an agent's stream grouped by input and worded as
+the CLI timeline words it (`gateway.debugger.story`), the agent's budgets, cooldown, holds
+and provider gate at one position, and what changed between two positions.
+
+Everything here is a view of states replayed from the log (`lanes`); nothing is sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gateway.debugger import JUMP_KINDS, Group
+from gateway.debugger import story as story_of
+from lanes import AgentState, status
+from lanes.events import TradingState
+from lanes.gate import (
+    GateState,
+    Waiting,
+    blocker,
+    decode_gate_event,
+    fair_hold,
+    fold_gate,
+    gate_status,
+    next_gate_due,
+)
+from store.port import RecordedEvent
+
+__all__ = ["JUMP_KINDS", "Group", "around", "diff_json", "find", "gate_at", "gate_json",
+           "group_json", "moment_json", "story_of"]
+
+GATE_NOTE = (
+    "the provider gate as its own log had it at this position (its latest event at or "
+    "before it); its per-minute windows are counted at that event's time"
+)
+
+
+def group_json(group: Group) -> dict[str, Any]:
+    """A `Group` as JSON: the input's words and each decision's, as the CLI prints them."""
+    return {"position": group.position, "at": group.at, "type": group.type,
+            "text": group.text, "kinds": list(group.kinds),
+            "decisions": [{"position": s.position, "type": s.type, "text": s.text,
+                           "kinds": list(s.kinds)} for s in group.decisions]}
+
+
+def around(groups: Sequence[Group], position: int, count: int) -> tuple[list[Group], int]:
+    """The group that holds ``position`` (the last input at or before it) with ``count``
+    groups each side, and the index of that group in what is returned (-1: none)."""
+    index = -1
+    for i, group in enumerate(groups):
+        if group.position > position:
+            break
+        index = i
+    start = max(0, index - count)
+    return list(groups[start:max(index, 0) + count + 1]), index - start if index >= 0 else -1
+
+
+def find(groups: Iterable[Group], kind: str, after: int | None,
+         before: int | None) -> int | None:
+    """The position of the first decision of ``kind`` after ``after``, or of the last one
+    before ``before``."""
+    found = None
+    for group in groups:
+        for said in group.decisions:
+            if kind not in said.kinds:
+                continue
+            if after is not None and said.position > after:
+                return said.position
+            if before is not None and said.position < before:
+                found = said.position
+    return found
+
+
+def why_waiting(state: AgentState) -> str:
+    """Why no run starts now, in a few words, or what the lane is doing."""
+    view = status(state, state.now)
+    if state.active is not None:
+        return f"running {state.active.run_id}"
+    if view.trading is TradingState.HALTED:
+        return "halted: no run starts until a resume"
+    if state.held is not None:
+        return f"held until a resume: {state.held}"
+    if state.suppressed is not None:
+        return f"runs suppressed ({state.suppressed[0]}) until the budget allows them"
+    if view.cooldown_remaining_ms:
+        return f"cooling down for {view.cooldown_remaining_ms} ms"
+    if state.collect_due is not None:
+        return "collecting requests until the window closes"
+    return "idle, waiting for work" if not state.pending else "idle"
+
+
+def moment_json(state: AgentState, gate: dict[str, Any] | None) -> dict[str, Any]:
+    """An agent at one position: trading, lane, budgets against their limits, cooldown,
+    suppression, hold, pending list, orders, positions, and the provider gate's view."""
+    now = state.now
+    view = status(state, now)
+    budgets = state.config.budgets
+    run = state.active
+    return {
+        "agentId": state.agent_id, "version": state.version, "at": now,
+        "trading": view.trading.value, "lane": view.lane.value, "why": why_waiting(state),
+        "budgets": {
+            "runsLastHour": view.runs_last_hour, "maxRunsPerHour": budgets.max_runs_per_hour,
+            "runsLastDay": view.runs_last_day, "maxRunsPerDay": budgets.max_runs_per_day,
+            "cooldownRemainingMs": view.cooldown_remaining_ms,
+            "cooldownUntil": state.cooldown_until if view.cooldown_remaining_ms else None,
+            "noTradeCooldownMs": budgets.no_trade_cooldown_ms,
+        },
+        "suppressed": None if state.suppressed is None else {
+            "reason": state.suppressed[0], "until": state.suppressed[1]},
+        "held": state.held,
+        "run": None if run is None else {
+            "runId": run.run_id, "startedAt": run.started_at,
+            "durationMs": max(0, now - run.started_at),
+            "requests": [p.request.request_id for p in run.requests]},
+        "pending": [{"requestId": p.request.request_id, "kind": p.request.kind.value,
+                     "priority": p.request.priority.value, "ageMs": max(0, now - p.at)}
+                    for p in state.pending],
+        "orders": [{"orderId": o.order_id, "symbol": o.intent.symbol, "side": o.intent.side,
+                    "qty": o.intent.qty, "filled": o.filled_qty,
+                    "cancelRequested": o.cancel_requested} for o in state.orders.values()],
+        "positions": dict(sorted(state.positions.items())),
+        "gate": gate,
+    }
+
+
+def gate_at(stream: str, records: Iterable[RecordedEvent]) -> GateState:
+    """A provider gate folded from its stream's ``records`` (from the start, in order)."""
+    return fold_gate(GateState(provider=stream),
+                     (decode_gate_event(r.type, r.data) for r in records))
+
+
+def gate_json(agent_id: str, provider: str | None, gate: GateState | None,
+              position: int) -> dict[str, Any]:
+    """What a provider gate (folded up to ``position``) holds for one agent: its calls
+    waiting (since when, and what keeps each back: a limit, the breaker, a backoff, the fair
+    order), its calls in flight, and when the gate next decides something."""
+    if provider is None:
+        return {"provider": None, "note": "this agent's runs go through no provider gate"}
+    if gate is None or gate.version == 0:
+        return {"provider": provider, "note": "the provider gate had no events yet",
+                "waiting": [], "inFlight": []}
+    now = gate.now
+    mine = [w for w in gate.waiting.values() if w.agent_id == agent_id]
+    view = gate_status(gate, now)
+    due = next_gate_due(gate, now)
+    return {
+        "provider": provider, "note": GATE_NOTE, "version": gate.version, "at": now,
+        "waiting": [_waiting_json(gate, w) for w in sorted(mine, key=lambda w: w.seq)],
+        "inFlight": [{"runId": lease.run_id, "grantedAt": lease.granted_at,
+                      "deadline": lease.deadline}
+                     for lease in gate.leases.values() if lease.agent_id == agent_id],
+        "othersWaiting": sum(1 for w in gate.waiting.values() if w.agent_id != agent_id),
+        "inFlightAll": view.in_flight,
+        "windowRequests": view.window_requests,
+        "requestsPerMinute": view.limits.requests_per_minute,
+        "maxConcurrent": view.limits.max_concurrent,
+        "breaker": view.breaker.value,
+        "nextDecisionAt": due,
+    }
+
+
+def _waiting_json(gate: GateState, entry: Waiting) -> dict[str, Any]:
+    why = blocker(gate, entry) or fair_hold(gate, entry) or \
+        "within every limit: granted at the gate's next decision"
+    return {"runId": entry.run_id, "priority": entry.priority.value,
+            "since": entry.queued_at, "waitedMs": max(0, gate.now - entry.queued_at),
+            "tokens": entry.tokens, "why": why}
+
+
+# -------------------------------------------------------------------------------- diff
+
+
+def _facts(state: AgentState) -> dict[str, object]:
+    """What a person compares between two moments of one agent, by label."""
+    view = status(state, state.now)
+    config = state.config
+    budgets = config.budgets
+    facts: dict[str, object] = {
+        "trading": view.trading.value,
+        "lane": "idle" if state.active is None else f"running {state.active.run_id}",
+        "held": state.held or "no",
+        "runs suppressed": "no" if state.suppressed is None else
+        f"{state.suppressed[0]} until {state.suppressed[1]}",
+        "cooldown until": state.cooldown_until or "none",
+        "runs in the last hour": view.runs_last_hour,
+        "runs in the last day": view.runs_last_day,
+        "pending": len(state.pending),
+        "open orders": len(state.orders),
+        "mode": config.mode.value, "cap": config.cap, "drop policy": config.drop_policy.value,
+        "max runs per hour": budgets.max_runs_per_hour or "unlimited",
+        "max runs per day": budgets.max_runs_per_day or "unlimited",
+        "no-trade cooldown (ms)": budgets.no_trade_cooldown_ms,
+        "schedules": len(state.schedules),
+    }
+    for name in state.counters.__dataclass_fields__:
+        facts[f"counter {name}"] = getattr(state.counters, name)
+    return facts
+
+
+def diff_json(before: AgentState, after: AgentState) -> dict[str, Any]:
+    """What changed in an agent from one replayed state to another: each fact that differs
+    (trading, lane, budgets, config, counters), the pending requests added and removed, the
+    orders opened, closed and filled, and the position per symbol."""
+    was, now = _facts(before), _facts(after)
+    changes = [{"what": key, "before": was[key], "after": now[key]}
+               for key in now if was[key] != now[key]]
+    pending_before = [p.request.request_id for p in before.pending]
+    pending_after = [p.request.request_id for p in after.pending]
+    orders: list[dict[str, Any]] = []
+    for order_id in sorted(before.orders.keys() | after.orders.keys()):
+        old, new = before.orders.get(order_id), after.orders.get(order_id)
+        if old is None and new is not None:
+            orders.append({"orderId": order_id, "change": "opened", "symbol": new.intent.symbol,
+                           "side": new.intent.side, "qty": new.intent.qty,
+                           "filled": new.filled_qty})
+        elif new is None and old is not None:
+            orders.append({"orderId": order_id, "change": "closed", "symbol": old.intent.symbol,
+                           "side": old.intent.side, "qty": old.intent.qty,
+                           "filled": old.filled_qty})
+        elif old is not None and new is not None and old != new:
+            orders.append({"orderId": order_id, "change": "changed",
+                           "symbol": new.intent.symbol, "side": new.intent.side,
+                           "qty": new.intent.qty, "filledBefore": old.filled_qty,
+                           "filled": new.filled_qty,
+                           "cancelRequested": new.cancel_requested})
+    positions = [{"symbol": s, "before": before.positions.get(s, 0.0),
+                  "after": after.positions.get(s, 0.0)}
+                 for s in sorted(before.positions.keys() | after.positions.keys())
+                 if before.positions.get(s, 0.0) != after.positions.get(s, 0.0)]
+    return {
+        "changes": changes,
+        "pending": {"added": [r for r in pending_after if r not in pending_before],
+                    "removed": [r for r in pending_before if r not in pending_after]},
+        "orders": orders,
+        "positions": positions,
+    }
