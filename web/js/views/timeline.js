@@ -1,18 +1,83 @@
-// Time travel: one agent's stream as a timeline. Pick any event (slider, track, buttons or
-// keys) and the queue is shown exactly as it was then, rebuilt by the gateway's replay API,
-// with the decisions around that position.
+// Time travel as a story: one agent's stream on a zoomable time axis (SVG, markers coloured
+// by kind), and at any picked position, rebuilt by the gateway from the log: the queue as it
+// was, the agent's budgets, cooldown, holds and provider gate at that moment, the story
+// around it (inputs with the decisions they caused, in the CLI timeline's words), jumps to
+// the next or previous stop, drop or suppression, and the diff between two positions.
 
 import {h, keepingFocus, replace, setAttr, setText, stateBadge} from "../dom.js";
-import {BAD_TYPES, CONTROL_TYPES, clock} from "../format.js";
-import {Model} from "../model.js";
+import {budget, clock, duration, num} from "../format.js";
 import {pendingTable, runCard} from "./queue.js";
 
 const DEBOUNCE_MS = 120;
 const AROUND = 8;
-const PAD = 6;
+const GROUPS_AROUND = 3;
+const HEIGHT = 92;
+const BASE = 58;  // y of the axis line
+const PAD = 10;
+const MIN_SPAN_MS = 20;
+const SVG = "http://www.w3.org/2000/svg";
+
+/** The kinds of marker, in legend order: label and CSS colour variable. */
+const KINDS = [
+  ["input", "input", "--input"], ["run", "run", "--good"], ["order", "order", "--story-order"],
+  ["control", "control", "--control"], ["stop", "stop", "--halted"], ["drop", "drop", "--story-drop"],
+  ["suppression", "suppression", "--story-suppression"], ["hold", "hold", "--story-suppression"],
+  ["error", "error", "--story-error"], ["decision", "other decision", "--decision"],
+];
+const JUMPS = [["stop", "stop"], ["drop", "drop"], ["suppression", "suppression"]];
+const ERRORS = new Set(["RunFailed", "RunAborted", "RequestRejected", "OrderRejected", "OperatorRejected",
+  "AgentCallRejected"]);
+const ORDERS = new Set(["OrderAccepted", "OrderFilled", "OrderClosed", "OrderCancelRequested"]);
+const CONTROLS = new Set(["ControlApplied", "OperatorApplied", "RunsUnheld", "RunsResumed"]);
+const RUNS = new Set(["RunStarted", "RunCompleted", "RunSteered"]);
+
+/** A marker's kind for a raw event (the gateway's `kinds` say the same of decisions). */
+export function kindOf(e) {
+  if (e.input) return "input";
+  if (e.type === "ControlApplied" && e.data?.to_state === "HALTED") return "stop";
+  if (CONTROLS.has(e.type)) return "control";
+  if (e.type === "RequestDropped" || e.type === "RequestSummarized") return "drop";
+  if (e.type === "RunsSuppressed") return "suppression";
+  if (e.type === "RunsHeld") return "hold";
+  if (RUNS.has(e.type)) return "run";
+  if (ORDERS.has(e.type)) return "order";
+  if (ERRORS.has(e.type)) return "error";
+  return "decision";
+}
+
+/** Tick steps of the time axis, in ms. */
+const STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5,
+  9e5, 18e5, 36e5, 72e5, 108e5, 216e5, 432e5, 864e5, 1728e5, 6048e5];
+
+/** An axis label at the precision of the step: "14:02:05.250", "14:02:05", "14:02", "Nov 27". */
+export function tickLabel(ms, step, withDate) {
+  const d = new Date(ms);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  const date = d.toLocaleDateString("en", {month: "short", day: "numeric"});
+  if (step >= 864e5) return date;
+  let text = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  if (step < 6e4) text += `:${pad(d.getSeconds())}`;
+  if (step < 1e3) {  // as many decimals as the step needs: .5, .25, .125
+    const decimals = step >= 100 ? 1 : step >= 10 ? 2 : 3;
+    text += `.${pad(d.getMilliseconds(), 3).slice(0, decimals)}`;
+  }
+  return withDate ? `${date} ${text}` : text;
+}
+
+function svg(tag, attrs = {}) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) el.setAttribute(name, String(value));
+  return el;
+}
 
 function css(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+}
+
+function value(v) {
+  if (v === null || v === undefined) return "–";
+  if (typeof v === "number" && v > 1e12) return clock(v);  // a time of the log
+  return String(v);
 }
 
 export function createTimeline(ctx, agentId, {loadEarlier}) {
@@ -21,7 +86,20 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   let more = false;
   let seq = 0;
   let timer = null;
-  const canvas = h("canvas", {class: "track", "aria-hidden": "true"});
+  let view = null;  // {start, end} in ms; null: everything loaded
+  let drag = null;
+  let compare = {from: null, to: null};
+  let diffSeq = 0;
+
+  const axis = svg("svg", {id: "travel-axis", class: "axis", role: "img", height: HEIGHT,
+    "aria-label": `Time axis of ${agentId}'s log: wheel or buttons to zoom, drag to pan, click to pick`});
+  const range = h("p", {id: "travel-range", class: "muted"});
+  const zoomIn = h("button", {type: "button", id: "zoom-in", "aria-label": "Zoom in"}, "+ Zoom in");
+  const zoomOut = h("button", {type: "button", id: "zoom-out", "aria-label": "Zoom out"}, "− Zoom out");
+  const zoomFit = h("button", {type: "button", id: "zoom-fit"}, "Show all");
+  const legend = h("ul", {class: "legend", id: "travel-legend", "aria-label": "Marker colours"},
+    KINDS.map(([kind, label, colour]) => h("li", {"data-kind": kind},
+      h("span", {class: "swatch", style: `background: var(${colour})`, "aria-hidden": "true"}), label)));
   const slider = h("input", {type: "range", min: 0, max: 0, value: 0, step: 1, id: "travel-slider",
     "aria-label": `Log position of ${agentId}`, "aria-describedby": "travel-label"});
   const label = h("p", {id: "travel-label", class: "muted"});
@@ -29,19 +107,28 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   const prev = h("button", {type: "button", id: "travel-prev"}, "◀ Previous input");
   const next = h("button", {type: "button", id: "travel-next"}, "Next input ▶");
   const live = h("button", {type: "button", id: "travel-live"}, "Back to live");
+  const jumpResult = h("p", {id: "jump-result", class: "muted", role: "status"});
+  const jumps = h("div", {class: "toolbar", role: "toolbar", "aria-label": "Jump to"},
+    h("span", {class: "muted"}, "Jump to:"),
+    JUMPS.flatMap(([kind, word]) => [
+      h("button", {type: "button", "data-jump": kind, "data-direction": "previous", onclick: () => jump(kind, -1)}, `◀ Previous ${word}`),
+      h("button", {type: "button", "data-jump": kind, "data-direction": "next", onclick: () => jump(kind, 1)}, `Next ${word} ▶`)]));
+  const compareFrom = h("button", {type: "button", id: "diff-from"}, "Compare from here");
+  const compareTo = h("button", {type: "button", id: "diff-to"}, "Compare to here");
+  const compareLabel = h("span", {id: "diff-range", class: "muted"}, "Pick two positions to see what changed between them.");
+  const diff = h("div", {id: "travel-diff", "aria-live": "polite"});
   const result = h("div", {id: "replay", class: "travel", "aria-live": "polite"});
   const el = h("section", {class: "timeline card", "aria-labelledby": "travel-title"},
     h("h3", {id: "travel-title"}, "Time travel"),
-    h("p", {class: "muted"}, "Pick a position in this agent's log to see its queue exactly as it was then (rebuilt from the log by the gateway), with the decisions around it. Arrow keys step one event, Page Up/Down ten."),
-    canvas, slider, label, h("div", {class: "toolbar"}, prev, next, live, earlier), result);
+    h("p", {class: "muted"}, "Pick a position in this agent's log to see its queue, budgets and provider gate exactly as they were then (replayed from the log by the gateway), and the story around it: each input with the decisions it caused, worded as the CLI timeline words them. Arrow keys step one event, Page Up/Down ten."),
+    h("div", {class: "axis-box"}, axis), range,
+    h("div", {class: "toolbar"}, zoomIn, zoomOut, zoomFit, legend),
+    slider, label, h("div", {class: "toolbar"}, prev, next, live, earlier),
+    jumps, jumpResult,
+    h("div", {class: "toolbar compare"}, compareFrom, compareTo, compareLabel), diff,
+    result);
 
   slider.addEventListener("input", () => pick(Number(slider.value)));
-  canvas.addEventListener("click", (event) => {
-    if (!entries.length) return;
-    const rect = canvas.getBoundingClientRect();
-    const share = (event.clientX - rect.left - PAD) / Math.max(1, rect.width - 2 * PAD);
-    pick(Math.round(Math.min(1, Math.max(0, share)) * (entries.length - 1)));
-  });
   prev.addEventListener("click", () => step(-1));
   next.addEventListener("click", () => step(1));
   live.addEventListener("click", () => {
@@ -55,7 +142,79 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     earlier.disabled = true;
     try { await loadEarlier(); } finally { earlier.disabled = false; }
   });
+  zoomIn.addEventListener("click", () => zoom(0.5, focusTime()));
+  zoomOut.addEventListener("click", () => zoom(2, focusTime()));
+  zoomFit.addEventListener("click", () => { view = null; draw(); });
+  compareFrom.addEventListener("click", () => setCompare("from"));
+  compareTo.addEventListener("click", () => setCompare("to"));
+  axis.addEventListener("wheel", (event) => {
+    if (!entries.length) return;
+    event.preventDefault();
+    zoom(event.deltaY > 0 ? 1.25 : 0.8, timeAt(event.clientX));
+  }, {passive: false});
+  axis.addEventListener("pointerdown", (event) => {
+    if (!entries.length) return;
+    const [start, end] = bounds();
+    drag = {x: event.clientX, start, end, moved: false};
+    axis.setPointerCapture(event.pointerId);
+  });
+  axis.addEventListener("pointermove", (event) => {
+    if (!drag) return;
+    const dx = event.clientX - drag.x;
+    if (Math.abs(dx) > 3) drag.moved = true;
+    if (!drag.moved) return;
+    const shift = (dx / Math.max(1, axis.clientWidth - 2 * PAD)) * (drag.end - drag.start);
+    view = {start: drag.start - shift, end: drag.end - shift};
+    draw();
+  });
+  axis.addEventListener("pointerup", (event) => {
+    const was = drag;
+    drag = null;
+    if (!was || was.moved || !entries.length) return;
+    const t = timeAt(event.clientX);
+    let best = 0;
+    for (let i = 1; i < entries.length; i++) {
+      if (Math.abs(entries[i].recordedAt - t) < Math.abs(entries[best].recordedAt - t)) best = i;
+    }
+    pick(best);
+  });
   result.append(h("p", {class: "muted"}, "Following live. Pick a position to travel back."));
+
+  /** The time range everything loaded covers, padded a little. */
+  function full() {
+    const first = entries[0].recordedAt;
+    const last = entries[entries.length - 1].recordedAt;
+    const pad = Math.max(MIN_SPAN_MS, (last - first) * 0.02);
+    return [first - pad, last + pad];
+  }
+
+  function bounds() {
+    return view ? [view.start, view.end] : full();
+  }
+
+  function timeAt(clientX) {
+    const rect = axis.getBoundingClientRect();
+    const [start, end] = bounds();
+    const share = (clientX - rect.left - PAD) / Math.max(1, rect.width - 2 * PAD);
+    return start + Math.min(1, Math.max(0, share)) * (end - start);
+  }
+
+  function focusTime() {
+    if (index !== null) return entries[index].recordedAt;
+    const [start, end] = bounds();
+    return (start + end) / 2;
+  }
+
+  /** Zoom by `factor` (below 1: in) keeping `center` where it is on the axis. */
+  function zoom(factor, center) {
+    if (!entries.length) return;
+    const [start, end] = bounds();
+    const [first, last] = full();
+    const span = Math.min(Math.max(MIN_SPAN_MS, (end - start) * factor), (last - first) * 4);
+    const share = (center - start) / Math.max(1, end - start);
+    view = {start: center - share * span, end: center - share * span + span};
+    draw();
+  }
 
   /** Move to the previous or next input (the start of the decisions it caused). */
   function step(direction) {
@@ -67,28 +226,63 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
 
   function pick(i) {
     index = i;
+    const t = entries[i].recordedAt;
+    if (view && (t < view.start || t > view.end)) {  // keep the pick in sight
+      const half = (view.end - view.start) / 2;
+      view = {start: t - half, end: t + half};
+    }
     update();
     clearTimeout(timer);
     const position = entries[i].position;
     timer = setTimeout(() => show(position), DEBOUNCE_MS);
   }
 
-  async function show(position) {
+  function currentPosition() {
+    const e = entries[index ?? entries.length - 1];
+    return e ? e.position : 0;
+  }
+
+  async function jump(kind, direction) {
     const mine = ++seq;
+    const here = currentPosition();
+    const params = direction > 0 ? {kind, after: here} : {kind, before: here};
+    setText(jumpResult, `Looking for the ${direction > 0 ? "next" : "previous"} ${kind}…`);
     let answer;
     try {
-      answer = await ctx.api.get("/api/replay", {agent: agentId, position, around: AROUND});
+      answer = await ctx.api.get(`/api/agents/${encodeURIComponent(agentId)}/story/find`, params);
+    } catch (error) {
+      setText(jumpResult, `Jump failed: ${error.message}`);
+      return;
+    }
+    if (mine !== seq) return;
+    if (answer.position === null) {
+      setText(jumpResult, `No ${direction > 0 ? "later" : "earlier"} ${kind} in ${agentId}'s log (from position ${here}).`);
+      return;
+    }
+    setText(jumpResult, `${direction > 0 ? "Next" : "Previous"} ${kind}: position ${answer.position}.`);
+    await travel(answer.position);
+  }
+
+  async function show(position) {
+    const mine = ++seq;
+    const path = `/api/agents/${encodeURIComponent(agentId)}`;
+    let answers;
+    try {
+      answers = await Promise.all([
+        ctx.api.get("/api/replay", {agent: agentId, position, around: AROUND}),
+        ctx.api.get(`${path}/moment`, {position}),
+        ctx.api.get(`${path}/story`, {at: position, around: GROUPS_AROUND}),
+      ]);
     } catch (error) {
       if (mine === seq) replace(result, h("p", {class: "error"}, `Replay failed: ${error.message}`));
       return;
     }
     if (mine !== seq) return;  // a later pick is on its way
-    render(answer);
+    render(...answers);
   }
 
-  function render(answer) {
+  function render(answer, moment, story) {
     const queue = answer.queue;
-    const around = answer.around.map((raw) => ctx.model.entry(raw));
     result.dataset.position = answer.position;
     keepingFocus(result, () => replace(result,
       h("div", {},
@@ -99,21 +293,121 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
           h("dt", {}, "Stream version"), h("dd", {}, String(answer.version))),
         runCard(queue.run, {kinds: ctx.model.kinds}),
         h("h4", {}, `Pending then (${queue.pending.length})`),
-        pendingTable(queue.pending, {id: "replay-pending", label: `Pending requests at position ${answer.position}`})),
+        pendingTable(queue.pending, {id: "replay-pending", label: `Pending requests at position ${answer.position}`}),
+        momentView(moment)),
       h("div", {},
-        h("h4", {}, "Inputs and decisions around it"),
-        h("ul", {class: "list around", "aria-label": "Events around the position"}, around.map((e) => {
-          const li = h("li", {"aria-current": e.position === answer.eventPosition ? "true" : null,
-            tabindex: 0, role: "button", "data-position": e.position, "data-focus-key": e.position},
-            h("span", {class: "mono"}, e.position), h("span", {}, e.type), h("span", {class: "muted"}, Model.summary(e)));
-          const go = () => {
-            const i = entries.findIndex((x) => x.position === e.position);
-            if (i >= 0) pick(i);
-          };
-          li.addEventListener("click", go);
-          li.addEventListener("keydown", (k) => { if (k.key === "Enter" || k.key === " ") { k.preventDefault(); go(); } });
-          return li;
-        })))));
+        h("h4", {}, "The story around it"),
+        storyView(story, answer.eventPosition))));
+  }
+
+  function momentView(m) {
+    const b = m.budgets;
+    const cooling = b.cooldownRemainingMs ? `${duration(b.cooldownRemainingMs)} left (until ${clock(b.cooldownUntil)})`
+      : b.noTradeCooldownMs ? `none (${duration(b.noTradeCooldownMs)} after a no-trade run)` : "off";
+    const positions = Object.entries(m.positions);
+    return h("section", {id: "moment", "aria-labelledby": "moment-title", "data-position": m.position},
+      h("h4", {id: "moment-title"}, `Budgets, holds and gate at that moment (agent time ${clock(m.at)})`),
+      h("dl", {class: "facts"},
+        h("dt", {}, "Why"), h("dd", {id: "moment-why"}, m.why),
+        h("dt", {}, "Runs, last hour"), h("dd", {id: "moment-hour"}, budget(b.runsLastHour, b.maxRunsPerHour)),
+        h("dt", {}, "Runs, last day"), h("dd", {}, budget(b.runsLastDay, b.maxRunsPerDay)),
+        h("dt", {}, "Cooldown"), h("dd", {}, cooling),
+        h("dt", {}, "Suppressed"), h("dd", {id: "moment-suppressed"},
+          m.suppressed ? `yes, ${m.suppressed.reason} budget, until ${clock(m.suppressed.until)}` : "no"),
+        h("dt", {}, "Held"), h("dd", {}, m.held ?? "no"),
+        h("dt", {}, "Pending"), h("dd", {}, num(m.pending.length)),
+        h("dt", {}, "Open orders"), h("dd", {}, m.orders.length
+          ? m.orders.map((o) => `${o.orderId} ${o.side} ${o.qty} ${o.symbol} (${o.filled} filled)`).join("; ") : "none"),
+        h("dt", {}, "Positions"), h("dd", {}, positions.length ? positions.map(([s, q]) => `${s} ${q}`).join(", ") : "flat")),
+      gateView(m.gate));
+  }
+
+  function gateView(g) {
+    if (!g || g.provider === null) return h("p", {class: "muted", id: "moment-gate"}, `Provider gate: ${g ? g.note : "unknown"}.`);
+    const lines = [
+      ...g.waiting.map((w) => h("li", {"data-run": w.runId},
+        `${w.runId} waiting ${duration(w.waitedMs)} (${w.priority}, ~${num(w.tokens)} tokens): ${w.why}`)),
+      ...g.inFlight.map((l) => h("li", {"data-run": l.runId}, `${l.runId} holds a slot since ${clock(l.grantedAt)}`)),
+    ];
+    return h("div", {id: "moment-gate"},
+      h("p", {}, h("strong", {}, `Provider gate ${g.provider}: `),
+        g.at === undefined ? g.note : `${g.inFlightAll ?? 0} in flight of ${g.maxConcurrent ?? "∞"}, `
+          + `${g.windowRequests ?? 0} requests in the last minute of ${g.requestsPerMinute ?? "∞"}, breaker ${g.breaker}`
+          + (g.nextDecisionAt ? `, next decision ${clock(g.nextDecisionAt)}` : "")),
+      lines.length ? h("ul", {class: "list"}, lines) : h("p", {class: "muted"}, "Nothing of this agent's at the gate then."),
+      g.at === undefined ? null : h("p", {class: "muted small"}, `As ${g.note} (${clock(g.at)}).`));
+  }
+
+  function storyView(story, current) {
+    if (!story.groups.length) return h("p", {class: "muted"}, "No inputs yet at this position.");
+    return h("ol", {class: "story", id: "story", "aria-label": "Inputs and the decisions they caused"},
+      story.groups.map((g, i) => h("li", {class: `group ${g.kinds.map((k) => `kind-${k}`).join(" ")}`,
+        "data-position": g.position, "data-current": i === story.index ? "true" : null},
+        line(g, current, false),
+        g.decisions.length ? h("ul", {class: "decisions"}, g.decisions.map((d) => line(d, current, true))) : null)));
+  }
+
+  function line(item, current, decision) {
+    const kind = decision ? (item.kinds[0] || "decision") : "input";
+    const el = h(decision ? "li" : "div", {class: `said kind-${kind}`, tabindex: 0, role: "button",
+      "data-position": item.position, "data-focus-key": item.position, "data-kind": kind,
+      "aria-current": item.position === current ? "true" : null},
+      h("span", {class: "mono pos"}, item.position),
+      decision ? h("span", {class: "arrow", "aria-hidden": "true"}, "→") : h("time", {class: "mono"}, clock(item.at)),
+      h("span", {class: "say"}, item.text),
+      h("span", {class: "tag type"}, item.type));
+    const go = () => travel(item.position);
+    el.addEventListener("click", (event) => { event.stopPropagation(); go(); });
+    el.addEventListener("keydown", (k) => { if (k.key === "Enter" || k.key === " ") { k.preventDefault(); go(); } });
+    return el;
+  }
+
+  /** Pick the event at or just before a log position, loading earlier pages if needed. */
+  async function travel(position) {
+    for (let page = 0; page < 20 && more && entries.length && entries[0].position > position; page++) {
+      await loadEarlier();
+    }
+    let i = -1;
+    for (let j = 0; j < entries.length && entries[j].position <= position; j++) i = j;
+    if (i >= 0) pick(i);
+  }
+
+  function setCompare(end) {
+    if (!entries.length) return;
+    compare = {...compare, [end]: currentPosition()};
+    showDiff();
+  }
+
+  async function showDiff() {
+    const {from, to} = compare;
+    setText(compareLabel, `From ${from ?? "–"} to ${to ?? "–"}${from === null || to === null ? ": pick the other end." : ""}`);
+    if (from === null || to === null) return;
+    const mine = ++diffSeq;
+    let answer;
+    try {
+      answer = await ctx.api.get(`/api/agents/${encodeURIComponent(agentId)}/diff`, {from, to});
+    } catch (error) {
+      if (mine === diffSeq) replace(diff, h("p", {class: "error"}, `Diff failed: ${error.message}`));
+      return;
+    }
+    if (mine !== diffSeq) return;
+    diff.dataset.from = from;
+    diff.dataset.to = to;
+    const rows = [
+      ...answer.changes.map((c) => [c.what, value(c.before), value(c.after)]),
+      ...answer.pending.added.map((id) => ["pending", "–", `${id} added`]),
+      ...answer.pending.removed.map((id) => ["pending", `${id}`, "removed"]),
+      ...answer.orders.map((o) => [`order ${o.orderId}`, o.change === "opened" ? "–" : `${o.filledBefore ?? o.filled} filled`,
+        `${o.change}: ${o.side} ${o.qty} ${o.symbol}, ${o.filled} filled`]),
+      ...answer.positions.map((p) => [`position ${p.symbol}`, String(p.before), String(p.after)]),
+    ];
+    replace(diff,
+      h("h4", {}, `What changed from position ${from} (${clock(answer.from.at)}) to ${to} (${clock(answer.to.at)})`),
+      rows.length ? h("table", {id: "diff-table", class: "diff", "data-count": rows.length},
+        h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "what"), h("th", {scope: "col"}, "before"), h("th", {scope: "col"}, "after"))),
+        h("tbody", {}, rows.map(([what, before, after]) => h("tr", {"data-what": what},
+          h("th", {scope: "row"}, what), h("td", {}, before), h("td", {}, after)))))
+        : h("p", {class: "muted", id: "diff-table", "data-count": 0}, "Nothing changed between these positions."));
   }
 
   function update() {
@@ -137,31 +431,55 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   }
 
   function draw() {
-    const ratio = window.devicePixelRatio || 1;
-    const width = canvas.clientWidth;
-    const height = canvas.clientHeight;
+    const width = axis.clientWidth || axis.parentElement?.clientWidth || 0;
     if (!width) return;
-    canvas.width = width * ratio;
-    canvas.height = height * ratio;
-    const g = canvas.getContext("2d");
-    g.scale(ratio, ratio);
-    g.clearRect(0, 0, width, height);
+    axis.setAttribute("viewBox", `0 0 ${width} ${HEIGHT}`);
+    axis.setAttribute("width", width);
     const n = entries.length;
-    const x = (i) => (n <= 1 ? width / 2 : PAD + (i * (width - 2 * PAD)) / (n - 1));
-    const colours = {input: css("--input"), bad: css("--bad"), control: css("--control"),
-      good: css("--good"), decision: css("--decision")};
+    if (!n) {
+      axis.replaceChildren();
+      setText(range, "No events yet.");
+      return;
+    }
+    const [start, end] = bounds();
+    const span = Math.max(1, end - start);
+    const x = (t) => PAD + ((t - start) / span) * (width - 2 * PAD);
+    const colours = Object.fromEntries(KINDS.map(([kind, , colour]) => [kind, css(colour)]));
+    const parts = [svg("line", {x1: PAD, x2: width - PAD, y1: BASE, y2: BASE, class: "axis-line"})];
+    const target = Math.max(2, Math.floor(width / 120));
+    const stepMs = STEPS.find((s) => span / s <= target) ?? STEPS[STEPS.length - 1];
+    const withDate = span > 864e5 / 2 && stepMs < 864e5;
+    const offset = new Date(start).getTimezoneOffset() * 60_000;  // ticks on local boundaries
+    for (let t = Math.ceil((start - offset) / stepMs) * stepMs + offset; t <= end; t += stepMs) {
+      const tx = x(t);
+      parts.push(svg("line", {x1: tx, x2: tx, y1: BASE, y2: BASE + 5, class: "tick-mark"}));
+      const text = svg("text", {x: tx, y: BASE + 20, "text-anchor": "middle", class: "tick"});
+      text.textContent = tickLabel(t, stepMs, withDate);
+      parts.push(text);
+    }
+    const picked = entries[index ?? n - 1].recordedAt;
+    if (picked >= start && picked <= end) {  // under the markers, so none is hidden
+      const px = x(picked);
+      parts.push(svg("rect", {x: px - 4, y: 0, width: 8, height: BASE, class: "cursor"}),
+        svg("path", {d: `M${px - 6} 0 L${px + 6} 0 L${px} 8 Z`, class: "cursor-head"}));
+    }
     for (let i = 0; i < n; i++) {
       const e = entries[i];
-      const colour = e.input ? colours.input : BAD_TYPES.has(e.type) ? colours.bad
-        : CONTROL_TYPES.has(e.type) ? colours.control : e.type === "RunStarted" ? colours.good : colours.decision;
-      g.fillStyle = colour;
-      const tall = e.input ? 0.35 : 0.7;
-      g.fillRect(Math.round(x(i)), height * (1 - tall) - 4, 1.5, height * tall);
+      if (e.recordedAt < start || e.recordedAt > end) continue;
+      const kind = kindOf(e);
+      const tall = e.input ? 16 : kind === "decision" || kind === "run" ? 30 : 44;
+      const mark = svg("rect", {x: x(e.recordedAt) - 1, y: BASE - tall - 2, width: 2, height: tall,
+        fill: colours[kind], "data-kind": kind});
+      const title = svg("title");
+      title.textContent = `${e.position} · ${clock(e.recordedAt)} · ${e.type} (${kind})`;
+      mark.append(title);
+      parts.push(mark);
     }
-    if (n) {
-      g.fillStyle = css("--accent");
-      g.fillRect(x(index ?? n - 1) - 1.5, 0, 3, height);
-    }
+    axis.replaceChildren(...parts);
+    axis.dataset.spanMs = String(Math.round(span));
+    axis.dataset.stepMs = String(stepMs);
+    setText(range, `${tickLabel(start, 1, withDate)} – ${tickLabel(end, 1, withDate)} · ${duration(span)} shown`
+      + `${view ? "" : " (all loaded events)"} · ticks every ${duration(stepMs)}`);
   }
 
   return {
@@ -175,14 +493,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
       update();
     },
     /** Pick the event at or just before a log position (deep links: #/agent/ID?at=P). */
-    async travelTo(position) {
-      for (let page = 0; page < 20 && more && entries.length && entries[0].position > position; page++) {
-        await loadEarlier();
-      }
-      let i = -1;
-      for (let j = 0; j < entries.length && entries[j].position <= position; j++) i = j;
-      if (i >= 0) pick(i);
-    },
+    travelTo: travel,
     redraw: draw,
   };
 }

@@ -1,0 +1,144 @@
+"""Time travel as a story in a real browser: an agent with a known history (a drop, a budget
+suppression, an emergency stop) read as groups in the CLI timeline's words, jumps between
+them, the state at a moment, the diff of two positions, and a zoomable time axis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from playwright.async_api import Page, expect
+
+from gateway.debugger import timeline_command
+from gateway.server import Running
+from tests.browser.conftest import OpenPanel, screenshot
+from tests.browser.live import VIEWER, agent, http, live_gateway, panel_config, request, submit
+from tests.gateway.support import until
+
+
+async def stream(running: Running) -> list[dict[str, Any]]:
+    async with http(running) as client:
+        events: list[dict[str, Any]] = (await client.get("/api/agents/story/events")).json()[
+            "events"]
+        return events
+
+
+async def first(running: Running, type_name: str) -> int:
+    """The position of the agent's first event of that type, once it is in the log."""
+
+    async def found() -> int | None:
+        return next((e["position"] for e in await stream(running) if e["type"] == type_name),
+                    None)
+
+    return await until(found, f"a {type_name} of the agent story", within_s=20)
+
+
+async def history(running: Running) -> dict[str, int]:
+    """a runs; b and c wait; d drops b (cap 2); c runs after a; then d is suppressed (two
+    runs an hour); an emergency stop. The positions of the drop, suppression and stop."""
+    for key in "abcd":
+        await submit(running, request("story", dedupeKey=f"story:{key}"))
+    marks = {"drop": await first(running, "RequestDropped"),
+             "suppression": await first(running, "RunsSuppressed")}
+    await submit(running, request("story", "user_control", priority="high",
+                                  payload={"action": "emergency_stop"}))
+    marks["stop"] = await first(running, "ControlApplied")
+    return marks
+
+
+async def cli_group(db: Path, position: int) -> list[str]:
+    """What ``gateway timeline`` prints of the group whose input is at ``position``: the
+    input's words, then each decision's."""
+    printed: list[str] = []
+    await timeline_command(db, "story", None, None, printed.append)
+    rows = printed[2:-1]
+    start = next(i for i, line in enumerate(rows) if line[:8].strip() == str(position))
+    words = [rows[start][35:]]
+    for line in rows[start + 1:]:
+        if "    -> " not in line[:40]:
+            break
+        words.append(line.split("    -> ", 1)[1])
+    return words
+
+
+async def ticks(page: Page) -> list[str]:
+    labels: list[str] = await page.locator("#travel-axis text.tick").all_text_contents()
+    return labels
+
+
+async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomable_axis(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    db = tmp_path / "panel.db"
+    story = agent("story", (1_200, 1_500), cap=2, budgets={"max_runs_per_hour": 2})
+    config = panel_config(db, [story, agent("other")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        marks = await history(running)
+        page = await open_panel(running.url, VIEWER)
+        await page.goto(f"{running.url}/#/agent/story")
+        replay = page.locator("#replay")
+        await expect(page.locator("#travel-label")).to_contain_text("Live")
+
+        # Back to the drop: its group reads as the CLI's timeline does.
+        await page.get_by_role("button", name="◀ Previous drop").click()
+        await expect(replay).to_have_attribute("data-position", str(marks["drop"]))
+        group = page.locator('#story li.group[data-current="true"]')
+        current = group.locator('[aria-current="true"]')
+        await expect(current).to_have_attribute("data-kind", "drop")
+        input_at = int(await group.get_attribute("data-position") or 0)
+        shown = await group.locator(".said .say").all_text_contents()
+        assert shown == await cli_group(db, input_at)
+        await page.locator("#story").scroll_into_view_if_needed()
+        await screenshot(page, "story")
+
+        # The suppression: the moment shows the budget spent and the suppression.
+        await page.get_by_role("button", name="Next suppression ▶").click()
+        await expect(replay).to_have_attribute("data-position", str(marks["suppression"]))
+        await expect(page.locator("#moment-hour")).to_have_text("2 / 2")
+        await expect(page.locator("#moment-suppressed")).to_contain_text("yes, hourly budget")
+        await expect(page.locator("#moment-why")).to_contain_text("runs suppressed (hourly)")
+        await page.locator("#moment").scroll_into_view_if_needed()
+        await screenshot(page, "story-moment")
+        await page.get_by_role("button", name="Compare from here").click()
+
+        # Next stop, and what changed between the two.
+        await page.get_by_role("button", name="Next stop ▶").click()
+        await expect(replay).to_have_attribute("data-position", str(marks["stop"]))
+        await expect(page.locator('#story [aria-current="true"] .say')).to_have_text(
+            "control emergency_stop: ACTIVE -> HALTED")
+        await expect(page.locator("#moment-why")).to_have_text(
+            "halted: no run starts until a resume")
+        await page.get_by_role("button", name="Compare to here").click()
+        trading = page.locator('#diff-table tr[data-what="trading"]')
+        await expect(trading.locator("td")).to_have_text(["ACTIVE", "HALTED"])
+        await expect(page.locator("#travel-diff")).to_have_attribute(
+            "data-from", str(marks["suppression"]))
+        await expect(page.get_by_role("button", name="Next stop ▶")).to_be_visible()
+        await page.get_by_role("button", name="Next stop ▶").click()
+        await expect(page.locator("#jump-result")).to_contain_text("No later stop")
+        await page.locator("#travel-diff").scroll_into_view_if_needed()
+        await screenshot(page, "story-diff")
+
+        # The time axis: labelled ticks that change as it zooms (buttons and wheel).
+        axis = page.locator("#travel-axis")
+        await axis.scroll_into_view_if_needed()
+        await expect(axis.locator("text.tick").first).to_be_visible()
+        before = await ticks(page)
+        span = int(await axis.get_attribute("data-span-ms") or 0)
+        legend = page.locator("#travel-legend")
+        await expect(legend.locator('[data-kind="stop"]')).to_have_text("stop")
+        assert await axis.locator('rect[data-kind="stop"]').count() == 1
+        assert await axis.locator('rect[data-kind="drop"]').count() >= 1
+        for _ in range(3):
+            await page.get_by_role("button", name="Zoom in").click()
+        await expect(axis).not_to_have_attribute("data-span-ms", str(span))
+        zoomed = int(await axis.get_attribute("data-span-ms") or 0)
+        assert zoomed < span / 4
+        assert await ticks(page) != before
+        await screenshot(page, "story-zoomed")
+        box = await axis.bounding_box()
+        assert box is not None
+        await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        await page.mouse.wheel(0, 400)  # out
+        await expect(axis).not_to_have_attribute("data-span-ms", str(zoomed))
+        assert int(await axis.get_attribute("data-span-ms") or 0) > zoomed
