@@ -82,7 +82,6 @@ from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
 from gateway.story import (
     JUMP_KINDS,
-    Group,
     around,
     diff_json,
     find,
@@ -90,7 +89,8 @@ from gateway.story import (
     gate_json,
     group_json,
     moment_json,
-    story_of,
+    spans,
+    told,
 )
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
@@ -815,10 +815,6 @@ class _Api:
         self._principal(request).check_read(agent_id)
         return agent_id, await self.engine.store.last_position()
 
-    async def _groups(self, agent_id: str) -> list[Group]:
-        records = await self.engine.store.read_stream(agent_id)
-        return list(story_of(self.engine.reader.entries(records)))
-
     async def _state_at(self, agent_id: str, position: int) -> tuple[AgentState, int]:
         """The agent replayed from the log up to ``position``, and the position of its last
         event folded (0: none)."""
@@ -836,19 +832,21 @@ class _Api:
         position with ``around`` (<= 100, default 3) groups each side."""
         agent_id, last = await self._story_read(request)
         query = request.query_params
-        groups = await self._groups(agent_id)
+        reader = self.engine.reader
+        records = await self.engine.store.read_stream(agent_id)
+        found = spans(records, reader)
         if query.get("at"):
             at = _position_param(query, "at", last, last)
             count = min(_int_param(query, "around", 3), 100)
-            chosen, index = around(groups, at, count)
-            return _json({"agentId": agent_id, "at": at, "index": index,
-                          "groups": [group_json(g) for g in chosen], "more": False})
+            chosen, index = around(records, found, at, count)
+            return _json({"agentId": agent_id, "at": at, "index": index, "more": False,
+                          "groups": [group_json(g) for g in told(records, chosen, reader)]})
         start = _position_param(query, "from", 0, last)
         upto = _position_param(query, "to", last, last)
         limit = min(max(_int_param(query, "limit", 200), 1), 1000)
-        inside = [g for g in groups if start <= g.position <= upto]
+        inside = [span for span in found if start <= records[span[0]].position <= upto]
         return _json({"agentId": agent_id, "from": start, "to": upto,
-                      "groups": [group_json(g) for g in inside[:limit]],
+                      "groups": [group_json(g) for g in told(records, inside[:limit], reader)],
                       "more": len(inside) > limit})
 
     @_guarded
@@ -866,7 +864,8 @@ class _Api:
                            "one), not both", field="after")
         after = _position_param(query, "after", 0, last) if "after" in query else None
         before = _position_param(query, "before", 0, last + 1) if "before" in query else None
-        found = find(await self._groups(agent_id), kind, after, before)
+        records = await self.engine.store.read_stream(agent_id)
+        found = find(records, self.engine.reader, kind, after, before)
         return _json({"agentId": agent_id, "kind": kind, "position": found})
 
     @_guarded
@@ -880,12 +879,12 @@ class _Api:
         state, folded = await self._state_at(agent_id, position)
         gate = self.engine.gate_of(agent_id)
         gate_state = None
-        if gate is not None:
+        if gate is not None and state.active is not None:  # only a run asks for slots
             gate_state = gate_at(gate.stream, [
                 r for r in await self.engine.store.read_stream(gate.stream)
                 if r.position <= position])
         body = moment_json(state, gate_json(agent_id, None if gate is None else gate.provider,
-                                            gate_state, position))
+                                            gate_state))
         return _json({**body, "position": position, "eventPosition": folded})
 
     @_guarded

@@ -502,6 +502,12 @@ async def timeline_command(db: Log, agent: str, start: Point | None, end: Point 
 
 JUMP_KINDS = ("stop", "drop", "suppression")
 """The kinds of decision a person jumps between in time travel."""
+JUMP_TYPES: dict[str, frozenset[str]] = {
+    "stop": frozenset({"ControlApplied"}),
+    "drop": frozenset({"RequestDropped", "RequestSummarized"}),
+    "suppression": frozenset({"RunsSuppressed"}),
+}
+"""The event types that can be of each jump kind (`kinds_of` says which are)."""
 
 
 def kinds_of(event: Event) -> tuple[str, ...]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gateway.debugger import JUMP_KINDS, Group
+from gateway.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from gateway.debugger import story as story_of
+from gateway.quarantine import LogReader
 from lanes import AgentState, status
-from lanes.events import TradingState
+from lanes.events import INPUT_TYPES, TradingState
 from lanes.gate import (
     GateState,
     Waiting,
@@ -27,7 +28,7 @@ from lanes.gate import (
 from store.port import RecordedEvent
 
 __all__ = ["JUMP_KINDS", "Group", "around", "diff_json", "find", "gate_at", "gate_json",
-           "group_json", "moment_json", "story_of"]
+           "group_json", "moment_json", "spans", "story_of", "told"]
 
 GATE_NOTE = (
     "the provider gate as its own log had it at this position (its latest event at or "
@@ -43,31 +44,63 @@ def group_json(group: Group) -> dict[str, Any]:
                            "kinds": list(s.kinds)} for s in group.decisions]}
 
 
-def around(groups: Sequence[Group], position: int, count: int) -> tuple[list[Group], int]:
-    """The group that holds ``position`` (the last input at or before it) with ``count``
-    groups each side, and the index of that group in what is returned (-1: none)."""
+Span = tuple[int, int]
+"""Where one group lies in a stream's records: [start, end) indexes."""
+INPUT_NAMES = frozenset(t.__name__ for t in INPUT_TYPES)
+
+
+def _type(record: RecordedEvent, reader: LogReader) -> str:
+    """A record's event type as it is read (a stand-in's if it was set aside)."""
+    found = reader.replacements.get(record.position)
+    return record.type if found is None else found[0]
+
+
+def spans(records: Sequence[RecordedEvent], reader: LogReader) -> list[Span]:
+    """Where each group of one agent stream's records lies (from an input to the next; any
+    decisions before the first input are in none), found from the types alone: only the
+    groups shown are decoded (`told`)."""
+    starts = [i for i, r in enumerate(records) if _type(r, reader) in INPUT_NAMES]
+    return list(zip(starts, [*starts[1:], len(records)], strict=True))
+
+
+def told(records: Sequence[RecordedEvent], chosen: Iterable[Span],
+         reader: LogReader) -> list[Group]:
+    """The groups of these spans, decoded and worded (`gateway.debugger.story`)."""
+    return [group for start, end in chosen
+            for group in story_of(reader.entries(records[start:end]))]
+
+
+def around(records: Sequence[RecordedEvent], found: Sequence[Span], position: int,
+           count: int) -> tuple[list[Span], int]:
+    """The span of the group that holds ``position`` (the last input at or before it) with
+    ``count`` spans each side, and the index of that one in what is returned (-1: none)."""
     index = -1
-    for i, group in enumerate(groups):
-        if group.position > position:
+    for i, (start, _) in enumerate(found):
+        if records[start].position > position:
             break
         index = i
-    start = max(0, index - count)
-    return list(groups[start:max(index, 0) + count + 1]), index - start if index >= 0 else -1
+    first = max(0, index - count)
+    return list(found[first:max(index, 0) + count + 1]), index - first if index >= 0 else -1
 
 
-def find(groups: Iterable[Group], kind: str, after: int | None,
+def find(records: Sequence[RecordedEvent], reader: LogReader, kind: str, after: int | None,
          before: int | None) -> int | None:
-    """The position of the first decision of ``kind`` after ``after``, or of the last one
-    before ``before``."""
+    """The position of the first decision of ``kind`` (`gateway.debugger.kinds_of`) after
+    ``after``, or of the last one before ``before``; only events of a type that can be of
+    that kind are decoded."""
+    candidates = JUMP_TYPES[kind]
     found = None
-    for group in groups:
-        for said in group.decisions:
-            if kind not in said.kinds:
-                continue
-            if after is not None and said.position > after:
-                return said.position
-            if before is not None and said.position < before:
-                found = said.position
+    for record in records:
+        if after is not None and record.position <= after:
+            continue
+        if before is not None and record.position >= before:
+            break
+        if _type(record, reader) not in candidates:
+            continue
+        if kind in kinds_of(reader.decode(record)):
+            if after is not None:
+                return record.position
+            found = record.position
     return found
 
 
@@ -130,14 +163,18 @@ def gate_at(stream: str, records: Iterable[RecordedEvent]) -> GateState:
                      (decode_gate_event(r.type, r.data) for r in records))
 
 
-def gate_json(agent_id: str, provider: str | None, gate: GateState | None,
-              position: int) -> dict[str, Any]:
-    """What a provider gate (folded up to ``position``) holds for one agent: its calls
-    waiting (since when, and what keeps each back: a limit, the breaker, a backoff, the fair
-    order), its calls in flight, and when the gate next decides something."""
+def gate_json(agent_id: str, provider: str | None, gate: GateState | None) -> dict[str, Any]:
+    """What a provider gate (folded up to a position; None: not folded, as the agent had no
+    active run) holds for one agent: its calls waiting (since when, and what keeps each
+    back: a limit, the breaker, a backoff, the fair order), its calls in flight, and when
+    the gate next decides something."""
     if provider is None:
         return {"provider": None, "note": "this agent's runs go through no provider gate"}
-    if gate is None or gate.version == 0:
+    if gate is None:
+        return {"provider": provider, "waiting": [], "inFlight": [],
+                "note": "no run of this agent was active, so none of its calls was at the "
+                        "gate"}
+    if gate.version == 0:
         return {"provider": provider, "note": "the provider gate had no events yet",
                 "waiting": [], "inFlight": []}
     now = gate.now

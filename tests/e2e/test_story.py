@@ -183,6 +183,7 @@ async def test_the_moment_shows_what_the_provider_gate_held_for_the_agent(desk: 
     assert gate["inFlight"] == [] and "own log" in gate["note"]
     later = await get(desk.live, "/api/agents/eth/moment")
     assert later["gate"]["waiting"] == [] and later["gate"]["inFlight"] == []
+    assert later["gate"]["note"].startswith("no run of this agent was active")
 
 
 async def diff(desk: Desk, start: int, end: int) -> Any:

@@ -91,8 +91,9 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   let compare = {from: null, to: null};
   let diffSeq = 0;
 
-  const axis = svg("svg", {id: "travel-axis", class: "axis", role: "img", height: HEIGHT,
-    "aria-label": `Time axis of ${agentId}'s log: wheel or buttons to zoom, drag to pan, click to pick`});
+  const axis = svg("svg", {id: "travel-axis", class: "axis", role: "img", height: HEIGHT, tabindex: 0,
+    "aria-label": `Time axis of ${agentId}'s log: wheel, + and − to zoom, drag or arrow keys to pan, 0 to show all, click to pick`});
+  const axisBox = h("div", {class: "axis-box"}, axis);
   const range = h("p", {id: "travel-range", class: "muted"});
   const zoomIn = h("button", {type: "button", id: "zoom-in", "aria-label": "Zoom in"}, "+ Zoom in");
   const zoomOut = h("button", {type: "button", id: "zoom-out", "aria-label": "Zoom out"}, "− Zoom out");
@@ -121,7 +122,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   const el = h("section", {class: "timeline card", "aria-labelledby": "travel-title"},
     h("h3", {id: "travel-title"}, "Time travel"),
     h("p", {class: "muted"}, "Pick a position in this agent's log to see its queue, budgets and provider gate exactly as they were then (replayed from the log by the gateway), and the story around it: each input with the decisions it caused, worded as the CLI timeline words them. Arrow keys step one event, Page Up/Down ten."),
-    h("div", {class: "axis-box"}, axis), range,
+    axisBox, range,
     h("div", {class: "toolbar"}, zoomIn, zoomOut, zoomFit, legend),
     slider, label, h("div", {class: "toolbar"}, prev, next, live, earlier),
     jumps, jumpResult,
@@ -147,6 +148,16 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   zoomFit.addEventListener("click", () => { view = null; draw(); });
   compareFrom.addEventListener("click", () => setCompare("from"));
   compareTo.addEventListener("click", () => setCompare("to"));
+  axis.addEventListener("keydown", (event) => {
+    const keys = {"+": () => zoom(0.5, focusTime()), "=": () => zoom(0.5, focusTime()),
+      "-": () => zoom(2, focusTime()), "0": () => { view = null; draw(); },
+      ArrowLeft: () => pan(-0.2), ArrowRight: () => pan(0.2)};
+    const act = keys[event.key];
+    if (!act || !entries.length) return;
+    event.preventDefault();
+    act();
+  });
+  new ResizeObserver(() => draw()).observe(axisBox);
   axis.addEventListener("wheel", (event) => {
     if (!entries.length) return;
     event.preventDefault();
@@ -213,6 +224,14 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     const span = Math.min(Math.max(MIN_SPAN_MS, (end - start) * factor), (last - first) * 4);
     const share = (center - start) / Math.max(1, end - start);
     view = {start: center - share * span, end: center - share * span + span};
+    draw();
+  }
+
+  /** Move the shown time range by a share of its width (negative: earlier). */
+  function pan(share) {
+    const [start, end] = bounds();
+    const shift = (end - start) * share;
+    view = {start: start + shift, end: end + shift};
     draw();
   }
 
