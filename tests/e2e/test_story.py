@@ -18,6 +18,7 @@ from gateway.gate import ProviderGate
 from gateway.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, replay, status
 from lanes.config import Budgets
+from lanes.events import OrderIntent
 from lanes.gate_events import GateLimits
 from store import SqliteEventStore
 from tests.e2e.live import Live, running
@@ -45,6 +46,9 @@ async def next_run(reasoner: ManualReasoner, fake: FakeClock) -> RunContext:
         return await reasoner.started()
 
     return await until(started, "the next run")
+
+
+BUY = OrderIntent(symbol="BTCUSD", side="buy", qty=0.5)
 
 
 @dataclass
@@ -96,10 +100,13 @@ async def desk(tmp_path: Path) -> AsyncIterator[Desk]:
         marks["drop"] = (await next_event(store, "RequestDropped", a["position"])).position
         fake.advance(1_000)
         reasoner.finish(first.run_id)
-        for _ in range(2):  # eth's call (it waited first), then btc's run of c
+        for _ in range(2):  # eth's call (it waited first), then btc's run of c (a trade)
             run = await next_run(reasoner, fake)
             fake.advance(1_000)
-            reasoner.finish(run.run_id)
+            if run.agent_id == "btc":
+                reasoner.finish(run.run_id, "trade", orders=(BUY,))
+            else:
+                reasoner.finish(run.run_id)
         marks["suppressed"] = (await next_event(store, "RunsSuppressed")).position
         fake.advance(1_000)
         stop = await submit(live, control("btc", "emergency_stop"))
@@ -166,6 +173,9 @@ async def test_the_moment_is_the_agent_replayed_to_that_position(desk: Desk) -> 
     assert moment["suppressed"] == {"reason": "hourly", "until": view.suppressed_until}
     assert [p["requestId"] for p in moment["pending"]] == [desk.ids["d"]]
     assert moment["trading"] == "ACTIVE" and moment["why"].startswith("runs suppressed (hourly)")
+    [order] = moment["orders"]
+    assert (order["symbol"], order["side"], order["qty"]) == ("BTCUSD", "buy", 0.5)
+    assert order["cancelRequested"] is False
 
     now = await get(desk.live, "/api/agents/btc/moment")
     live = desk.live.engine.state("btc")
@@ -192,10 +202,13 @@ async def diff(desk: Desk, start: int, end: int) -> Any:
 
 async def test_the_diff_says_what_changed_between_two_positions(desk: Desk) -> None:
     marks = desk.marks
-    stopped = await diff(desk, marks["suppressed"], marks["stop"])
+    last = await desk.live.engine.store.last_position()  # the stop and what it caused
+    stopped = await diff(desk, marks["suppressed"], last)
     assert {"what": "trading", "before": "ACTIVE", "after": "HALTED"} in stopped["changes"]
     assert {"what": "counter controls", "before": 0, "after": 1} in stopped["changes"]
     assert stopped["pending"] == {"added": [], "removed": []}
+    [order] = stopped["orders"]  # the stop asked to cancel the open order
+    assert order["change"] == "changed" and order["cancelRequested"] is True
     assert stopped["from"]["eventPosition"] == marks["suppressed"]
 
     before_drop = marks["drop"] - 1
