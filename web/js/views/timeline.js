@@ -312,7 +312,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
           h("dt", {}, "Stream version"), h("dd", {}, String(answer.version))),
         runCard(queue.run, {kinds: ctx.model.kinds}),
         h("h4", {}, `Pending then (${queue.pending.length})`),
-        pendingTable(queue.pending, {id: "replay-pending", label: `Pending requests at position ${answer.position}`}),
+        h("div", {class: "scroll-x"}, pendingTable(queue.pending, {id: "replay-pending", label: `Pending requests at position ${answer.position}`})),
         momentView(moment)),
       h("div", {},
         h("h4", {}, "The story around it"),
@@ -343,6 +343,9 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
 
   function gateView(g) {
     if (!g || g.provider === null) return h("p", {class: "muted", id: "moment-gate"}, `Provider gate: ${g ? g.note : "unknown"}.`);
+    if (g.at === undefined) {
+      return h("p", {id: "moment-gate"}, h("strong", {}, `Provider gate ${g.provider}: `), `${g.note}.`);
+    }
     const lines = [
       ...g.waiting.map((w) => h("li", {"data-run": w.runId},
         `${w.runId} waiting ${duration(w.waitedMs)} (${w.priority}, ~${num(w.tokens)} tokens): ${w.why}`)),
@@ -350,11 +353,11 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     ];
     return h("div", {id: "moment-gate"},
       h("p", {}, h("strong", {}, `Provider gate ${g.provider}: `),
-        g.at === undefined ? g.note : `${g.inFlightAll ?? 0} in flight of ${g.maxConcurrent ?? "∞"}, `
+        `${g.inFlightAll ?? 0} in flight of ${g.maxConcurrent ?? "∞"}, `
           + `${g.windowRequests ?? 0} requests in the last minute of ${g.requestsPerMinute ?? "∞"}, breaker ${g.breaker}`
           + (g.nextDecisionAt ? `, next decision ${clock(g.nextDecisionAt)}` : "")),
       lines.length ? h("ul", {class: "list"}, lines) : h("p", {class: "muted"}, "Nothing of this agent's at the gate then."),
-      g.at === undefined ? null : h("p", {class: "muted small"}, `As ${g.note} (${clock(g.at)}).`));
+      h("p", {class: "muted small"}, `${g.note[0].toUpperCase()}${g.note.slice(1)} (${clock(g.at)}).`));
   }
 
   function storyView(story, current) {
@@ -422,10 +425,10 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     ];
     replace(diff,
       h("h4", {}, `What changed from position ${from} (${clock(answer.from.at)}) to ${to} (${clock(answer.to.at)})`),
-      rows.length ? h("table", {id: "diff-table", class: "diff", "data-count": rows.length},
+      rows.length ? h("div", {class: "scroll-x"}, h("table", {id: "diff-table", class: "diff", "data-count": rows.length},
         h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "what"), h("th", {scope: "col"}, "before"), h("th", {scope: "col"}, "after"))),
         h("tbody", {}, rows.map(([what, before, after]) => h("tr", {"data-what": what},
-          h("th", {scope: "row"}, what), h("td", {}, before), h("td", {}, after)))))
+          h("th", {scope: "row"}, what), h("td", {}, before), h("td", {}, after))))))
         : h("p", {class: "muted", id: "diff-table", "data-count": 0}, "Nothing changed between these positions."));
   }
 
@@ -465,7 +468,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     const x = (t) => PAD + ((t - start) / span) * (width - 2 * PAD);
     const colours = Object.fromEntries(KINDS.map(([kind, , colour]) => [kind, css(colour)]));
     const parts = [svg("line", {x1: PAD, x2: width - PAD, y1: BASE, y2: BASE, class: "axis-line"})];
-    const target = Math.max(2, Math.floor(width / 120));
+    const target = Math.max(5, Math.floor(width / 120));  // at least two ticks show (steps grow by 2.5x at most)
     const stepMs = STEPS.find((s) => span / s <= target) ?? STEPS[STEPS.length - 1];
     const withDate = span > 864e5 / 2 && stepMs < 864e5;
     const offset = new Date(start).getTimezoneOffset() * 60_000;  // ticks on local boundaries
