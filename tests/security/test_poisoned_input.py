@@ -155,7 +155,10 @@ async def test_integers_past_64_bits_are_refused_not_a_500(
         for path, status in ((f"/api/events?after={huge}", 422),
                              (f"/api/events/{huge}", 404),
                              (f"/api/agents/btc/events?beforeVersion={huge}", 422),
-                             (f"/api/replay?agent=btc&position={huge}", 422)):
+                             (f"/api/replay?agent=btc&position={huge}", 422),
+                             (f"/api/agents/btc/moment?position={huge}", 422),
+                             (f"/api/agents/btc/story?at={huge}", 422),
+                             (f"/api/agents/btc/diff?from=0&to={huge}", 422)):
             response = await http.get(path)
             assert response.status_code == status, (path, response.text)
     async with gateway.socket("control", "viewer-secret") as ws:
