@@ -112,6 +112,7 @@ async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomab
             "control emergency_stop: ACTIVE -> HALTED")
         await expect(page.locator("#moment-why")).to_have_text(
             "halted: no run starts until a resume")
+        await expect(page).to_have_url(re.compile(rf"#/agent/story\?at={marks['stop']}$"))
         await page.get_by_role("button", name="Compare to here").click()
         trading = page.locator('#diff-table tr[data-what="trading"]')
         await expect(trading.locator("td")).to_have_text(["ACTIVE", "HALTED"])
@@ -122,6 +123,11 @@ async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomab
         await expect(page.locator("#jump-result")).to_contain_text("No later stop")
         await page.locator("#travel-diff").scroll_into_view_if_needed()
         await screenshot(page, "story-diff")
+
+        # The address holds the position: a reload travels back to it.
+        await page.reload()
+        await expect(page.locator("#replay")).to_have_attribute("data-position",
+                                                                str(marks["stop"]))
 
         # The time axis: labelled ticks that change as it zooms (buttons and wheel).
         axis = page.locator("#travel-axis")

@@ -135,6 +135,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
   live.addEventListener("click", () => {
     index = null;
     seq += 1;
+    link(null);
     update();
     replace(result, h("p", {class: "muted"}, "Following live. Pick a position to travel back."));
     delete result.dataset.position;
@@ -253,7 +254,16 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     update();
     clearTimeout(timer);
     const position = entries[i].position;
+    link(position);
     timer = setTimeout(() => show(position), DEBOUNCE_MS);
+  }
+
+  /** Keep the address on the picked position (#/agent/ID?at=P) so it can be shared or
+   * reloaded; replaced, not pushed, and without a route change. */
+  function link(position) {
+    if (!location.hash.startsWith(`#/agent/${encodeURIComponent(agentId)}`)) return;
+    const at = position === null ? "" : `?at=${position}`;
+    history.replaceState(history.state, "", `#/agent/${encodeURIComponent(agentId)}${at}`);
   }
 
   function currentPosition() {
