@@ -82,6 +82,11 @@ from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
 from gateway.story import (
     JUMP_KINDS,
+    DiffJson,
+    FoundJson,
+    MomentJson,
+    StoryJson,
+    answer,
     around,
     diff_json,
     find,
@@ -839,15 +844,16 @@ class _Api:
             at = _position_param(query, "at", last, last)
             count = min(_int_param(query, "around", 3), 100)
             chosen, index = around(records, found, at, count)
-            return _json({"agentId": agent_id, "at": at, "index": index, "more": False,
-                          "groups": [group_json(g) for g in told(records, chosen, reader)]})
+            return _json(answer(StoryJson, {
+                "agentId": agent_id, "at": at, "index": index, "more": False,
+                "groups": [group_json(g) for g in told(records, chosen, reader)]}))
         start = _position_param(query, "from", 0, last)
         upto = _position_param(query, "to", last, last)
         limit = min(max(_int_param(query, "limit", 200), 1), 1000)
         inside = [span for span in found if start <= records[span[0]].position <= upto]
-        return _json({"agentId": agent_id, "from": start, "to": upto,
-                      "groups": [group_json(g) for g in told(records, inside[:limit], reader)],
-                      "more": len(inside) > limit})
+        return _json(answer(StoryJson, {
+            "agentId": agent_id, "from": start, "to": upto, "more": len(inside) > limit,
+            "groups": [group_json(g) for g in told(records, inside[:limit], reader)]}))
 
     @_guarded
     async def story_find(self, request: Request) -> Response:
@@ -865,8 +871,9 @@ class _Api:
         after = _position_param(query, "after", 0, last) if "after" in query else None
         before = _position_param(query, "before", 0, last + 1) if "before" in query else None
         records = await self.engine.store.read_stream(agent_id)
-        found = find(records, self.engine.reader, kind, after, before)
-        return _json({"agentId": agent_id, "kind": kind, "position": found})
+        return _json(answer(FoundJson, {
+            "agentId": agent_id, "kind": kind,
+            "position": find(records, self.engine.reader, kind, after, before)}))
 
     @_guarded
     async def moment(self, request: Request) -> Response:
@@ -883,9 +890,8 @@ class _Api:
             gate_state = gate_at(gate.stream, [
                 r for r in await self.engine.store.read_stream(gate.stream)
                 if r.position <= position])
-        body = moment_json(state, gate_json(agent_id, None if gate is None else gate.provider,
-                                            gate_state))
-        return _json({**body, "position": position, "eventPosition": folded})
+        view = gate_json(agent_id, None if gate is None else gate.provider, gate_state)
+        return _json(answer(MomentJson, moment_json(state, view, position, folded)))
 
     @_guarded
     async def diff(self, request: Request) -> Response:
@@ -901,12 +907,12 @@ class _Api:
         upto = _position_param(query, "to", last, last)
         before, before_at = await self._state_at(agent_id, start)
         after, after_at = await self._state_at(agent_id, upto)
-        return _json({"agentId": agent_id,
-                      "from": {"position": start, "eventPosition": before_at,
-                               "version": before.version, "at": before.now},
-                      "to": {"position": upto, "eventPosition": after_at,
-                             "version": after.version, "at": after.now},
-                      **diff_json(before, after)})
+        return _json(answer(DiffJson, diff_json(
+            before, after,
+            {"position": start, "eventPosition": before_at, "version": before.version,
+             "at": before.now},
+            {"position": upto, "eventPosition": after_at, "version": after.version,
+             "at": after.now})))
 
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])

@@ -59,6 +59,13 @@ def openapi_document() -> dict[str, Any]:
             by_alias=True, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
+    from gateway.story import RESPONSES  # the answers of the story routes
+
+    for name, shape in RESPONSES.items():
+        schema = shape.model_json_schema(by_alias=True,
+                                         ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
     obj = {"type": "object"}
     array = {"type": "array", "items": obj}
     agent = "/api/agents/{agent_id}"
@@ -123,18 +130,19 @@ def openapi_document() -> dict[str, Any]:
             f"{agent}/story": {"get": _op(
                 "The agent's log as groups (an input and the decisions it caused), worded as "
                 "the CLI timeline words them: a position range, or the groups around ``at``",
-                obj, query=(("from", "integer"), ("to", "integer"), ("limit", "integer"),
+                "StoryJson", query=(("from", "integer"), ("to", "integer"), ("limit", "integer"),
                             ("at", "integer"), ("around", "integer")))},
             f"{agent}/story/find": {"get": _op(
                 "The position of the next (after) or previous (before) stop, drop or "
-                "suppression", obj,
+                "suppression", "FoundJson",
                 query=(("kind", "string"), ("after", "integer"), ("before", "integer")))},
             f"{agent}/moment": {"get": _op(
                 "The agent at a log position, replayed: budgets, cooldown, suppression, "
-                "hold, pending, orders, positions and its provider gate's view", obj,
+                "hold, pending, orders, positions and its provider gate's view", "MomentJson",
                 query=(("position", "integer"),))},
             f"{agent}/diff": {"get": _op(
-                "What changed in the agent between two log positions (replayed states)", obj,
+                "What changed in the agent between two log positions (replayed states)",
+                "DiffJson",
                 query=(("from", "integer"), ("to", "integer")))},
             "/api/providers": {"get": _op(
                 "Every provider gate: limits, window usage, waiting agents, breaker, next "

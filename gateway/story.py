@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pydantic import Field
+
 from gateway.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from gateway.debugger import story as story_of
 from gateway.quarantine import LogReader
@@ -25,10 +27,238 @@ from lanes.gate import (
     gate_status,
     next_gate_due,
 )
+from lanes.requests import WireModel
 from store.port import RecordedEvent
 
-__all__ = ["JUMP_KINDS", "Group", "around", "diff_json", "find", "gate_at", "gate_json",
+__all__ = ["JUMP_KINDS", "RESPONSES", "DiffJson", "FoundJson", "Group", "MomentJson",
+           "StoryJson", "answer", "around", "diff_json", "find", "gate_at", "gate_json",
            "group_json", "moment_json", "spans", "story_of", "told"]
+
+
+# ------------------------------------------------------------------- the answers' shapes
+# Pydantic models of what the story routes answer: the OpenAPI document is made from them,
+# and every answer is checked against them before it goes out (`answer`).
+
+
+class SaidJson(WireModel):
+    """A decision as the CLI timeline words it, with its kinds (`kinds_of`)."""
+
+    position: int
+    type: str
+    text: str
+    kinds: list[str]
+
+
+class GroupJson(WireModel):
+    """An input (worded as the CLI timeline words it) and the decisions it caused."""
+
+    position: int
+    at: int
+    type: str
+    text: str
+    kinds: list[str]
+    decisions: list[SaidJson]
+
+
+class StoryJson(WireModel):
+    """`GET /api/agents/{id}/story`: the groups around ``at`` (``index`` is the one holding
+    it, -1 if none), or those in [``from``, ``to``] (``more``: the limit left some out)."""
+
+    agent_id: str
+    groups: list[GroupJson]
+    more: bool
+    at: int | None = None
+    index: int | None = None
+    from_: int | None = Field(default=None, alias="from")
+    to: int | None = None
+
+
+class FoundJson(WireModel):
+    """`GET /api/agents/{id}/story/find`: where the next or previous one is (null: none)."""
+
+    agent_id: str
+    kind: str
+    position: int | None
+
+
+class BudgetsNow(WireModel):
+    """Runs against their budgets, and the no-trade cooldown."""
+
+    runs_last_hour: int
+    max_runs_per_hour: int | None
+    runs_last_day: int
+    max_runs_per_day: int | None
+    cooldown_remaining_ms: int
+    cooldown_until: int | None
+    no_trade_cooldown_ms: int
+
+
+class SuppressedNow(WireModel):
+    """Runs held back by a budget (``hourly``, ``daily`` or ``cooldown``) until when."""
+
+    reason: str
+    until: int
+
+
+class RunNow(WireModel):
+    """The active run."""
+
+    run_id: str
+    started_at: int
+    duration_ms: int
+    requests: list[str]
+
+
+class PendingNow(WireModel):
+    """A pending request."""
+
+    request_id: str
+    kind: str
+    priority: str
+    age_ms: int
+
+
+class OrderNow(WireModel):
+    """An open order."""
+
+    order_id: str
+    symbol: str
+    side: str
+    qty: float
+    filled: float
+    cancel_requested: bool
+
+
+class GateWait(WireModel):
+    """A call of the agent's waiting at the gate, and what keeps it back."""
+
+    run_id: str
+    priority: str
+    since: int
+    waited_ms: int
+    tokens: int
+    why: str
+
+
+class GateLease(WireModel):
+    """A slot the agent's call holds."""
+
+    run_id: str
+    granted_at: int
+    deadline: int
+
+
+class GateView(WireModel):
+    """What the agent's provider gate held for it; ``note`` says how that is known, or why
+    nothing more is said (the rest is then null)."""
+
+    provider: str | None
+    note: str
+    waiting: tuple[GateWait, ...] = ()
+    in_flight: tuple[GateLease, ...] = ()
+    version: int | None = None
+    at: int | None = None
+    others_waiting: int | None = None
+    in_flight_all: int | None = None
+    window_requests: int | None = None
+    requests_per_minute: int | None = None
+    max_concurrent: int | None = None
+    breaker: str | None = None
+    next_decision_at: int | None = None
+
+
+class MomentJson(WireModel):
+    """`GET /api/agents/{id}/moment`: the agent replayed to ``position`` (its last event
+    folded: ``eventPosition``)."""
+
+    agent_id: str
+    position: int
+    event_position: int
+    version: int
+    at: int
+    trading: str
+    lane: str
+    why: str
+    budgets: BudgetsNow
+    suppressed: SuppressedNow | None
+    held: str | None
+    run: RunNow | None
+    pending: list[PendingNow]
+    orders: list[OrderNow]
+    positions: dict[str, float]
+    gate: GateView | None
+
+
+class FactChange(WireModel):
+    """A fact that differs between the two positions."""
+
+    what: str
+    before: str | int
+    after: str | int
+
+
+class PendingChange(WireModel):
+    """Requests pending at the second position and not the first, and the other way."""
+
+    added: list[str]
+    removed: list[str]
+
+
+class OrderChange(WireModel):
+    """An order opened, closed or changed (filled, cancel asked) between the positions."""
+
+    order_id: str
+    change: str
+    symbol: str
+    side: str
+    qty: float
+    filled: float
+    filled_before: float | None = None
+    cancel_requested: bool | None = None
+
+
+class PositionChange(WireModel):
+    """A symbol's position at each end."""
+
+    symbol: str
+    before: float
+    after: float
+
+
+class DiffEnd(WireModel):
+    """One end of a diff: the position asked, the last event folded, the stream version and
+    the agent's time there."""
+
+    position: int
+    event_position: int
+    version: int
+    at: int
+
+
+class DiffJson(WireModel):
+    """`GET /api/agents/{id}/diff`: what changed from ``from`` to ``to``."""
+
+    agent_id: str
+    from_: DiffEnd = Field(alias="from")
+    to: DiffEnd
+    changes: list[FactChange]
+    pending: PendingChange
+    orders: list[OrderChange]
+    positions: list[PositionChange]
+
+
+RESPONSES: dict[str, type[WireModel]] = {
+    "StoryJson": StoryJson, "FoundJson": FoundJson, "MomentJson": MomentJson,
+    "DiffJson": DiffJson}
+"""The story routes' answers by name, for the OpenAPI document."""
+
+
+def answer(shape: type[WireModel], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` checked against the shape the OpenAPI document gives it (a mismatch is a bug
+    here, never the client's: it raises), as JSON with its nulls."""
+    checked: dict[str, Any] = shape.model_validate(body).model_dump(mode="json")
+    return checked
+
 
 GATE_NOTE = (
     "the provider gate as its own log had it at this position (its latest event at or "
@@ -122,7 +352,8 @@ def why_waiting(state: AgentState) -> str:
     return "idle, waiting for work" if not state.pending else "idle"
 
 
-def moment_json(state: AgentState, gate: dict[str, Any] | None) -> dict[str, Any]:
+def moment_json(state: AgentState, gate: dict[str, Any] | None, position: int,
+                event_position: int) -> dict[str, Any]:
     """An agent at one position: trading, lane, budgets against their limits, cooldown,
     suppression, hold, pending list, orders, positions, and the provider gate's view."""
     now = state.now
@@ -130,7 +361,8 @@ def moment_json(state: AgentState, gate: dict[str, Any] | None) -> dict[str, Any
     budgets = state.config.budgets
     run = state.active
     return {
-        "agentId": state.agent_id, "version": state.version, "at": now,
+        "agentId": state.agent_id, "position": position, "eventPosition": event_position,
+        "version": state.version, "at": now,
         "trading": view.trading.value, "lane": view.lane.value, "why": why_waiting(state),
         "budgets": {
             "runsLastHour": view.runs_last_hour, "maxRunsPerHour": budgets.max_runs_per_hour,
@@ -208,17 +440,17 @@ def _waiting_json(gate: GateState, entry: Waiting) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- diff
 
 
-def _facts(state: AgentState) -> dict[str, object]:
+def _facts(state: AgentState) -> dict[str, str | int]:
     """What a person compares between two moments of one agent, by label."""
     view = status(state, state.now)
     config = state.config
     budgets = config.budgets
-    facts: dict[str, object] = {
+    facts: dict[str, str | int] = {
         "trading": view.trading.value,
         "lane": "idle" if state.active is None else f"running {state.active.run_id}",
         "held": state.held or "no",
-        "runs suppressed": "no" if state.suppressed is None else
-        f"{state.suppressed[0]} until {state.suppressed[1]}",
+        "runs suppressed until": "no" if state.suppressed is None else state.suppressed[1],
+        "suppressed by budget": "none" if state.suppressed is None else state.suppressed[0],
         "cooldown until": state.cooldown_until or "none",
         "runs in the last hour": view.runs_last_hour,
         "runs in the last day": view.runs_last_day,
@@ -235,13 +467,14 @@ def _facts(state: AgentState) -> dict[str, object]:
     return facts
 
 
-def diff_json(before: AgentState, after: AgentState) -> dict[str, Any]:
+def diff_json(before: AgentState, after: AgentState, start: dict[str, int],
+              end: dict[str, int]) -> dict[str, Any]:
     """What changed in an agent from one replayed state to another: each fact that differs
     (trading, lane, budgets, config, counters), the pending requests added and removed, the
     orders opened, closed and filled, and the position per symbol."""
     was, now = _facts(before), _facts(after)
-    changes = [{"what": key, "before": was[key], "after": now[key]}
-               for key in now if was[key] != now[key]]
+    changes: list[dict[str, Any]] = [{"what": key, "before": was[key], "after": now[key]}
+                                 for key in now if was[key] != now[key]]
     pending_before = [p.request.request_id for p in before.pending]
     pending_after = [p.request.request_id for p in after.pending]
     orders: list[dict[str, Any]] = []
@@ -261,11 +494,12 @@ def diff_json(before: AgentState, after: AgentState) -> dict[str, Any]:
                            "qty": new.intent.qty, "filledBefore": old.filled_qty,
                            "filled": new.filled_qty,
                            "cancelRequested": new.cancel_requested})
-    positions = [{"symbol": s, "before": before.positions.get(s, 0.0),
+    positions: list[dict[str, Any]] = [{"symbol": s, "before": before.positions.get(s, 0.0),
                   "after": after.positions.get(s, 0.0)}
                  for s in sorted(before.positions.keys() | after.positions.keys())
                  if before.positions.get(s, 0.0) != after.positions.get(s, 0.0)]
     return {
+        "agentId": after.agent_id, "from": start, "to": end,
         "changes": changes,
         "pending": {"added": [r for r in pending_after if r not in pending_before],
                     "removed": [r for r in pending_before if r not in pending_after]},

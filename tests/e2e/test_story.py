@@ -15,6 +15,7 @@ import pytest
 from gateway.clock import FakeClock
 from gateway.debugger import clock, timeline_command
 from gateway.gate import ProviderGate
+from gateway.openapi import openapi_document
 from gateway.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, replay, status
 from lanes.config import Budgets
@@ -238,3 +239,16 @@ async def test_bad_questions_get_a_typed_error(desk: Desk) -> None:
         assert (await http.get("/api/agents/ghost/moment")).status_code == 404
     async with desk.live.client("scoped-secret") as http:
         assert (await http.get("/api/agents/eth/story")).status_code == 403
+
+
+def test_the_openapi_document_types_each_story_answer() -> None:
+    document = openapi_document()
+    for path, shape in (("story", "StoryJson"), ("story/find", "FoundJson"),
+                        ("moment", "MomentJson"), ("diff", "DiffJson")):
+        operation = document["paths"][f"/api/agents/{{agent_id}}/{path}"]["get"]
+        schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": f"#/components/schemas/{shape}"}, path
+    schemas = document["components"]["schemas"]
+    assert {"budgets", "suppressed", "gate", "eventPosition"} <= set(
+        schemas["MomentJson"]["properties"])
+    assert {"from", "to", "changes", "pending"} <= set(schemas["DiffJson"]["properties"])

@@ -284,7 +284,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
       return;
     }
     if (mine !== seq) return;
-    if (answer.position === null) {
+    if (answer.position == null) {
       setText(jumpResult, `No ${direction > 0 ? "later" : "earlier"} ${kind} in ${agentId}'s log (from position ${here}).`);
       return;
     }
@@ -353,7 +353,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
 
   function gateView(g) {
     if (!g || g.provider === null) return h("p", {class: "muted", id: "moment-gate"}, `Provider gate: ${g ? g.note : "unknown"}.`);
-    if (g.at === undefined) {
+    if (g.at == null) {
       return h("p", {id: "moment-gate"}, h("strong", {}, `Provider gate ${g.provider}: `), `${g.note}.`);
     }
     const lines = [
