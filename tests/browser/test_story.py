@@ -158,6 +158,14 @@ async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomab
         await expect(axis).not_to_have_attribute("data-span-ms", str(span))
         assert abs(int(await axis.get_attribute("data-span-ms") or 0) - span / 2) <= 1
 
+        # The dark scheme, for the record.
+        dark = await open_panel(running.url, VIEWER, scheme="dark")
+        await dark.goto(f"{running.url}/#/agent/story?at={marks['drop']}")
+        await expect(dark.locator("#replay")).to_have_attribute("data-position",
+                                                                str(marks["drop"]))
+        await dark.locator("#travel-axis").scroll_into_view_if_needed()
+        await screenshot(dark, "story-dark")
+
         # On a phone the axis fits the screen and still has labelled ticks.
         await page.set_viewport_size({"width": 390, "height": 844})
         await expect(axis).to_have_attribute("width", re.compile(r"^[1-3]\d\d$"))

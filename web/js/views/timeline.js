@@ -485,6 +485,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     for (let t = Math.ceil((start - offset) / stepMs) * stepMs + offset; t <= end; t += stepMs) {
       const tx = x(t);
       parts.push(svg("line", {x1: tx, x2: tx, y1: BASE, y2: BASE + 5, class: "tick-mark"}));
+      if (tx < 28 || tx > width - 28) continue;  // a label cut by the edge says nothing
       const text = svg("text", {x: tx, y: BASE + 20, "text-anchor": "middle", class: "tick"});
       text.textContent = tickLabel(t, stepMs, withDate);
       parts.push(text);
@@ -495,15 +496,27 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
       parts.push(svg("rect", {x: px - 4, y: 0, width: 8, height: BASE, class: "cursor"}),
         svg("path", {d: `M${px - 6} 0 L${px + 6} 0 L${px} 8 Z`, class: "cursor-head"}));
     }
+    // One marker per pixel column and kind (a flood stays a few hundred elements), drawn
+    // in legend order after routine decisions, so stops and drops stay on top.
+    const columns = new Map();
     for (let i = 0; i < n; i++) {
       const e = entries[i];
       if (e.recordedAt < start || e.recordedAt > end) continue;
       const kind = kindOf(e);
-      const tall = e.input ? 16 : kind === "decision" || kind === "run" ? 30 : 44;
+      const key = `${kind}|${Math.round(x(e.recordedAt))}`;
+      const column = columns.get(key);
+      if (column) column.count += 1;
+      else columns.set(key, {kind, first: e, count: 1});
+    }
+    const rank = (kind) => (kind === "decision" ? -1 : KINDS.findIndex(([k]) => k === kind));
+    const marks = [...columns.values()].sort((p, q) => rank(p.kind) - rank(q.kind));
+    for (const {kind, first: e, count} of marks) {
+      const tall = kind === "input" ? 16 : kind === "decision" || kind === "run" ? 30 : 44;
       const mark = svg("rect", {x: x(e.recordedAt) - 1, y: BASE - tall - 2, width: 2, height: tall,
-        fill: colours[kind], "data-kind": kind});
+        fill: colours[kind], "data-kind": kind, "data-count": count});
       const title = svg("title");
-      title.textContent = `${e.position} · ${clock(e.recordedAt)} · ${e.type} (${kind})`;
+      title.textContent = count > 1 ? `${count} ${kind} events from position ${e.position} (${clock(e.recordedAt)})`
+        : `${e.position} · ${clock(e.recordedAt)} · ${e.type} (${kind})`;
       mark.append(title);
       parts.push(mark);
     }
