@@ -30,7 +30,9 @@ from tests.browser.live import (
     submit,
 )
 
-MUTATING = re.compile(r"stop|pause|resume|cancel|clear|release", re.IGNORECASE)
+MUTATING = re.compile(r"^\W*(emergency stop|stop|pause|resume|cancel|clear|release)",
+                      re.IGNORECASE)
+"""The names of controls that change something (not time travel's "Next stop ▶" jumps)."""
 
 
 def trio(db: Path) -> GatewayConfig:
