@@ -139,6 +139,14 @@ async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomab
         await expect(legend.locator('[data-kind="stop"]')).to_have_text("stop")
         assert await axis.locator('rect[data-kind="stop"]').count() == 1
         assert await axis.locator('rect[data-kind="drop"]').count() >= 1
+        # A click on the axis picks the event under it: the stop's group.
+        await page.get_by_role("button", name="Back to live").click()
+        mark = await axis.locator('rect[data-kind="stop"]').bounding_box()
+        frame = await axis.bounding_box()
+        assert mark is not None and frame is not None
+        await axis.click(position={"x": mark["x"] - frame["x"] + 1, "y": 20})
+        await expect(page.locator('#story li.group[data-current="true"]')).to_have_class(
+            re.compile(r"\bkind-stop\b"))
         for _ in range(3):
             await page.get_by_role("button", name="Zoom in").click()
         await expect(axis).not_to_have_attribute("data-span-ms", str(span))
