@@ -84,11 +84,11 @@ from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, stat
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
-from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
-from lanes.replay import is_agent_stream
+from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
 from lanes.requests import MAX_INT, ControlAction, FieldError, WireModel
 from lanes.schedules import Schedule
 from lanes.state import AgentState
+from lanes.streams import is_agent_stream
 from store.port import RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.app")

@@ -7,7 +7,7 @@
 [store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
-                    # base_url, timeout_s, [providers.limits] (a `lanes.gate_events.GateLimits`)
+                    # base_url, timeout_s, [providers.limits] (a `lanes.gate.events.GateLimits`)
 [[agents]]          # id, every `lanes.config.AgentConfig` field, [agents.reasoner]
 [[hooks]]           # a `gateway.hooks` rule: kind = price_cross | green_candles | ...
 ```
@@ -67,7 +67,7 @@ from gateway.reasoner import (
 )
 from gateway.schedules import check as check_schedule
 from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from lanes.requests import Priority
 from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH

@@ -88,11 +88,12 @@ from lanes.events import (
     withdrawal_id,
 )
 from lanes.evolve import fold as fold_events
-from lanes.replay import Answer, LogFold, is_agent_stream, track_call
+from lanes.replay import Answer, LogFold, track_call
 from lanes.requests import ControlAction, Kind
 from lanes.schedules import FILE_PRINCIPAL, SCHEDULER, Schedule
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
+from lanes.streams import is_agent_stream
 from store.port import (
     ConcurrencyError,
     EventStore,

@@ -9,7 +9,7 @@ from pydantic import TypeAdapter
 
 from gateway.protocol import AckFrame, ErrorFrame
 from lanes import AgentConfig, AgentRequest
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
 
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]

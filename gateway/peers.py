@@ -20,7 +20,7 @@ import httpx
 from gateway.engine import Ack
 from gateway.errors import BadFrame, GatewayError
 from gateway.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
-from lanes.gate_events import CallOutcome, GateLimits, Refusal, SlotRefused
+from lanes.gate.events import CallOutcome, GateLimits, Refusal, SlotRefused
 from lanes.requests import AgentRequest, Priority
 
 log = logging.getLogger("gateway.peers")

@@ -25,7 +25,7 @@ from lanes import parse_request
 from lanes.codec import decode
 from lanes.events import AbortReason, RequestReceived, RunAborted
 from lanes.gate import decode_gate_event
-from lanes.gate_events import SlotRequested
+from lanes.gate.events import SlotRequested
 from store import PostgresEventStore
 from tests.gateway.support import until
 
