@@ -152,7 +152,7 @@ class StoreConfig(ConfigModel):
     max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1, le=100_000)
     """The most events one commit takes (group commit; an append is never split). Under a
     flood an emergency stop waits for the commit in flight: smaller batches make that wait
-    shorter, at some cost in throughput (see the README's Performance section)."""
+    shorter, at some cost in throughput (see docs/performance.md)."""
 
 
 class ClusterConfig(ConfigModel):
