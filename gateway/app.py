@@ -84,7 +84,7 @@ from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, stat
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
-from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
+from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits, lease_too_short
 from lanes.requests import MAX_INT, ControlAction, FieldError, WireModel
 from lanes.schedules import Schedule
 from lanes.state import AgentState
@@ -629,11 +629,10 @@ class _Api:
         principal.check_agent(agent_id)
         config = await self._body(request, AgentConfig)
         gate = self.engine.gate_of(agent_id)
-        if gate is not None and config.run_timeout_ms >= gate.limits.lease_ms:
-            raise BadFrame("invalid", f"runTimeoutMs {config.run_timeout_ms} is not shorter "
-                           f"than the slot lease of provider {gate.provider!r} "
-                           f"({gate.limits.lease_ms} ms): a slot must never expire under a "
-                           "live run", field="runTimeoutMs")
+        short = None if gate is None else lease_too_short(
+            gate.limits.lease_ms, config.run_timeout_ms, agent_id, gate.provider)
+        if short is not None:
+            raise BadFrame("invalid", f"runTimeoutMs: {short}", field="runTimeoutMs")
         changed = await self.engine.configure(agent_id, config, principal.name)
         return _json({"changed": changed, "config": config.model_dump(mode="json")})
 
@@ -834,11 +833,11 @@ class _Api:
         except ValidationError as error:
             raise InvalidRequest.from_validation_error(error) from None
         for agent_id in self.engine.agent_ids:
-            timeout = self.engine.state(agent_id).config.run_timeout_ms
-            if self.engine.gate_of(agent_id) is gate and limits.lease_ms <= timeout:
-                raise BadFrame("invalid", f"leaseMs {limits.lease_ms} is not longer than the "
-                               f"run timeout of agent {agent_id!r} ({timeout} ms): a slot "
-                               "must never expire under a live run", field="leaseMs")
+            short = None if self.engine.gate_of(agent_id) is not gate else lease_too_short(
+                limits.lease_ms, self.engine.state(agent_id).config.run_timeout_ms, agent_id,
+                gate.provider)
+            if short is not None:
+                raise BadFrame("invalid", f"leaseMs: {short}", field="leaseMs")
         changed = await gate.set_limits(limits)
         return _json({"changed": changed, "limits": limits.model_dump(mode="json")})
 

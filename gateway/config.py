@@ -67,7 +67,7 @@ from gateway.reasoner import (
 )
 from gateway.schedules import check as check_schedule
 from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
-from lanes.gate.events import GateLimits
+from lanes.gate.events import GateLimits, lease_too_short
 from lanes.requests import Priority
 from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
@@ -485,12 +485,10 @@ class GatewayConfig(ConfigModel):
                                  f"{entry.reasoner.max_tokens} is over provider {name!r}'s "
                                  f"output_tokens_per_minute ({out_limit}): no call could ever "
                                  "be granted"))
-            timeout = entry.config.run_timeout_ms
-            if provider.limits.lease_ms <= timeout:
-                problems.append((("providers", j, "limits", "lease_ms"),
-                                 f"{provider.limits.lease_ms} ms is not longer than the run "
-                                 f"timeout of agent {entry.id!r} ({timeout} ms): a slot must "
-                                 "never expire under a live run"))
+            short = lease_too_short(provider.limits.lease_ms, entry.config.run_timeout_ms,
+                                    entry.id, name)
+            if short is not None:
+                problems.append((("providers", j, "limits", "lease_ms"), short))
         _first_of_each("hooks", "name", "hook name", [r.name for r in self.hooks], problems)
         for i, rule in enumerate(self.hooks):
             for k, agent in enumerate(rule.agents):

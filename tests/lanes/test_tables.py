@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lanes.config import Mode
-from lanes.gate.events import CallOutcome
+from lanes.gate.events import CallOutcome, lease_too_short
 from lanes.gate.tables import BREAKER_TRANSITIONS, OPENS_BREAKER, Breaker
 from lanes.tables import MODES
 
@@ -31,3 +31,9 @@ def test_every_breaker_state_can_be_left_and_reached() -> None:
 
 def test_an_ok_answer_never_opens_the_breaker() -> None:
     assert CallOutcome.OK not in OPENS_BREAKER
+
+
+def test_a_slot_lease_must_outlive_the_run_timeout() -> None:
+    assert lease_too_short(120_001, 120_000, "a", "p") is None
+    message = lease_too_short(120_000, 120_000, "a", "p")
+    assert message is not None and "run timeout of agent 'a' (120000 ms)" in message
