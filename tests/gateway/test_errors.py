@@ -27,7 +27,8 @@ def test_every_error_class_has_a_known_code() -> None:
     # These end a run (recorded as its failure, with their code); no client is answered them.
     in_runs = {"SpendLimitError", "SlotRefusedError"}
     assert in_runs <= {cls.__name__ for cls in classes}
-    for cls in [GatewayError, *classes]:
+    every: list[type[GatewayError]] = [GatewayError, *classes]
+    for cls in every:
         if cls.__name__ not in in_runs:
             assert cls.code in CODES, cls
 
