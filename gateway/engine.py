@@ -1461,8 +1461,8 @@ def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent
         if getattr(decision, "request_id", None) != request_id:
             continue
         position = records[index + 1].position
-        if isinstance(decision, RequestQueued | RunSteered | ControlApplied):
-            return Ack(request_id, "accepted", position)
+        if isinstance(decision, RequestQueued | RunSteered | ControlApplied | CallEnded):
+            return Ack(request_id, "accepted", position)  # (a call's result ends its call)
         if isinstance(decision, RequestDeduped):
             reason = f"duplicate of {decision.duplicate_of} ({decision.key})"
             return Ack(request_id, "deduped", position, reason)
