@@ -22,8 +22,8 @@ PAGE = 1_000
 """Events read per step."""
 MAX_RUN_SCAN = 50_000
 """Events of an agent's stream read for one page of its runs."""
-MAX_GATE_SCAN = 100_000
-"""Events of a provider gate's stream read to time one page of runs."""
+MAX_GATE_SCAN = 20_000
+"""Events of a provider gate's stream read to time one run."""
 MAX_SERIES_SCAN = 200_000
 """Events of one agent's stream read for its series."""
 MAX_SEARCH_SCAN = 100_000
@@ -67,7 +67,6 @@ async def first_version(store: EventStore, stream: str, top: int,
 
 @dataclass
 class _Slot:
-    run: _Run
     requested: int
     granted: int | None = None
 
@@ -118,7 +117,8 @@ class _RunFold:
 
     def __init__(self) -> None:
         self.runs: dict[str, _Run] = {}
-        self.now = 0
+        self.now: int | None = None
+        """The time of the last input fed (None: none yet, the recorded time stands in)."""
         self.last: _Run | None = None
 
     def feed(self, record: RecordedEvent) -> None:
@@ -127,11 +127,12 @@ class _RunFold:
             return
         data = _data(record)
         if kind in _AGENT_INPUTS:
-            self.now = int(data.get("at", self.now))
+            self.now = int(data.get("at", record.recorded_at))
+        now = record.recorded_at if self.now is None else self.now
         run = self.runs.get(str(data.get("run_id", "")))
         if kind == "RunStarted":
             run = _Run(run_id=str(data["run_id"]), version=record.version,
-                       position=record.position, started_at=self.now,
+                       position=record.position, started_at=now,
                        request_ids=list(data.get("request_ids", ())),
                        depth=int(data.get("depth", 0)))
             self.runs[run.run_id] = self.last = run
@@ -140,7 +141,7 @@ class _RunFold:
         elif kind == "RunFinished":
             run.answer = str(data.get("answer", ""))
         elif kind in _RUN_ENDS:
-            run.ended_at, run.end_position = self.now, record.position
+            run.ended_at, run.end_position = now, record.position
             if kind == "RunCompleted":
                 run.outcome = str(data["outcome"])
                 usage = data.get("usage", {})
@@ -200,7 +201,7 @@ async def run_history(store: EventStore, agent_id: str, top: int, *, before: int
     for record in reversed(back):
         fold.feed(record)
     newest = fold.last
-    after, scanned = ceiling, len(back)
+    after, scanned = ceiling, 0
     stop = newest is None or ceiling >= top
     while not stop and scanned < MAX_RUN_SCAN:  # the newest run's end lies above the ceiling
         page = await store.read_stream(agent_id, after_version=after, limit=PAGE)
@@ -230,14 +231,20 @@ async def run_history(store: EventStore, agent_id: str, top: int, *, before: int
 
 async def _time_at_gate(store: EventStore, agent_id: str, gate: tuple[str, int],
                         runs: list[_Run]) -> bool:
-    """Add each run's gate wait and model time from the gate's stream, read from the first
-    run's start to the last one's end; False if the read stopped short."""
+    """Add each run's gate wait and model time from the gate's stream, reading only the
+    stretch of it from the run's start until its slots are all freed after its end (found
+    by a binary search on positions); False if a read stopped short."""
+    complete = True
+    for run in runs:
+        complete = await _time_one_run(store, agent_id, gate, run) and complete
+    return complete
+
+
+async def _time_one_run(store: EventStore, agent_id: str, gate: tuple[str, int],
+                        run: _Run) -> bool:
     stream, top = gate
-    by_id = {r.run_id: r for r in runs}
-    start = min(r.position for r in runs)
-    ends = [r.end_position for r in runs]
-    end = None if any(e is None for e in ends) else max(e for e in ends if e is not None)
-    version = await first_version(store, stream, top, lambda r: r.position >= start)
+    end = run.end_position
+    version = await first_version(store, stream, top, lambda r: r.position >= run.position)
     slots: dict[str, _Slot] = {}
     now, scanned = 0, 0
     while scanned < MAX_GATE_SCAN:
@@ -252,24 +259,23 @@ async def _time_at_gate(store: EventStore, agent_id: str, gate: tuple[str, int],
                 now = int(data.get("at", now))
             slot_id = str(data.get("slot_id", ""))
             if record.type == "SlotRequested":
-                run = by_id.get(str(data.get("run_id")))
-                if run is not None and data.get("agent_id") == agent_id:
-                    slots[slot_id] = _Slot(run=run, requested=now)
+                if data.get("run_id") == run.run_id and data.get("agent_id") == agent_id:
+                    slots[slot_id] = _Slot(requested=now)
                 continue
             slot = slots.get(slot_id)
             if slot is None:
                 continue
             if record.type == "SlotGranted":
                 slot.granted = now
-                slot.run.wait_ms += now - slot.requested
-                slot.run.slots += 1
+                run.wait_ms += now - slot.requested
+                run.slots += 1
             elif record.type in ("SlotFreed", "SlotRefused"):
                 if slot.granted is None:
-                    slot.run.wait_ms += now - slot.requested
+                    run.wait_ms += now - slot.requested
                 else:
-                    slot.run.model_ms += now - slot.granted
+                    run.model_ms += now - slot.granted
                 if record.type == "SlotRefused":
-                    slot.run.refused += 1
+                    run.refused += 1
                 del slots[slot_id]
         version = page[-1].version + 1
         scanned += len(page)

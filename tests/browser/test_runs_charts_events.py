@@ -58,7 +58,8 @@ async def test_the_run_history_shows_gate_wait_model_time_tokens_calls_and_the_a
             re.compile(r"^(trade|no trade)$"))
         run_id = await caller.get_attribute("data-run")
         await caller.get_by_role("button", name="1 call").click()
-        await expect(page.locator(f'#call-tree [data-run="{run_id}"] summary').first).to_be_focused()
+        tree = page.locator(f'#call-tree [data-run="{run_id}"] summary').first
+        await expect(tree).to_be_focused()
         await screenshot(page, "run-history", full_page=True)
 
 
@@ -143,17 +144,22 @@ async def test_the_event_search_finds_an_old_event_the_page_never_loaded(
         await expect(row).to_be_visible()
         await expect(count).to_contain_text("1 event in the whole log match “needle-7f3a”")
         await expect(count).to_contain_text("searched back to the start of the log")
-        await expect(row.locator(".when")).to_have_text(re.compile(rf"^{TIME} · (just now|\d+ s ago)$"))
+        await expect(row.locator(".when")).to_have_text(
+            re.compile(rf"^{TIME} · (just now|\d+ s ago)$"))
         await row.click()
         await expect(page.locator("#event-data")).to_contain_text("needle-7f3a")
         await screenshot(page, "event-search")
 
         summaries = await page.evaluate("""async () => {
             const f = await import('/js/format.js');
-            const intent = {symbol: 'BTC-USD', side: 'buy', qty: 0.5, orderType: 'limit', limitPrice: 64000};
+            const intent = {symbol: 'BTC-USD', side: 'buy', qty: 0.5, orderType: 'limit',
+                            limitPrice: 64000};
             return [f.describe('OrderAccepted', {order_id: 'o-12', run_id: 'r', intent}),
-                    f.describe('BrokerReport', {order_id: 'o-12', status: 'partially_filled', filled_qty: 0.2, price: 63990}),
-                    f.describe('OrderRejected', {run_id: 'r', intent, reason: 'insufficient margin'})];
+                    f.describe('BrokerReport', {order_id: 'o-12', status: 'partially_filled',
+                                                filled_qty: 0.2, price: 63990}),
+                    f.describe('OrderRejected', {run_id: 'r', intent,
+                                                 reason: 'insufficient margin'})];
         }""")
-        assert summaries == ["BUY 0.5 BTC-USD @ 64,000 accepted (o-12)", "partial fill 0.2 @ 63,990 (o-12)",
+        assert summaries == ["BUY 0.5 BTC-USD @ 64,000 accepted (o-12)",
+                             "partial fill 0.2 @ 63,990 (o-12)",
                              "BUY 0.5 BTC-USD @ 64,000 rejected: insufficient margin"]

@@ -134,6 +134,58 @@ async def test_runs_come_newest_first_a_page_at_a_time_and_a_live_one_is_running
     assert len(set(ids)) == 4
 
 
+async def test_runs_page_on_from_where_a_bounded_read_stopped_and_miss_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "PAGE", 3)
+    monkeypatch.setattr(history, "MAX_RUN_SCAN", 4)
+    async with desk(*[answer(reason=f"look {n}") for n in range(5)], agents=("btc",)) as d:
+        for _ in range(5):
+            mark = await d.store.last_position()
+            await d.engine.submit(request("btc"))
+            await next_event(d.store, "RunCompleted", after=mark)
+            d.clock.advance(1_000)
+        await d.settle()
+        async with d.http() as http:
+            runs: list[dict[str, Any]] = []
+            before = None
+            for _ in range(50):
+                page = (await http.get("/api/agents/btc/runs", params={
+                    "limit": 2, **({"before": before} if before else {})})).json()
+                runs += page["runs"]
+                before = page["before"]
+                if before is None:
+                    break
+    assert [r["answer"] for r in runs] == [f"look {n}" for n in range(4, -1, -1)]
+    assert [r["startedAt"] for r in runs] == [START + n * 1_000 for n in range(4, -1, -1)]
+    assert all(r["outcome"] == "no_trade" and r["gate"]["calls"] == 1 for r in runs)
+
+
+async def test_a_gate_log_too_long_to_read_says_the_times_are_partial(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "PAGE", 1)
+    monkeypatch.setattr(history, "MAX_GATE_SCAN", 1)
+    first, second = later(), later()
+    async with desk(first, second) as d:
+        await two_runs_one_waiting(d, first, second)
+        async with d.http() as http:
+            [run] = (await http.get("/api/agents/eth/runs")).json()["runs"]
+    assert run["gate"]["complete"] is False
+
+
+async def test_a_series_too_long_to_read_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "PAGE", 2)
+    monkeypatch.setattr(history, "MAX_SERIES_SCAN", 6)  # the run starts, its end is beyond
+    first, second = later(), later()
+    async with desk(first, second) as d:
+        await two_runs_one_waiting(d, first, second)
+        async with d.http() as http:
+            body = (await http.get("/api/charts", params={
+                "agent": "btc", "from": START, "to": START + 60_000, "step": 10_000})).json()
+    [btc] = body["agents"]
+    assert btc["truncated"] is True and btc["series"]["runs"] == [1, 0, 0, 0, 0, 0]
+    assert btc["series"]["tokens"] == [0] * 6  # the run's end lay beyond what was read
+
+
 @pytest.mark.parametrize("params", [{"limit": "0"}, {"limit": "101"}, {"before": "x"},
                                     {"limit": "-1"}])
 async def test_a_bad_page_of_runs_is_a_typed_error(params: dict[str, str]) -> None:
