@@ -47,8 +47,18 @@ function gateCells(run) {
   return [
     h("td", {"data-col": "wait", class: `num${gate.waitMs >= 1000 ? " warn" : ""}`,
       title: `${gate.calls} model call${gate.calls === 1 ? "" : "s"} through the gate${refused}${partial}`}, duration(gate.waitMs)),
-    h("td", {"data-col": "model", class: "num"}, gate.calls ? duration(gate.modelMs) : "–"),
+    h("td", {"data-col": "model", class: "num"}, gate.calls ? duration(gate.modelMs) : "–",
+      split(gate.waitMs, gate.modelMs)),
   ];
+}
+
+/** A bar: the share of waiting at the gate (warn) and of the model's time (accent). */
+function split(wait, model) {
+  const total = wait + model;
+  if (!total) return null;
+  const share = Math.round((100 * wait) / total);
+  return h("span", {class: "run-split", "aria-hidden": "true", title: `${share}% waiting at the gate`},
+    h("span", {class: "wait", style: `width: ${share}%`}), h("span", {class: "model", style: `width: ${100 - share}%`}));
 }
 
 /** The run history card of one agent; `seen(events)` reads the newest page again if a run changed. */
