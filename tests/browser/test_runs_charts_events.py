@@ -84,6 +84,7 @@ async def test_charts_come_from_the_log_with_a_stop_marked_and_are_the_same_afte
             assert stopped.status_code == 200, stopped.text
         page = await open_panel(running.url, CONTROL)
         await page.get_by_role("link", name="Charts").click()
+        await page.locator("#chart-range").select_option(label="last 15 minutes")
         runs = page.locator("#chart-runs")
         await expect(runs).to_have_attribute("aria-label", re.compile(
             r"^Runs started: 3 in the window \(alpha 2, bravo 1\); 1 stop or resume mark$"))
@@ -103,6 +104,7 @@ async def test_charts_come_from_the_log_with_a_stop_marked_and_are_the_same_afte
 
         await page.reload()
         await expect(page.locator("#connection")).to_have_text("Connected · live")
+        await expect(page.locator("#chart-range")).to_have_value("900000")  # kept in the URL
         for key, label in labels.items():
             await expect(page.locator(f"#chart-{key}")).to_have_attribute("aria-label", label or "")
         await expect(page.locator("#chart-marks li")).to_have_text(

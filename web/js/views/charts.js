@@ -158,7 +158,7 @@ export function createCharts(ctx) {
     }
     const now = Date.now();
     replace(marks, data.marks.length ? data.marks.slice().reverse().map((m) => h("li", {"data-kind": m.kind, "data-position": m.position},
-      h("span", {class: "swatch", style: `--swatch: var(${MARK_COLOUR[m.kind] ?? "--control"})`}, MARK_LABEL[m.kind] ?? m.kind), " ",
+      h("span", {class: "swatch", style: `--swatch: var(${MARK_COLOUR[m.kind] ?? "--control"})`}, m.kind), " ",
       h("span", {class: "muted"}, `${when(m.at, now)} · ${age(m.at, now)} · `), markText(m), " ",
       h("a", {href: `#/agent/${encodeURIComponent(m.agentId)}?at=${m.position}`}, "time travel there")))
       : h("li", {class: "muted"}, "None in this window."));
