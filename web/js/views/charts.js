@@ -62,6 +62,7 @@ export function createCharts(ctx) {
   let soon = null;
 
   range.addEventListener("input", () => { remember(); load(); });
+  window.addEventListener("resize", () => { if (!section.hidden) draw(); });
   for (const f of figures) {
     f.canvas.addEventListener("mousemove", (event) => point(f, event.offsetX, event.clientX, event.clientY));
     f.canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
