@@ -111,7 +111,8 @@ async def test_charts_come_from_the_log_with_a_stop_marked_and_are_the_same_afte
             [re.compile(re.escape(m.split(" · ")[-1])) for m in marks])
         await screenshot(page, "charts-after-reload")
         await page.set_viewport_size({"width": 390, "height": 844})
-        await expect(page.locator("#chart-runs")).to_have_attribute("aria-label", labels["runs"] or "")
+        await expect(page.locator("#chart-runs")).to_have_attribute("aria-label",
+                                                                   labels["runs"] or "")
         assert await page.evaluate("document.documentElement.scrollWidth") <= 390
         await screenshot(page, "charts-phone")
 
