@@ -5,6 +5,7 @@ that finds an event the page never loaded. Screenshots in ``tests/browser/artefa
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from playwright.async_api import expect
 
 from gateway.server import Running
 from lanes import parse_request
+from lanes.events import BrokerReport
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import CONTROL, agent, http, live_gateway, panel_config, request, submit
 from tests.gateway.support import until
@@ -121,7 +123,9 @@ async def test_the_event_search_finds_an_old_event_the_page_never_loaded(
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:
     db = tmp_path / "search.db"
-    config = panel_config(db, [agent("alpha"), agent("bravo", (60_000, 60_000))], hooked=[])
+    trader = agent("alpha")
+    trader["reasoner"]["trade_probability"] = 1.0  # its run places an order
+    config = panel_config(db, [trader, agent("bravo", (60_000, 60_000))], hooked=[])
     async with live_gateway(config, db, feed=False) as running:
         await submit(running, request("alpha", payload={"note": "needle-7f3a"}))
 
@@ -157,6 +161,23 @@ async def test_the_event_search_finds_an_old_event_the_page_never_loaded(
         await row.click()
         await expect(page.locator("#event-data")).to_contain_text("needle-7f3a")
         await screenshot(page, "event-search")
+
+        [order] = (await runs_of(running, "alpha"))[0]["orders"]
+        order_id, qty = order["orderId"], order["qty"]
+        await engine.report("alpha", BrokerReport(at=int(time.time() * 1000), order_id=order_id,
+                                                  status="filled", filled_qty=qty,
+                                                  price=63_990.0))
+        await page.locator("#log-agent").select_option("")
+        await page.locator("#log-search").fill(order_id)
+        shown = f"{qty:g}"
+        for kind, text in [
+                ("OrderAccepted", rf"^(BUY|SELL) {shown} BTCUSD @ market accepted \({order_id}\)$"),
+                ("BrokerReport", rf"^fill {shown} @ 63,990 \({order_id}\)$"),
+                ("OrderFilled", rf"^fill {shown} @ 63,990 \({order_id}\)$"),
+                ("OrderClosed", rf"^{order_id} filled$")]:
+            await expect(page.locator(f'#event-list .row[data-type="{kind}"] .what')).to_have_text(
+                re.compile(text))
+        await screenshot(page, "event-search-orders")
 
         summaries = await page.evaluate("""async () => {
             const f = await import('/js/format.js');

@@ -188,7 +188,7 @@ export function createEvents(ctx) {
       h("span", {class: "mono"}, e.position),
       h("span", {class: "when", title: `${new Date(e.recordedAt).toString()} (${clock(e.recordedAt)})`},
         when(e.recordedAt), h("span", {class: "muted age", "data-at": e.recordedAt}, ` · ${age(e.recordedAt)}`)),
-      h("span", {}, e.stream), h("span", {class: "type"}, e.type), h("span", {class: "muted"}, Model.summary(e)));
+      h("span", {}, e.stream), h("span", {class: "type"}, e.type), h("span", {class: "muted what"}, Model.summary(e)));
     row.addEventListener("click", () => select(e.position));
     return row;
   }
