@@ -94,8 +94,10 @@ class _Run:
     model_ms: int = 0
     slots: int = 0
     refused: int = 0
+    gate_complete: bool = True
+    """Whether the gate's log was read to the end of the run's slots."""
 
-    def json(self, gated: bool, gate_complete: bool) -> dict[str, Any]:
+    def json(self, gated: bool) -> dict[str, Any]:
         ended = self.ended_at
         return {
             "runId": self.run_id, "version": self.version, "position": self.position,
@@ -106,7 +108,7 @@ class _Run:
             "usage": {"inputTokens": self.input_tokens, "outputTokens": self.output_tokens},
             "gate": None if not gated else {
                 "waitMs": self.wait_ms, "modelMs": self.model_ms, "calls": self.slots,
-                "refused": self.refused, "complete": gate_complete},
+                "refused": self.refused, "complete": self.gate_complete},
             "orders": self.orders, "calls": self.calls, "answer": self.answer,
         }
 
@@ -217,31 +219,23 @@ async def run_history(store: EventStore, agent_id: str, top: int, *, before: int
         scanned += len(page)
     found = sorted(fold.runs.values(), key=lambda r: r.version, reverse=True)
     runs = found[:limit]
-    complete = True
-    if gate is not None and runs:
-        complete = await _time_at_gate(store, agent_id, gate, runs)
+    if gate is not None:
+        for run in runs:
+            run.gate_complete = await _time_at_gate(store, agent_id, gate, run)
     if len(found) > limit:
         more: int | None = runs[-1].version
     else:  # all there are, or the read stopped short at ``low``
         more = low + 1 if low > 0 else None
     return {"agentId": agent_id,
-            "runs": [r.json(gate is not None, complete) for r in runs],
+            "runs": [r.json(gate is not None) for r in runs],
             "before": more}
 
 
 async def _time_at_gate(store: EventStore, agent_id: str, gate: tuple[str, int],
-                        runs: list[_Run]) -> bool:
-    """Add each run's gate wait and model time from the gate's stream, reading only the
-    stretch of it from the run's start until its slots are all freed after its end (found
-    by a binary search on positions); False if a read stopped short."""
-    complete = True
-    for run in runs:
-        complete = await _time_one_run(store, agent_id, gate, run) and complete
-    return complete
-
-
-async def _time_one_run(store: EventStore, agent_id: str, gate: tuple[str, int],
                         run: _Run) -> bool:
+    """Add the run's gate wait and model time from the gate's stream, reading only the
+    stretch of it from the run's start until its slots are all freed after its end (found
+    by a binary search on positions); False if the read stopped short."""
     stream, top = gate
     end = run.end_position
     version = await first_version(store, stream, top, lambda r: r.position >= run.position)
