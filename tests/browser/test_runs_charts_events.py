@@ -100,6 +100,17 @@ async def test_charts_come_from_the_log_with_a_stop_marked_and_are_the_same_afte
         await expect(tip).to_be_visible()
         await expect(tip).to_contain_text(re.compile(r"alpha: \d+"))
         await screenshot(page, "charts-from-the-log")
+        await page.mouse.move(0, 0)
+        await expect(tip).to_be_hidden()
+        await runs.focus()
+        await page.keyboard.press("End")  # the newest step, then back to the stop's
+        await expect(tip).to_contain_text(re.compile(r"alpha: \d+"))
+        for _ in range(3):
+            if "emergency_stop" in await tip.inner_text():
+                break
+            await page.keyboard.press("ArrowLeft")
+        await expect(tip).to_contain_text("■ stop")
+        await expect(tip).to_contain_text("alpha: emergency_stop by ops")
         labels = {key: await page.locator(f"#chart-{key}").get_attribute("aria-label")
                   for key in ("runs", "tokens", "requests")}
         marks = await page.locator("#chart-marks li").all_inner_texts()

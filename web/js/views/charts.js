@@ -1,8 +1,9 @@
 // Charts from the log (GET /api/charts), so a reload shows the same: per-agent series (runs
 // started, tokens, requests received, drops, failed or aborted runs) over a window, with the
 // emergency stops, pauses, resumes and provider holds as vertical marks saying who and when.
-// Pointing at a chart shows the values at that time. The window and the agents shown are in
-// the address (#/charts?window=...&agents=a,b), so a reload or a shared link keeps them.
+// Pointing at a chart (or the arrow keys on a focused one) shows the values at that time.
+// The window and the agents shown are in the address (#/charts?window=...&agents=a,b), so a
+// reload or a shared link keeps them.
 
 import {cssColour, drawChart} from "../chart.js";
 import {h, replace, setAttr, setText} from "../dom.js";
@@ -44,7 +45,7 @@ export function createCharts(ctx) {
   const figures = CHARTS.map(([key, title]) => {
     const canvas = h("canvas", {id: `chart-${key}`, role: "img", "aria-label": title, tabindex: 0});
     const el = h("figure", {class: "card", "data-series": key}, h("figcaption", {}, h("h3", {}, title)), canvas);
-    return {key, title, canvas, el, geometry: null};
+    return {key, title, canvas, el, geometry: null, cursor: null};
   });
   replace(section, h("h2", {id: "charts-title"}, "Charts"),
     h("div", {class: "toolbar"}, h("label", {for: "chart-range"}, "Window"), range, picker),
@@ -66,7 +67,8 @@ export function createCharts(ctx) {
   for (const f of figures) {
     f.canvas.addEventListener("mousemove", (event) => point(f, event.offsetX, event.clientX, event.clientY));
     f.canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-    f.canvas.addEventListener("blur", () => { tip.hidden = true; });
+    f.canvas.addEventListener("blur", () => { tip.hidden = true; f.cursor = null; });
+    f.canvas.addEventListener("keydown", (event) => step(f, event));
   }
 
   function agentIds() {
@@ -172,7 +174,26 @@ export function createCharts(ctx) {
       tip.hidden = true;
       return;
     }
-    const i = Math.floor((g.time(x) - data.from) / data.step);
+    tell(f, Math.floor((g.time(x) - data.from) / data.step), clientX, clientY);
+  }
+
+  /** The arrow keys move a chart's tooltip from step to step (Home, End: first, last). */
+  function step(f, event) {
+    const g = f.geometry;
+    if (!data || !g) return;
+    const last = Math.ceil((data.to - data.from) / data.step) - 1;
+    const moves = {ArrowLeft: (f.cursor ?? last + 1) - 1, ArrowRight: (f.cursor ?? last - 1) + 1, Home: 0, End: last};
+    if (!(event.key in moves)) return;
+    event.preventDefault();
+    const i = Math.min(last, Math.max(0, moves[event.key]));
+    const box = f.canvas.getBoundingClientRect();
+    const x = g.left + ((i + 0.5) / (last + 1)) * (g.right - g.left);
+    tell(f, i, box.left + x, box.top + g.top);
+  }
+
+  /** The values of every agent in step `i` of a chart, in the tooltip near (clientX, clientY). */
+  function tell(f, i, clientX, clientY) {
+    f.cursor = i;
     const start = data.from + i * data.step;
     const inside = data.marks.filter((m) => m.at >= start && m.at < start + data.step);
     replace(tip, h("strong", {}, `${f.title} · ${when(start)}–${clock(start + data.step).slice(0, 8)}`),
