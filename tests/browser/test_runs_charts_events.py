@@ -104,6 +104,7 @@ async def test_charts_come_from_the_log_with_a_stop_marked_and_are_the_same_afte
         await expect(tip).to_be_hidden()
         await runs.focus()
         await page.keyboard.press("End")  # the newest step, then back to the stop's
+        await expect(tip).to_be_visible()
         await expect(tip).to_contain_text(re.compile(r"alpha: \d+"))
         for _ in range(3):
             if "emergency_stop" in await tip.inner_text():
