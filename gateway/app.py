@@ -47,6 +47,13 @@ from gateway.errors import (
     storage_fault_kind,
 )
 from gateway.gate import GateMoved, ProviderGate
+from gateway.history import (
+    MAX_BUCKETS,
+    agent_series,
+    event_matcher,
+    run_history,
+    search_back,
+)
 from gateway.hooks import HookEngine
 from gateway.intake import BUDGET_MS, Intake
 from gateway.internal import internal_routes
@@ -128,6 +135,10 @@ MAX_CAUSE_DECISIONS = 1_000
 """Decisions of one input returned with it (a queue clear may make many)."""
 SUMMARIES_PER_STEP = 200
 """Agent summaries a snapshot builds before it lets other work run."""
+MAX_SEARCH_TEXT = 200
+"""Characters of a search of the log (``GET /api/events?q=``)."""
+MAX_CHART_AGENTS = 20
+"""Agents in one answer of ``GET /api/charts``."""
 
 
 @dataclass
@@ -261,6 +272,9 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/providers", api.providers),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
+        # Histories for people, from the log (gateway.history): runs and chart series.
+        Route("/api/agents/{agent_id}/runs", api.runs),
+        Route("/api/charts", api.charts),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
         *internal_routes(service),
@@ -638,15 +652,22 @@ class _Api:
 
     @_guarded
     async def events(self, request: Request) -> Response:
-        """The log, paged: ``after`` (position), ``agent``, ``type``, ``limit`` (<= 1000)."""
+        """The log, paged: ``after`` (position), ``agent``, ``type``, ``limit`` (<= 1000).
+        With ``q`` (text) or ``before`` (position): a search back over the whole log,
+        newest first (`search_events`)."""
         principal = self._principal(request)
         principal.check_read()
         query = request.query_params
         after = _int_param(query, "after", 0)
         limit = min(max(_int_param(query, "limit", 100), 1), 1000)
-        agent, kind = query.get("agent"), query.get("type")
+        agent, kind = query.get("agent") or None, query.get("type") or None
         if agent is not None:
             principal.check_read(agent)
+        if "q" in query or "before" in query:
+            if "after" in query:
+                raise BadFrame("invalid", "give after (read forward) or before/q (search "
+                               "back), not both", field="after")
+            return await self.search_events(principal, query, limit, agent, kind)
         found: list[dict[str, Any]] = []
         cursor, scanned = after, 0
         while len(found) < limit and scanned < 20_000:
@@ -840,6 +861,78 @@ class _Api:
                 raise BadFrame("invalid", f"leaseMs: {short}", field="leaseMs")
         changed = await gate.set_limits(limits)
         return _json({"changed": changed, "limits": limits.model_dump(mode="json")})
+
+    # Histories for people, from the log (gateway.history).
+
+    async def search_events(self, principal: Principal, query: Mapping[str, str], limit: int,
+                            agent: str | None, kind: str | None) -> Response:
+        """The newest ``limit`` events below position ``before`` (default: all) with ``q``
+        in their type, stream or data, of ``agent`` and ``type`` if given, in the token's
+        scope, newest first; ``before`` in the answer goes on (None: the start of the log
+        was reached). Each answer looks at a bounded number of events (``scanned``)."""
+        text = query.get("q", "")
+        if len(text) > MAX_SEARCH_TEXT:
+            raise BadFrame("invalid", f"q is at most {MAX_SEARCH_TEXT} characters", field="q")
+        store = self.engine.store
+        before = _int_param(query, "before", 0) or await store.last_position() + 1
+        matches = event_matcher(text, agent, kind, principal.may_see)
+        found, more, scanned = await search_back(
+            lambda after, size: store.read(after=after, limit=size), before, limit, matches)
+        return _json({"events": [event_json(r) for r in found], "before": more,
+                      "scanned": scanned})
+
+    @_guarded
+    async def runs(self, request: Request) -> Response:
+        """An agent's runs, newest first, from the log: ``limit`` (<= 100, default 20) runs
+        started below version ``before``; each with its requests, outcome, tokens, time
+        waiting at the provider gate and in the model, orders, calls and answer."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        query = request.query_params
+        limit = _int_param(query, "limit", 20)
+        if not 1 <= limit <= 100:
+            raise BadFrame("invalid", "limit must be between 1 and 100", field="limit")
+        before = _int_param(query, "before", 0) or None
+        gate = self.engine.gate_of(agent_id)
+        return _json(await run_history(
+            self.engine.store, agent_id, self.engine.state(agent_id).version, before=before,
+            limit=limit, gate=None if gate is None else (gate.stream, gate.state.version)))
+
+    @_guarded
+    async def charts(self, request: Request) -> Response:
+        """Per-agent series from the log (`gateway.history.SERIES`) over [``from``, ``to``)
+        (ms since the epoch; default the last hour) in steps of ``step`` ms (default: 120
+        points), for the ``agent``s named (comma-separated; default every one in the
+        token's scope, at most `MAX_CHART_AGENTS`), with stop, pause, resume and hold
+        marks (who and when)."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = request.query_params
+        now = self.engine.clock.now_ms()
+        end = _int_param(query, "to", now)
+        start = _int_param(query, "from", max(0, end - 3_600_000))
+        if start >= end:
+            raise BadFrame("invalid", "from must be before to", field="from")
+        step = _int_param(query, "step", max(1_000, -(-(end - start) // 120)))
+        if step < 1_000:
+            raise BadFrame("invalid", "step must be at least 1000 ms", field="step")
+        if -(-(end - start) // step) > MAX_BUCKETS:
+            raise BadFrame("invalid", f"from..to holds more than {MAX_BUCKETS} steps; "
+                           "make step larger or the window shorter", field="step")
+        named = [a for a in query.get("agent", "").split(",") if a]
+        if len(named) > MAX_CHART_AGENTS:
+            raise BadFrame("invalid", f"at most {MAX_CHART_AGENTS} agents at once",
+                           field="agent")
+        for agent_id in named:
+            principal.check_read(agent_id)
+            self.engine.state(agent_id)  # UnknownAgent if it does not exist
+        agents = named or [a for a in self.engine.agent_ids if principal.may_see(a)][
+            :MAX_CHART_AGENTS]
+        found = [await agent_series(self.engine.store, a, self.engine.state(a).version,
+                                    start=start, end=end, step=step) for a in agents]
+        marks = sorted((m for f in found for m in f.pop("marks")), key=lambda m: m["at"])
+        return _json({"from": start, "to": end, "step": step, "agents": found,
+                      "marks": marks})
 
     def _metrics_text(self, principal: Principal) -> str:
         engine = self.engine

@@ -222,8 +222,10 @@ POSTS = ["/api/agents/btc/requests", "/api/agents/btc/control", "/api/agents/btc
          "/api/providers/openai/limits"]
 GETS = ["/healthz", "/metrics", "/openapi.json", "/api/agents", "/api/agents/btc",
         "/api/agents/btc/queue", "/api/events", "/api/events/1", "/api/event-types",
-        "/api/agents/btc/events", "/api/replay", "/api/providers", "/api/providers/openai"]
-PARAMS = ["after", "limit", "agent", "type", "beforeVersion", "position", "around"]
+        "/api/agents/btc/events", "/api/replay", "/api/providers", "/api/providers/openai",
+        "/api/agents/btc/runs", "/api/charts"]
+PARAMS = ["after", "limit", "agent", "type", "beforeVersion", "position", "around", "q",
+          "before", "from", "to", "step"]
 
 bodies = (
     mutated().map(lambda f: json.dumps(f.get("request", f)).encode())
