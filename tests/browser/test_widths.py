@@ -29,7 +29,7 @@ def desk(db: Path) -> GatewayConfig:
 async def box(locator: Locator) -> Box:
     found = await locator.bounding_box()
     assert found is not None, locator
-    return dict(found)
+    return {"x": found["x"], "y": found["y"], "width": found["width"], "height": found["height"]}
 
 
 def inside(inner: Box, outer: Box, slack: float = 1.0) -> bool:

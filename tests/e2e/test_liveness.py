@@ -34,7 +34,7 @@ async def live(reasoner: ManualReasoner) -> AsyncIterator[Live]:
 
 
 def is_beat(frame: dict[str, Any]) -> bool:
-    return frame["type"] == "heartbeat"
+    return bool(frame["type"] == "heartbeat")
 
 
 async def test_a_quiet_subscription_hears_heartbeats_with_the_committed_position(
