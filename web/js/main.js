@@ -5,6 +5,7 @@
 import {Api} from "./api.js";
 import {Connection} from "./connection.js";
 import {Controls} from "./controls.js";
+import {setText} from "./dom.js";
 import {clock, num} from "./format.js";
 import {Model} from "./model.js";
 import {createAgentView} from "./views/agent.js";
@@ -58,8 +59,9 @@ function showConnection({state, attempt = 0, since = null, nextTry = null, silen
   } else if (state === "stale") {
     const seconds = Math.floor(silentMs / 1000);
     pill.textContent = `Stale · no heartbeat for ${seconds} s`;
-    banner.textContent = `Nothing heard from the gateway since ${clock(lastHeard).slice(0, 8)} (${seconds} s): `
-      + "the gateway or the link may be frozen. Figures shown may be out of date; controls may get no answer.";
+    // Words that do not change while it lasts: an alert is read out again at every change.
+    setText(banner, `Nothing heard from the gateway since ${clock(lastHeard).slice(0, 8)}: `
+      + "the gateway or the link may be frozen. Figures shown may be out of date; controls may get no answer.");
     banner.hidden = false;
   } else if (state === "connecting") {
     pill.textContent = attempt ? "Reconnecting…" : "Connecting…";
