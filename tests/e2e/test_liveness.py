@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.client import ControlClient
 from lanes import AgentConfig, Mode
 from store import MemoryEventStore
 from tests.e2e.live import Live, receive, receive_until, running
@@ -128,3 +129,17 @@ async def test_a_stop_acks_the_run_it_aborted_and_a_resume_the_run_it_started(
         repeat = (await http.post("/api/agents/eth/requests", json=body)).json()
     assert first["effect"]["changed"] is False
     assert repeat["repeated"] is True and "effect" not in repeat
+
+
+async def test_the_python_client_reads_on_through_heartbeats(live: Live) -> None:
+    async with ControlClient(live.ws, "control-secret") as client, live.socket() as watcher, \
+            client.subscribe(["btc"]) as events:
+        assert events.snapshot is not None  # subscribed already
+        await watcher.send(json.dumps({"type": "subscribe", "id": "s", "agents": ["btc"]}))
+        for _ in range(3):  # the client's subscription was as quiet: it had them too
+            await receive_until(watcher, is_beat)
+        async with live.client() as http:
+            ack = (await http.post("/api/agents/btc/requests", json=trigger("btc"))).json()
+        async for event in events:
+            if event.position == ack["position"]:
+                break
