@@ -59,12 +59,17 @@ async def name_and_stop_in_view(page: Page, agent_id: str) -> None:
         await expect(target).to_be_in_viewport()
         found = await box(target)
         assert inside(found, scroller) and inside(found, window), (agent_id, found, scroller)
-        # What is drawn at its middle is itself (a sticky cell is on top of the others).
-        hit = await target.evaluate("""e => { const r = e.getBoundingClientRect();
-            const top = document.elementFromPoint(r.x + Math.min(8, r.width / 2),
-                                                  r.y + r.height / 2);
-            return e === top || e.contains(top); }""")
-        assert hit, (agent_id, await target.inner_text())
+        assert await on_top(target), (agent_id, await target.inner_text())
+
+
+async def on_top(target: Locator) -> bool:
+    """Whether what is drawn at the element's middle is itself (not a cell or a header over
+    it)."""
+    hit: bool = await target.evaluate("""e => { const r = e.getBoundingClientRect();
+        const top = document.elementFromPoint(r.x + Math.min(8, r.width / 2),
+                                              r.y + r.height / 2);
+        return e === top || e.contains(top); }""")
+    return hit
 
 
 async def test_at_1280_px_and_scrolled_sideways_each_agent_keeps_its_name_and_stop_in_view(
@@ -118,6 +123,19 @@ async def test_a_phone_gets_a_card_per_agent_with_its_name_state_reason_and_stop
         await expect(zulu).to_have_class("agent-card halted")
         await page.evaluate("window.scrollTo(0, 0)")
         await screenshot(page, "overview-390", full_page=True)
+        # The agent page on the phone: scrolled to its end, its name and stop stay pinned.
+        await page.get_by_role("link", name=FIRST, exact=True).click()
+        await expect(page.locator("#agent-title")).to_have_text(FIRST)
+        await expect(page.locator("section.timeline")).to_be_visible()
+        await page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        await expect(page.locator("#agent-title")).not_to_be_in_viewport()
+        toolbar = page.get_by_role("toolbar", name=f"Controls for {FIRST}")
+        await expect(toolbar.get_by_text(f"{FIRST}:")).to_be_in_viewport()
+        stop = toolbar.get_by_role("button", name=f"Emergency stop {FIRST}")
+        await expect(stop).to_be_in_viewport()
+        assert await on_top(stop)  # not under the header
+        await screenshot(page, "agent-390-scrolled")
+        await page.get_by_role("link", name="Overview").click()
         await resize(page, 1280, 800)  # wide again: the table is back
         await expect(page.locator('#agents-table tr[data-agent="zulu"] .state')).to_have_text(
             "HALTED")
