@@ -201,3 +201,22 @@ async def test_toasts_close_by_hand_collapse_when_the_same_and_show_three_at_mos
         await expect(toasts).to_have_count(1)  # an "already ACTIVE" note stays 8 s
         await page.clock.run_for(2_000)
         await expect(toasts).to_have_count(0)
+
+
+async def test_stop_all_says_how_many_agents_it_halted_and_which_were_halted_already(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    db = tmp_path / "panel.db"
+    async with live_gateway(desk(db), db, feed=False) as running:
+        async with http(running) as client:
+            await client.post("/api/agents/bravo/requests", json={
+                "requestId": "watch", "createdAt": "2026-01-01T00:00:00Z", "agentId": "bravo",
+                "kind": "user_control", "payload": {"message": "watch BTC"}})
+            await client.post("/api/agents/alpha/control", json={"action": "emergency_stop"})
+        page = await open_panel(running.url, CONTROL)
+        await expect(page.locator('tr[data-agent="bravo"] td[data-col="run"]')).to_contain_text(
+            "bravo-r1")
+        await page.get_by_role("button", name="Emergency stop all").click()
+        await page.locator("#confirm").get_by_role("button", name="Stop all").click()
+        await expect(page.locator(".toast").last).to_have_text(re.compile(
+            r"^Emergency stop: 1 agent halted \(1 run aborted\), 1 already HALTED"))
