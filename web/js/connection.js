@@ -40,7 +40,6 @@ export class Connection extends EventTarget {
     this.timer = null;
     this.lastHeard = 0;
     this.firstAfter = 0;         // where the first subscription started replaying the log
-    this.heard = null;           // the last heartbeat: {committed, at}
   }
 
   /** How long a silence makes the connection stale (ms). */
@@ -92,9 +91,8 @@ export class Connection extends EventTarget {
       if (this.state === "stale") this._status("open", {recovered: true});
       let frame;
       try { frame = JSON.parse(message.data); } catch { return; }
-      if (frame.type === "heartbeat") {
-        this.heard = {committed: frame.committed, at: Date.parse(frame.at)};
-      } else if (frame.type === "events") {
+      if (frame.type === "heartbeat") return;  // heard (lastHeard): that is all it says
+      if (frame.type === "events") {
         // One frame for the events ready at once: one task for the browser, not hundreds
         // (which would hold back drawing under a flood).
         for (const event of frame.events) this._event(event);
