@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,9 +67,7 @@ async def test_a_frozen_gateway_shows_stale_within_seconds_and_live_again_when_i
         await expect(pill).to_have_text("Connected · live")
         assert beats[-1]["committed"] == await running.service.engine.store.last_position()
         relay.freeze()
-        frozen = time.monotonic()
-        await expect(pill).to_have_text(STALE, timeout=STALE_WITHIN_MS)
-        assert time.monotonic() - frozen < STALE_WITHIN_MS / 1000
+        await expect(pill).to_have_text(STALE, timeout=STALE_WITHIN_MS)  # not 25 s, nor 90
         await expect(page.locator("body")).to_have_attribute("data-connection", "stale")
         await expect(banner).to_be_visible()
         await expect(banner).to_contain_text("Figures shown may be out of date")
