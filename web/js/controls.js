@@ -97,7 +97,7 @@ export class Controls {
    * Say "pending…" for `promise` (a `perform`) at once, then its result, or after
    * OUTCOME_TIMEOUT_MS that its outcome is unknown (and its answer if it comes later).
    */
-  async track(what, promise, report = null) {
+  async track(what, promise, report = null, check = "the agent's state") {
     const pending = {ok: true, kind: "pending", text: `${what}: pending…`};
     const note = this.toasts.show(pending.text, "pending");
     if (report) report(pending);
@@ -108,7 +108,7 @@ export class Controls {
       return first;
     }
     const unknown = {ok: false, kind: "bad", unknown: true,
-      text: `${what}: outcome unknown — check the agent's state (no answer in ${OUTCOME_TIMEOUT_MS / 1000} s)`};
+      text: `${what}: outcome unknown — check ${check} (no answer in ${OUTCOME_TIMEOUT_MS / 1000} s)`};
     note.update(unknown.text, "bad");
     if (report) report(unknown);
     promise.then((result) => {
@@ -143,7 +143,7 @@ export class Controls {
     if (!ok) return null;
     const all = Promise.all(agentIds.map((id) => this.perform(id, "emergency_stop").then((r) => ({...r, id}))))
       .then((results) => summarizeStops(results));
-    return this.track(`Emergency stop of ${plural(agentIds.length, "agent")}`, all);
+    return this.track(`Emergency stop of ${plural(agentIds.length, "agent")}`, all, null, "their states");
   }
 
   /** A button for an action on an agent; `report` gets each result (pending first). */
