@@ -73,6 +73,7 @@ from gateway.protocol import (
     Auth,
     BusyFrame,
     ErrorFrame,
+    Heartbeat,
     Hello,
     Market,
     MarketAck,
@@ -87,6 +88,7 @@ from gateway.protocol import (
 )
 from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
+from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
@@ -126,6 +128,8 @@ MAX_IN_FLIGHT_BYTES = 32 << 20
 SEND_TIMEOUT_S = 10.0
 """Default time a client may leave a frame untaken before it is closed as a slow reader
 (`Service.send_timeout_s`)."""
+HEARTBEAT_S = 2.0
+"""Default longest silence of a subscription before a heartbeat frame (`Service.heartbeat_s`)."""
 REQUEST_TIMEOUT_S = 10.0
 """Default time a connection has to send a whole request (`Service.request_timeout_s`)."""
 ENDPOINTS = ("feed", "control")
@@ -192,6 +196,9 @@ class Service:
     """A connection that has not authenticated in this long is closed (1008)."""
     send_timeout_s: float = SEND_TIMEOUT_S
     """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    heartbeat_s: float = HEARTBEAT_S
+    """A subscription that had nothing to send for this long is sent a heartbeat frame, so a
+    client can tell a quiet gateway from a frozen one (0: no heartbeats)."""
     request_timeout_s: float = REQUEST_TIMEOUT_S
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes (enforced by `gateway.server`)."""
@@ -321,7 +328,8 @@ def error_frame(error: Exception, id: str | None = None,
 def ack_frame(ack: Ack, id: str | None = None) -> AckFrame:
     """An engine ack on the wire."""
     return AckFrame(id=id, request_id=ack.request_id, decision=ack.decision,  # type: ignore[arg-type]
-                    position=ack.position, reason=ack.reason, repeated=ack.repeated)
+                    position=ack.position, reason=ack.reason, repeated=ack.repeated,
+                    effect=ack.effect)
 
 
 class ControlBody(WireModel):
@@ -1303,6 +1311,8 @@ class Session:
         self.send_lock = asyncio.Lock()
         self.closing = False
         self.subscription: asyncio.Task[None] | None = None
+        self.last_sent = 0.0
+        """When the last frame went out (the event loop's clock)."""
 
     async def run(self) -> None:
         """Serve the connection until it closes."""
@@ -1401,8 +1411,9 @@ class Session:
             return False
         self.principal = principal
         scope = None if principal.agents is None else sorted(principal.agents)
+        beat = self.service.heartbeat_s
         await self._send(Hello(principal=principal.name, role=principal.role.value,
-                               agents=scope))
+                               agents=scope, heartbeat_ms=round(beat * 1000) if beat else None))
         return True
 
     async def _serve(self) -> None:
@@ -1502,6 +1513,7 @@ class Session:
                 # a turn of the loop later, several ms under a flood for every answer)
                 async with asyncio.timeout(self.service.send_timeout_s):
                     await self.ws.send_text(text)
+                self.last_sent = asyncio.get_running_loop().time()
             except (RuntimeError, WebSocketDisconnect):
                 return
             except TimeoutError:
@@ -1699,6 +1711,8 @@ class Session:
         after = frame.after if frame.after is not None else position
         # Lists of a frame's worth: the batch in hand, and its texts, stay small.
         follow = self.engine.store.follow_batches(after, EVENTS_PER_FRAME)
+        beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
+            if self.service.heartbeat_s else None
         try:
             async with contextlib.aclosing(follow) as batches:
                 async for batch in batches:
@@ -1715,6 +1729,27 @@ class Session:
                 id=frame.id, code="unavailable",
                 message="the subscription ended (the log could not be read); subscribe "
                         "again with 'after' set to the last position you received"))
+        finally:
+            if beating is not None:
+                beating.cancel()
+
+    async def _heartbeats(self, follower: asyncio.Task[Any] | None) -> None:
+        """A heartbeat whenever the subscription (its ``follower``) has sent nothing for
+        `Service.heartbeat_s`: a client that hears nothing for longer knows the link or the
+        gateway is stuck. None once the subscription is replaced or ended."""
+        loop = asyncio.get_running_loop()
+        every = self.service.heartbeat_s
+        while not self.closing and self.subscription is follower:
+            quiet = loop.time() - self.last_sent
+            if quiet < every:
+                await asyncio.sleep(every - quiet)
+                continue
+            committed = await self.engine.store.last_position()
+            if self.subscription is not follower:
+                return
+            await self._send(Heartbeat(committed=committed,
+                                       at=from_ms(self.engine.clock.now_ms())))
+            self.last_sent = loop.time()  # (also when the send was skipped: no busy loop)
 
 
 _NO_TURN = contextlib.nullcontext()

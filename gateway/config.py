@@ -3,7 +3,7 @@
 ```toml
 [server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
                     # max_unauthenticated, auth_timeout_s, send_timeout_s,
-                    # request_timeout_s
+                    # request_timeout_s, heartbeat_s
 [store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
@@ -129,6 +129,9 @@ class ServerConfig(ConfigModel):
     """A WebSocket connection must authenticate within this long (else 1008)."""
     send_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    heartbeat_s: float = Field(default=2.0, ge=0, le=60)
+    """A subscription that had nothing to send for this long gets a ``heartbeat`` frame (0:
+    none), so a client can tell a quiet gateway from a frozen one."""
     intake_budget_ms: int = Field(default=50, ge=1, le=60_000)
     """Feed frames are answered ``busy`` (nothing taken) while the work waiting for the log
     would take longer than this to commit, at the log's recent commit rate."""

@@ -93,7 +93,8 @@ async def test_an_emergency_stop_from_the_panel_halts_the_agent_and_logs_the_abo
         await expect(row.locator(".state")).to_have_text("HALTED")
         await expect(row).to_have_class("halted")
         await expect(row.locator('td[data-col="run"]')).to_contain_text("idle")
-        await expect(page.locator(".toast").last).to_contain_text("bravo: accepted")
+        await expect(page.locator(".toast").last).to_contain_text(
+            "bravo ACTIVE → HALTED: run bravo-r1 aborted")
         async with http(running) as client:
             status = (await client.get("/api/agents/bravo")).json()
         assert status["trading"] == "HALTED" and status["counters"]["aborts"] == 1

@@ -85,7 +85,7 @@ export function createAgentView(ctx) {
     const result = h("p", {class: "result", id: "control-result", role: "status"});
     const report = (r) => {
       result.textContent = r.text;
-      result.className = `result ${r.ok ? "ok" : "bad"}`;
+      result.className = `result ${r.kind || (r.ok ? "ok" : "bad")}`;
     };
     parts = {
       badge: stateBadge(ctx.model.agents.get(id)?.trading ?? ""), mode: h("span", {class: "tag"}), lane: h("span", {class: "tag"}),
