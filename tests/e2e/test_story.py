@@ -20,7 +20,7 @@ from gateway.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, replay, status
 from lanes.config import Budgets
 from lanes.events import OrderIntent
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from store import SqliteEventStore
 from tests.e2e.live import Live, running
 from tests.e2e.test_service import control, trigger
