@@ -9,7 +9,7 @@ import {budget, clock, duration, num} from "../format.js";
 import {pendingTable, runCard} from "./queue.js";
 
 const DEBOUNCE_MS = 120;
-const AROUND = 8;
+const AROUND = 0;  // raw events around the position: the story shows them, worded
 const GROUPS_AROUND = 3;
 const HEIGHT = 92;
 const BASE = 58;  // y of the axis line
