@@ -126,17 +126,17 @@ def test_a_cancel_nobody_asked_for_is_the_brokers() -> None:
 
 def test_the_average_price_follows_the_position_through_flat_and_past_it() -> None:
     position = Position("BTCUSD")
-    position.apply(1.0, 100.0)
-    position.apply(1.0, 110.0)
-    assert position.avg_price == 105.0
-    position.apply(-1.0, 200.0)  # reducing keeps what the rest cost
-    assert (position.net_qty, position.avg_price) == (1.0, 105.0)
-    position.apply(-3.0, 90.0)  # past flat: short 2 at 90
-    assert (position.net_qty, position.avg_price) == (-2.0, 90.0)
-    position.apply(2.0, 80.0)
-    assert (position.net_qty, position.avg_price) == (0.0, None)
-    position.apply(1.0, None)
-    assert position.avg_price is None  # no price, no average
+
+    def after(signed: float, price: float | None) -> tuple[float, float | None]:
+        position.apply(signed, price)
+        return position.net_qty, position.avg_price
+
+    assert after(1.0, 100.0) == (1.0, 100.0)
+    assert after(1.0, 110.0) == (2.0, 105.0)
+    assert after(-1.0, 200.0) == (1.0, 105.0)  # reducing keeps what the rest cost
+    assert after(-3.0, 90.0) == (-2.0, 90.0)  # past flat: short 2 at 90
+    assert after(2.0, 80.0) == (0.0, None)
+    assert after(1.0, None) == (1.0, None)  # no price, no average
     assert (position.bought_qty, position.sold_qty, position.fills) == (5.0, 4.0, 6)
 
 
