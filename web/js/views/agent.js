@@ -8,6 +8,7 @@ import {ACTIONS} from "../controls.js";
 import {pendingTable, runCard} from "./queue.js";
 import {createTimeline} from "./timeline.js";
 import {createCallTree, isCallEvent} from "./calls.js";
+import {createAgentBlotter} from "./blotter.js";
 
 const PAGE = 1000;
 const QUEUE_REFRESH_MS = 250;
@@ -71,6 +72,7 @@ export function createAgentView(ctx) {
   let generation = 0;
   let timeline = null;
   let calls = null;
+  let blotter = null;
   let parts = null;
 
   function build(id) {
@@ -96,6 +98,7 @@ export function createAgentView(ctx) {
     };
     timeline = createTimeline(ctx, id, {loadEarlier});
     calls = createCallTree(ctx, id);
+    blotter = createAgentBlotter(ctx, id);
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
       h("span", {class: "who-for", "aria-hidden": "true"}, `${id}:`),
       Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
@@ -111,7 +114,7 @@ export function createAgentView(ctx) {
           h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
           h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending,
           h("h4", {}, "Scheduled audits"), parts.schedules)),
-      calls.el, timeline.el);
+      blotter.el, calls.el, timeline.el);
     renderHead();  // what the model knows already, while the lanes and the log load
     return load(id, generation);
   }
@@ -273,6 +276,7 @@ export function createAgentView(ctx) {
       }
       // A call anywhere may be part of this agent's trees (its calls' calls are elsewhere).
       if (detail.events.some(isCallEvent)) calls?.refresh();
+      blotter?.change(detail);
       if (mine) {
         timeline.set(stream, more);
         renderActions();
@@ -283,6 +287,7 @@ export function createAgentView(ctx) {
     tick() {
       renderHead();
       renderLanes();
+      blotter?.tick();
     },
   };
 }
