@@ -12,6 +12,7 @@ from gateway.market import Tick
 from gateway.server import Running
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
+    CONTROL,
     VIEWER,
     agent,
     http,
@@ -95,6 +96,7 @@ async def test_the_agent_page_shows_open_orders_fills_rejections_and_positions_l
         await expect(page.locator("#agent-blotter-status")).to_contain_text("1 open order ")
         await expect(page.locator("#agent-blotter [data-agent]")).to_have_count(0)
         await expect(page.locator("#agent-blotter")).not_to_contain_text("bravo")
+        await expect(page.locator("[data-cancel-order]")).to_have_count(0)  # a viewer's
         await page.locator("#agent-blotter").scroll_into_view_if_needed()
         await screenshot(page, "blotter-agent")
         await page.reload()  # from the log, not from what the page saw
@@ -136,3 +138,25 @@ async def test_the_desk_blotter_shows_every_agent_and_filters_by_agent_and_symbo
         await view.get_by_label("Symbol", exact=True).press("Enter")
         await expect(fills).to_have_count(2)
         await screenshot(page, "blotter-desk-phone", full_page=True)
+
+
+async def test_an_open_order_is_cancelled_from_its_row_and_the_cancel_says_who_asked(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    config = panel_config(db, [trader("alpha")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, CONTROL)
+        await page.goto(f"{running.url}/#/agent/alpha")
+        await trade(running, "alpha", "ETHUSD")  # no ETH price: it rests at the paper broker
+        blotter = page.locator("#agent-blotter")
+        row = blotter.locator('[data-part="open"] [data-order="alpha-r1-o1"]')
+        await row.get_by_role("button", name="Cancel order alpha-r1-o1 of alpha").click()
+        await expect(page.locator("#confirm-text")).to_contain_text("ETHUSD")
+        await page.locator("#confirm-ok").click()
+        await expect(page.locator("#agent-blotter-result")).to_contain_text(
+            "Cancel alpha-r1-o1: accepted — sent to the broker")
+        cancel = blotter.locator('[data-part="cancels"] [data-cancel="alpha-r1-o1"]')
+        await expect(cancel).to_contain_text("ops (cancel_order)")
+        await expect(cancel).to_contain_text("cancelled at")
+        await expect(blotter.locator('[data-part="open"]')).to_contain_text("No open order.")
+        await screenshot(page, "blotter-cancelled")

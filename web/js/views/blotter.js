@@ -5,10 +5,12 @@
 
 import {h, replace, setText} from "../dom.js";
 import {clock, duration, num} from "../format.js";
+import {confirmDialog} from "../controls.js";
 
 const ORDER_EVENTS = new Set(["OrderAccepted", "OrderRejected", "OrderCancelRequested",
   "OrderFilled", "OrderClosed"]);
 const REFRESH_MS = 400;
+const CANCEL_TIMEOUT_MS = 10_000;
 const QTY = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
 const PRICE = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 8});
 
@@ -56,14 +58,15 @@ function positionRows(body, desk) {
   });
 }
 
-function openRows(body, elapsed, desk) {
+function openRows(body, elapsed, desk, cancel) {
   return body.openOrders.map((o) => h("tr", {"data-order": o.orderId},
     agentCell(o, desk), h("td", {class: "mono"}, o.orderId), h("td", {}, o.symbol), h("td", {}, side(o.side)),
     h("td", {class: "num"}, qty(o.qty)), h("td", {class: "num"}, qty(o.filledQty)),
     h("td", {}, o.orderType), h("td", {class: "num"}, price(o.limitPrice)),
     h("td", {class: "num age", "data-age": o.ageMs}, duration(o.ageMs + elapsed)),
     h("td", {}, o.cancelRequestedBy ? h("span", {class: "tag warn"}, `cancel asked by ${o.cancelRequestedBy} at ${clock(o.cancelRequestedAt).slice(0, 8)}`)
-      : h("span", {class: "tag"}, o.filledQty > 0 ? "partly filled" : "working"))));
+      : h("span", {class: "tag"}, o.filledQty > 0 ? "partly filled" : "working")),
+    cancel ? h("td", {}, cancel.button(o)) : null));
 }
 
 function fillRows(body, desk) {
@@ -88,7 +91,7 @@ function rejectionRows(body, desk) {
 }
 
 /** The blotter's sections for an answer of the blotter routes. */
-export function blotterSections(body, {desk = false, elapsed = 0} = {}) {
+export function blotterSections(body, {desk = false, elapsed = 0, cancel = null} = {}) {
   const cut = body.truncated ? ` (the newest ${body.limit})` : "";
   return [
     h("section", {class: "blotter-part", "data-part": "positions"},
@@ -97,8 +100,8 @@ export function blotterSections(body, {desk = false, elapsed = 0} = {}) {
         "No position: nothing filled yet.", desk)),
     h("section", {class: "blotter-part", "data-part": "open"},
       h("h4", {}, `Open orders (${body.openOrders.length})`),
-      table("Open orders", ["Order", "Symbol", "Side", "Qty", "Filled qty", "Type", "Limit price", "Age", "State"],
-        openRows(body, elapsed, desk), "No open order.", desk)),
+      table("Open orders", ["Order", "Symbol", "Side", "Qty", "Filled qty", "Type", "Limit price", "Age", "State",
+        ...(cancel ? [""] : [])], openRows(body, elapsed, desk, cancel), "No open order.", desk)),
     h("section", {class: "blotter-part", "data-part": "fills"},
       h("h4", {}, `Fills${cut}`),
       table("Fills", ["Time", "Symbol", "Side", "Qty", "Price", "Order"], fillRows(body, desk), "No fill.", desk)),
@@ -149,6 +152,58 @@ function loader(ctx, path, params, draw, status, container) {
   };
 }
 
+/**
+ * Cancel buttons for open orders (control and admin tokens only): confirm, then "Cancelling…"
+ * until the gateway answers, then its answer in `result`; no answer in time is said to be
+ * unknown, not a failure (the Cancels list shows what happened).
+ */
+function canceller(ctx, result, reload) {
+  if (!ctx.controls) return null;
+  const busy = new Set();
+
+  function report(text, ok) {
+    result.textContent = text;
+    result.className = `result ${ok === null ? "warn" : ok ? "ok" : "bad"}`;
+  }
+
+  async function cancel(order) {
+    const what = `${order.side} ${qty(order.qty)} ${order.symbol}`;
+    if (!await confirmDialog(`Cancel order ${order.orderId}?`,
+      `Ask the broker to cancel ${order.agentId}'s open order ${order.orderId} (${what}, ${qty(order.filledQty)} filled). A fill that comes first stands.`,
+      "Cancel order")) return;
+    busy.add(order.orderId);
+    reload();
+    report(`Cancelling ${order.orderId}…`, null);
+    let timer = null;
+    const late = new Promise((resolve) => { timer = setTimeout(() => resolve(null), CANCEL_TIMEOUT_MS); });
+    const asked = ctx.api.post(`/api/agents/${encodeURIComponent(order.agentId)}/control`,
+      {action: "cancel_order", orderId: order.orderId, reason: "panel"}).then((ack) => ({ack}), (error) => ({error}));
+    const answer = await Promise.race([asked, late]);
+    clearTimeout(timer);
+    busy.delete(order.orderId);
+    if (answer === null) {
+      report(`Cancel ${order.orderId}: outcome unknown — no answer in ${CANCEL_TIMEOUT_MS / 1000} s; the Cancels list shows whether it was asked.`, null);
+    } else if (answer.error) {
+      report(`Cancel ${order.orderId} failed: ${answer.error.message} (${answer.error.code}); nothing was asked.`, false);
+    } else if (answer.ack.decision === "accepted") {
+      report(`Cancel ${order.orderId}: accepted — sent to the broker (position ${answer.ack.position}); the order closes when the broker confirms.`, true);
+    } else {
+      report(`Cancel ${order.orderId}: ${answer.ack.decision}${answer.ack.reason ? ` — ${answer.ack.reason}` : ""}`, false);
+    }
+    reload();
+  }
+
+  return {
+    button(order) {
+      if (order.cancelRequestedBy) return h("span", {class: "muted"}, "cancel sent");
+      const pending = busy.has(order.orderId);
+      return h("button", {type: "button", class: "small", "data-mutating": true, "data-cancel-order": order.orderId,
+        "aria-label": `Cancel order ${order.orderId} of ${order.agentId}`, "aria-busy": pending ? "true" : null,
+        onclick: pending ? null : () => cancel(order)}, pending ? "Cancelling…" : "Cancel");
+    },
+  };
+}
+
 function summary(body) {
   const open = body.openOrders.length;
   const held = body.positions.filter((p) => Math.abs(p.netQty) >= 1e-9).length;
@@ -160,14 +215,19 @@ function summary(body) {
 export function createAgentBlotter(ctx, agentId) {
   const status = h("p", {class: "muted", id: "agent-blotter-status", role: "status"}, "Loading…");
   const parts = h("div", {class: "blotter", id: "agent-blotter"});
+  const result = h("p", {class: "result", role: "status", id: "agent-blotter-result"});
   const el = h("section", {class: "card blotter-card", "aria-labelledby": "agent-blotter-title"},
     h("h3", {id: "agent-blotter-title"}, "Orders and positions ",
       h("a", {href: `#/blotter?agent=${encodeURIComponent(agentId)}`, class: "muted small-link"}, "(desk blotter)")),
-    status, parts);
-  const reader = loader(ctx, () => `/api/agents/${encodeURIComponent(agentId)}/orders`, () => ({}), (body) => {
+    status, ctx.controls ? result : null, parts);
+  let last = null;
+  const cancel = canceller(ctx, result, () => { if (last) draw(last); reader.schedule(); });
+  function draw(body) {
+    last = body;
     setText(status, summary(body));
-    replace(parts, blotterSections(body));
-  }, status, parts);
+    replace(parts, blotterSections(body, {cancel}));
+  }
+  const reader = loader(ctx, () => `/api/agents/${encodeURIComponent(agentId)}/orders`, () => ({}), draw, status, parts);
   reader.load();
   return {
     el,
@@ -186,7 +246,10 @@ export function createBlotter(ctx) {
     autocomplete: "off", spellcheck: "false"});
   const status = h("p", {class: "muted", id: "blotter-status", role: "status"}, "Loading…");
   const parts = h("div", {class: "blotter", id: "desk-blotter"});
+  const result = h("p", {class: "result", role: "status", id: "blotter-result"});
   let filters = {agent: "", symbol: ""};
+  let last = null;
+  const cancel = canceller(ctx, result, () => { if (last) draw(last); reader.schedule(); });
 
   function fillAgents() {
     const ids = [...ctx.model.agents.keys()].sort();
@@ -212,13 +275,15 @@ export function createBlotter(ctx) {
     h("p", {class: "muted"}, "Every order of every agent in this token's scope, from the log: open orders, fills, cancels, rejections with their reasons, and the position per symbol."),
     h("div", {class: "toolbar", role: "search", "aria-label": "Filter the blotter"},
       h("label", {for: "blotter-agent"}, "Agent"), agent, h("label", {for: "blotter-symbol"}, "Symbol"), symbol),
-    status, parts);
+    status, ctx.controls ? result : null, parts);
 
-  const reader = loader(ctx, () => "/api/orders", () => ({agent: filters.agent, symbol: filters.symbol}), (body) => {
+  function draw(body) {
+    last = body;
     const scope = [body.agents.length === 1 ? body.agents[0] : `${body.agents.length} agents`, body.symbol].filter(Boolean).join(" · ");
     setText(status, `${scope} — ${summary(body)}`);
-    replace(parts, blotterSections(body, {desk: true}));
-  }, status, parts);
+    replace(parts, blotterSections(body, {desk: true, cancel}));
+  }
+  const reader = loader(ctx, () => "/api/orders", () => ({agent: filters.agent, symbol: filters.symbol}), draw, status, parts);
 
   return {
     section,
