@@ -102,6 +102,20 @@ async def test_the_agent_page_shows_open_orders_fills_rejections_and_positions_l
         await page.reload()  # from the log, not from what the page saw
         await expect_alpha(page, "#agent-blotter")
 
+        await page.get_by_role("link", name="Event log").click()  # away while it changes
+        async with http(running) as client:
+            asked = await client.post("/api/agents/alpha/control",
+                                      json={"action": "cancel_order", "orderId": "alpha-r1-o1"})
+            assert asked.json()["decision"] == "accepted", asked.text
+        await open_orders(running, "alpha", 0)  # the paper broker cancelled it
+        closed = page.locator('#events-view [data-type="OrderClosed"][data-stream="alpha"]'
+                              ).filter(has_text="alpha-r1-o1")
+        await expect(closed).to_have_count(1)  # the page has the events, seen from elsewhere
+        await page.go_back()
+        cancel = page.locator('#agent-blotter [data-part="cancels"] [data-cancel="alpha-r1-o1"]')
+        await expect(cancel).to_contain_text("ops (cancel_order)")
+        await expect(cancel).to_contain_text("cancelled at")
+
 
 async def test_the_desk_blotter_shows_every_agent_and_filters_by_agent_and_symbol(
         tmp_path: Path, open_panel: OpenPanel) -> None:

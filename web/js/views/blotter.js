@@ -229,12 +229,21 @@ export function createAgentBlotter(ctx, agentId) {
   }
   const reader = loader(ctx, () => `/api/agents/${encodeURIComponent(agentId)}/orders`, () => ({}), draw, status, parts);
   reader.load();
+  // Order events of this agent since the last look (live, or while another view was shown).
+  let seen = ctx.model.position;
+  function check() {
+    const events = ctx.model.events;
+    let moved = false;
+    for (let i = events.length - 1; i >= 0 && events[i].position > seen; i--) {
+      if (events[i].stream === agentId && isOrderEvent(events[i])) { moved = true; break; }
+    }
+    seen = Math.max(seen, events.at(-1)?.position ?? 0);
+    if (moved) reader.schedule();
+  }
   return {
     el,
-    change(detail) {
-      if (detail.events.some((e) => e.stream === agentId && isOrderEvent(e))) reader.schedule();
-    },
-    tick: reader.tick,
+    change: check,
+    tick() { check(); reader.tick(); },
   };
 }
 
