@@ -181,6 +181,7 @@ async def test_a_scoped_token_sees_only_its_agents_orders(tmp_path: Path) -> Non
 async def test_bad_parameters_get_typed_errors_and_change_nothing(tmp_path: Path) -> None:
     async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, Trader()) as live:
         await started(live)
+        await live.engine.flush()  # (the start's own events)
         before = await live.engine.store.last_position()
         async with live.client("viewer-secret") as client:
             answers = {
@@ -200,6 +201,7 @@ async def test_bad_parameters_get_typed_errors_and_change_nothing(tmp_path: Path
             missing = await client.get("/api/agents/ghost/orders")
         async with httpx.AsyncClient(base_url=live.http) as anonymous:
             nobody = await anonymous.get("/api/orders")
+        await live.engine.flush()
         after = await live.engine.store.last_position()
     for params, answer in answers.items():
         assert answer.status_code == 422, params
