@@ -132,6 +132,11 @@ async def test_the_desk_blotter_shows_every_agent_and_filters_by_agent_and_symbo
         await expect(fills).to_have_count(2)
         await expect(page.locator('#desk-blotter [data-fill="bravo-r1-o1"]')).to_contain_text(
             "bravo")
+        net = page.locator("#desk-net")  # the two agents' BTCUSD added up
+        alpha_qty = await page.locator('[data-position="alpha/BTCUSD"]').get_attribute("data-net")
+        bravo_qty = await page.locator('[data-position="bravo/BTCUSD"]').get_attribute("data-net")
+        total = float(alpha_qty or "nan") + float(bravo_qty or "nan")
+        await expect(net).to_contain_text(f"BTCUSD {'+' if total > 0 else '−'}{abs(total):g}")
         await screenshot(page, "blotter-desk", full_page=True)
 
         await view.get_by_label("Agent", exact=True).select_option("bravo")
@@ -173,4 +178,5 @@ async def test_an_open_order_is_cancelled_from_its_row_and_the_cancel_says_who_a
         await expect(cancel).to_contain_text("ops (cancel_order)")
         await expect(cancel).to_contain_text("cancelled at")
         await expect(blotter.locator('[data-part="open"]')).to_contain_text("No open order.")
+        await cancel.scroll_into_view_if_needed()
         await screenshot(page, "blotter-cancelled")

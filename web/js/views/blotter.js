@@ -49,7 +49,7 @@ function positionRows(body, desk) {
   return body.positions.map((p) => {
     const flat = Math.abs(p.netQty) < 1e-9;
     const word = flat ? "flat" : p.netQty > 0 ? "long" : "short";
-    return h("tr", {"data-position": `${p.agentId}/${p.symbol}`, class: `pos ${word}`},
+    return h("tr", {"data-position": `${p.agentId}/${p.symbol}`, "data-net": p.netQty, class: `pos ${word}`},
       agentCell(p, desk), h("td", {}, h("strong", {}, p.symbol)),
       h("td", {class: "num net"}, `${flat ? "" : p.netQty > 0 ? "+" : "−"}${qty(Math.abs(p.netQty))} ${word}`),
       h("td", {class: "num"}, price(p.avgPrice)),
@@ -91,17 +91,30 @@ function rejectionRows(body, desk) {
 }
 
 /** The blotter's sections for an answer of the blotter routes. */
+/** The desk's net quantity per symbol (the agents' positions added up), for a desk of several. */
+function deskNet(body) {
+  if (body.agents.length < 2 || !body.positions.length) return null;
+  const net = new Map();
+  for (const p of body.positions) net.set(p.symbol, (net.get(p.symbol) ?? 0) + p.netQty);
+  return h("p", {class: "desk-net", id: "desk-net"}, h("span", {class: "muted"}, "Desk net: "),
+    [...net].sort(([a], [b]) => a.localeCompare(b)).flatMap(([symbol, n], i) => {
+      const flat = Math.abs(n) < 1e-9;
+      return [i ? " · " : "", h("strong", {}, symbol), " ",
+        h("span", {class: flat ? "muted" : n > 0 ? "side buy" : "side sell"}, flat ? "flat" : `${n > 0 ? "+" : "−"}${qty(Math.abs(n))}`)];
+    }));
+}
+
 export function blotterSections(body, {desk = false, elapsed = 0, cancel = null} = {}) {
   const cut = body.truncated ? ` (the newest ${body.limit})` : "";
   return [
-    h("section", {class: "blotter-part", "data-part": "positions"},
-      h("h4", {}, `Positions (${body.positions.length})`),
-      table("Positions", ["Symbol", "Net qty", "Avg price", "Bought", "Sold", "Fills"], positionRows(body, desk),
-        "No position: nothing filled yet.", desk)),
     h("section", {class: "blotter-part", "data-part": "open"},
       h("h4", {}, `Open orders (${body.openOrders.length})`),
       table("Open orders", ["Order", "Symbol", "Side", "Qty", "Filled qty", "Type", "Limit price", "Age", "State",
         ...(cancel ? [""] : [])], openRows(body, elapsed, desk, cancel), "No open order.", desk)),
+    h("section", {class: "blotter-part", "data-part": "positions"},
+      h("h4", {}, `Positions (${body.positions.length})`), desk ? deskNet(body) : null,
+      table("Positions", ["Symbol", "Net qty", "Avg price", "Bought", "Sold", "Fills"], positionRows(body, desk),
+        "No position: nothing filled yet.", desk)),
     h("section", {class: "blotter-part", "data-part": "fills"},
       h("h4", {}, `Fills${cut}`),
       table("Fills", ["Time", "Symbol", "Side", "Qty", "Price", "Order"], fillRows(body, desk), "No fill.", desk)),
@@ -186,7 +199,7 @@ function canceller(ctx, result, reload) {
     } else if (answer.error) {
       report(`Cancel ${order.orderId} failed: ${answer.error.message} (${answer.error.code}); nothing was asked.`, false);
     } else if (answer.ack.decision === "accepted") {
-      report(`Cancel ${order.orderId}: accepted — sent to the broker (position ${answer.ack.position}); the order closes when the broker confirms.`, true);
+      report(`Cancel ${order.orderId}: accepted — sent to the broker (log position ${answer.ack.position}); the order closes when the broker confirms.`, true);
     } else {
       report(`Cancel ${order.orderId}: ${answer.ack.decision}${answer.ack.reason ? ` — ${answer.ack.reason}` : ""}`, false);
     }
