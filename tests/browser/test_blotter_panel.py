@@ -24,6 +24,7 @@ from tests.browser.live import (
 from tests.gateway.support import until
 
 FILL_PRICE = 64_123.5
+MINUS = "\u2212"
 
 
 def trader(agent_id: str) -> dict[str, object]:
@@ -136,7 +137,8 @@ async def test_the_desk_blotter_shows_every_agent_and_filters_by_agent_and_symbo
         alpha_qty = await page.locator('[data-position="alpha/BTCUSD"]').get_attribute("data-net")
         bravo_qty = await page.locator('[data-position="bravo/BTCUSD"]').get_attribute("data-net")
         total = float(alpha_qty or "nan") + float(bravo_qty or "nan")
-        await expect(net).to_contain_text(f"BTCUSD {'+' if total > 0 else '−'}{abs(total):g}")
+        shown = f"{abs(total):.8f}".rstrip("0").rstrip(".")  # as the page rounds it
+        await expect(net).to_contain_text(f"BTCUSD {'+' if total > 0 else MINUS}{shown}")
         await screenshot(page, "blotter-desk", full_page=True)
 
         await view.get_by_label("Agent", exact=True).select_option("bravo")
