@@ -60,7 +60,7 @@ from lanes.events import (
     RunFailed,
     RunStarted,
 )
-from lanes.replay import is_agent_stream
+from lanes.streams import is_agent_stream
 from store import MEMBER_PREFIX, PostgresEventStore, RecordedEvent, pg_server
 
 AGENTS = tuple(f"a{n:02d}" for n in range(12))

@@ -56,7 +56,7 @@ from lanes.events import (
     RunAborted,
     RunSteered,
 )
-from lanes.replay import is_agent_stream
+from lanes.streams import is_agent_stream
 from store import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from bench.common import Figure, run
 from gateway.runtime import tune_runtime
 from lanes.gate import GateState, decide_gate, encode_gate_event, next_gate_due
-from lanes.gate_events import (
+from lanes.gate.events import (
     WINDOW_MS,
     CallOutcome,
     GateDecision,

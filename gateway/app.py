@@ -48,6 +48,13 @@ from gateway.errors import (
     storage_fault_kind,
 )
 from gateway.gate import GateMoved, ProviderGate
+from gateway.history import (
+    MAX_BUCKETS,
+    agent_series,
+    event_matcher,
+    run_history,
+    search_back,
+)
 from gateway.hooks import HookEngine
 from gateway.intake import BUDGET_MS, Intake
 from gateway.internal import internal_routes
@@ -67,6 +74,7 @@ from gateway.protocol import (
     Auth,
     BusyFrame,
     ErrorFrame,
+    Heartbeat,
     Hello,
     Market,
     MarketAck,
@@ -81,15 +89,16 @@ from gateway.protocol import (
 )
 from gateway.schedules import next_fire_at
 from gateway.snapshots import state_after
+from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
 from lanes.gate import GateStatus, gate_status
-from lanes.gate_events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits
-from lanes.replay import is_agent_stream
+from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits, lease_too_short
 from lanes.requests import MAX_INT, ControlAction, FieldError, WireModel
 from lanes.schedules import Schedule
 from lanes.state import AgentState
+from lanes.streams import is_agent_stream
 from store.port import RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.app")
@@ -120,6 +129,8 @@ MAX_IN_FLIGHT_BYTES = 32 << 20
 SEND_TIMEOUT_S = 10.0
 """Default time a client may leave a frame untaken before it is closed as a slow reader
 (`Service.send_timeout_s`)."""
+HEARTBEAT_S = 2.0
+"""Default longest silence of a subscription before a heartbeat frame (`Service.heartbeat_s`)."""
 REQUEST_TIMEOUT_S = 10.0
 """Default time a connection has to send a whole request (`Service.request_timeout_s`)."""
 ENDPOINTS = ("feed", "control")
@@ -129,6 +140,10 @@ MAX_CAUSE_DECISIONS = 1_000
 """Decisions of one input returned with it (a queue clear may make many)."""
 SUMMARIES_PER_STEP = 200
 """Agent summaries a snapshot builds before it lets other work run."""
+MAX_SEARCH_TEXT = 200
+"""Characters of a search of the log (``GET /api/events?q=``)."""
+MAX_CHART_AGENTS = 20
+"""Agents in one answer of ``GET /api/charts``."""
 
 
 @dataclass
@@ -182,6 +197,9 @@ class Service:
     """A connection that has not authenticated in this long is closed (1008)."""
     send_timeout_s: float = SEND_TIMEOUT_S
     """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    heartbeat_s: float = HEARTBEAT_S
+    """A subscription that had nothing to send for this long is sent a heartbeat frame, so a
+    client can tell a quiet gateway from a frozen one (0: no heartbeats)."""
     request_timeout_s: float = REQUEST_TIMEOUT_S
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes (enforced by `gateway.server`)."""
@@ -262,6 +280,9 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/providers", api.providers),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
+        # Histories for people, from the log (gateway.history): runs and chart series.
+        Route("/api/agents/{agent_id}/runs", api.runs),
+        Route("/api/charts", api.charts),
         Route("/api/orders", api.orders),
         Route("/api/agents/{agent_id}/orders", api.agent_orders),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
@@ -310,7 +331,8 @@ def error_frame(error: Exception, id: str | None = None,
 def ack_frame(ack: Ack, id: str | None = None) -> AckFrame:
     """An engine ack on the wire."""
     return AckFrame(id=id, request_id=ack.request_id, decision=ack.decision,  # type: ignore[arg-type]
-                    position=ack.position, reason=ack.reason, repeated=ack.repeated)
+                    position=ack.position, reason=ack.reason, repeated=ack.repeated,
+                    effect=ack.effect)
 
 
 class ControlBody(WireModel):
@@ -633,25 +655,31 @@ class _Api:
         principal.check_agent(agent_id)
         config = await self._body(request, AgentConfig)
         gate = self.engine.gate_of(agent_id)
-        if gate is not None and config.run_timeout_ms >= gate.limits.lease_ms:
-            raise BadFrame("invalid", f"runTimeoutMs {config.run_timeout_ms} is not shorter "
-                           f"than the slot lease of provider {gate.provider!r} "
-                           f"({gate.limits.lease_ms} ms): a slot must never expire under a "
-                           "live run", field="runTimeoutMs")
+        short = None if gate is None else lease_too_short(
+            gate.limits.lease_ms, config.run_timeout_ms, agent_id, gate.provider)
+        if short is not None:
+            raise BadFrame("invalid", f"runTimeoutMs: {short}", field="runTimeoutMs")
         changed = await self.engine.configure(agent_id, config, principal.name)
         return _json({"changed": changed, "config": config.model_dump(mode="json")})
 
     @_guarded
     async def events(self, request: Request) -> Response:
-        """The log, paged: ``after`` (position), ``agent``, ``type``, ``limit`` (<= 1000)."""
+        """The log, paged: ``after`` (position), ``agent``, ``type``, ``limit`` (<= 1000).
+        With ``q`` (text) or ``before`` (position): a search back over the whole log,
+        newest first (`search_events`)."""
         principal = self._principal(request)
         principal.check_read()
         query = request.query_params
         after = _int_param(query, "after", 0)
         limit = min(max(_int_param(query, "limit", 100), 1), 1000)
-        agent, kind = query.get("agent"), query.get("type")
+        agent, kind = query.get("agent") or None, query.get("type") or None
         if agent is not None:
             principal.check_read(agent)
+        if "q" in query or "before" in query:
+            if "after" in query:
+                raise BadFrame("invalid", "give after (read forward) or before/q (search "
+                               "back), not both", field="after")
+            return await self.search_events(principal, query, limit, agent, kind)
         found: list[dict[str, Any]] = []
         cursor, scanned = after, 0
         while len(found) < limit and scanned < 20_000:
@@ -867,13 +895,85 @@ class _Api:
         except ValidationError as error:
             raise InvalidRequest.from_validation_error(error) from None
         for agent_id in self.engine.agent_ids:
-            timeout = self.engine.state(agent_id).config.run_timeout_ms
-            if self.engine.gate_of(agent_id) is gate and limits.lease_ms <= timeout:
-                raise BadFrame("invalid", f"leaseMs {limits.lease_ms} is not longer than the "
-                               f"run timeout of agent {agent_id!r} ({timeout} ms): a slot "
-                               "must never expire under a live run", field="leaseMs")
+            short = None if self.engine.gate_of(agent_id) is not gate else lease_too_short(
+                limits.lease_ms, self.engine.state(agent_id).config.run_timeout_ms, agent_id,
+                gate.provider)
+            if short is not None:
+                raise BadFrame("invalid", f"leaseMs: {short}", field="leaseMs")
         changed = await gate.set_limits(limits)
         return _json({"changed": changed, "limits": limits.model_dump(mode="json")})
+
+    # Histories for people, from the log (gateway.history).
+
+    async def search_events(self, principal: Principal, query: Mapping[str, str], limit: int,
+                            agent: str | None, kind: str | None) -> Response:
+        """The newest ``limit`` events below position ``before`` (default: all) with ``q``
+        in their type, stream or data, of ``agent`` and ``type`` if given, in the token's
+        scope, newest first; ``before`` in the answer goes on (None: the start of the log
+        was reached). Each answer looks at a bounded number of events (``scanned``)."""
+        text = query.get("q", "")
+        if len(text) > MAX_SEARCH_TEXT:
+            raise BadFrame("invalid", f"q is at most {MAX_SEARCH_TEXT} characters", field="q")
+        store = self.engine.store
+        before = _int_param(query, "before", 0) or await store.last_position() + 1
+        matches = event_matcher(text, agent, kind, principal.may_see)
+        found, more, scanned = await search_back(
+            lambda after, size: store.read(after=after, limit=size), before, limit, matches)
+        return _json({"events": [event_json(r) for r in found], "before": more,
+                      "scanned": scanned})
+
+    @_guarded
+    async def runs(self, request: Request) -> Response:
+        """An agent's runs, newest first, from the log: ``limit`` (<= 100, default 20) runs
+        started below version ``before``; each with its requests, outcome, tokens, time
+        waiting at the provider gate and in the model, orders, calls and answer."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        query = request.query_params
+        limit = _int_param(query, "limit", 20)
+        if not 1 <= limit <= 100:
+            raise BadFrame("invalid", "limit must be between 1 and 100", field="limit")
+        before = _int_param(query, "before", 0) or None
+        gate = self.engine.gate_of(agent_id)
+        return _json(await run_history(
+            self.engine.store, agent_id, self.engine.state(agent_id).version, before=before,
+            limit=limit, gate=None if gate is None else (gate.stream, gate.state.version)))
+
+    @_guarded
+    async def charts(self, request: Request) -> Response:
+        """Per-agent series from the log (`gateway.history.SERIES`) over [``from``, ``to``)
+        (ms since the epoch; default the last hour) in steps of ``step`` ms (default: 120
+        points), for the ``agent``s named (comma-separated; default every one in the
+        token's scope, at most `MAX_CHART_AGENTS`), with stop, pause, resume and hold
+        marks (who and when)."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = request.query_params
+        now = self.engine.clock.now_ms()
+        end = _int_param(query, "to", now)
+        start = _int_param(query, "from", max(0, end - 3_600_000))
+        if start >= end:
+            raise BadFrame("invalid", "from must be before to", field="from")
+        step = _int_param(query, "step", max(1_000, -(-(end - start) // 120)))
+        if step < 1_000:
+            raise BadFrame("invalid", "step must be at least 1000 ms", field="step")
+        if -(-(end - start) // step) > MAX_BUCKETS:
+            raise BadFrame("invalid", f"from..to holds more than {MAX_BUCKETS} steps; "
+                           "make step larger or the window shorter", field="step")
+        named = [a for a in query.get("agent", "").split(",") if a]
+        if len(named) > MAX_CHART_AGENTS:
+            raise BadFrame("invalid", f"at most {MAX_CHART_AGENTS} agents at once",
+                           field="agent")
+        for agent_id in named:
+            principal.check_read(agent_id)
+            self.engine.state(agent_id)  # UnknownAgent if it does not exist
+        agents = named or [a for a in self.engine.agent_ids if principal.may_see(a)][
+            :MAX_CHART_AGENTS]
+        found = [await agent_series(self.engine.store, a, self.engine.state(a).version,
+                                    start=start, end=end, step=step) for a in agents]
+        marks = sorted((m for f in found for m in f.pop("marks")), key=lambda m: m["at"])
+        return _json({"from": start, "to": end, "step": step, "agents": found,
+                      "marks": marks})
 
     def _metrics_text(self, principal: Principal) -> str:
         engine = self.engine
@@ -1244,6 +1344,8 @@ class Session:
         self.send_lock = asyncio.Lock()
         self.closing = False
         self.subscription: asyncio.Task[None] | None = None
+        self.last_sent = 0.0
+        """When the last frame went out (the event loop's clock)."""
 
     async def run(self) -> None:
         """Serve the connection until it closes."""
@@ -1342,8 +1444,9 @@ class Session:
             return False
         self.principal = principal
         scope = None if principal.agents is None else sorted(principal.agents)
+        beat = self.service.heartbeat_s
         await self._send(Hello(principal=principal.name, role=principal.role.value,
-                               agents=scope))
+                               agents=scope, heartbeat_ms=round(beat * 1000) if beat else None))
         return True
 
     async def _serve(self) -> None:
@@ -1443,6 +1546,7 @@ class Session:
                 # a turn of the loop later, several ms under a flood for every answer)
                 async with asyncio.timeout(self.service.send_timeout_s):
                     await self.ws.send_text(text)
+                self.last_sent = asyncio.get_running_loop().time()
             except (RuntimeError, WebSocketDisconnect):
                 return
             except TimeoutError:
@@ -1640,6 +1744,8 @@ class Session:
         after = frame.after if frame.after is not None else position
         # Lists of a frame's worth: the batch in hand, and its texts, stay small.
         follow = self.engine.store.follow_batches(after, EVENTS_PER_FRAME)
+        beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
+            if self.service.heartbeat_s else None
         try:
             async with contextlib.aclosing(follow) as batches:
                 async for batch in batches:
@@ -1656,6 +1762,27 @@ class Session:
                 id=frame.id, code="unavailable",
                 message="the subscription ended (the log could not be read); subscribe "
                         "again with 'after' set to the last position you received"))
+        finally:
+            if beating is not None:
+                beating.cancel()
+
+    async def _heartbeats(self, follower: asyncio.Task[Any] | None) -> None:
+        """A heartbeat whenever the subscription (its ``follower``) has sent nothing for
+        `Service.heartbeat_s`: a client that hears nothing for longer knows the link or the
+        gateway is stuck. None once the subscription is replaced or ended."""
+        loop = asyncio.get_running_loop()
+        every = self.service.heartbeat_s
+        while not self.closing and self.subscription is follower:
+            quiet = loop.time() - self.last_sent
+            if quiet < every:
+                await asyncio.sleep(every - quiet)
+                continue
+            committed = await self.engine.store.last_position()
+            if self.subscription is not follower:
+                return
+            await self._send(Heartbeat(committed=committed,
+                                       at=from_ms(self.engine.clock.now_ms())))
+            self.last_sent = loop.time()  # (also when the send was skipped: no busy loop)
 
 
 _NO_TURN = contextlib.nullcontext()

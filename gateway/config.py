@@ -3,11 +3,11 @@
 ```toml
 [server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
                     # max_unauthenticated, auth_timeout_s, send_timeout_s,
-                    # request_timeout_s
+                    # request_timeout_s, heartbeat_s
 [store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
-                    # base_url, timeout_s, [providers.limits] (a `lanes.gate_events.GateLimits`)
+                    # base_url, timeout_s, [providers.limits] (a `lanes.gate.events.GateLimits`)
 [[agents]]          # id, every `lanes.config.AgentConfig` field, [agents.reasoner]
 [[hooks]]           # a `gateway.hooks` rule: kind = price_cross | green_candles | ...
 ```
@@ -67,7 +67,7 @@ from gateway.reasoner import (
 )
 from gateway.schedules import check as check_schedule
 from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits, lease_too_short
 from lanes.requests import Priority
 from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
@@ -129,6 +129,9 @@ class ServerConfig(ConfigModel):
     """A WebSocket connection must authenticate within this long (else 1008)."""
     send_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    heartbeat_s: float = Field(default=2.0, ge=0, le=60)
+    """A subscription that had nothing to send for this long gets a ``heartbeat`` frame (0:
+    none), so a client can tell a quiet gateway from a frozen one."""
     intake_budget_ms: int = Field(default=50, ge=1, le=60_000)
     """Feed frames are answered ``busy`` (nothing taken) while the work waiting for the log
     would take longer than this to commit, at the log's recent commit rate."""
@@ -152,7 +155,7 @@ class StoreConfig(ConfigModel):
     max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1, le=100_000)
     """The most events one commit takes (group commit; an append is never split). Under a
     flood an emergency stop waits for the commit in flight: smaller batches make that wait
-    shorter, at some cost in throughput (see the README's Performance section)."""
+    shorter, at some cost in throughput (see docs/performance.md)."""
 
 
 class ClusterConfig(ConfigModel):
@@ -485,12 +488,10 @@ class GatewayConfig(ConfigModel):
                                  f"{entry.reasoner.max_tokens} is over provider {name!r}'s "
                                  f"output_tokens_per_minute ({out_limit}): no call could ever "
                                  "be granted"))
-            timeout = entry.config.run_timeout_ms
-            if provider.limits.lease_ms <= timeout:
-                problems.append((("providers", j, "limits", "lease_ms"),
-                                 f"{provider.limits.lease_ms} ms is not longer than the run "
-                                 f"timeout of agent {entry.id!r} ({timeout} ms): a slot must "
-                                 "never expire under a live run"))
+            short = lease_too_short(provider.limits.lease_ms, entry.config.run_timeout_ms,
+                                    entry.id, name)
+            if short is not None:
+                problems.append((("providers", j, "limits", "lease_ms"), short))
         _first_of_each("hooks", "name", "hook name", [r.name for r in self.hooks], problems)
         for i, rule in enumerate(self.hooks):
             for k, agent in enumerate(rule.agents):

@@ -67,20 +67,11 @@ from lanes.events import (
     TimerElapsed,
     is_input,
 )
-from lanes.evolve import IllegalTransition
 from lanes.evolve import fold as fold_events
 from lanes.gate import decode_gate_event, verify_gate
-from lanes.replay import (
-    PROVIDER_PREFIX,
-    QUARANTINE_STREAM,
-    Divergence,
-    Entry,
-    LogFold,
-    Verifier,
-    first,
-    is_agent_stream,
-    steps,
-)
+from lanes.handlers import IllegalTransition
+from lanes.replay import Divergence, Entry, LogFold, Verifier, first, steps
+from lanes.streams import PROVIDER_PREFIX, QUARANTINE_STREAM, is_agent_stream
 from lanes.whatif import AgentWhatIf, Tally, whatif
 from store import (
     DuplicateEventError,

@@ -15,8 +15,9 @@ from gateway.reasoner import SimulatedReasoner
 from gateway.report import print_status
 from lanes import AgentConfig, Budgets, Mode, parse_request, verify
 from lanes.codec import decode
-from lanes.replay import Entry, is_agent_stream
+from lanes.replay import Entry
 from lanes.schedules import Schedule
+from lanes.streams import is_agent_stream
 from store import SqliteEventStore
 
 AGENTS = {

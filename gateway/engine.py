@@ -40,6 +40,7 @@ from gateway.errors import (
     storage_fault_kind,
 )
 from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
+from gateway.protocol import ControlEffect
 from gateway.quarantine import PLAIN, LogReader, log_reader
 from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
 from gateway.runtime import gc_paused
@@ -80,6 +81,7 @@ from lanes.events import (
     RunStarted,
     RunSteerability,
     RunSteered,
+    RunsUnheld,
     ScheduleChanged,
     SpendLimitHit,
     Stopping,
@@ -88,11 +90,12 @@ from lanes.events import (
     withdrawal_id,
 )
 from lanes.evolve import fold as fold_events
-from lanes.replay import Answer, LogFold, is_agent_stream, track_call
+from lanes.replay import Answer, LogFold, track_call
 from lanes.requests import ControlAction, Kind
 from lanes.schedules import FILE_PRINCIPAL, SCHEDULER, Schedule
 from lanes.snapshot import dump_fold
 from lanes.state import ActiveRun
+from lanes.streams import is_agent_stream
 from store.port import (
     ConcurrencyError,
     EventStore,
@@ -143,6 +146,8 @@ class Ack:
     reason: str | None = None
     repeated: bool = False
     """True when the requestId was seen before: this is its first decision again."""
+    effect: ControlEffect | None = None
+    """What an accepted control did (`control_effect`); None for anything else."""
 
 
 @dataclass(slots=True)
@@ -1460,8 +1465,11 @@ def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent
         if getattr(decision, "request_id", None) != request_id:
             continue
         position = records[index + 1].position
-        if isinstance(decision, RequestQueued | RunSteered | ControlApplied):
-            return Ack(request_id, "accepted", position)
+        if isinstance(decision, ControlApplied):
+            effect = control_effect(decision, decisions[index + 1:])
+            return Ack(request_id, "accepted", position, effect=effect)
+        if isinstance(decision, RequestQueued | RunSteered | CallEnded):
+            return Ack(request_id, "accepted", position)  # (a call's result ends its call)
         if isinstance(decision, RequestDeduped):
             reason = f"duplicate of {decision.duplicate_of} ({decision.key})"
             return Ack(request_id, "deduped", position, reason)
@@ -1472,6 +1480,21 @@ def _ack(request_id: str, decisions: list[Decision], records: list[RecordedEvent
         if isinstance(decision, RequestRepeated):
             return Ack(request_id, decision.first_decision, position, repeated=True)
     raise AssertionError(f"no decision for request {request_id}")
+
+
+def control_effect(applied: ControlApplied, after: Sequence[Decision]) -> ControlEffect:
+    """What a control did: its state change and the decisions it set off (``after``: the
+    decisions that followed it for the same input)."""
+    aborted = next((d.run_id for d in after if isinstance(d, RunAborted)), None)
+    started = next((d.run_id for d in after if isinstance(d, RunStarted)), None)
+    cancels = sum(isinstance(d, OrderCancelRequested) for d in after)
+    unheld = any(isinstance(d, RunsUnheld) for d in after)
+    calls = sum(isinstance(d, CallEnded) for d in after)
+    changed = (applied.from_state is not applied.to_state or aborted is not None
+               or started is not None or cancels > 0 or unheld or calls > 0)
+    return ControlEffect(from_state=applied.from_state, to_state=applied.to_state,
+                         changed=changed, aborted_run=aborted, cancels_requested=cancels,
+                         unheld=unheld, started_run=started, calls_cancelled=calls)
 
 
 def _describe(error: BaseException) -> str:

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from lanes.requests import AgentRequest, FieldError, InvalidRequest
 
 
 class GatewayError(Exception):
-    """Base of the errors a client may see; ``code`` is stable, the message is for people."""
+    """Base of the errors a client may see; ``code`` is stable (see `CODES` for its HTTP
+    status, WebSocket close code and whether it is the client's fault), the message is for
+    people."""
 
     code = "internal"
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of this error."""
+        return CODES[self.code].status
+
+    @property
+    def close_code(self) -> int | None:
+        """The WebSocket close code when this error ends a connection (None: it does not)."""
+        return CODES[self.code].close
+
+    @property
+    def client_fault(self) -> bool:
+        """Whether the client sent something wrong (rather than the gateway failing now)."""
+        return CODES[self.code].client_fault
 
 
 class UnknownAgent(GatewayError):
@@ -172,31 +191,51 @@ def storage_fault_kind(reason: str) -> str:
     return "an I/O error (the server's log says which)"
 
 
-HTTP_STATUS: dict[str, int] = {
-    "invalid": 422,
-    "malformed_json": 400,
-    "unknown_type": 400,
-    "too_large": 413,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "unknown_agent": 404,
-    "unknown_provider": 404,
-    "not_found": 404,
-    "conflict": 409,
-    "busy": 503,
-    "unavailable": 503,
-    "storage_failed": 503,
-    "not_running": 503,
-    "internal": 500,
+@dataclass(frozen=True, slots=True)
+class Code:
+    """What an error code means on each transport."""
+
+    status: int
+    """The HTTP status of an answer with this code."""
+    client_fault: bool
+    """The client sent something wrong (sending the same again fails again); else the
+    gateway could not do it now (a retry may succeed) or failed itself."""
+    close: int | None = None
+    """The WebSocket close code when this error ends a connection (its handshake or auth);
+    None: it is answered with an error frame and the connection stays."""
+
+
+CODES: dict[str, Code] = {
+    "invalid": Code(422, True),
+    "malformed_json": Code(400, True),
+    "unknown_type": Code(400, True),
+    "too_large": Code(413, True, close=1009),
+    "unauthorized": Code(401, True, close=1008),
+    "forbidden": Code(403, True, close=1008),
+    "unknown_agent": Code(404, True),
+    "unknown_provider": Code(404, True),
+    "not_found": Code(404, True),
+    "conflict": Code(409, True),
+    "busy": Code(503, False, close=1013),
+    "unavailable": Code(503, False),
+    "storage_failed": Code(503, False),
+    "not_running": Code(503, False, close=1013),
+    "internal": Code(500, False, close=1011),
 }
-"""The HTTP status of each error code; WebSocket clients get the code in an error frame."""
+"""Every error code a client may see, and what it means on HTTP and WebSocket (an error
+frame carries the code itself)."""
+
+HTTP_STATUS: dict[str, int] = {name: code.status for name, code in CODES.items()}
+"""The HTTP status of each error code."""
 
 
 __all__ = [
+    "CODES",
     "HTTP_STATUS",
     "AgentUnavailable",
     "BadFrame",
     "Busy",
+    "Code",
     "FieldError",
     "Forbidden",
     "GatewayError",

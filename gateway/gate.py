@@ -28,10 +28,9 @@ from lanes.gate import (
     evolve_gate,
     fold_gate,
     gate_status,
-    gate_stream,
     next_gate_due,
 )
-from lanes.gate_events import (
+from lanes.gate.events import (
     CallOutcome,
     GateDecision,
     GateInput,
@@ -45,6 +44,7 @@ from lanes.gate_events import (
     SlotRequested,
 )
 from lanes.requests import Priority
+from lanes.streams import gate_stream
 from store.port import (
     ConcurrencyError,
     EventStore,

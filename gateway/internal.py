@@ -20,7 +20,7 @@ from gateway.errors import BadFrame, GatewayError, UnknownProvider
 from gateway.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
 from gateway.peers import SECRET_HEADER
 from gateway.protocol import load_json
-from lanes.gate_events import CallOutcome
+from lanes.gate.events import CallOutcome
 from lanes.requests import AgentRequest, InvalidRequest, Priority
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from lanes.gate_events import CallOutcome
+from lanes.gate.events import CallOutcome
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from pydantic import TypeAdapter
 
 from gateway.protocol import AckFrame, ErrorFrame
 from lanes import AgentConfig, AgentRequest
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
 
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -109,7 +109,7 @@ def openapi_document() -> dict[str, Any]:
             "/api/events": {"get": _op(
                 "The event log, paged", obj, params=(),
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),
-                       ("limit", "integer")))},
+                       ("limit", "integer"), ("q", "string"), ("before", "integer")))},
             "/api/events/{position}": {"get": _op(
                 "One event, the input that caused it and that input's decisions", obj,
                 params=("position",))},
@@ -130,6 +130,15 @@ def openapi_document() -> dict[str, Any]:
                 "Every provider gate: limits, window usage, waiting agents, breaker, next "
                 "retry", obj, params=())},
             "/api/providers/{name}": {"get": _op("One provider gate", obj, params=("name",))},
+            f"{agent}/runs": {"get": _op(
+                "The agent's runs, newest first, from the log: requests, outcome, tokens, "
+                "gate wait and model time, orders, calls and answer", obj,
+                query=(("before", "integer"), ("limit", "integer")))},
+            "/api/charts": {"get": _op(
+                "Per-agent series (runs, tokens, requests, drops, failures) from the log, "
+                "with stop, pause, resume and hold marks", obj, params=(),
+                query=(("agent", "string"), ("from", "integer"), ("to", "integer"),
+                       ("step", "integer")))},
             "/api/providers/{name}/limits": {"post": _op(
                 "Replace a provider gate's limits (admin; for requests not yet granted)", obj,
                 "GateLimits", params=("name",))},

@@ -20,7 +20,8 @@ import httpx
 from gateway.engine import Ack
 from gateway.errors import BadFrame, GatewayError
 from gateway.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
-from lanes.gate_events import CallOutcome, GateLimits, Refusal, SlotRefused
+from gateway.protocol import ControlEffect
+from lanes.gate.events import CallOutcome, GateLimits, Refusal, SlotRefused
 from lanes.requests import AgentRequest, Priority
 
 log = logging.getLogger("gateway.peers")
@@ -112,8 +113,11 @@ class Peers:
         results: list[Ack | GatewayError] = []
         for item in answer["results"]:
             if item.get("type") == "ack":
+                effect = item.get("effect")
                 results.append(Ack(item["requestId"], item["decision"], item["position"],
-                                   item.get("reason"), item.get("repeated", False)))
+                                   item.get("reason"), item.get("repeated", False),
+                                   None if effect is None
+                                   else ControlEffect.model_validate(effect)))
             else:
                 results.append(_error(item, owner))
         return results

@@ -6,6 +6,7 @@ client's choosing, echoed in every answer to it. Schemas: ``gateway schema``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic_core
@@ -13,6 +14,7 @@ from pydantic import Field, TypeAdapter
 
 from gateway.errors import BadFrame
 from gateway.market import MarketEvent
+from lanes.events import TradingState
 from lanes.requests import MAX_INT, AgentRequest, WireModel
 
 PROTOCOL_VERSION = 1
@@ -138,6 +140,29 @@ class Hello(WireModel):
     role: str
     agents: list[str] | None
     """The agents this token may touch (None: all)."""
+    heartbeat_ms: int | None = None
+    """A subscription hears at least this often (a `Heartbeat` when nothing else is sent);
+    None: this gateway sends no heartbeats."""
+
+
+class ControlEffect(WireModel):
+    """What an accepted control did, as committed: the trading state before and after, and
+    what it set off. ``changed`` is false when it did nothing at all (a resume of an ACTIVE
+    agent with nothing held and nothing to start, say)."""
+
+    from_state: TradingState
+    to_state: TradingState
+    changed: bool
+    aborted_run: str | None = None
+    """The run it aborted (an emergency stop of a running agent)."""
+    cancels_requested: int = 0
+    """Open orders it asked the broker to cancel."""
+    unheld: bool = False
+    """It lifted a provider hold (a resume)."""
+    started_run: str | None = None
+    """The run it let start (a resume with work pending)."""
+    calls_cancelled: int = 0
+    """Sub-agent calls of the agent it ended (a stop)."""
 
 
 class AckFrame(WireModel):
@@ -150,6 +175,8 @@ class AckFrame(WireModel):
     position: int
     reason: str | None = None
     repeated: bool = False
+    effect: ControlEffect | None = None
+    """For an accepted control (not a repeat): what it did."""
 
 
 class ErrorFrame(WireModel):
@@ -226,9 +253,19 @@ class Pong(WireModel):
     position: int
 
 
+class Heartbeat(WireModel):
+    """Sent on a subscription that had nothing else to send for ``heartbeatMs``: the
+    connection and the gateway are alive. ``committed`` is the log's last committed position
+    (events up to it may still be on their way); ``at`` the gateway's time."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    committed: int
+    at: datetime
+
+
 ServerFrame = Annotated[
     Hello | AckFrame | AcksFrame | MarketAck | ErrorFrame | BusyFrame | Snapshot | EventFrame
-    | EventsFrame | Pong,
+    | EventsFrame | Pong | Heartbeat,
     Field(discriminator="type"),
 ]
 

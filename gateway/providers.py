@@ -30,7 +30,7 @@ from openai.types.completion_usage import CompletionUsage
 
 from gateway.clock import SystemClock
 from gateway.llm import Completion, LLMClient, Message, ProviderCallError, RateHints
-from lanes.gate_events import CallOutcome
+from lanes.gate.events import CallOutcome
 
 PROVIDER_KINDS = ("anthropic", "openai")
 """What `build_client` knows how to build."""

@@ -25,8 +25,9 @@ from typing import Any
 
 from lanes.codec import decode, encode
 from lanes.events import INPUT_TYPES, Event, Quarantined, RequestReceived
-from lanes.replay import QUARANTINE_STREAM, Entry, is_agent_stream
+from lanes.replay import Entry
 from lanes.requests import ControlAction, Kind
+from lanes.streams import QUARANTINE_STREAM, is_agent_stream
 from store.port import Append, EventStore, NewEvent, RecordedEvent
 
 RECORD_TYPE = "EventsQuarantined"

@@ -18,7 +18,7 @@ from gateway.llm import Completion, LLMClient, Message, ProviderCallError
 from lanes.config import CallResults
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
 from lanes.gate import backoff_ceiling, full_jitter
-from lanes.gate_events import THROTTLED, CallOutcome
+from lanes.gate.events import THROTTLED, CallOutcome
 from lanes.requests import RANK, AgentRequest, Kind, Priority, WireModel
 
 if TYPE_CHECKING:

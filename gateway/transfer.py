@@ -17,7 +17,7 @@ from typing import Any
 
 from lanes.codec import decode
 from lanes.gate import decode_gate_event
-from lanes.replay import is_agent_stream
+from lanes.streams import is_agent_stream
 from store.port import RecordedEvent
 
 FORMAT = "gateway-event-log"

@@ -6,7 +6,8 @@ input, so the same inputs always give the same decisions (and replay is exact).
 
 from lanes.config import AgentConfig, Budgets, DedupeStrategy, DropPolicy, Mode
 from lanes.decide import decide, next_due
-from lanes.evolve import IllegalTransition, evolve
+from lanes.evolve import evolve
+from lanes.handlers import IllegalTransition
 from lanes.replay import Divergence, Entry, replay, request_outcomes, verify
 from lanes.requests import (
     AgentRequest,

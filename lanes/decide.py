@@ -83,30 +83,24 @@ from lanes.events import (
     TradingState,
 )
 from lanes.evolve import evolve, held_ids
+from lanes.handlers import Registry
 from lanes.requests import AgentRequest, ControlAction, Kind, Priority
 from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key, fingerprint
 from lanes.schedules import MAX_SCHEDULES
 from lanes.state import AgentState, CallBatch, OpenCall, Pending
-from lanes.tables import ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
+from lanes.tables import MODES, ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
 
 Emit = Callable[[Decision], None]
 _CALL_RESULT = Kind.CALL_RESULT  # (compared by identity on every request)
 _CALL_CANCEL = Kind.CALL_CANCEL
 In = TypeVar("In")
-_DECIDERS: dict[type[Any], Callable[[AgentState, Any, Emit], None]] = {}
-
-
-def _on(cls: type[In]) -> Callable[[Callable[[AgentState, In, Emit], None]], Any]:
-    def register(fn: Callable[[AgentState, In, Emit], None]) -> Any:
-        _DECIDERS[cls] = fn
-        return fn
-
-    return register
+DECIDERS: Registry[Callable[[AgentState, Any, Emit], None]] = Registry("input")
+"""Input class -> what it decides for an agent."""
 
 
 def decide(state: AgentState, event: Input) -> list[Decision]:
     """Decide what ``event`` means for this agent, advancing ``state`` as described above."""
-    decider = _DECIDERS[type(event)]
+    decider = DECIDERS.handler(event)
     now, version = state.now, state.version
     evolve(state, event)
     decisions: list[Decision] = []
@@ -144,7 +138,7 @@ def _lane_due(state: AgentState, after: int) -> int | None:
     if not state.pending or state.trading is TradingState.HALTED or state.held is not None:
         return None
     due = state.collect_due
-    if state.pending[0].mode is Mode.COLLECT and due is not None and due > after:
+    if MODES[state.pending[0].mode].collects and due is not None and due > after:
         return due
     if state.suppressed is not None:
         return state.suppressed[1]
@@ -161,7 +155,7 @@ def _start_next(state: AgentState, emit: Emit) -> None:
         return
     head = state.pending[0]
     due = state.collect_due
-    if head.mode is Mode.COLLECT and due is not None and state.now < due:
+    if MODES[head.mode].collects and due is not None and state.now < due:
         return
     block = budget_block(state)
     if block is not None:
@@ -206,7 +200,7 @@ def _control_action(request: AgentRequest, state: AgentState) -> ControlAction |
     return request.action
 
 
-@_on(RequestReceived)
+@DECIDERS.on(RequestReceived)
 def _request(state: AgentState, event: RequestReceived, emit: Emit) -> None:
     request = event.request
     request_id = request.request_id
@@ -275,18 +269,16 @@ def _reason(state: AgentState, request: AgentRequest, emit: Emit) -> None:
         if _enqueue(state, request, mode, emit):
             _start_next(state, emit)
         return
-    if mode in (Mode.STEER, Mode.STEER_BACKLOG) and run.steerable:
+    rule = MODES[mode]
+    if rule.steers and run.steerable:
         emit(RunSteered(run_id=run.run_id, request_id=request.request_id))
         return
-    if mode is Mode.INTERRUPT or mode is Mode.STEER:
-        preempt = request.priority is Priority.HIGH
-        why = "only high priority interrupts"
+    if rule.interrupts:
+        preempt, why = request.priority is Priority.HIGH, rule.follows_up
         if preempt:
             blocked = _can_start_now(state)
             if blocked is not None:
                 preempt, why = False, blocked
-        elif mode is Mode.STEER:
-            why = "the active run cannot take a steer and only high priority interrupts"
         if not preempt:
             emit(
                 FallbackApplied(
@@ -378,7 +370,7 @@ def _control(state: AgentState, request: AgentRequest, action: ControlAction, em
 # --------------------------------------------------------------------------------- runs
 
 
-@_on(TimerElapsed)
+@DECIDERS.on(TimerElapsed)
 def _timer(state: AgentState, event: TimerElapsed, emit: Emit) -> None:
     run = state.active
     if run is not None and state.now >= run.deadline:
@@ -397,7 +389,7 @@ def _timer(state: AgentState, event: TimerElapsed, emit: Emit) -> None:
     _start_next(state, emit)
 
 
-@_on(RunSteerability)
+@DECIDERS.on(RunSteerability)
 def _steerability(state: AgentState, event: RunSteerability, emit: Emit) -> None:
     run = state.active
     if run is not None and run.run_id == event.run_id and run.steerable != event.steerable:
@@ -412,7 +404,7 @@ def _not_active(state: AgentState, run_id: str) -> str | None:
     return f"run {run_id} is not the active run (active: {active})"
 
 
-@_on(RunFinished)
+@DECIDERS.on(RunFinished)
 def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
     stale = _not_active(state, event.run_id)
     if stale is not None:
@@ -460,7 +452,7 @@ def _order_refusal(state: AgentState, intent: OrderIntent) -> str | None:
     return None
 
 
-@_on(RunErrored)
+@DECIDERS.on(RunErrored)
 def _errored(state: AgentState, event: RunErrored, emit: Emit) -> None:
     stale = _not_active(state, event.run_id)
     if stale is not None:
@@ -470,7 +462,7 @@ def _errored(state: AgentState, event: RunErrored, emit: Emit) -> None:
     _start_next(state, emit)
 
 
-@_on(SpendLimitHit)
+@DECIDERS.on(SpendLimitHit)
 def _spend_limit(state: AgentState, event: SpendLimitHit, emit: Emit) -> None:
     if state.held is None:
         before = state.trading
@@ -484,7 +476,7 @@ def _spend_limit(state: AgentState, event: SpendLimitHit, emit: Emit) -> None:
         emit(RunResultIgnored(run_id=event.run_id, reason=stale))
 
 
-@_on(CallUndeliverable)
+@DECIDERS.on(CallUndeliverable)
 def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> None:
     call = state.calls.open.get(event.call_id)
     if call is None:  # a call of a log written before call results, or one that ended already
@@ -495,19 +487,19 @@ def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> N
                                       error=event.reason[:1_000]), None, emit)
 
 
-@_on(Quarantined)
+@DECIDERS.on(Quarantined)
 def _quarantined(state: AgentState, event: Quarantined, emit: Emit) -> None:
     """A stand-in for an event set aside decides nothing."""
 
 
-@_on(Stopping)
+@DECIDERS.on(Stopping)
 def _stopping(state: AgentState, event: Stopping, emit: Emit) -> None:
     run = state.active
     if run is not None:
         emit(RunAborted(run_id=run.run_id, reason=AbortReason.SHUTDOWN, requeued=True))
 
 
-@_on(Restarted)
+@DECIDERS.on(Restarted)
 def _restarted(state: AgentState, event: Restarted, emit: Emit) -> None:
     run = state.active
     if run is not None:
@@ -518,7 +510,7 @@ def _restarted(state: AgentState, event: Restarted, emit: Emit) -> None:
 # ------------------------------------------------------------------- operator and config
 
 
-@_on(OperatorCommand)
+@DECIDERS.on(OperatorCommand)
 def _operator(state: AgentState, event: OperatorCommand, emit: Emit) -> None:
     run = state.active
     action, principal = event.action, event.principal
@@ -559,7 +551,7 @@ def _operator(state: AgentState, event: OperatorCommand, emit: Emit) -> None:
     _start_next(state, emit)
 
 
-@_on(ConfigChanged)
+@DECIDERS.on(ConfigChanged)
 def _config(state: AgentState, event: ConfigChanged, emit: Emit) -> None:
     # The first event of a stream is its first config: record it even if it is the default.
     if event.config != state.config or state.version == 1:
@@ -567,7 +559,7 @@ def _config(state: AgentState, event: ConfigChanged, emit: Emit) -> None:
         _start_next(state, emit)
 
 
-@_on(ScheduleChanged)
+@DECIDERS.on(ScheduleChanged)
 def _schedule(state: AgentState, event: ScheduleChanged, emit: Emit) -> None:
     entry = state.schedules.get(event.schedule_id)
     schedule = event.schedule
@@ -584,7 +576,7 @@ def _schedule(state: AgentState, event: ScheduleChanged, emit: Emit) -> None:
                          principal=event.principal))
 
 
-@_on(BrokerReport)
+@DECIDERS.on(BrokerReport)
 def _broker(state: AgentState, event: BrokerReport, emit: Emit) -> None:
     order = state.orders.get(event.order_id)
     if order is None:

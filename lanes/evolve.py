@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from lanes.config import DAY_MS, Mode
 from lanes.events import (
@@ -70,48 +70,31 @@ from lanes.events import (
     Summary,
     TimerElapsed,
 )
+from lanes.handlers import IllegalTransition, Registry
 from lanes.requests import RANK, AgentRequest
 from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.schedules import FILE_PRINCIPAL, ScheduleEntry, firing_of
 from lanes.state import ActiveRun, AgentState, CallBatch, OpenCall, OpenOrder, Pending
 from lanes.tables import LANE_TRANSITIONS
 
-
-class IllegalTransition(Exception):
-    """An event that cannot apply to the current state (a corrupt or foreign log)."""
-
-
-E = TypeVar("E")
-_HANDLERS: dict[type[Any], Callable[[AgentState, Any], None]] = {}
-
-
-def _on(
-    cls: type[E],
-) -> Callable[[Callable[[AgentState, E], None]], Callable[[AgentState, E], None]]:
-    def register(fn: Callable[[AgentState, E], None]) -> Callable[[AgentState, E], None]:
-        _HANDLERS[cls] = fn
-        return fn
-
-    return register
+EVOLVERS: Registry[Callable[[AgentState, Any], None]] = Registry("event")
+"""Event class -> how it changes an agent's state."""
 
 
 def evolve(state: AgentState, event: Event) -> AgentState:
     """Apply one event to ``state`` in place and return it."""
-    handler = _HANDLERS.get(type(event))
-    if handler is None:
-        raise IllegalTransition(f"unknown event type {type(event).__name__}")
-    handler(state, event)
+    EVOLVERS.handler(event)(state, event)
     state.version += 1
     return state
 
 
 def fold(state: AgentState, events: Iterable[Event]) -> AgentState:
     """Evolve ``state`` through many events (the same as calling `evolve` on each)."""
-    handlers = _HANDLERS
+    handlers = EVOLVERS.table
     for event in events:
         handler = handlers.get(type(event))
         if handler is None:
-            raise IllegalTransition(f"unknown event type {type(event).__name__}")
+            handler = EVOLVERS.handler(event)  # (raises)
         handler(state, event)
         state.version += 1
     return state
@@ -218,7 +201,7 @@ PRUNE_EVERY = 32
 deterministic); lookups compare times themselves, so a window is never cut short."""
 
 
-@_on(RequestReceived)
+@EVOLVERS.on(RequestReceived)
 def _received(state: AgentState, event: RequestReceived) -> None:
     if state.staged is not None:
         raise IllegalTransition(f"request {state.staged.request_id} was never decided")
@@ -245,12 +228,12 @@ def _input(state: AgentState, event: Any) -> None:
     _advance(state, event.at)
 
 
-@_on(Quarantined)
+@EVOLVERS.on(Quarantined)
 def _quarantined(state: AgentState, event: Quarantined) -> None:
     """Nothing: the event it stands in for is set aside (only the version moves on)."""
 
 
-for _cls in (
+EVOLVERS.on(
     TimerElapsed,
     RunSteerability,
     RunFinished,
@@ -263,14 +246,13 @@ for _cls in (
     CallUndeliverable,
     Stopping,
     Restarted,
-):
-    _HANDLERS[_cls] = _input
+)(_input)
 
 
 # ---------------------------------------------------------------------------- requests
 
 
-@_on(RequestQueued)
+@EVOLVERS.on(RequestQueued)
 def _queued(state: AgentState, event: RequestQueued) -> None:
     request = _take_staged(state, event.request_id, "accepted")
     key = _remember_key(state, request)
@@ -288,13 +270,13 @@ def _queued(state: AgentState, event: RequestQueued) -> None:
     state.counters.accepted += 1
 
 
-@_on(RequestDeduped)
+@EVOLVERS.on(RequestDeduped)
 def _deduped(state: AgentState, event: RequestDeduped) -> None:
     _take_staged(state, event.request_id, "deduped")
     state.counters.dedupes += 1
 
 
-@_on(RequestRepeated)
+@EVOLVERS.on(RequestRepeated)
 def _repeated(state: AgentState, event: RequestRepeated) -> None:
     if not _is_staged(state, event.request_id):
         raise IllegalTransition(f"no received request {event.request_id} awaits a decision")
@@ -302,7 +284,7 @@ def _repeated(state: AgentState, event: RequestRepeated) -> None:
     state.counters.repeats += 1
 
 
-@_on(RequestRejected)
+@EVOLVERS.on(RequestRejected)
 def _rejected(state: AgentState, event: RequestRejected) -> None:
     if event.transient:
         if not _is_staged(state, event.request_id):
@@ -321,7 +303,7 @@ def _remove_pending(state: AgentState, request_id: str) -> Pending:
     return entry
 
 
-@_on(RequestDropped)
+@EVOLVERS.on(RequestDropped)
 def _dropped(state: AgentState, event: RequestDropped) -> None:
     # A dropped request was never handled: its redelivery must not count as a duplicate.
     if _is_staged(state, event.request_id):
@@ -335,7 +317,7 @@ def _dropped(state: AgentState, event: RequestDropped) -> None:
     state.counters.drops += 1
 
 
-@_on(RequestSummarized)
+@EVOLVERS.on(RequestSummarized)
 def _summarized(state: AgentState, event: RequestSummarized) -> None:
     if _is_staged(state, event.request_id):
         _remember_key(state, _take_staged(state, event.request_id, "dropped"))
@@ -361,12 +343,12 @@ def merge_summaries(first: Summary | None, second: Summary | None) -> Summary | 
     )
 
 
-@_on(FallbackApplied)
+@EVOLVERS.on(FallbackApplied)
 def _fallback(state: AgentState, event: FallbackApplied) -> None:
     state.counters.fallbacks += 1
 
 
-@_on(ControlApplied)
+@EVOLVERS.on(ControlApplied)
 def _control(state: AgentState, event: ControlApplied) -> None:
     if state.trading is not event.from_state:
         raise IllegalTransition(
@@ -381,7 +363,7 @@ def _control(state: AgentState, event: ControlApplied) -> None:
 # -------------------------------------------------------------------------------- runs
 
 
-@_on(RunStarted)
+@EVOLVERS.on(RunStarted)
 def _started(state: AgentState, event: RunStarted) -> None:
     if (state.lane, "RunStarted") not in LANE_TRANSITIONS:
         raise IllegalTransition(f"run {event.run_id} started while {state.active}")
@@ -411,7 +393,7 @@ def _started(state: AgentState, event: RunStarted) -> None:
     state.counters.runs += 1
 
 
-@_on(RunSteered)
+@EVOLVERS.on(RunSteered)
 def _steered(state: AgentState, event: RunSteered) -> None:
     run = _run(state, event.run_id, "RunSteered")
     request = _take_staged(state, event.request_id, "accepted")
@@ -422,7 +404,7 @@ def _steered(state: AgentState, event: RunSteered) -> None:
     state.counters.steers += 1
 
 
-@_on(SteerabilityChanged)
+@EVOLVERS.on(SteerabilityChanged)
 def _steerability(state: AgentState, event: SteerabilityChanged) -> None:
     _run(state, event.run_id, "SteerabilityChanged").steerable = event.steerable
 
@@ -435,7 +417,7 @@ def _release_carried(state: AgentState, requests: list[Pending]) -> None:
             carried.pop(entry.request.request_id, None)
 
 
-@_on(RunCompleted)
+@EVOLVERS.on(RunCompleted)
 def _completed(state: AgentState, event: RunCompleted) -> None:
     run = _run(state, event.run_id, "RunCompleted")
     _release_carried(state, run.requests)
@@ -449,7 +431,7 @@ def _completed(state: AgentState, event: RunCompleted) -> None:
     counters.output_tokens += event.usage.output_tokens
 
 
-@_on(RunFailed)
+@EVOLVERS.on(RunFailed)
 def _failed(state: AgentState, event: RunFailed) -> None:
     run = _run(state, event.run_id, "RunFailed")
     _release_carried(state, run.requests)
@@ -457,7 +439,7 @@ def _failed(state: AgentState, event: RunFailed) -> None:
     state.counters.failed += 1
 
 
-@_on(RunAborted)
+@EVOLVERS.on(RunAborted)
 def _aborted(state: AgentState, event: RunAborted) -> None:
     run = _run(state, event.run_id, "RunAborted")
     state.active = None
@@ -472,23 +454,23 @@ def _aborted(state: AgentState, event: RunAborted) -> None:
     state.counters.aborts += 1
 
 
-@_on(RunResultIgnored)
+@EVOLVERS.on(RunResultIgnored)
 def _ignored(state: AgentState, event: RunResultIgnored) -> None:
     """Nothing changes: the result came too late."""
 
 
-@_on(RunsSuppressed)
+@EVOLVERS.on(RunsSuppressed)
 def _suppressed(state: AgentState, event: RunsSuppressed) -> None:
     state.suppressed = (event.reason, event.until)
     state.counters.suppressions += 1
 
 
-@_on(RunsResumed)
+@EVOLVERS.on(RunsResumed)
 def _resumed(state: AgentState, event: RunsResumed) -> None:
     state.suppressed = None
 
 
-@_on(RunsHeld)
+@EVOLVERS.on(RunsHeld)
 def _held(state: AgentState, event: RunsHeld) -> None:
     if state.trading is not event.from_state:
         raise IllegalTransition(
@@ -499,7 +481,7 @@ def _held(state: AgentState, event: RunsHeld) -> None:
     state.counters.holds += 1
 
 
-@_on(RunsUnheld)
+@EVOLVERS.on(RunsUnheld)
 def _unheld(state: AgentState, event: RunsUnheld) -> None:
     state.held = None
 
@@ -514,7 +496,7 @@ def _order(state: AgentState, order_id: str) -> OpenOrder:
     return order
 
 
-@_on(OrderAccepted)
+@EVOLVERS.on(OrderAccepted)
 def _order_accepted(state: AgentState, event: OrderAccepted) -> None:
     if event.order_id in state.orders:
         raise IllegalTransition(f"order {event.order_id} is already open")
@@ -522,18 +504,18 @@ def _order_accepted(state: AgentState, event: OrderAccepted) -> None:
     state.counters.orders_accepted += 1
 
 
-@_on(OrderRejected)
+@EVOLVERS.on(OrderRejected)
 def _order_rejected(state: AgentState, event: OrderRejected) -> None:
     state.counters.orders_rejected += 1
 
 
-@_on(OrderCancelRequested)
+@EVOLVERS.on(OrderCancelRequested)
 def _cancel_requested(state: AgentState, event: OrderCancelRequested) -> None:
     order = _order(state, event.order_id)
     state.orders[event.order_id] = replace(order, cancel_requested=True)
 
 
-@_on(OrderFilled)
+@EVOLVERS.on(OrderFilled)
 def _filled(state: AgentState, event: OrderFilled) -> None:
     order = _order(state, event.order_id)
     symbol = order.intent.symbol
@@ -542,13 +524,13 @@ def _filled(state: AgentState, event: OrderFilled) -> None:
     state.orders[event.order_id] = replace(order, filled_qty=order.filled_qty + event.qty)
 
 
-@_on(OrderClosed)
+@EVOLVERS.on(OrderClosed)
 def _closed(state: AgentState, event: OrderClosed) -> None:
     _order(state, event.order_id)
     del state.orders[event.order_id]
 
 
-@_on(BrokerReportIgnored)
+@EVOLVERS.on(BrokerReportIgnored)
 def _report_ignored(state: AgentState, event: BrokerReportIgnored) -> None:
     """Nothing changes: the order is unknown or closed."""
 
@@ -556,7 +538,7 @@ def _report_ignored(state: AgentState, event: BrokerReportIgnored) -> None:
 # ---------------------------------------------------------------- calls, config, operator
 
 
-@_on(CallBatchOpened)
+@EVOLVERS.on(CallBatchOpened)
 def _batch_opened(state: AgentState, event: CallBatchOpened) -> None:
     if event.run_id in state.calls.batches:
         raise IllegalTransition(f"the calls of run {event.run_id} are already awaited")
@@ -564,7 +546,7 @@ def _batch_opened(state: AgentState, event: CallBatchOpened) -> None:
                                                   list(event.serves))
 
 
-@_on(AgentCallQueued)
+@EVOLVERS.on(AgentCallQueued)
 def _call_queued(state: AgentState, event: AgentCallQueued) -> None:
     book = state.calls
     batch = book.batches.get(event.run_id)
@@ -580,7 +562,7 @@ def _call_queued(state: AgentState, event: AgentCallQueued) -> None:
     batch.open += 1
 
 
-@_on(AgentCallDispatched)
+@EVOLVERS.on(AgentCallDispatched)
 def _call_dispatched(state: AgentState, event: AgentCallDispatched) -> None:
     book = state.calls
     call = book.open.get(event.call_id)
@@ -599,7 +581,7 @@ def _call_dispatched(state: AgentState, event: AgentCallDispatched) -> None:
     state.counters.calls_dispatched += 1
 
 
-@_on(AgentCallRejected)
+@EVOLVERS.on(AgentCallRejected)
 def _call_rejected(state: AgentState, event: AgentCallRejected) -> None:
     if event.call_id:  # (none: a log before call results, or a call that ended before)
         _count_end(state, CallStatus.REFUSED)
@@ -611,7 +593,7 @@ def _count_end(state: AgentState, status: CallStatus) -> None:
     ended[status] = ended.get(status, 0) + 1
 
 
-@_on(CallEnded)
+@EVOLVERS.on(CallEnded)
 def _call_ended(state: AgentState, event: CallEnded) -> None:
     book = state.calls
     call = book.open.get(event.call_id)
@@ -634,7 +616,7 @@ def _call_ended(state: AgentState, event: CallEnded) -> None:
     _count_end(state, event.result.status)
 
 
-@_on(CallResultsReady)
+@EVOLVERS.on(CallResultsReady)
 def _results_ready(state: AgentState, event: CallResultsReady) -> None:
     book = state.calls
     batch = book.batches.get(event.run_id)
@@ -648,12 +630,12 @@ def _results_ready(state: AgentState, event: CallResultsReady) -> None:
         del book.batches[event.run_id]
 
 
-@_on(CallAnswered)
+@EVOLVERS.on(CallAnswered)
 def _answered(state: AgentState, event: CallAnswered) -> None:
     state.calls.answered += 1
 
 
-@_on(CallWithdrawn)
+@EVOLVERS.on(CallWithdrawn)
 def _withdrawn(state: AgentState, event: CallWithdrawn) -> None:
     _take_staged(state, event.request_id, "accepted")
     book = state.calls
@@ -674,12 +656,12 @@ def _withdrawn(state: AgentState, event: CallWithdrawn) -> None:
                 del book.carried[request_id]
 
 
-@_on(ConfigApplied)
+@EVOLVERS.on(ConfigApplied)
 def _config(state: AgentState, event: ConfigApplied) -> None:
     state.config = event.config
 
 
-@_on(ScheduleApplied)
+@EVOLVERS.on(ScheduleApplied)
 def _schedule(state: AgentState, event: ScheduleApplied) -> None:
     schedule = event.schedule
     if schedule is None:
@@ -694,11 +676,11 @@ def _schedule(state: AgentState, event: ScheduleApplied) -> None:
         entry.from_file = entry.from_file or event.principal == FILE_PRINCIPAL
 
 
-@_on(OperatorApplied)
+@EVOLVERS.on(OperatorApplied)
 def _operator_applied(state: AgentState, event: OperatorApplied) -> None:
     """Recorded for audit; the effects are the events that follow it."""
 
 
-@_on(OperatorRejected)
+@EVOLVERS.on(OperatorRejected)
 def _operator_rejected(state: AgentState, event: OperatorRejected) -> None:
     """Recorded for audit."""

@@ -30,12 +30,7 @@ from lanes.events import (
 )
 from lanes.evolve import fold
 from lanes.state import AgentState
-
-PROVIDER_PREFIX = "provider:"
-"""Streams of the provider gate; they are not agents."""
-QUARANTINE_STREAM = "gateway:quarantine"
-"""The stream of the events an operator set aside (``gateway quarantine``); not an agent.
-No agent id holds a colon, so no other stream is ever taken for an agent's."""
+from lanes.streams import is_agent_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +40,6 @@ class Entry:
     position: int
     stream: str
     event: Event
-
-
-def is_agent_stream(stream: str) -> bool:
-    """Whether a stream holds an agent's events."""
-    return ":" not in stream
 
 
 def replay(

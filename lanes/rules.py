@@ -9,6 +9,7 @@ from typing import Literal
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, DedupeStrategy, DropPolicy, Mode
 from lanes.requests import RANK, AgentRequest, Priority
 from lanes.state import AgentState, Pending
+from lanes.tables import MODES
 
 
 def dedupe_key(request: AgentRequest, config: AgentConfig) -> str | None:
@@ -33,7 +34,7 @@ def insert_index(pending: Sequence[Pending], request: AgentRequest, mode: Mode) 
     """Where an arriving request goes: ``queue`` mode at the end (strict arrival order),
     every other mode after the last request of the same or a higher priority."""
     index = len(pending)
-    if mode is Mode.QUEUE:
+    if MODES[mode].arrival_order:
         return index
     rank = RANK[request.priority]
     while index > 0 and RANK[pending[index - 1].request.priority] < rank:

@@ -18,9 +18,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from lanes.config import AgentConfig
 from lanes.events import AgentCallDispatched, CallAnswered, Summary, TradingState, answer_id
-from lanes.replay import LogFold, is_agent_stream
+from lanes.replay import LogFold
 from lanes.schedules import ScheduleEntry
 from lanes.state import ActiveRun, AgentState, CallBook, Counters, OpenOrder, Pending
+from lanes.streams import is_agent_stream
 
 SNAPSHOT_FORMAT = 1
 """Bump when the image below changes shape."""

@@ -1,9 +1,12 @@
-"""The legal transitions of the trading state and of the reasoning lane, as tables."""
+"""The legal transitions of the trading state and of the reasoning lane, and what each queue
+mode does, as tables."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
+from lanes.config import Mode
 from lanes.events import TradingState
 from lanes.requests import ControlAction
 
@@ -57,3 +60,40 @@ ORDER_REFUSALS: dict[TradingState, str | None] = {
     HALTED: "agent is HALTED: no new orders until resume",
 }
 """What the trading gate does with a new order intent in each state."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModeRule:
+    """What a queue mode does with the reasoning requests of an agent."""
+
+    steers: bool
+    """A request that arrives during a run steers it, if the run can take a steer."""
+    interrupts: bool
+    """A high-priority request that arrives during a run aborts it and runs next."""
+    follows_up: str
+    """Why a request that does not interrupt follows up instead (when ``interrupts``)."""
+    arrival_order: bool
+    """Pending requests run in strict arrival order (else by priority, then arrival)."""
+    collects: bool
+    """Requests that wait together run as one batch, after a debounce."""
+
+
+MODES: dict[Mode, ModeRule] = {
+    Mode.FOLLOWUP: ModeRule(steers=False, interrupts=False, follows_up="",
+                            arrival_order=False, collects=False),
+    Mode.QUEUE: ModeRule(steers=False, interrupts=False, follows_up="",
+                         arrival_order=True, collects=False),
+    Mode.COLLECT: ModeRule(steers=False, interrupts=False, follows_up="",
+                           arrival_order=False, collects=True),
+    Mode.INTERRUPT: ModeRule(steers=False, interrupts=True,
+                             follows_up="only high priority interrupts",
+                             arrival_order=False, collects=False),
+    Mode.STEER: ModeRule(steers=True, interrupts=True,
+                         follows_up="the active run cannot take a steer and only high "
+                         "priority interrupts",
+                         arrival_order=False, collects=False),
+    Mode.STEER_BACKLOG: ModeRule(steers=True, interrupts=False, follows_up="",
+                                 arrival_order=False, collects=False),
+}
+"""Queue mode -> what it does (a run-time request that is not steered nor interrupts waits in
+the queue; see the design card for each mode)."""

@@ -73,8 +73,9 @@ from lanes.events import (
     TimerElapsed,
     Usage,
 )
-from lanes.replay import Entry, is_agent_stream
+from lanes.replay import Entry
 from lanes.state import AgentState
+from lanes.streams import is_agent_stream
 
 _RUN_REPORTS = (RunSteerability, RunFinished, RunErrored, SpendLimitHit)
 _SKIPPED = (TimerElapsed, BrokerReport, CallUndeliverable, *_RUN_REPORTS)

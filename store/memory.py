@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from types import TracebackType
 
+from .batch import LeaseRow
 from .port import RecordedEvent, Snapshot, SnapshotInfo
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
@@ -13,7 +14,6 @@ from .writer import (
     Clock,
     GroupCommitStore,
     KeyConflict,
-    LeaseRow,
     check_limit,
 )
 

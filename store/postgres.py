@@ -36,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from .batch import LeaseRow
 from .engine import BUSY_TIMEOUT_MS, check_busy_timeout, create_engine, database_url, is_postgres
 from .migration import upgrade_engine
 from .port import (
@@ -54,7 +55,6 @@ from .writer import (
     Clock,
     GroupCommitStore,
     KeyConflict,
-    LeaseRow,
     WriteTransaction,
     check_limit,
 )
@@ -459,9 +459,7 @@ class PostgresEventStore(GroupCommitStore):
             except Exception as exc:  # the followers find out by reading themselves
                 log.warning("reading commits of other processes failed: %s", _reason(exc))
                 self._held.clear()
-                for follower in self._followers:
-                    follower.lagging = True
-                    follower.wakeup.set()
+                self._followers.fall_behind()
 
     async def _catch_up(self) -> None:
         while self._followers and self._relayed < self._known:

@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from . import sqlite_writer
+from .batch import LeaseRow
 from .engine import (
     BUSY_TIMEOUT_MS,
     check_busy_timeout,
@@ -44,7 +45,6 @@ from .writer import (
     Clock,
     GroupCommitStore,
     KeyConflict,
-    LeaseRow,
     WriteTransaction,
     check_limit,
 )

@@ -1,8 +1,9 @@
-"""The group-commit writer and follower fan-out shared by every adapter.
+"""The group-commit writer shared by every adapter.
 
 An adapter subclasses :class:`GroupCommitStore` and supplies storage: ``_start``/``_stop``,
 a write transaction (:class:`WriteTransaction`) and the four reads. Everything about ordering,
-batching, version checks, idempotency and followers lives here, once.
+batching, version checks, idempotency and followers lives here and beside it, once: the pure
+planning of a batch in `store.batch`, the followers' fan-out in `store.followers`.
 
 How a batch is written:
 
@@ -44,18 +45,32 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import Any, ClassVar, Final, NamedTuple, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Final, Protocol, Self, TypeVar
 
+from .batch import (
+    LeaseRow,
+    Outcome,
+    Pending,
+    Plan,
+    check_append,
+    check_record,
+    fence_failures,
+    fences_of,
+    lease_resources,
+    plan_batch,
+    repeated_id,
+    settle_deferred,
+    unseen_ids,
+)
+from .followers import Followers
 from .port import (
     MEMBER_PREFIX,
     Append,
-    ConcurrencyError,
     DuplicateEventError,
     Fence,
     FencedError,
     LeaseLost,
     LeaseView,
-    NewEvent,
     RecordedEvent,
     RestoreError,
     Snapshot,
@@ -64,7 +79,7 @@ from .port import (
     StoreError,
     WriteFailed,
 )
-from .schema import EVENT_ID_MAX, FINGERPRINT_MAX, MEMBER_MAX, STREAM_MAX, TYPE_MAX
+from .schema import FINGERPRINT_MAX, MEMBER_MAX, STREAM_MAX
 
 T = TypeVar("T")
 
@@ -95,15 +110,6 @@ def wall_clock_ms() -> int:
 
 class KeyConflict(Exception):
     """An insert hit a unique key (an event id or a stream version) that is already stored."""
-
-
-class LeaseRow(NamedTuple):
-    """A row of the ``leases`` table."""
-
-    resource: str
-    owner: str | None
-    epoch: int
-    expires_at: int
 
 
 class WriteTransaction(Protocol):
@@ -158,101 +164,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class _Pending:
-    """One enqueued append with its validated events and its future."""
-
-    __slots__ = ("append", "events", "future")
-
-    def __init__(
-        self,
-        append: Append,
-        events: tuple[NewEvent, ...],
-        future: asyncio.Future[list[RecordedEvent]],
-    ) -> None:
-        self.append = append
-        self.events = events
-        self.future = future
-
-
-class _Deferred:
-    """An append set aside during planning, decided once its ids are looked up."""
-
-    __slots__ = ("index", "seen", "version")
-
-    def __init__(self, index: int, version: int, seen: dict[str, RecordedEvent]) -> None:
-        self.index = index
-        self.version = version
-        self.seen = seen
-
-
-Outcome = list[RecordedEvent] | StoreError
-
-
-class _Plan:
-    """What one batch writes and what each of its appends resolves to."""
-
-    __slots__ = ("outcomes", "position", "rows", "versions")
-
-    def __init__(
-        self,
-        rows: list[RecordedEvent],
-        outcomes: list[Outcome],
-        versions: dict[str, int],
-        position: int,
-    ) -> None:
-        self.rows = rows
-        self.outcomes = outcomes
-        self.versions = versions
-        self.position = position
-
-
-class _Follower:
-    """A follower's bounded buffer; ``lagging`` means it must catch up by reading."""
-
-    __slots__ = ("bound", "buffer", "lagging", "wakeup")
-
-    def __init__(self, bound: int) -> None:
-        self.bound = bound
-        self.buffer: deque[RecordedEvent] = deque()
-        self.lagging = True  # a new follower starts by reading the backlog
-        self.wakeup = asyncio.Event()
-
-
-def _check(append: Append) -> tuple[NewEvent, ...]:
-    """Reject malformed appends (programming errors) before anything is enqueued."""
-    stream = append.stream
-    if not stream or len(stream) > STREAM_MAX:
-        raise ValueError(f"stream name must have 1 to {STREAM_MAX} characters: {stream!r}")
-    events = append.events
-    if type(events) is not tuple:
-        events = tuple(events)
-    if not events:
-        raise ValueError(f"append to {stream!r} has no events")
-    if append.expected_version is not None and append.expected_version < 0:
-        raise ValueError(f"expected_version must be >= 0 or None: {append.expected_version}")
-    for event in events:
-        if not event.event_id or len(event.event_id) > EVENT_ID_MAX:
-            raise ValueError(f"event id must have 1 to {EVENT_ID_MAX} characters: {event!r}")
-        if not event.type or len(event.type) > TYPE_MAX:
-            raise ValueError(f"event type must have 1 to {TYPE_MAX} characters: {event!r}")
-    return events
-
-
-def _check_record(record: RecordedEvent) -> None:
-    """Reject a recorded event the schema cannot hold (an import of a foreign file)."""
-    if not record.stream or len(record.stream) > STREAM_MAX:
-        raise RestoreError(f"stream name must have 1 to {STREAM_MAX} characters: {record!r}")
-    if not record.event_id or len(record.event_id) > EVENT_ID_MAX:
-        raise RestoreError(f"event id must have 1 to {EVENT_ID_MAX} characters: {record!r}")
-    if not record.type or len(record.type) > TYPE_MAX:
-        raise RestoreError(f"event type must have 1 to {TYPE_MAX} characters: {record!r}")
-
-
-def _repeated_id(append: Append) -> DuplicateEventError:
-    return DuplicateEventError(f"append to {append.stream!r} repeats an event id")
-
-
-def _fail_left(inflight: Sequence[_Pending], queued: Sequence[_Pending]) -> None:
+def _fail_left(inflight: Sequence[Pending], queued: Sequence[Pending]) -> None:
     """Fail the appends a stopping writer leaves: those in flight may be recorded or not,
     the queued ones were not written."""
     for pending in inflight:
@@ -324,7 +236,6 @@ class GroupCommitStore(ABC):
             raise ValueError(f"follower_buffer must be >= 1: {follower_buffer}")
         self._clock: Clock = clock if clock is not None else wall_clock_ms
         self._max_batch = max_batch
-        self._follower_buffer = follower_buffer
         self._state = _State.NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop that opened the store: appends come from it, futures resolve on it."""
@@ -334,7 +245,7 @@ class GroupCommitStore(ABC):
         self._lock = threading.Lock()
         """Guards the queue and its counters (appended to by the caller, taken by the
         writer, which may be on another thread)."""
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[Pending] = deque()
         self._queued_events = 0
         self._urgent = 0
         """Urgent appends in the queue: the next batch is theirs (see `_take_urgent`)."""
@@ -343,8 +254,9 @@ class GroupCommitStore(ABC):
         self._wakeup: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
-        self._inflight: list[_Pending] = []
-        self._followers: set[_Follower] = set()
+        self._inflight: list[Pending] = []
+        self._followers = Followers(follower_buffer, self.read,
+                                    lambda: self._state is _State.CLOSED)
         # Writer-owned caches; advanced only after a commit returned.
         self._versions: dict[str, int] = {}
         self._position = 0
@@ -540,8 +452,7 @@ class GroupCommitStore(ABC):
         finally:
             await self._end_thread()
             self._state = _State.CLOSED
-            for follower in self._followers:
-                follower.wakeup.set()
+            self._followers.wake()
             await self._stop()
 
     async def _end_writer(self) -> None:
@@ -571,13 +482,13 @@ class GroupCommitStore(ABC):
         loop = self._loop
         if self._state is not _State.OPEN or loop is None:
             return self._closed_futures(1)[0]
-        events = _check(append)
+        events = check_append(append)
         future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
         if len(events) > 1 and len({event.event_id for event in events}) != len(events):
-            future.set_exception(_repeated_id(append))
+            future.set_exception(repeated_id(append))
             return future
         with self._lock:
-            self._queue.append(_Pending(append, events, future))
+            self._queue.append(Pending(append, events, future))
             self._queued_events += len(events)
             self._urgent += append.urgent
             self._wake()
@@ -603,16 +514,16 @@ class GroupCommitStore(ABC):
         loop = self._loop
         if self._state is not _State.OPEN or loop is None:
             return self._closed_futures(len(appends))
-        checked = [_check(append) for append in appends]
+        checked = [check_append(append) for append in appends]
         futures: list[asyncio.Future[list[RecordedEvent]]] = []
-        taken: list[_Pending] = []
+        taken: list[Pending] = []
         queued = urgent = 0
         for append, events in zip(appends, checked, strict=True):
             future = loop.create_future()
             if len(events) > 1 and len({event.event_id for event in events}) != len(events):
-                future.set_exception(_repeated_id(append))
+                future.set_exception(repeated_id(append))
             else:
-                taken.append(_Pending(append, events, future))
+                taken.append(Pending(append, events, future))
                 queued += len(events)
                 urgent += append.urgent
             futures.append(future)
@@ -674,7 +585,7 @@ class GroupCommitStore(ABC):
         if not rows:
             return
         for record in rows:
-            _check_record(record)
+            check_record(record)
         await self._on_writer(self._restore(rows))
         if self._followers:
             self._publish(rows)
@@ -928,7 +839,7 @@ class GroupCommitStore(ABC):
                 self._urgent = 0
             self._deliver(_fail_left, inflight, queued)
 
-    def _take_urgent(self) -> list[_Pending]:
+    def _take_urgent(self) -> list[Pending]:
         """The urgent appends, with whatever of their own streams was queued before them;
         everything else stays queued in order."""
         queue = self._queue
@@ -936,8 +847,8 @@ class GroupCommitStore(ABC):
         for index, pending in enumerate(queue):
             if pending.append.urgent:
                 last[pending.append.stream] = index
-        batch: list[_Pending] = []
-        rest: list[_Pending] = []
+        batch: list[Pending] = []
+        rest: list[Pending] = []
         for index, pending in enumerate(queue):
             if index <= last.get(pending.append.stream, -1):
                 batch.append(pending)
@@ -949,11 +860,11 @@ class GroupCommitStore(ABC):
         self._urgent = 0
         return [p for p in batch if not p.future.cancelled()]
 
-    def _take_batch(self) -> list[_Pending]:
+    def _take_batch(self) -> list[Pending]:
         if self._urgent:
             return self._take_urgent()
         queue = self._queue
-        batch: list[_Pending]
+        batch: list[Pending]
         if self._queued_events <= self._max_batch:
             batch = list(queue)
             queue.clear()
@@ -971,7 +882,7 @@ class GroupCommitStore(ABC):
             self._queued_events -= size
         return [p for p in batch if not p.future.cancelled()]
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+    async def _commit(self, batch: list[Pending]) -> None:
         try:
             try:
                 plan = await self._attempt(batch, lookup_all=False)
@@ -986,9 +897,9 @@ class GroupCommitStore(ABC):
         # Committed: advance the caches, then tell callers and followers (on their loop).
         self._position = plan.position
         self._versions.update(plan.versions)
-        self._deliver(self._settle, batch, plan.outcomes, plan.rows)
+        self._deliver(self._settle, batch, plan.final(), plan.rows)
 
-    def _settle(self, batch: list[_Pending], outcomes: Sequence[Outcome],
+    def _settle(self, batch: list[Pending], outcomes: Sequence[Outcome],
                 rows: list[RecordedEvent]) -> None:
         """On the caller's loop: resolve the futures of a batch, then feed the followers."""
         for pending, outcome in zip(batch, outcomes, strict=True):
@@ -1002,7 +913,7 @@ class GroupCommitStore(ABC):
         if rows and self._followers:
             self._publish(rows)
 
-    async def _attempt(self, batch: list[_Pending], *, lookup_all: bool) -> _Plan:
+    async def _attempt(self, batch: list[Pending], *, lookup_all: bool) -> Plan:
         async with self._transaction() as txn:
             plan = await self._plan(txn, batch, lookup_all=lookup_all)
             if plan.rows:
@@ -1010,8 +921,9 @@ class GroupCommitStore(ABC):
         return plan
 
     async def _plan(
-        self, txn: WriteTransaction, batch: list[_Pending], *, lookup_all: bool
-    ) -> _Plan:
+        self, txn: WriteTransaction, batch: list[Pending], *, lookup_all: bool
+    ) -> Plan:
+        """Look up what `plan_batch` needs, plan, then decide the appends set aside."""
         await self._resync(txn, (p.append.stream for p in batch))
         cache = self._versions
         missing = list(
@@ -1025,121 +937,23 @@ class GroupCommitStore(ABC):
         known: dict[str, RecordedEvent] = {}
         if lookup_all:
             known = await txn.find_events([e.event_id for p in batch for e in p.events])
-        fenced = await self._fenced(txn, batch)
-
-        now = self._clock()
-        position = self._position
-        versions: dict[str, int] = {}
-        rows: list[RecordedEvent] = []
-        outcomes: list[Outcome | None] = [None] * len(batch)
-        deferred: list[_Deferred] = []
-        for index, pending in enumerate(batch):
-            append = pending.append
-            events = pending.events
-            stream = append.stream
-            if fenced and index in fenced:
-                outcomes[index] = fenced[index]
-                continue
-            version = versions.get(stream)
-            if version is None:
-                version = cache[stream]
-            expected = append.expected_version
-            clash = False
-            if known:
-                for event in events:
-                    if event.event_id in known:
-                        clash = True
-                        break
-            if clash or (expected is not None and expected != version):
-                seen = {e.event_id: known[e.event_id] for e in events if e.event_id in known}
-                deferred.append(_Deferred(index, version, seen))
-                continue
-            recorded: list[RecordedEvent] = []
-            for event in events:
-                position += 1
-                version += 1
-                record = RecordedEvent(
-                    position, stream, version, event.event_id, event.type, event.data, now
-                )
-                recorded.append(record)
-                known[event.event_id] = record
-            rows += recorded
-            versions[stream] = version
-            outcomes[index] = recorded
-
-        if deferred:
-            stored: dict[str, RecordedEvent] = {}
-            if not lookup_all:
-                # Only now look up the ids of appends set aside (rare: conflicts, retries).
-                ids = [
-                    e.event_id
-                    for d in deferred
-                    for e in batch[d.index].events
-                    if e.event_id not in d.seen
-                ]
-                stored = await txn.find_events(ids) if ids else {}
-            for d in deferred:
-                outcomes[d.index] = self._decide(batch[d.index], d, stored)
-        final = [o if o is not None else StoreError("append left undecided") for o in outcomes]
-        return _Plan(rows, final, versions, position)
-
-    @staticmethod
-    async def _fenced(txn: WriteTransaction, batch: list[_Pending]) -> dict[int, FencedError]:
-        """The appends of ``batch`` whose fence does not hold, by index: their stream's
-        lease is not their fence's owner at their fence's epoch, or that owner's own lease
-        expired."""
-        fences = [(index, p.append.stream, p.append.fence) for index, p in enumerate(batch)
-                  if p.append.fence is not None]
-        if not fences:
-            return {}
-        wanted = {stream for _, stream, _ in fences}
-        wanted.update(MEMBER_PREFIX + fence.owner for _, _, fence in fences if fence)
-        now, rows = await txn.lease_rows(sorted(wanted), lock=True)
-        failed: dict[int, FencedError] = {}
-        for index, stream, fence in fences:
-            assert fence is not None
-            row = rows.get(stream)
-            member = rows.get(MEMBER_PREFIX + fence.owner)
-            if (row is None or row.owner != fence.owner or row.epoch != fence.epoch
-                    or member is None or member.expires_at <= now):
-                holder = None if row is None or row.owner is None else \
-                    Fence(row.owner, row.epoch)
-                failed[index] = FencedError(stream, fence, holder)
-        return failed
-
-    @staticmethod
-    def _decide(pending: _Pending, d: _Deferred, stored: dict[str, RecordedEvent]) -> Outcome:
-        """Resolve an append that was not written: idempotent retry, duplicate or conflict."""
-        append = pending.append
-        found: list[RecordedEvent] = []
-        for event in pending.events:
-            record = d.seen.get(event.event_id) or stored.get(event.event_id)
-            if record is not None:
-                found.append(record)
-        if not found:
-            return ConcurrencyError(append.stream, append.expected_version, d.version)
-        if len(found) == len(pending.events) and all(r.stream == append.stream for r in found):
-            return found
-        elsewhere = sorted({r.stream for r in found if r.stream != append.stream})
-        detail = f" (recorded in {elsewhere!r})" if elsewhere else ""
-        return DuplicateEventError(
-            f"append to {append.stream!r}: {len(found)} of its {len(pending.events)} event ids "
-            f"are already recorded{detail}; nothing was written"
-        )
+        fenced: dict[int, FencedError] = {}
+        fences = fences_of(batch)
+        if fences:
+            now, rows = await txn.lease_rows(lease_resources(fences), lock=True)
+            fenced = fence_failures(fences, now, rows)
+        plan = plan_batch(batch, cache, known, fenced, self._clock(), self._position)
+        if plan.deferred:
+            # Only now look up the ids of appends set aside (rare: conflicts, retries).
+            ids = [] if lookup_all else unseen_ids(batch, plan)
+            settle_deferred(batch, plan, await txn.find_events(ids) if ids else {})
+        return plan
 
     # ----------------------------------------------------------------- followers
 
     def _publish(self, rows: list[RecordedEvent]) -> None:
-        count = len(rows)
-        for follower in self._followers:
-            if follower.lagging:
-                continue
-            if len(follower.buffer) + count > follower.bound:
-                follower.lagging = True
-                follower.buffer.clear()
-            else:
-                follower.buffer.extend(rows)
-            follower.wakeup.set()
+        """Hand committed ``rows`` to the followers (an adapter may hold them back)."""
+        self._followers.publish(rows)
 
     async def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
         """Every committed event after ``after``, then each new one as it commits.
@@ -1154,53 +968,9 @@ class GroupCommitStore(ABC):
                 for record in batch:
                     yield record
 
-    async def follow_batches(
+    def follow_batches(
         self, after: int = 0, limit: int = FOLLOW_PAGE
     ) -> AsyncGenerator[list[RecordedEvent], None]:
         """`follow` in lists: each one holds every event ready when it is taken (at least
         one, at most ``limit``), in position order, continuing the one before it."""
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, not {limit}")
-        follower = _Follower(self._follower_buffer)
-        # Subscribe before reading the backlog: what commits meanwhile is buffered or read.
-        self._followers.add(follower)
-        last = after
-        try:
-            while True:
-                if follower.lagging:
-                    follower.lagging = False
-                    follower.buffer.clear()
-                    while True:
-                        page = await self.read(last, limit)
-                        fresh = [record for record in page if record.position > last]
-                        if fresh:
-                            last = fresh[-1].position
-                            yield fresh
-                        if len(page) < limit:
-                            break
-                    continue
-                buffer = follower.buffer
-                if buffer:
-                    batch: list[RecordedEvent] = []
-                    while buffer and len(batch) < limit:
-                        record = buffer[0]
-                        if record.position != last + 1:
-                            if record.position <= last:
-                                buffer.popleft()
-                                continue
-                            # A gap: a batch reported failed reached the log all the same
-                            # and was never handed out; read it from the log.
-                            follower.lagging = True
-                            break
-                        buffer.popleft()
-                        batch.append(record)
-                        last = record.position
-                    if batch:
-                        yield batch
-                    continue
-                if self._state is _State.CLOSED:
-                    return
-                follower.wakeup.clear()
-                await follower.wakeup.wait()
-        finally:
-            self._followers.discard(follower)
+        return self._followers.follow_batches(after, limit)

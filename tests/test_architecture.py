@@ -32,13 +32,13 @@ def imported_roots(tree: ast.AST) -> set[str]:
     return roots
 
 
-@pytest.mark.parametrize("path", python_files("lanes"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", python_files("lanes"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_lanes_imports_nothing_impure(path: Path) -> None:
     tree = ast.parse(path.read_text())
     assert imported_roots(tree) & IMPURE_MODULES == set()
 
 
-@pytest.mark.parametrize("path", python_files("lanes"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", python_files("lanes"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_lanes_never_reads_a_clock_or_does_io(path: Path) -> None:
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):

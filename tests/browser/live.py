@@ -102,11 +102,15 @@ async def submit(running: Running, body: dict[str, Any]) -> dict[str, Any]:
 
 class Relay:
     """A TCP relay in front of the gateway. ``cut`` drops every connection and refuses new
-    ones (the browser sees the network go), ``restore`` lets them through again."""
+    ones (the browser sees the network go), ``restore`` lets them through again; ``freeze``
+    holds every byte while the connections stay open (a frozen gateway, as the browser sees
+    it), ``thaw`` lets what was held through."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.cutting = False
+        self.flowing = asyncio.Event()
+        self.flowing.set()
         self.pipes: set[asyncio.StreamWriter] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.server: asyncio.Server | None = None
@@ -137,6 +141,15 @@ class Relay:
         """Let connections through again."""
         self.cutting = False
 
+    def freeze(self) -> None:
+        """Forward nothing more, either way, and drop nothing (new connections are taken and
+        held too)."""
+        self.flowing.clear()
+
+    def thaw(self) -> None:
+        """Forward again, what was held first."""
+        self.flowing.set()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.cutting:
             writer.transport.abort()
@@ -155,6 +168,7 @@ class Relay:
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
         try:
             while data := await source.read(65_536):
+                await self.flowing.wait()
                 sink.write(data)
                 await sink.drain()
         except (ConnectionError, OSError):

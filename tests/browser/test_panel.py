@@ -72,7 +72,7 @@ async def test_the_overview_shows_every_agent_and_the_numbers_move(
         await screenshot(page, "providers")
         await page.get_by_role("link", name="Charts").click()
         await expect(page.locator("#chart-runs")).to_have_attribute(
-            "aria-label", re.compile(r"[1-9]\d* runs finished"))
+            "aria-label", re.compile(r"^Runs started: [1-9][\d,]* in the window"))
         await screenshot(page, "charts")
 
 
@@ -93,7 +93,8 @@ async def test_an_emergency_stop_from_the_panel_halts_the_agent_and_logs_the_abo
         await expect(row.locator(".state")).to_have_text("HALTED")
         await expect(row).to_have_class("halted")
         await expect(row.locator('td[data-col="run"]')).to_contain_text("idle")
-        await expect(page.locator(".toast").last).to_contain_text("bravo: accepted")
+        await expect(page.locator(".toast").last).to_contain_text(
+            "bravo ACTIVE → HALTED: run bravo-r1 aborted")
         async with http(running) as client:
             status = (await client.get("/api/agents/bravo")).json()
         assert status["trading"] == "HALTED" and status["counters"]["aborts"] == 1

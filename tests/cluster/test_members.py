@@ -25,7 +25,7 @@ from lanes import parse_request
 from lanes.codec import decode
 from lanes.events import AbortReason, RequestReceived, RunAborted
 from lanes.gate import decode_gate_event
-from lanes.gate_events import SlotRequested
+from lanes.gate.events import SlotRequested
 from store import PostgresEventStore
 from tests.gateway.support import until
 
@@ -113,6 +113,13 @@ async def test_two_members_share_the_agents_and_forward_what_the_other_owns(
             if record.stream in AGENTS and record.type == "RequestQueued":
                 writer = next(p for p in prefixes if record.event_id.startswith(p))
                 assert record.stream in prefixes[writer]
+        # A control's ack says what it did, passed on from the owner as it answered.
+        async with ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client:
+            resume = await client.submit({
+                "requestId": "resume-1", "createdAt": datetime.now(UTC).isoformat(),
+                "agentId": sorted(owned(two))[0], "kind": "user_control",
+                "payload": {"action": "resume"}})
+        assert resume.effect is not None and resume.effect.changed is False, resume
 
 
 async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owner(

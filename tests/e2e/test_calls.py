@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gateway.clock import FakeClock
 from gateway.reasoner import RunContext, RunResult, SimulatedCall, SimulatedReasoner
@@ -102,8 +105,10 @@ AGENTS = {"desk": AgentConfig(mode=Mode.FOLLOWUP), "alpha": AgentConfig(),
           "mid": AgentConfig(mode=Mode.FOLLOWUP, max_parallel_calls=1)}
 
 
-async def test_a_run_fans_out_and_its_follow_up_run_sees_every_result(tmp_path: Path) -> None:
+async def test_a_run_fans_out_and_its_follow_up_run_sees_every_result(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     desk = Desk("alpha", "beta", "ghost")
+    caplog.set_level(logging.WARNING)
     async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, desk) as live:
         await submit(live, message("desk"))
         follow_up = await desk.run_of("desk", Kind.CALL_RESULT)
@@ -118,6 +123,8 @@ async def test_a_run_fans_out_and_its_follow_up_run_sees_every_result(tmp_path: 
     assert verify(log) is None
     answered = [e.event for e in log if isinstance(e.event, CallAnswered)]
     assert {a.result.call_id for a in answered} == {"desk-r1-c1", "desk-r1-c2"}
+    # each answer was taken as a request and acked (no delivery failed, nothing retried)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_an_emergency_stop_of_the_caller_cancels_its_calls(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from gateway.providers import AnthropicClient, OpenAIClient
 from gateway.reasoner import LLMReasoner
 from lanes import AgentConfig, verify
 from lanes.gate import decode_gate_event, verify_gate
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from store import MemoryEventStore
 from tests.gateway.support import log_of, next_event, request
 

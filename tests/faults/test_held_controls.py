@@ -17,7 +17,7 @@ from gateway.errors import StorageFailed, Superseded
 from gateway.gate import ProviderGate
 from lanes import AgentConfig, AgentRequest, verify
 from lanes.events import RequestReceived, RunStarted
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from store import Append, MemoryEventStore, RecordedEvent, WriteFailed
 from tests.gateway.support import ManualReasoner, control, log_of, next_event, request
 

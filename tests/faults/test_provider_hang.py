@@ -20,7 +20,7 @@ from gateway.providers import AnthropicClient
 from gateway.reasoner import LLMReasoner
 from lanes import AgentConfig, verify
 from lanes.gate import decode_gate_event, verify_gate
-from lanes.gate_events import GateLimits
+from lanes.gate.events import GateLimits
 from store import MemoryEventStore, RecordedEvent
 from tests.gateway.support import ManualReasoner, control, log_of, next_event, request
 

@@ -14,7 +14,7 @@ from gateway.reasoner import RunContext, RunResult
 from lanes import AgentRequest, Entry, parse_request
 from lanes.codec import decode
 from lanes.events import Outcome
-from lanes.replay import is_agent_stream
+from lanes.streams import is_agent_stream
 from store import EventStore, RecordedEvent
 
 TIMEOUT = 10.0

@@ -15,7 +15,7 @@ from gateway.llm import Completion, Message, ProviderCallError, RateHints
 from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
 from lanes import AgentConfig, Mode
 from lanes.events import RunFailed, RunsHeld, TradingState
-from lanes.gate_events import CallOutcome, GateLimits
+from lanes.gate.events import CallOutcome, GateLimits
 from store import MemoryEventStore
 from tests.gateway.support import TIMEOUT, control, log_of, next_event, request
 

@@ -10,7 +10,7 @@ from gateway.clock import FakeClock
 from gateway.errors import StorageFailed
 from gateway.gate import ProviderGate, SlotRefusedError
 from lanes.gate import GateState, decode_gate_event, fold_gate
-from lanes.gate_events import CallOutcome, GateLimits
+from lanes.gate.events import CallOutcome, GateLimits
 from store import MemoryEventStore
 from tests.gateway.support import TIMEOUT, next_event
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from lanes.evolve import IllegalTransition
 from lanes.gate import (
     Breaker,
     GateState,
@@ -19,11 +18,10 @@ from lanes.gate import (
     fold_gate,
     full_jitter,
     gate_status,
-    gate_stream,
     next_gate_due,
     verify_gate,
 )
-from lanes.gate_events import (
+from lanes.gate.events import (
     WINDOW_MS,
     BackoffScheduled,
     BreakerOpened,
@@ -44,7 +42,9 @@ from lanes.gate_events import (
     SlotRequested,
     SpendLimitReached,
 )
+from lanes.handlers import IllegalTransition
 from lanes.requests import Priority
+from lanes.streams import gate_stream
 
 T0 = 1_771_297_800_000  # 2026-02-17T03:10:00Z
 

@@ -10,17 +10,8 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from lanes.gate import (
-    FAIR_GRACE_MS,
-    GateState,
-    _between_calls,
-    _held_for,
-    blocker,
-    decide_gate,
-    fair_hold,
-    next_gate_due,
-)
-from lanes.gate_events import (
+from lanes.gate import FAIR_GRACE_MS, GateState, blocker, decide_gate, fair_hold, next_gate_due
+from lanes.gate.events import (
     WINDOW_MS,
     CallOutcome,
     FreedBy,
@@ -35,6 +26,7 @@ from lanes.gate_events import (
     SlotReleased,
     SlotRequested,
 )
+from lanes.gate.state import _between_calls, _held_for
 from tests.lanes.test_gate import T0, GateBench, granted
 
 BASE_INPUT, BASE_OUTPUT = 1_000, 250

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lanes.evolve import IllegalTransition
 from lanes.gate import (
     FAIR_GRACE_MS,
     RANKS,
@@ -19,8 +18,6 @@ from lanes.gate import (
     GateState,
     HotLimits,
     Waiting,
-    _between_calls,
-    _exhausted,
     blocker,
     decide_gate,
     fold_gate,
@@ -29,7 +26,7 @@ from lanes.gate import (
     verify_gate,
     window_usage,
 )
-from lanes.gate_events import (
+from lanes.gate.events import (
     GATE_INPUT_TYPES,
     WINDOW_MS,
     BreakerClosed,
@@ -50,6 +47,8 @@ from lanes.gate_events import (
     SlotReleased,
     SlotRequested,
 )
+from lanes.gate.state import _between_calls, _exhausted
+from lanes.handlers import IllegalTransition
 from lanes.requests import RANK, Priority
 from tests.lanes.test_gate import T0, GateBench, names
 

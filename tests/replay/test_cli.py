@@ -15,8 +15,8 @@ from gateway.cli import main
 from gateway.clock import FakeClock
 from gateway.gate import ProviderGate
 from gateway.progress import Progress
-from lanes.gate_events import CallOutcome, GateLimits
-from lanes.replay import is_agent_stream
+from lanes.gate.events import CallOutcome, GateLimits
+from lanes.streams import is_agent_stream
 from store import RecordedEvent, SqliteEventStore
 from tests.golden.record import files
 from tests.replay.test_golden import imported

@@ -17,9 +17,9 @@ from lanes import AgentConfig, Mode, decide
 from lanes.codec import decode, encode
 from lanes.events import ConfigApplied, ConfigChanged, Event, Quarantined, RequestReceived
 from lanes.evolve import fold
-from lanes.replay import QUARANTINE_STREAM
 from lanes.requests import AgentRequest
 from lanes.state import AgentState
+from lanes.streams import QUARANTINE_STREAM
 from store import Append, NewEvent, SqliteEventStore
 from tests.gateway.support import ManualReasoner, request
 

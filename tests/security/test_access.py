@@ -82,6 +82,15 @@ MATRIX: list[tuple[str, str, str | None, dict[str, Any]]] = [
     ("GET", "/api/events?agent=eth", None, READ_OTHER),
     ("GET", "/api/events/1", None, READ),
     ("GET", "/api/event-types", None, READ),
+    ("GET", "/api/events?q=x&agent=eth", None, READ_OTHER),
+    ("GET", "/api/agents/btc/runs", None, READ),
+    ("GET", "/api/agents/eth/runs", None, READ_OTHER),
+    ("GET", "/api/charts", None, READ),
+    ("GET", "/api/charts?agent=eth", None, READ_OTHER),
+    ("GET", "/api/orders", None, READ),
+    ("GET", "/api/orders?agent=eth", None, READ_OTHER),
+    ("GET", "/api/agents/btc/orders", None, READ),
+    ("GET", "/api/agents/eth/orders", None, READ_OTHER),
     ("GET", "/api/replay?agent=btc", None, READ),
     ("GET", "/api/replay?agent=eth", None, READ_OTHER),
     ("GET", "/api/providers", None, READ),
@@ -284,7 +293,7 @@ INJECTIONS = ["x' OR 1=1--", "btc' OR '1'='1", "btc; DROP TABLE events;--", "../
               '{"$ne": null}', "\u202ebtc"]
 
 
-@pytest.mark.parametrize("param", ["agent", "type"])
+@pytest.mark.parametrize("param", ["agent", "type", "q"])
 def test_injected_filters_find_nothing_and_change_nothing(gw: Threaded, param: str) -> None:
     before = gw.log()
     with gw.http("admin-secret") as http:

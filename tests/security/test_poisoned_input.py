@@ -41,11 +41,11 @@ async def live(tmp_path: Path) -> AsyncIterator[tuple[Live, ManualReasoner]]:
 
 
 async def answer(ws: ClientConnection, raw: str | bytes) -> dict[str, Any]:
-    """The answer to one frame (events of subscriptions skipped)."""
+    """The answer to one frame (events and heartbeats of subscriptions skipped)."""
     await ws.send(raw)
     while True:
         frame = await receive(ws)
-        if frame["type"] not in ("event", "events"):
+        if frame["type"] not in ("event", "events", "heartbeat"):
             return frame
 
 

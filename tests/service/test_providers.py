@@ -52,7 +52,7 @@ from gateway.providers import (
     parse_retry_after_ms,
     parse_rfc3339_ms,
 )
-from lanes.gate_events import CallOutcome
+from lanes.gate.events import CallOutcome
 
 KEY = "sk-test-0123456789abcdefghijklmnop"
 MODEL = "fake-model-1"

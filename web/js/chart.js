@@ -1,5 +1,5 @@
-// A small canvas chart: lines and dots over a time window, axes labelled, colours from the
-// page's CSS variables (so it follows light and dark). No library.
+// A small canvas chart: lines and dots over a time window, axes labelled, vertical markers,
+// colours from the page's CSS variables (so it follows light and dark). No library.
 
 const PAD = {left: 56, right: 12, top: 10, bottom: 24};
 
@@ -15,15 +15,37 @@ function axisTop(value) {
   return 40 * power;
 }
 
+const TICKS = [1, 5, 15, 30, 60, 300, 900, 1800, 3600, 10_800, 21_600, 43_200, 86_400].map((s) => s * 1000);
+
+/** Wall-clock ticks between `from` and `to`, about one per 90 px: [[t, label]]. */
+function clockTicks(from, to, width) {
+  const span = to - from;
+  const step = TICKS.find((s) => span / s <= Math.max(2, width / 90)) ?? TICKS.at(-1);
+  const offset = new Date(from).getTimezoneOffset() * 60_000;  // ticks on local round times
+  const ticks = [];
+  for (let t = Math.ceil((from - offset) / step) * step + offset; t <= to; t += step) {
+    const d = new Date(t);
+    const pad = (n) => String(n).padStart(2, "0");
+    const hm = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
+    ticks.push([t, step < 60_000 ? `${hm}:${pad(d.getSeconds())}` : step >= 86_400_000 ? d.toLocaleDateString() : hm]);
+  }
+  return ticks;
+}
+
 /**
  * Draw `lines` ({colour, points: [[t, v]]}) and `dots` ({t, v, colour}) between `from` and
- * `to` (ms); `format` labels the y axis.
+ * `to` (ms); `format` labels the y axis. `axis: "clock"` labels the time axis with local
+ * times (default: ages, "-2m" ... "now"); `markers` ({t, colour, label}) are vertical lines
+ * across the plot, labelled at its top; `whole` makes the y axis step by whole numbers.
+ * Returns where the plot is, for pointing at it ({left, right, top, bottom, time(x)}), or
+ * null if the canvas is not shown.
  */
-export function drawChart(canvas, {lines = [], dots = [], from, to, format = String}) {
+export function drawChart(canvas, {lines = [], dots = [], markers = [], from, to, format = String, axis = "relative",
+  whole = false}) {
   const ratio = window.devicePixelRatio || 1;
   const width = canvas.clientWidth;
   const height = canvas.clientHeight;
-  if (!width || !height) return;
+  if (!width || !height) return null;
   if (canvas.width !== Math.round(width * ratio)) canvas.width = Math.round(width * ratio);
   if (canvas.height !== Math.round(height * ratio)) canvas.height = Math.round(height * ratio);
   const g = canvas.getContext("2d");
@@ -33,6 +55,7 @@ export function drawChart(canvas, {lines = [], dots = [], from, to, format = Str
   for (const line of lines) for (const [t, v] of line.points) if (t >= from) top = Math.max(top, v);
   for (const dot of dots) if (dot.t >= from) top = Math.max(top, dot.v);
   top = axisTop(Math.max(top * 1.05, 1));
+  if (whole) top = Math.max(4, Math.ceil(top / 4) * 4);  // counts: whole steps
   const plotW = width - PAD.left - PAD.right;
   const plotH = height - PAD.top - PAD.bottom;
   const x = (t) => PAD.left + ((t - from) / (to - from)) * plotW;
@@ -55,10 +78,17 @@ export function drawChart(canvas, {lines = [], dots = [], from, to, format = Str
   g.textAlign = "center";
   g.textBaseline = "top";
   const span = to - from;
-  const step = span > 6 * 60_000 ? 120_000 : span > 2 * 60_000 ? 60_000 : 15_000;
-  for (let back = 0; back <= span; back += step) {
-    const t = to - back;
-    g.fillText(back === 0 ? "now" : `-${back >= 60_000 ? `${back / 60_000}m` : `${back / 1000}s`}`, x(t), height - PAD.bottom + 6);
+  if (axis === "clock") {
+    for (const [t, label] of clockTicks(from, to, plotW)) {
+      g.fillText(label, x(t), height - PAD.bottom + 6);
+      g.fillRect(Math.round(x(t)), height - PAD.bottom, 1, 4);
+    }
+  } else {
+    const step = span > 6 * 60_000 ? 120_000 : span > 2 * 60_000 ? 60_000 : 15_000;
+    for (let back = 0; back <= span; back += step) {
+      const t = to - back;
+      g.fillText(back === 0 ? "now" : `-${back >= 60_000 ? `${back / 60_000}m` : `${back / 1000}s`}`, x(t), height - PAD.bottom + 6);
+    }
   }
   g.save();
   g.beginPath();
@@ -83,5 +113,27 @@ export function drawChart(canvas, {lines = [], dots = [], from, to, format = Str
     g.arc(x(dot.t), y(dot.v), 3, 0, 2 * Math.PI);
     g.fill();
   }
+  g.textAlign = "left";
+  g.textBaseline = "top";
+  for (const marker of markers) {
+    if (marker.t < from || marker.t > to) continue;
+    const at = Math.round(x(marker.t)) + 0.5;
+    g.strokeStyle = marker.colour;
+    g.fillStyle = marker.colour;
+    g.lineWidth = 2;
+    g.setLineDash([5, 3]);
+    g.beginPath();
+    g.moveTo(at, PAD.top);
+    g.lineTo(at, PAD.top + plotH);
+    g.stroke();
+    g.setLineDash([]);
+    if (marker.label) {  // beside the line, on whichever side has room
+      const room = g.measureText(marker.label).width + 4 < PAD.left + plotW - at;
+      g.textAlign = room ? "left" : "right";
+      g.fillText(marker.label, room ? at + 3 : at - 3, PAD.top + 1);
+    }
+  }
   g.restore();
+  return {left: PAD.left, right: PAD.left + plotW, top: PAD.top, bottom: PAD.top + plotH,
+    time: (px) => from + ((px - PAD.left) / plotW) * (to - from)};
 }

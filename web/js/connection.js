@@ -2,9 +2,17 @@
 // (resuming from the last position seen), and reconnect by itself with backoff. Emits
 // "status", "hello", "snapshot", "event" (one per event, also for those that came batched in
 // one frame), "denied" and "gap" as DOM events on the connection object.
+//
+// Liveness: the gateway sends a heartbeat whenever a subscription had nothing else to send
+// for `heartbeatMs` (its hello says how often). A connection that hears nothing for
+// STALE_BEATS of them is "stale" (frozen gateway, dead link): said at once, not after the
+// socket times out; frames flowing again make it "open" again.
 
 const PING_EVERY_MS = 10_000;
 const SILENCE_LIMIT_MS = 25_000;
+const STALE_BEATS = 2.5;           // heartbeats missed before the connection is called stale
+const STALE_FLOOR_MS = 3_000;
+const WATCH_EVERY_MS = 250;
 const MAX_CATCH_UP = 20_000;
 const PROTOCOL = "gateway.v1";
 
@@ -34,15 +42,23 @@ export class Connection extends EventTarget {
     this.firstAfter = 0;         // where the first subscription started replaying the log
   }
 
+  /** How long a silence makes the connection stale (ms). */
+  get staleAfter() {
+    const beat = this.hello?.heartbeatMs;
+    return beat ? Math.max(STALE_FLOOR_MS, beat * STALE_BEATS) : PING_EVERY_MS * 1.5;
+  }
+
   start() {
     this.stopped = false;
     this._open();
     this.pinger = setInterval(() => this._ping(), PING_EVERY_MS / 2);
+    this.watcher = setInterval(() => this._watch(), WATCH_EVERY_MS);
   }
 
   stop() {
     this.stopped = true;
     clearInterval(this.pinger);
+    clearInterval(this.watcher);
     clearTimeout(this.timer);
     if (this.ws) this.ws.close(1000, "bye");
     this._status("idle");
@@ -72,8 +88,10 @@ export class Connection extends EventTarget {
     ws.onopen = () => { this.lastHeard = Date.now(); };
     ws.onmessage = (message) => {
       this.lastHeard = Date.now();
+      if (this.state === "stale") this._status("open", {recovered: true});
       let frame;
       try { frame = JSON.parse(message.data); } catch { return; }
+      if (frame.type === "heartbeat") return;  // heard (lastHeard): that is all it says
       if (frame.type === "events") {
         // One frame for the events ready at once: one task for the browser, not hundreds
         // (which would hold back drawing under a flood).
@@ -144,6 +162,15 @@ export class Connection extends EventTarget {
     this.nextTry = Date.now() + wait;
     this._status("closed", {attempt: this.attempt, since: this.since, nextTry: this.nextTry});
     this.timer = setTimeout(() => this._open(), wait);
+  }
+
+  /** Call the connection stale once it has been silent too long (and say for how long). */
+  _watch() {
+    if (this.state !== "open" && this.state !== "stale") return;
+    const silent = Date.now() - this.lastHeard;
+    if (silent > this.staleAfter) {
+      this._status("stale", {silentMs: silent, lastHeard: this.lastHeard});
+    }
   }
 
   _ping() {

@@ -1,7 +1,15 @@
 // Controls by role: each action goes over the public HTTP API and shows its ack or error.
 // Only control and admin tokens get these buttons at all (a viewer sees none).
+//
+// Every action says "pending…" at once, then what its ack says it did (the ack's `effect`:
+// "alpha ACTIVE → HALTED: run alpha-r7 aborted", or "alpha was already ACTIVE: nothing
+// changed"), or, with no answer within OUTCOME_TIMEOUT_MS, that its outcome is unknown (and
+// the answer if it comes later).
 
 import {h} from "./dom.js";
+
+export const OUTCOME_TIMEOUT_MS = 5_000;
+const UNKNOWN = Symbol("unknown");
 
 export const ACTIONS = {
   emergency_stop: {label: "Emergency stop", confirm: "Halt the agent now: its active run is aborted, open orders are cancelled and no run starts until resume.", danger: true},
@@ -30,25 +38,88 @@ export function confirmDialog(title, text, ok) {
   });
 }
 
+/** What an ack says an action did, in words a person reads at a glance. */
+export function consequence(agentId, action, ack) {
+  const spec = ACTIONS[action];
+  if (ack.decision !== "accepted") {
+    return {ok: false, kind: "bad", text: `${spec.label} ${agentId}: ${ack.decision}${ack.reason ? ` — ${ack.reason}` : ""}`};
+  }
+  const effect = ack.effect;
+  if (ack.repeated || !effect) {
+    return {ok: true, kind: "ok", text: `${spec.label} ${agentId}: accepted${ack.repeated ? " (a repeat: it was accepted before)" : ""}`};
+  }
+  if (!effect.changed) {
+    const text = action === "cancel_all" || action === "cancel_order"
+      ? `${spec.label} ${agentId}: no open order to cancel — nothing changed`
+      : `${agentId} was already ${effect.toState}: nothing changed`;
+    return {ok: true, kind: "info", effect, text};
+  }
+  const done = [];
+  if (effect.abortedRun) done.push(`run ${effect.abortedRun} aborted`);
+  if (effect.cancelsRequested) done.push(`cancel sent for ${plural(effect.cancelsRequested, "open order")}`);
+  if (effect.callsCancelled) done.push(`${plural(effect.callsCancelled, "sub-agent call")} cancelled`);
+  if (effect.unheld) done.push("provider hold lifted");
+  if (effect.startedRun) done.push(`run ${effect.startedRun} started`);
+  const states = effect.fromState === effect.toState ? `${spec.label} ${agentId} (still ${effect.toState})`
+    : `${agentId} ${effect.fromState} → ${effect.toState}`;
+  return {ok: true, kind: "ok", effect, text: done.length ? `${states}: ${done.join(", ")}` : states};
+}
+
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+/** `promise`, or UNKNOWN if it has not settled within `ms`. */
+function within(promise, ms) {
+  let timer;
+  const late = new Promise((resolve) => { timer = setTimeout(() => resolve(UNKNOWN), ms); });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 export class Controls {
-  constructor({api, toast}) {
+  /** `toasts`: a `Toasts`; `model`: the live model (what state an agent is in now). */
+  constructor({api, toasts, model = null}) {
     this.api = api;
-    this.toast = toast;
+    this.toasts = toasts;
+    this.model = model;
   }
 
   /** Perform an action on an agent (after a confirm where it needs one); report the answer. */
   async run(agentId, action, report = null) {
     const spec = ACTIONS[action];
-    if (spec.confirm && !await confirmDialog(`${spec.label}: ${agentId}?`, spec.confirm, spec.label)) {
+    const now = this.model?.agents.get(agentId)?.trading;
+    if (spec.confirm && !await confirmDialog(`${spec.label}: ${agentId}?`,
+      `${now ? `${agentId} is ${now} now. ` : ""}${spec.confirm}`, spec.label)) {
       return null;
     }
-    const result = await this.perform(agentId, action);
-    if (report) report(result);
-    this.toast(result.text, result.ok);
-    return result;
+    return this.track(`${spec.label} ${agentId}`, this.perform(agentId, action), report);
   }
 
-  /** The HTTP call of an action, as {ok, text}; never throws. */
+  /**
+   * Say "pending…" for `promise` (a `perform`) at once, then its result, or after
+   * OUTCOME_TIMEOUT_MS that its outcome is unknown (and its answer if it comes later).
+   */
+  async track(what, promise, report = null, check = "the agent's state") {
+    const pending = {ok: true, kind: "pending", text: `${what}: pending…`};
+    const note = this.toasts.show(pending.text, "pending");
+    if (report) report(pending);
+    const first = await within(promise, OUTCOME_TIMEOUT_MS);
+    if (first !== UNKNOWN) {
+      note.update(first.text, first.kind);
+      if (report) report(first);
+      return first;
+    }
+    const unknown = {ok: false, kind: "bad", unknown: true,
+      text: `${what}: outcome unknown — check ${check} (no answer in ${OUTCOME_TIMEOUT_MS / 1000} s)`};
+    note.update(unknown.text, "bad");
+    if (report) report(unknown);
+    promise.then((result) => {
+      const late = {...result, text: `${result.text} (answered late)`};
+      note.update(late.text, late.kind);
+      if (report) report(late);
+    });
+    return unknown;
+  }
+
+  /** The HTTP call of an action, as {ok, kind, text}; never throws. */
   async perform(agentId, action) {
     const spec = ACTIONS[action];
     const agent = encodeURIComponent(agentId);
@@ -56,31 +127,26 @@ export class Controls {
       if (spec.path) {
         const answer = await this.api.post(`/api/agents/${agent}/${spec.path}`);
         const detail = answer.detail || answer.events.join(", ");
-        return {ok: true, text: `${spec.label} ${agentId}: applied${detail ? ` — ${detail}` : ""}`};
+        return {ok: true, kind: "ok", text: `${spec.label} ${agentId}: applied${detail ? ` — ${detail}` : ""}`};
       }
       const ack = await this.api.post(`/api/agents/${agent}/control`, {action, reason: "panel"});
-      const ok = ack.decision === "accepted";
-      return {ok, ack, text: `${spec.label} ${agentId}: ${ack.decision}${ack.reason ? ` — ${ack.reason}` : ""}` +
-        ` (position ${ack.position}${ack.repeated ? ", repeated" : ""})`};
+      return {...consequence(agentId, action, ack), ack};
     } catch (error) {
-      return {ok: false, text: `${spec.label} ${agentId} failed: ${error.message} (${error.code})`};
+      return {ok: false, kind: "bad", text: `${spec.label} ${agentId} failed: ${error.message} (${error.code})`};
     }
   }
 
-  /** Emergency stop of every agent in scope, after one confirm. */
+  /** Emergency stop of every agent in scope, after one confirm; one summary of the acks. */
   async stopAll(agentIds) {
     const spec = ACTIONS.emergency_stop;
     const ok = await confirmDialog(`Emergency stop all ${agentIds.length} agents?`, spec.confirm, "Stop all");
     if (!ok) return null;
-    const results = await Promise.all(agentIds.map((id) => this.perform(id, "emergency_stop")));
-    const failed = results.filter((r) => !r.ok);
-    const text = failed.length ? `Emergency stop: ${failed.length} of ${results.length} failed — ${failed[0].text}`
-      : `Emergency stop: all ${results.length} agents accepted`;
-    this.toast(text, !failed.length);
-    return results;
+    const all = Promise.all(agentIds.map((id) => this.perform(id, "emergency_stop").then((r) => ({...r, id}))))
+      .then((results) => summarizeStops(results));
+    return this.track(`Emergency stop of ${plural(agentIds.length, "agent")}`, all, null, "their states");
   }
 
-  /** A button for an action on an agent; `report` gets the result. */
+  /** A button for an action on an agent; `report` gets each result (pending first). */
   button(agentId, action, report, {small = false, label = null} = {}) {
     const spec = ACTIONS[action];
     const cls = [spec.danger ? "danger" : "", small ? "small" : ""].join(" ").trim() || null;
@@ -96,4 +162,18 @@ export class Controls {
     });
     return button;
   }
+}
+
+/** One line for the acks of an emergency stop of many agents. */
+function summarizeStops(results) {
+  const failed = results.filter((r) => !r.ok);
+  const halted = results.filter((r) => r.ok && r.effect?.changed);
+  const already = results.filter((r) => r.ok && r.effect && !r.effect.changed);
+  const aborted = halted.filter((r) => r.effect.abortedRun).length;
+  const parts = [];
+  if (halted.length) parts.push(`${plural(halted.length, "agent")} halted${aborted ? ` (${plural(aborted, "run")} aborted)` : ""}`);
+  if (already.length) parts.push(`${already.length} already HALTED`);
+  if (failed.length) parts.push(`${failed.length} failed — ${failed[0].text}`);
+  return {ok: !failed.length, kind: failed.length ? "bad" : "ok", results,
+    text: `Emergency stop: ${parts.join(", ") || "no agent"}`};
 }

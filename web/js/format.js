@@ -39,6 +39,8 @@ function field(data, ...names) {
 /** One line saying what an event is about (the full data is in the detail view). */
 export function describe(type, data) {
   const d = data || {};
+  const trade = describeOrder(type, d);
+  if (trade !== null) return trade;
   const id = field(d, "request_id", "requestId");
   const run = field(d, "run_id", "runId");
   switch (type) {
@@ -91,3 +93,59 @@ export const BAD_TYPES = new Set(["RunAborted", "RunFailed", "RequestDropped", "
   "RunsSuppressed", "RunsHeld", "SlotRefused", "BreakerOpened", "BackoffScheduled", "OperatorRejected",
   "OrderRejected", "AgentCallRejected", "SpendLimitReached"]);
 export const CONTROL_TYPES = new Set(["ControlApplied", "OperatorApplied", "OperatorCommand", "RunsUnheld"]);
+
+// Orders and broker reports, and times for people (runs, charts and the event log).
+
+const PRICE = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
+
+/** "BUY 0.5 BTCUSD @ 64,000" (or "@ market") for an order intent (either case of keys). */
+export function orderText(intent) {
+  const i = intent || {};
+  const limit = i.limitPrice ?? i.limit_price;
+  return `${String(i.side ?? "?").toUpperCase()} ${PRICE.format(i.qty ?? 0)} ${i.symbol ?? "?"} @ ${limit ? PRICE.format(limit) : "market"}`;
+}
+
+/** One line for an order or broker event, or null for other types. */
+export function describeOrder(type, d) {
+  const qty = (q, p) => `${PRICE.format(q ?? 0)}${p === null || p === undefined ? "" : ` @ ${PRICE.format(p)}`}`;
+  switch (type) {
+    case "OrderAccepted": return `${orderText(d.intent)} accepted (${d.order_id})`;
+    case "OrderRejected": return `${orderText(d.intent)} rejected: ${d.reason}`;
+    case "OrderCancelRequested": return `cancel ${d.order_id} requested (${d.by})`;
+    case "OrderFilled": return `fill ${qty(d.qty, d.price)} (${d.order_id})`;
+    case "OrderClosed": return `${d.order_id} ${d.status}${d.reason ? `: ${d.reason}` : ""}`;
+    case "BrokerReportIgnored": return `report on ${d.order_id} ignored: ${d.reason}`;
+    case "BrokerReport":
+      if (d.status === "filled" || d.status === "partially_filled") {
+        return `${d.status === "filled" ? "fill" : "partial fill"} ${qty(d.filled_qty, d.price)} (${d.order_id})`;
+      }
+      return `${d.order_id} ${d.status}${d.reason ? `: ${d.reason}` : ""}`;
+    case "RunFinished": {
+      const orders = d.orders || [];
+      return `${d.run_id} finished: ${String(d.outcome).replace("_", " ")}${orders.length ? ` · ${orders.map(orderText).join(", ")}` : ""}`;
+    }
+    default: return null;
+  }
+}
+
+const DAY_MS = 86_400_000;
+
+/** How long ago, in words: "12 s ago", "3 min ago", "2 h ago", "4 d ago" ("in 5 s" ahead). */
+export function age(epochMs, now = Date.now()) {
+  const ms = now - epochMs;
+  const v = Math.abs(ms);
+  const words = v < 1000 ? "now" : v < 60_000 ? `${Math.floor(v / 1000)} s` : v < 3_600_000 ? `${Math.floor(v / 60_000)} min`
+    : v < DAY_MS ? `${Math.floor(v / 3_600_000)} h` : `${Math.floor(v / DAY_MS)} d`;
+  return words === "now" ? "just now" : ms >= 0 ? `${words} ago` : `in ${words}`;
+}
+
+/** Local time, with the date when it is not today: "14:03:05" or "26 Nov 14:03:05". */
+export function when(epochMs, now = Date.now()) {
+  if (!epochMs) return "–";
+  const d = new Date(epochMs);
+  const time = clock(epochMs).slice(0, 8);
+  if (d.toDateString() === new Date(now).toDateString()) return time;
+  const date = d.toLocaleDateString("en-GB", {day: "numeric", month: "short",
+    year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric"});
+  return `${date} ${time}`;
+}

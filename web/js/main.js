@@ -1,11 +1,11 @@
 // The panel's entry point: log in with a token, connect, route between views, and keep the
-// connection state visible (a banner while disconnected; it reconnects by itself and resumes
-// from the last position it saw).
+// connection state visible (a banner while disconnected or stale — silent past its
+// heartbeats; it reconnects by itself and resumes from the last position it saw).
 
 import {Api} from "./api.js";
 import {Connection} from "./connection.js";
 import {Controls} from "./controls.js";
-import {h} from "./dom.js";
+import {setText} from "./dom.js";
 import {clock, num} from "./format.js";
 import {Model} from "./model.js";
 import {createAgentView} from "./views/agent.js";
@@ -14,6 +14,7 @@ import {createCharts} from "./views/charts.js";
 import {createEvents} from "./views/events.js";
 import {createOverview} from "./views/overview.js";
 import {createProviders} from "./views/providers.js";
+import {Toasts} from "./toasts.js";
 
 const TOKEN_KEY = "gateway-panel-token";
 const TICK_MS = 500;
@@ -21,11 +22,10 @@ const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter"];
 const $ = (id) => document.getElementById(id);
 
 let session = null;
+const toasts = new Toasts($("toasts"));
 
 function toast(text, ok = true) {
-  const el = h("div", {class: ok ? "toast" : "toast bad"}, text);
-  $("toasts").append(el);
-  setTimeout(() => el.remove(), ok ? 6000 : 10000);
+  return toasts.show(text, ok ? "ok" : "bad");
 }
 
 function parseRoute() {
@@ -50,13 +50,20 @@ function route(focus = false) {
   if (focus) $("main").focus({preventScroll: true});
 }
 
-function showConnection({state, attempt = 0, since = null, nextTry = null}) {
+function showConnection({state, attempt = 0, since = null, nextTry = null, silentMs = 0, lastHeard = null}) {
   document.body.dataset.connection = state;
   const pill = $("connection");
   const banner = $("banner");
   if (state === "open") {
     pill.textContent = "Connected · live";
     banner.hidden = true;
+  } else if (state === "stale") {
+    const seconds = Math.floor(silentMs / 1000);
+    pill.textContent = `Stale · no heartbeat for ${seconds} s`;
+    // Words that do not change while it lasts: an alert is read out again at every change.
+    setText(banner, `Nothing heard from the gateway since ${clock(lastHeard).slice(0, 8)}: `
+      + "the gateway or the link may be frozen. Figures shown may be out of date; controls may get no answer.");
+    banner.hidden = false;
   } else if (state === "connecting") {
     pill.textContent = attempt ? "Reconnecting…" : "Connecting…";
   } else if (state === "closed") {
@@ -74,7 +81,7 @@ function buildViews(hello) {
   const {api, model} = session;
   const canOperate = hello.role === "control" || hello.role === "admin";
   const ctx = {api, model, role: hello.role, scoped: hello.agents !== null,
-    controls: canOperate ? new Controls({api, toast}) : null};
+    controls: canOperate ? new Controls({api, toasts, model}) : null};
   session.ctx = ctx;
   session.views = {
     overview: createOverview(ctx), agent: createAgentView(ctx), providers: createProviders(ctx),

@@ -8,6 +8,7 @@ import {ACTIONS} from "../controls.js";
 import {pendingTable, runCard} from "./queue.js";
 import {createTimeline} from "./timeline.js";
 import {createCallTree, isCallEvent} from "./calls.js";
+import {createRunHistory} from "./runs.js";
 import {createAgentBlotter} from "./blotter.js";
 
 const PAGE = 1000;
@@ -72,6 +73,7 @@ export function createAgentView(ctx) {
   let generation = 0;
   let timeline = null;
   let calls = null;
+  let runs = null;
   let blotter = null;
   let parts = null;
 
@@ -85,7 +87,7 @@ export function createAgentView(ctx) {
     const result = h("p", {class: "result", id: "control-result", role: "status"});
     const report = (r) => {
       result.textContent = r.text;
-      result.className = `result ${r.ok ? "ok" : "bad"}`;
+      result.className = `result ${r.kind || (r.ok ? "ok" : "bad")}`;
     };
     parts = {
       badge: stateBadge(ctx.model.agents.get(id)?.trading ?? ""), mode: h("span", {class: "tag"}), lane: h("span", {class: "tag"}),
@@ -98,6 +100,7 @@ export function createAgentView(ctx) {
     };
     timeline = createTimeline(ctx, id, {loadEarlier});
     calls = createCallTree(ctx, id);
+    runs = createRunHistory(ctx, id);
     blotter = createAgentBlotter(ctx, id);
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
       h("span", {class: "who-for", "aria-hidden": "true"}, `${id}:`),
@@ -114,7 +117,7 @@ export function createAgentView(ctx) {
           h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
           h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending,
           h("h4", {}, "Scheduled audits"), parts.schedules)),
-      blotter.el, calls.el, timeline.el);
+      runs.el, blotter.el, calls.el, timeline.el);
     renderHead();  // what the model knows already, while the lanes and the log load
     return load(id, generation);
   }
@@ -276,6 +279,7 @@ export function createAgentView(ctx) {
       }
       // A call anywhere may be part of this agent's trees (its calls' calls are elsewhere).
       if (detail.events.some(isCallEvent)) calls?.refresh();
+      runs?.seen(detail.events);
       blotter?.change(detail);
       if (mine) {
         timeline.set(stream, more);

@@ -5,6 +5,7 @@ import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
 import {budget, clock, duration, num} from "../format.js";
 import {Model} from "../model.js";
 import {VirtualTable} from "../virtual.js";
+import {NARROW, createCards} from "./cards.js";
 
 const SEVERITY = {HALTED: 0, REDUCING: 1, ACTIVE: 2};
 const age = (a) => (a.oldestPendingAgeMs === null ? -1 : a.oldestPendingAgeMs + Model.elapsed(a));
@@ -44,18 +45,21 @@ export function createOverview(ctx) {
       }});
     return h("th", {scope: "col", class: c.num ? "num" : null, "data-col": c.key}, button);
   });
-  if (ctx.controls) heads.push(h("th", {scope: "col"}, "Actions"));
+  if (ctx.controls) heads.push(h("th", {scope: "col", class: "act"}, "Actions"));
   const table = h("table", {id: "agents-table", "aria-label": "Agents", "aria-rowcount": 1},
     h("thead", {}, h("tr", {"aria-rowindex": 1}, heads)), h("tbody"));
   const scroller = h("div", {class: "scroller tall live", id: "agents-scroller"}, table);
   const empty = h("p", {class: "muted", hidden: true}, "No agent matches the filters.");
+  const cards = createCards(ctx);  // a phone: cards instead of the table (panel.css)
+  const narrow = window.matchMedia(NARROW);
+  narrow.addEventListener("change", () => render());
   replace(section,
     h("h2", {id: "overview-title"}, "Overview"), summary,
     h("div", {class: "toolbar", role: "search", "aria-label": "Filter agents"},
       h("label", {for: "agent-filter"}, "Filter"), filter,
       h("label", {for: "state-filter"}, "State"), state,
       h("label", {}, busy, "only agents with pending work")),
-    scroller, empty);
+    scroller, cards.el, empty);
   for (const input of [filter, state, busy]) input.addEventListener("input", () => { scroller.scrollTop = 0; render(); });
 
   const virtual = new VirtualTable({
@@ -141,6 +145,10 @@ export function createOverview(ctx) {
     }
     setAttr(table, "aria-rowcount", list.length + 1);
     empty.hidden = list.length > 0 || agents.size === 0;
+    if (narrow.matches) {
+      cards.render(list);
+      return;
+    }
     virtual.setItems(list);
     virtual.render();
   }

@@ -54,6 +54,17 @@ class GateLimits(WireModel):
         return self
 
 
+def lease_too_short(lease_ms: int, run_timeout_ms: int, agent_id: str, provider: str) -> str | None:
+    """Why a gate's slot lease of ``lease_ms`` cannot serve an agent whose runs may last
+    ``run_timeout_ms`` (None if it can): a slot must never expire under a live run. The one
+    copy of that rule, for the config file, an agent's new config and a gate's new limits."""
+    if lease_ms > run_timeout_ms:
+        return None
+    return (f"provider {provider!r}'s slot lease ({lease_ms} ms) is not longer than the run "
+            f"timeout of agent {agent_id!r} ({run_timeout_ms} ms): a slot must never expire "
+            "under a live run")
+
+
 class CallOutcome(StrEnum):
     """How the provider answered the call made under a slot."""
 
