@@ -175,7 +175,7 @@ async def test_an_open_order_is_cancelled_from_its_row_and_the_cancel_says_who_a
         await expect(page.locator("#confirm-text")).to_contain_text("ETHUSD")
         await page.locator("#confirm-ok").click()
         await expect(page.locator("#agent-blotter-result")).to_contain_text(
-            "Cancel alpha-r1-o1: accepted — sent to the broker")
+            "Cancel alpha-r1-o1: cancel sent to the broker")
         cancel = blotter.locator('[data-part="cancels"] [data-cancel="alpha-r1-o1"]')
         await expect(cancel).to_contain_text("ops (cancel_order)")
         await expect(cancel).to_contain_text("cancelled at")

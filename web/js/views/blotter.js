@@ -10,7 +10,6 @@ import {confirmDialog} from "../controls.js";
 const ORDER_EVENTS = new Set(["OrderAccepted", "OrderRejected", "OrderCancelRequested",
   "OrderFilled", "OrderClosed"]);
 const REFRESH_MS = 400;
-const CANCEL_TIMEOUT_MS = 10_000;
 const QTY = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
 const PRICE = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 8});
 
@@ -165,18 +164,37 @@ function loader(ctx, path, params, draw, status, container) {
   };
 }
 
+/** What the answer to a cancel of `order` says, as {ok, kind, text} (the controls' shape). */
+async function cancelOrder(ctx, order) {
+  const what = `Cancel ${order.orderId}`;
+  try {
+    const ack = await ctx.api.post(`/api/agents/${encodeURIComponent(order.agentId)}/control`,
+      {action: "cancel_order", orderId: order.orderId, reason: "panel"});
+    if (ack.decision !== "accepted") {
+      return {ok: false, kind: "bad", text: `${what}: ${ack.decision}${ack.reason ? ` — ${ack.reason}` : ""}`};
+    }
+    if (ack.effect && !ack.effect.changed) {
+      return {ok: true, kind: "info", text: `${what}: its cancel was sent already — nothing changed`};
+    }
+    return {ok: true, kind: "ok", text: `${what}: cancel sent to the broker (log position ${ack.position}); `
+      + "the order closes when the broker confirms, unless a fill comes first"};
+  } catch (error) {
+    return {ok: false, kind: "bad", text: `${what} failed: ${error.message} (${error.code}); nothing was asked`};
+  }
+}
+
 /**
- * Cancel buttons for open orders (control and admin tokens only): confirm, then "Cancelling…"
- * until the gateway answers, then its answer in `result`; no answer in time is said to be
- * unknown, not a failure (the Cancels list shows what happened).
+ * Cancel buttons for open orders (control and admin tokens only): a confirm, then the
+ * controls' "pending…", the answer, or "outcome unknown" when none comes in time (the
+ * Cancels list shows what happened), in `result` and as a notification.
  */
 function canceller(ctx, result, reload) {
   if (!ctx.controls) return null;
   const busy = new Set();
 
-  function report(text, ok) {
-    result.textContent = text;
-    result.className = `result ${ok === null ? "warn" : ok ? "ok" : "bad"}`;
+  function report(answer) {
+    result.textContent = answer.text;
+    result.className = `result ${answer.kind === "pending" || answer.kind === "info" ? "warn" : answer.ok ? "ok" : "bad"}`;
   }
 
   async function cancel(order) {
@@ -186,24 +204,12 @@ function canceller(ctx, result, reload) {
       "Cancel order")) return;
     busy.add(order.orderId);
     reload();
-    report(`Cancelling ${order.orderId}…`, null);
-    let timer = null;
-    const late = new Promise((resolve) => { timer = setTimeout(() => resolve(null), CANCEL_TIMEOUT_MS); });
-    const asked = ctx.api.post(`/api/agents/${encodeURIComponent(order.agentId)}/control`,
-      {action: "cancel_order", orderId: order.orderId, reason: "panel"}).then((ack) => ({ack}), (error) => ({error}));
-    const answer = await Promise.race([asked, late]);
-    clearTimeout(timer);
-    busy.delete(order.orderId);
-    if (answer === null) {
-      report(`Cancel ${order.orderId}: outcome unknown — no answer in ${CANCEL_TIMEOUT_MS / 1000} s; the Cancels list shows whether it was asked.`, null);
-    } else if (answer.error) {
-      report(`Cancel ${order.orderId} failed: ${answer.error.message} (${answer.error.code}); nothing was asked.`, false);
-    } else if (answer.ack.decision === "accepted") {
-      report(`Cancel ${order.orderId}: accepted — sent to the broker (log position ${answer.ack.position}); the order closes when the broker confirms.`, true);
-    } else {
-      report(`Cancel ${order.orderId}: ${answer.ack.decision}${answer.ack.reason ? ` — ${answer.ack.reason}` : ""}`, false);
+    try {
+      await ctx.controls.track(`Cancel ${order.orderId}`, cancelOrder(ctx, order), report, "the Cancels list");
+    } finally {
+      busy.delete(order.orderId);
+      reload();
     }
-    reload();
   }
 
   return {
