@@ -4,7 +4,7 @@
 // so it is whole after a reload; read again when order events arrive.
 
 import {h, replace, setText} from "../dom.js";
-import {clock, duration, num} from "../format.js";
+import {age, clock, duration, num, when as timeOf} from "../format.js";
 import {confirmDialog} from "../controls.js";
 
 const ORDER_EVENTS = new Set(["OrderAccepted", "OrderRejected", "OrderCancelRequested",
@@ -21,10 +21,10 @@ export function isOrderEvent(event) {
 const qty = (n) => QTY.format(n);
 const price = (n) => (n === null || n === undefined ? "–" : PRICE.format(n));
 
-/** A time of day (seconds) with the full date and time as its tooltip. */
+/** A time for people (the date too when not today), how long ago in its tooltip. */
 function when(ms) {
-  return h("time", {datetime: new Date(ms).toISOString(), title: new Date(ms).toLocaleString()},
-    clock(ms).slice(0, 8));
+  return h("time", {datetime: new Date(ms).toISOString(), title: `${new Date(ms).toLocaleString()} (${age(ms)})`},
+    timeOf(ms));
 }
 
 function side(s) {
@@ -62,8 +62,8 @@ function openRows(body, elapsed, desk, cancel) {
     agentCell(o, desk), h("td", {class: "mono"}, o.orderId), h("td", {}, o.symbol), h("td", {}, side(o.side)),
     h("td", {class: "num"}, qty(o.qty)), h("td", {class: "num"}, qty(o.filledQty)),
     h("td", {}, o.orderType), h("td", {class: "num"}, price(o.limitPrice)),
-    h("td", {class: "num age", "data-age": o.ageMs}, duration(o.ageMs + elapsed)),
-    h("td", {}, o.cancelRequestedBy ? h("span", {class: "tag warn"}, `cancel asked by ${o.cancelRequestedBy} at ${clock(o.cancelRequestedAt).slice(0, 8)}`)
+    h("td", {class: "num age", "data-age": o.ageMs, title: `placed at ${timeOf(o.placedAt)}`}, duration(o.ageMs + elapsed)),
+    h("td", {}, o.cancelRequestedBy ? h("span", {class: "tag warn"}, `cancel asked by ${o.cancelRequestedBy} at ${timeOf(o.cancelRequestedAt)}`)
       : h("span", {class: "tag"}, o.filledQty > 0 ? "partly filled" : "working")),
     cancel ? h("td", {}, cancel.button(o)) : null));
 }
@@ -79,7 +79,7 @@ function cancelRows(body, desk) {
     agentCell(c, desk), h("td", {}, when(c.requestedAt)), h("td", {class: "mono"}, c.orderId), h("td", {}, c.symbol),
     h("td", {}, c.by, c.action ? h("span", {class: "muted"}, ` (${c.action})`) : null),
     h("td", {}, h("span", {class: c.status === "cancelled" ? "tag good" : c.status === "pending" ? "tag warn" : "tag"},
-      c.status === "pending" ? "pending" : `${c.status} at ${clock(c.closedAt).slice(0, 8)}`))));
+      c.status === "pending" ? "pending" : `${c.status} at ${timeOf(c.closedAt)}`))));
 }
 
 function rejectionRows(body, desk) {
