@@ -32,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.auth import Principal, Role, TokenBook
+from gateway.blotter import BlotterBook, BlotterQuery, blotter_view, parse_query
 from gateway.cluster import Cluster
 from gateway.engine import Ack, Engine
 from gateway.errors import (
@@ -304,6 +305,8 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         # Histories for people, from the log (gateway.history): runs and chart series.
         Route("/api/agents/{agent_id}/runs", api.runs),
         Route("/api/charts", api.charts),
+        Route("/api/orders", api.orders),
+        Route("/api/agents/{agent_id}/orders", api.agent_orders),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
         *internal_routes(service),
@@ -390,6 +393,7 @@ class _Api:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.engine = service.engine
+        self.blotters = BlotterBook()
 
     async def _pass_on(self, request: Request, error: NotOwner | GateMoved) -> Response:
         """An operator's call for an agent (or provider gate) another process of the cluster
@@ -941,6 +945,35 @@ class _Api:
              "at": before.now},
             {"position": upto, "eventPosition": after_at, "version": after.version,
              "at": after.now})))
+
+    @_guarded
+    async def orders(self, request: Request) -> Response:
+        """The desk's blotter: open orders, fills, cancels, rejections and positions of every
+        agent in the token's scope (or the one ``agent``), from the log; ``symbol`` keeps
+        one symbol, ``limit`` (1-1000, default 100) bounds each history list."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = parse_query(request.query_params, ("agent", "symbol", "limit"))
+        if query.agent is not None:
+            principal.check_read(query.agent)
+            self.engine.state(query.agent)  # UnknownAgent if it does not exist
+            agents = [query.agent]
+        else:
+            agents = [a for a in self.engine.agent_ids if principal.may_see(a)]
+        return await self._blotter(agents, query)
+
+    @_guarded
+    async def agent_orders(self, request: Request) -> Response:
+        """One agent's blotter (as `orders` for that agent; ``symbol``, ``limit``)."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        return await self._blotter([agent_id], parse_query(request.query_params,
+                                                           ("symbol", "limit")))
+
+    async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
+        blotters = await self.blotters.blotters(self.engine.store, self.engine.reader, agents)
+        view = blotter_view(blotters, self.engine.clock.now_ms(), query)
+        return JSONResponse(view.model_dump(mode="json"))
 
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])

@@ -49,6 +49,7 @@ def _op(summary: str, ok: str | dict[str, Any], body: str | None = None,
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
     from gateway.app import ControlBody
+    from gateway.blotter import BlotterView
 
     schemas: dict[str, Any] = {}
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
@@ -59,10 +60,15 @@ def openapi_document() -> dict[str, Any]:
             by_alias=True, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
+    # Answers: described as they are sent (every field present, null when none).
+    answer = TypeAdapter(BlotterView).json_schema(
+        by_alias=True, mode="serialization", ref_template="#/components/schemas/{model}")
+    schemas.update(answer.pop("$defs", {}))
+    schemas["BlotterView"] = answer
     from gateway.story import RESPONSES  # the answers of the story routes
 
     for name, shape in RESPONSES.items():
-        schema = shape.model_json_schema(by_alias=True,
+        schema = shape.model_json_schema(by_alias=True, mode="serialization",
                                          ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
@@ -160,5 +166,13 @@ def openapi_document() -> dict[str, Any]:
             "/api/providers/{name}/limits": {"post": _op(
                 "Replace a provider gate's limits (admin; for requests not yet granted)", obj,
                 "GateLimits", params=("name",))},
+            "/api/orders": {"get": _op(
+                "The desk's blotter: open orders, fills, cancels, rejections with reasons and "
+                "positions of every agent in scope (or one), from the log", "BlotterView",
+                params=(), query=(("agent", "string"), ("symbol", "string"),
+                                  ("limit", "integer")))},
+            f"{agent}/orders": {"get": _op(
+                "One agent's blotter (open orders, fills, cancels, rejections, positions)",
+                "BlotterView", query=(("symbol", "string"), ("limit", "integer")))},
         },
     }

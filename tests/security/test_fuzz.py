@@ -223,10 +223,11 @@ POSTS = ["/api/agents/btc/requests", "/api/agents/btc/control", "/api/agents/btc
 GETS = ["/healthz", "/metrics", "/openapi.json", "/api/agents", "/api/agents/btc",
         "/api/agents/btc/queue", "/api/events", "/api/events/1", "/api/event-types",
         "/api/agents/btc/events", "/api/replay", "/api/providers", "/api/providers/openai",
-        "/api/agents/btc/runs", "/api/charts", "/api/agents/btc/story",
-        "/api/agents/btc/story/find", "/api/agents/btc/moment", "/api/agents/btc/diff"]
+        "/api/agents/btc/runs", "/api/charts", "/api/orders", "/api/agents/btc/orders",
+        "/api/agents/btc/story", "/api/agents/btc/story/find", "/api/agents/btc/moment",
+        "/api/agents/btc/diff"]
 PARAMS = ["after", "limit", "agent", "type", "beforeVersion", "position", "around", "q",
-          "before", "from", "to", "step", "at", "kind"]
+          "before", "from", "to", "step", "symbol", "at", "kind"]
 
 bodies = (
     mutated().map(lambda f: json.dumps(f.get("request", f)).encode())

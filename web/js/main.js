@@ -9,6 +9,7 @@ import {setText} from "./dom.js";
 import {clock, num} from "./format.js";
 import {Model} from "./model.js";
 import {createAgentView} from "./views/agent.js";
+import {createBlotter} from "./views/blotter.js";
 import {createCharts} from "./views/charts.js";
 import {createEvents} from "./views/events.js";
 import {createOverview} from "./views/overview.js";
@@ -17,7 +18,7 @@ import {Toasts} from "./toasts.js";
 
 const TOKEN_KEY = "gateway-panel-token";
 const TICK_MS = 500;
-const VIEWS = ["overview", "agent", "providers", "events", "charts"];
+const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter"];
 const $ = (id) => document.getElementById(id);
 
 let session = null;
@@ -84,7 +85,7 @@ function buildViews(hello) {
   session.ctx = ctx;
   session.views = {
     overview: createOverview(ctx), agent: createAgentView(ctx), providers: createProviders(ctx),
-    events: createEvents(ctx), charts: createCharts(ctx),
+    events: createEvents(ctx), charts: createCharts(ctx), blotter: createBlotter(ctx),
   };
   $("login-view").hidden = true;
   $("nav").hidden = false;

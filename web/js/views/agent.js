@@ -9,6 +9,7 @@ import {pendingTable, runCard} from "./queue.js";
 import {createTimeline} from "./timeline.js";
 import {createCallTree, isCallEvent} from "./calls.js";
 import {createRunHistory} from "./runs.js";
+import {createAgentBlotter} from "./blotter.js";
 
 const PAGE = 1000;
 const QUEUE_REFRESH_MS = 250;
@@ -73,6 +74,7 @@ export function createAgentView(ctx) {
   let timeline = null;
   let calls = null;
   let runs = null;
+  let blotter = null;
   let parts = null;
 
   function build(id) {
@@ -99,6 +101,7 @@ export function createAgentView(ctx) {
     timeline = createTimeline(ctx, id, {loadEarlier});
     calls = createCallTree(ctx, id);
     runs = createRunHistory(ctx, id);
+    blotter = createAgentBlotter(ctx, id);
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
       h("span", {class: "who-for", "aria-hidden": "true"}, `${id}:`),
       Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
@@ -114,7 +117,7 @@ export function createAgentView(ctx) {
           h("h3", {id: "reasoning-lane-title"}, "Reasoning lane"), parts.laneFacts,
           h("h4", {}, "Active run"), parts.run, parts.pendingTitle, parts.pending,
           h("h4", {}, "Scheduled audits"), parts.schedules)),
-      runs.el, calls.el, timeline.el);
+      runs.el, blotter.el, calls.el, timeline.el);
     renderHead();  // what the model knows already, while the lanes and the log load
     return load(id, generation);
   }
@@ -277,6 +280,7 @@ export function createAgentView(ctx) {
       // A call anywhere may be part of this agent's trees (its calls' calls are elsewhere).
       if (detail.events.some(isCallEvent)) calls?.refresh();
       runs?.seen(detail.events);
+      blotter?.change(detail);
       if (mine) {
         timeline.set(stream, more);
         renderActions();
@@ -287,6 +291,7 @@ export function createAgentView(ctx) {
     tick() {
       renderHead();
       renderLanes();
+      blotter?.tick();
     },
   };
 }

@@ -1,0 +1,184 @@
+"""The blotter in the panel: orders driven through the simulated reasoner and the paper broker
+show up on the agent page and on the desk blotter, live, with rejections' reasons."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from playwright.async_api import Page, expect
+
+from gateway.market import Tick
+from gateway.server import Running
+from tests.browser.conftest import OpenPanel, screenshot
+from tests.browser.live import (
+    CONTROL,
+    VIEWER,
+    agent,
+    http,
+    live_gateway,
+    panel_config,
+    request,
+    submit,
+)
+from tests.gateway.support import until
+
+FILL_PRICE = 64_123.5
+MINUS = "\u2212"
+
+
+def trader(agent_id: str) -> dict[str, object]:
+    """An agent whose every run places one market order (the symbol its request names)."""
+    table = agent(agent_id, (30, 60))
+    table["reasoner"]["trade_probability"] = 1.0
+    return table
+
+
+async def open_orders(running: Running, agent_id: str, n: int) -> None:
+    async def counted() -> bool:
+        return len(running.service.engine.state(agent_id).orders) == n
+    await until(counted, f"{n} open orders of {agent_id}")
+
+
+async def trade(running: Running, agent_id: str, symbol: str) -> None:
+    await submit(running, request(agent_id, payload={"symbol": symbol}))
+
+
+async def scene(running: Running) -> None:
+    """alpha: an ETHUSD order left open (no ETH price yet), a BTCUSD one the paper broker
+    fills at the feed's next tick, then paused, a SOLUSD order the trading gate rejects;
+    bravo: a BTCUSD order filled by the same tick."""
+    await trade(running, "alpha", "ETHUSD")
+    await open_orders(running, "alpha", 1)
+    await trade(running, "alpha", "BTCUSD")
+    await trade(running, "bravo", "BTCUSD")
+    await open_orders(running, "alpha", 2)
+    await open_orders(running, "bravo", 1)
+    assert running.service.on_market is not None
+    running.service.on_market(Tick(symbol="BTCUSD", price=FILL_PRICE,  # as the feed socket does
+                                   at=datetime.now(UTC)))
+    await open_orders(running, "alpha", 1)
+    await open_orders(running, "bravo", 0)
+    async with http(running) as client:
+        paused = await client.post("/api/agents/alpha/control", json={"action": "pause"})
+        assert paused.status_code == 200, paused.text
+    await trade(running, "alpha", "SOLUSD")
+
+
+async def expect_alpha(page: Page, root: str) -> None:
+    """What alpha's blotter must show, in the container ``root``."""
+    blotter = page.locator(root)
+    opened = blotter.locator('[data-part="open"] [data-order="alpha-r1-o1"]')
+    await expect(opened).to_contain_text("ETHUSD")
+    await expect(opened).to_contain_text("working")
+    fill = blotter.locator('[data-part="fills"] [data-fill="alpha-r2-o1"]')
+    await expect(fill).to_contain_text("64,123.50")
+    await expect(fill).to_contain_text("BTCUSD")
+    rejection = blotter.locator('[data-part="rejections"] tr').filter(has_text="SOLUSD")
+    await expect(rejection).to_contain_text("trading gate")
+    await expect(rejection).to_contain_text(
+        "agent is REDUCING: only orders that reduce the SOLUSD position (0) are allowed")
+    position = blotter.locator('[data-position="alpha/BTCUSD"]')
+    await expect(position).to_contain_text("64,123.50")
+    await expect(position).to_contain_text("long" if "buy" in (await fill.inner_text())
+                                           else "short")
+
+
+async def test_the_agent_page_shows_open_orders_fills_rejections_and_positions_live(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    config = panel_config(db, [trader("alpha"), trader("bravo")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, VIEWER)
+        await page.goto(f"{running.url}/#/agent/alpha")
+        await expect(page.locator("#agent-blotter-status")).to_contain_text("0 open orders")
+        await scene(running)  # everything after the page loaded: it follows the log live
+        await expect_alpha(page, "#agent-blotter")
+        await expect(page.locator("#agent-blotter-status")).to_contain_text("1 open order ")
+        await expect(page.locator("#agent-blotter [data-agent]")).to_have_count(0)
+        await expect(page.locator("#agent-blotter")).not_to_contain_text("bravo")
+        await expect(page.locator("[data-cancel-order]")).to_have_count(0)  # a viewer's
+        await page.locator("#agent-blotter").scroll_into_view_if_needed()
+        await screenshot(page, "blotter-agent")
+        await page.reload()  # from the log, not from what the page saw
+        await expect_alpha(page, "#agent-blotter")
+
+        await page.get_by_role("link", name="Event log").click()  # away while it changes
+        async with http(running) as client:
+            asked = await client.post("/api/agents/alpha/control",
+                                      json={"action": "cancel_order", "orderId": "alpha-r1-o1"})
+            assert asked.json()["decision"] == "accepted", asked.text
+        await open_orders(running, "alpha", 0)  # the paper broker cancelled it
+        closed = page.locator('#events-view [data-type="OrderClosed"][data-stream="alpha"]'
+                              ).filter(has_text="alpha-r1-o1")
+        await expect(closed).to_have_count(1)  # the page has the events, seen from elsewhere
+        await page.go_back()
+        cancel = page.locator('#agent-blotter [data-part="cancels"] [data-cancel="alpha-r1-o1"]')
+        await expect(cancel).to_contain_text("ops (cancel_order)")
+        await expect(cancel).to_contain_text("cancelled at")
+
+
+async def test_the_desk_blotter_shows_every_agent_and_filters_by_agent_and_symbol(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    config = panel_config(db, [trader("alpha"), trader("bravo")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, VIEWER)
+        await page.get_by_role("link", name="Blotter").click()
+        view = page.locator("#blotter-view")
+        await expect(page.locator("#blotter-status")).to_contain_text("2 agents")
+        await scene(running)
+        await expect_alpha(page, "#desk-blotter")
+        fills = page.locator('#desk-blotter [data-part="fills"] tbody tr')
+        await expect(fills).to_have_count(2)
+        await expect(page.locator('#desk-blotter [data-fill="bravo-r1-o1"]')).to_contain_text(
+            "bravo")
+        net = page.locator("#desk-net")  # the two agents' BTCUSD added up
+        alpha_qty = await page.locator('[data-position="alpha/BTCUSD"]').get_attribute("data-net")
+        bravo_qty = await page.locator('[data-position="bravo/BTCUSD"]').get_attribute("data-net")
+        total = float(alpha_qty or "nan") + float(bravo_qty or "nan")
+        shown = f"{abs(total):.8f}".rstrip("0").rstrip(".")  # as the page rounds it
+        await expect(net).to_contain_text(f"BTCUSD {'+' if total > 0 else MINUS}{shown}")
+        await screenshot(page, "blotter-desk", full_page=True)
+
+        await view.get_by_label("Agent", exact=True).select_option("bravo")
+        await expect(page).to_have_url(f"{running.url}/#/blotter?agent=bravo")
+        await expect(fills).to_have_count(1)
+        await expect(page.locator("#desk-blotter")).not_to_contain_text("alpha-r")
+
+        await view.get_by_label("Agent", exact=True).select_option("")
+        await view.get_by_label("Symbol", exact=True).fill("ethusd")
+        await view.get_by_label("Symbol", exact=True).press("Enter")
+        await expect(page.locator("#blotter-status")).to_contain_text("ETHUSD")
+        await expect(page.locator('#desk-blotter [data-part="open"] tbody tr')).to_have_count(1)
+        await expect(page.locator('#desk-blotter [data-part="fills"]')).to_contain_text(
+            "No fill.")
+
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await view.get_by_label("Symbol", exact=True).fill("")
+        await view.get_by_label("Symbol", exact=True).press("Enter")
+        await expect(fills).to_have_count(2)
+        await screenshot(page, "blotter-desk-phone", full_page=True)
+
+
+async def test_an_open_order_is_cancelled_from_its_row_and_the_cancel_says_who_asked(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    config = panel_config(db, [trader("alpha")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, CONTROL)
+        await page.goto(f"{running.url}/#/agent/alpha")
+        await trade(running, "alpha", "ETHUSD")  # no ETH price: it rests at the paper broker
+        blotter = page.locator("#agent-blotter")
+        row = blotter.locator('[data-part="open"] [data-order="alpha-r1-o1"]')
+        await row.get_by_role("button", name="Cancel order alpha-r1-o1 of alpha").click()
+        await expect(page.locator("#confirm-text")).to_contain_text("ETHUSD")
+        await page.locator("#confirm-ok").click()
+        await expect(page.locator("#agent-blotter-result")).to_contain_text(
+            "Cancel alpha-r1-o1: cancel sent to the broker")
+        cancel = blotter.locator('[data-part="cancels"] [data-cancel="alpha-r1-o1"]')
+        await expect(cancel).to_contain_text("ops (cancel_order)")
+        await expect(cancel).to_contain_text("cancelled at")
+        await expect(blotter.locator('[data-part="open"]')).to_contain_text("No open order.")
+        await cancel.scroll_into_view_if_needed()
+        await screenshot(page, "blotter-cancelled")
