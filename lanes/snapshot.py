@@ -20,10 +20,18 @@ from lanes.config import AgentConfig
 from lanes.events import AgentCallDispatched, CallAnswered, Summary, TradingState, answer_id
 from lanes.replay import LogFold
 from lanes.schedules import ScheduleEntry
-from lanes.state import ActiveRun, AgentState, CallBook, Counters, OpenOrder, Pending
+from lanes.state import (
+    ActiveRun,
+    AgentState,
+    CallBook,
+    Counters,
+    OpenOrder,
+    Pending,
+    TradingChange,
+)
 from lanes.streams import is_agent_stream
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 """Bump when the image below changes shape."""
 
 
@@ -40,6 +48,7 @@ class AgentImage:
     version: int
     now: int
     trading: TradingState
+    trading_change: TradingChange | None
     pending: list[Pending]
     active: ActiveRun | None
     run_seq: int
@@ -141,6 +150,7 @@ def _image(state: AgentState) -> AgentImage:
         version=state.version,
         now=state.now,
         trading=state.trading,
+        trading_change=state.trading_change,
         pending=state.pending,
         active=state.active,
         run_seq=state.run_seq,
@@ -186,6 +196,7 @@ def _state(image: AgentImage) -> AgentState:
         version=image.version,
         now=image.now,
         trading=image.trading,
+        trading_change=image.trading_change,
         pending=image.pending,
         active=image.active,
         run_seq=image.run_seq,
