@@ -71,7 +71,7 @@ def test_who_halted_survives_replay_and_a_snapshot() -> None:
 
 
 def test_a_request_without_a_principal_is_attributed_to_its_source() -> None:
-    bench = Bench(AgentConfig(halt_on_alerts=["*"]))
+    bench = Bench(AgentConfig(halt_on_alerts=("*",)))
     bench.send("system_alert", payload={"code": "broker_down"}, dedupeKey="a1",
                source="risk-engine")
     reasons, _ = blocked_view(bench.state, bench.now)
