@@ -8,7 +8,7 @@ from typing import Any
 from gateway.blocked import GATE_SLOW_MS, blocked_view
 from gateway.market import from_ms, iso
 from lanes import AgentConfig, Budgets
-from lanes.events import RequestReceived
+from lanes.events import RequestReceived, SpendLimitHit
 from lanes.gate import gate_waits
 from lanes.gate.events import GateLimits
 from lanes.replay import LogFold, replay
@@ -76,6 +76,20 @@ def test_a_request_without_a_principal_is_attributed_to_its_source() -> None:
                source="risk-engine")
     reasons, _ = blocked_view(bench.state, bench.now)
     assert reasons[0]["kind"] == "halted" and reasons[0]["by"] == "risk-engine"
+
+
+def test_a_spend_hold_says_why_and_a_resume_lifts_it() -> None:
+    bench = Bench()
+    bench.send()
+    bench.advance(3_000)
+    bench.feed(SpendLimitHit(at=bench.now, run_id=bench.run_id, provider="anthropic",
+                             reason="credit balance too low"))
+    reasons, level = blocked_view(bench.state, bench.now)
+    assert reasons == [{"kind": "held", "reason": "anthropic: credit balance too low",
+                        "at": at(T0 + 3_000)}]
+    assert level == "warning"
+    stop(bench, "resume", "ops")
+    assert blocked_view(bench.state, bench.now) == ([], "none")
 
 
 def test_a_budget_suppression_names_the_budget_and_when_it_reopens() -> None:
