@@ -11,11 +11,13 @@ Each reason is a dict with a ``kind`` and the facts of that kind, times as ISO s
 - ``cooldown``: ``until``, ``suppressing`` (whether a pending request waits for it);
 - ``gate``: ``provider``, ``limit`` (see `lanes.gate.GateWait`), ``detail``, ``nextSlotAt``,
   ``since``, ``forMs``, ``first``, ``waiting``;
+- ``failed``: ``runId``, ``at``, ``error`` — the latest run failed or timed out (until a
+  run completes; not while runs are held, which says why);
 - ``running``: ``runId``, ``since``, ``forMs``, ``deadline``.
 
 ``attention`` is the most severe level among them: ``critical`` (halted), ``warning``
-(held, reducing, suppressed, a gate wait of `GATE_SLOW_MS` or more), ``info`` (cooldown, a
-short gate wait) or ``none``.
+(held, reducing, suppressed, a failed run, a gate wait of `GATE_SLOW_MS` or more), ``info``
+(cooldown, a short gate wait) or ``none``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def blocked_view(state: AgentState, now: int, provider: str | None = None,
         reasons.append(("warning", {"kind": "suppressed", "budget": budget,
                                     "reason": f"{budget} budget", "limit": limit,
                                     "until": _at(suppressed[1]), "pending": len(state.pending)}))
+    if state.failure is not None and state.held is None:  # (a hold says why already)
+        run_id, failed_at, error = state.failure
+        reasons.append(("warning", {"kind": "failed", "runId": run_id, "at": _at(failed_at),
+                                    "error": error}))
     if now < state.cooldown_until:
         suppressing = suppressed is not None and suppressed[0] == "cooldown"
         reasons.append(("info", {"kind": "cooldown", "until": _at(state.cooldown_until),

@@ -14,6 +14,7 @@ from typing import Any
 from lanes.config import DAY_MS, Mode
 from lanes.events import (
     SUMMARY_IDS,
+    AbortReason,
     AgentCallDispatched,
     AgentCallQueued,
     AgentCallRejected,
@@ -439,6 +440,7 @@ def _completed(state: AgentState, event: RunCompleted) -> None:
     run = _run(state, event.run_id, "RunCompleted")
     _release_carried(state, run.requests)
     state.active = None
+    state.failure = None
     cooldown = state.config.budgets.no_trade_cooldown_ms
     if event.outcome is Outcome.NO_TRADE and cooldown:
         state.cooldown_until = state.now + cooldown
@@ -453,6 +455,7 @@ def _failed(state: AgentState, event: RunFailed) -> None:
     run = _run(state, event.run_id, "RunFailed")
     _release_carried(state, run.requests)
     state.active = None
+    state.failure = (event.run_id, state.now, event.error)
     state.counters.failed += 1
 
 
@@ -460,6 +463,9 @@ def _failed(state: AgentState, event: RunFailed) -> None:
 def _aborted(state: AgentState, event: RunAborted) -> None:
     run = _run(state, event.run_id, "RunAborted")
     state.active = None
+    if event.reason is AbortReason.TIMEOUT:
+        took = state.now - run.started_at
+        state.failure = (event.run_id, state.now, f"timed out after {took} ms")
     if not event.requeued:
         _release_carried(state, run.requests)
     if event.requeued:

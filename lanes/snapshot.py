@@ -59,6 +59,7 @@ class AgentImage:
     cooldown_until: int
     suppressed: tuple[str, int] | None
     held: str | None
+    failure: tuple[str, int, str] | None
     recent_keys: list[str]
     recent_ids: list[str]
     recent_at: list[int]
@@ -161,6 +162,7 @@ def _image(state: AgentState) -> AgentImage:
         cooldown_until=state.cooldown_until,
         suppressed=state.suppressed,
         held=state.held,
+        failure=state.failure,
         recent_keys=list(recent),
         recent_ids=[v[0] for v in recent_values],
         recent_at=[v[1] for v in recent_values],
@@ -207,6 +209,7 @@ def _state(image: AgentImage) -> AgentState:
         cooldown_until=image.cooldown_until,
         suppressed=image.suppressed,
         held=image.held,
+        failure=image.failure,
         recent_keys=dict(zip(image.recent_keys,
                              zip(image.recent_ids, image.recent_at, strict=True), strict=True)),
         pending_keys=dict(zip(image.pending_keys, image.pending_key_ids, strict=True)),

@@ -162,6 +162,9 @@ class AgentState:
     """Who sent ``staged``: its principal, else its source, else its kind."""
     trading_change: TradingChange | None = None
     """The latest control that set ``trading`` (None: never changed since the start)."""
+    failure: tuple[str, int, str] | None = None
+    """(run id, when, error) of the latest run if it failed or timed out (None once a run
+    completes)."""
     pending: list[Pending] = field(default_factory=list)
     active: ActiveRun | None = None
     run_seq: int = 0

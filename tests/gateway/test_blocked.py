@@ -89,7 +89,33 @@ def test_a_spend_hold_says_why_and_a_resume_lifts_it() -> None:
                         "at": at(T0 + 3_000)}]
     assert level == "warning"
     stop(bench, "resume", "ops")
+    reasons, _ = blocked_view(bench.state, bench.now)
+    assert kinds(reasons) == ["failed"]  # the run the refusal cut short, until one completes
+
+
+def test_a_failed_run_needs_attention_until_a_run_completes() -> None:
+    bench = Bench()
+    bench.send()
+    bench.advance(2_000)
+    bench.fail("provider said 500")
+    reasons, level = blocked_view(bench.state, bench.now)
+    assert reasons == [{"kind": "failed", "runId": "agent_btc_5m-r1", "at": at(T0 + 2_000),
+                        "error": "provider said 500"}]
+    assert level == "warning"
+    loaded, _ = load_fold(dump_fold(LogFold(states={bench.agent: bench.state}), "ev"))
+    assert loaded.states[bench.agent] == bench.state == replay(bench.round_tripped())[bench.agent]
+    bench.send()
+    bench.finish("trade")
     assert blocked_view(bench.state, bench.now) == ([], "none")
+
+
+def test_a_run_that_timed_out_counts_as_failed() -> None:
+    bench = Bench(AgentConfig(run_timeout_ms=5_000))
+    bench.send()
+    bench.advance(6_000)
+    reasons, _ = blocked_view(bench.state, bench.now)
+    assert reasons == [{"kind": "failed", "runId": "agent_btc_5m-r1", "at": at(T0 + 5_000),
+                        "error": "timed out after 5000 ms"}]
 
 
 def test_a_budget_suppression_names_the_budget_and_when_it_reopens() -> None:

@@ -23,10 +23,23 @@ export function hms(iso) {
   return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
-/** The attention level of an agent's status (a status from before `attention` existed: by state). */
+/**
+ * An agent's reasons, agreeing with its trading state: the model applies a stop or a resume
+ * at once, before the status (and its reasons) is read again.
+ */
+export function reasonsOf(a) {
+  const reasons = a.blocked ?? [];
+  const halted = reasons.some((r) => r.kind === "halted");
+  if (a.trading === "HALTED" && !halted) return [{kind: "halted", by: null, at: null}, ...reasons];
+  if (a.trading !== "HALTED" && halted) return reasons.filter((r) => r.kind !== "halted");
+  return reasons;
+}
+
+/** The attention level of an agent's status (by its trading state where the two disagree). */
 export function attention(a) {
-  if (a.attention) return a.attention;
-  return a.trading === "HALTED" ? "critical" : a.trading === "REDUCING" ? "warning" : "none";
+  if (a.trading === "HALTED") return "critical";
+  if (a.attention && a.attention !== "critical") return a.attention;
+  return a.trading === "REDUCING" ? "warning" : "none";
 }
 
 /**
@@ -47,6 +60,7 @@ export function reasonText(r, a, brief = false) {
       return `Waiting on provider ${r.provider}: ${LIMITS[r.limit] ?? r.limit}`
         + (r.nextSlotAt ? `, next slot ${hms(r.nextSlotAt)}` : "")
         + `${r.first ? "" : " (behind another agent)"} · ${since(r.forMs)}`;
+    case "failed": return `Last run ${r.runId} failed at ${hms(r.at)}: ${r.error}`;
     case "running": return `Running ${since(r.forMs)}`;
     default: return r.kind;
   }
@@ -57,7 +71,7 @@ export function reasonText(r, a, brief = false) {
  * a run waiting at the gate is said once, by the gate.
  */
 export function reasonsText(a) {
-  let reasons = a.blocked ?? [];
+  let reasons = reasonsOf(a);
   if (!reasons.length) return a.pending ? `Idle · ${a.pending} pending` : "Idle";
   if (reasons.some((r) => r.kind === "gate")) reasons = reasons.filter((r) => r.kind !== "running");
   return reasons.map((r) => reasonText(r, a, true)).join(" · ");
@@ -69,7 +83,7 @@ export function reasonsText(a) {
  */
 export function badgeState(a) {
   if (a.trading !== "ACTIVE") return a.held && a.trading === "REDUCING" ? "HELD" : a.trading;
-  const kinds = new Set((a.blocked ?? []).map((r) => r.kind));
+  const kinds = new Set(reasonsOf(a).map((r) => r.kind));
   if (kinds.has("held")) return "HELD";
   if (kinds.has("suppressed")) return "SUPPRESSED";
   if (kinds.has("gate") && attention(a) === "warning") return "WAITING";

@@ -1,7 +1,7 @@
 // Agent detail: the two lanes side by side (control actions with their results; the active run
 // and the pending list), the controls the token allows, and time travel over the agent's log.
 
-import {attention, badgeState, reasonText} from "../blocked.js";
+import {attention, badgeState, reasonsOf, reasonText} from "../blocked.js";
 import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
 import {budget, clock, duration} from "../format.js";
 import {Model} from "../model.js";
@@ -223,7 +223,7 @@ export function createAgentView(ctx) {
 
   /** The reasons at the top, most severe first, coloured by what they mean. */
   function renderWhy(a) {
-    const reasons = a.blocked ?? [];
+    const reasons = reasonsOf(a);
     const level = attention(a);
     setAttr(parts.why, "data-attention", level);
     parts.why.className = `why attention-${level}`;
