@@ -2,7 +2,7 @@
 row says in words why its agent does not run (those needing attention coloured and first),
 the agent page says it at the top, a banner counts the halted agents on every view, and
 resumes (from a row, or all after a confirm) say what they changed.
-Screenshots: ``why-overview``, ``why-agent``, ``halted-banner``."""
+Screenshots: ``why-overview``, ``why-agent``, ``halted-banner``, ``halted-rows``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from tests.browser.live import (
 )
 
 TIME = r"\d\d:\d\d:\d\d"
+WHY = 'td[data-col="why"] .why-text'
+"""The words of a row's reason (a halted row has its Resume button before them)."""
 
 
 async def rows_of(page: Page) -> list[str]:
@@ -62,13 +64,13 @@ async def test_each_row_says_why_its_agent_is_blocked_and_those_needing_attentio
         rows = page.locator("#agents-table tbody tr[data-agent]")
         zulu, mike = page.locator('tr[data-agent="zulu"]'), page.locator('tr[data-agent="mike"]')
         alpha = page.locator('tr[data-agent="alpha"]')
-        await expect(zulu.locator('td[data-col="why"]')).to_have_text(
+        await expect(zulu.locator(WHY)).to_have_text(
             re.compile(rf"^HALTED by ops at {TIME}$"))
-        await expect(mike.locator('td[data-col="why"]')).to_have_text(
+        await expect(mike.locator(WHY)).to_have_text(
             re.compile(rf"^Suppressed by budget \(runs/hour\) until {TIME}$"))
-        await expect(alpha.locator('td[data-col="why"]')).to_have_text(re.compile(r"^Running \d"))
-        await expect(page.locator('tr[data-agent="bravo"] td[data-col="why"]')).to_have_text("Idle")
-        await expect(page.locator('tr[data-agent="golf"] td[data-col="why"]')).to_have_text(
+        await expect(alpha.locator(WHY)).to_have_text(re.compile(r"^Running \d"))
+        await expect(page.locator(f'tr[data-agent="bravo"] {WHY}')).to_have_text("Idle")
+        await expect(page.locator(f'tr[data-agent="golf"] {WHY}')).to_have_text(
             re.compile(r"^Waiting on provider sim-llm: max concurrent calls · \d+\.\d s$"))
 
         # A suppressed agent does not wear the healthy green ACTIVE badge.
@@ -90,7 +92,7 @@ async def test_each_row_says_why_its_agent_is_blocked_and_those_needing_attentio
         assert await rows_of(page) == ["alpha", "bravo", "golf", "mike", "zulu"]
         await page.get_by_role("button", name="Why / doing").click()
         assert await rows_of(page) == ["zulu", "mike", "alpha", "bravo", "golf"]
-        await expect(alpha.locator('td[data-col="why"]')).to_have_text(re.compile(r"^Running \d"))
+        await expect(alpha.locator(WHY)).to_have_text(re.compile(r"^Running \d"))
         await screenshot(page, "why-overview")
 
         # The agent page says the same at the top.
@@ -133,6 +135,9 @@ async def test_the_halted_banner_counts_and_resumes_say_what_they_changed(
         await banner.get_by_role("link", name="Show halted").click()
         await expect(page.locator("#state-filter")).to_have_value("HALTED")
         assert await rows_of(page) == ["alpha", "bravo"]
+        await expect(page.locator('tr[data-agent="alpha"] td[data-col="why"]').get_by_role(
+            "button", name="Resume alpha")).to_be_in_viewport()  # next to the reason
+        await screenshot(page, "halted-rows")
 
         # Resume from the row: the ack says the consequence.
         row = page.locator('tr[data-agent="bravo"]')

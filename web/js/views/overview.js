@@ -86,10 +86,8 @@ export function createOverview(ctx) {
     cells.runTag = h("span", {class: "tag"});
     cells.run.append(cells.runText, " ", cells.runTag);
     if (ctx.controls) {
-      cells.actions = h("div", {class: "actions"},
-        ctx.controls.button(a.agentId, "emergency_stop", null, {small: true, label: "Stop"}));
-      cells.resume = null;  // only while HALTED (a control that does something there)
-      tr.append(h("td", {class: "act"}, cells.actions));
+      tr.append(h("td", {class: "act"}, h("div", {class: "actions"},
+        ctx.controls.button(a.agentId, "emergency_stop", null, {small: true, label: "Stop"}))));
     }
     tr._cells = cells;
     return tr;
@@ -109,12 +107,13 @@ export function createOverview(ctx) {
     const why = reasonsText(a);
     setText(c.whyText, why);
     setAttr(c.why, "title", why);
-    if (c.actions && (a.trading === "HALTED") !== (c.resume !== null)) {
+    // Resume next to the reason, only while HALTED (a control that does something there).
+    if (ctx.controls && (a.trading === "HALTED") !== Boolean(c.resume)) {
       if (c.resume) {
         c.resume.remove();
         c.resume = null;
       } else {
-        c.actions.append(c.resume = resumeButton(ctx, a.agentId, {small: true}));
+        c.why.prepend(c.resume = resumeButton(ctx, a.agentId, {small: true}));
       }
     }
     setText(c.mode, a.mode);
