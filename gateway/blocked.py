@@ -12,7 +12,7 @@ Each reason is a dict with a ``kind`` and the facts of that kind, times as ISO s
 - ``gate``: ``provider``, ``limit`` (see `lanes.gate.GateWait`), ``detail``, ``nextSlotAt``,
   ``since``, ``forMs``, ``first``, ``waiting``;
 - ``failed``: ``runId``, ``at``, ``error`` — the latest run failed or timed out (until a
-  run completes; not while runs are held, which says why);
+  run completes or a resume; not while runs are held, which says why);
 - ``running``: ``runId``, ``since``, ``forMs``, ``deadline``.
 
 ``attention`` is the most severe level among them: ``critical`` (halted), ``warning``

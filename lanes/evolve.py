@@ -374,6 +374,8 @@ def _control(state: AgentState, event: ControlApplied) -> None:
     _take_staged(state, event.request_id, "accepted")
     if event.action in _TRADING_ACTIONS:
         state.trading_change = TradingChange(event.action.value, by, state.now)
+    if event.action is ControlAction.RESUME:
+        state.failure = None  # seen to: an operator resumed the agent
     state.trading = event.to_state
     state.counters.controls += 1
 

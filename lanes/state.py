@@ -164,7 +164,7 @@ class AgentState:
     """The latest control that set ``trading`` (None: never changed since the start)."""
     failure: tuple[str, int, str] | None = None
     """(run id, when, error) of the latest run if it failed or timed out (None once a run
-    completes)."""
+    completes or the agent is resumed)."""
     pending: list[Pending] = field(default_factory=list)
     active: ActiveRun | None = None
     run_seq: int = 0

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from playwright.async_api import Page, expect
 
+from gateway.config import validate_config
+from gateway.fake_provider import Fault, FaultKind, create_fake_provider, serving
 from gateway.server import Running
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
@@ -174,3 +176,49 @@ async def test_the_halted_banner_counts_and_resumes_say_what_they_changed(
         viewer = await open_panel(running.url, VIEWER)
         await expect(viewer.locator("#halted-banner")).to_contain_text("1 agent halted")
         assert await viewer.locator("[data-mutating]").count() == 0
+
+
+async def test_a_held_agent_says_the_providers_refusal_and_a_resume_from_its_row_lifts_it(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    fake = create_fake_provider()
+    async with serving(fake) as url:
+        db = tmp_path / "held.db"
+        config = validate_config({
+            "server": {"host": "127.0.0.1", "port": 0},
+            "store": {"path": str(db), "synchronous": "NORMAL"},
+            "tokens": [{"name": "ops", "token": CONTROL, "role": "control"}],
+            "providers": [{"name": "claude", "kind": "anthropic", "model": "claude-test",
+                           "api_key": "test-key", "base_url": url},
+                          {"name": "sim-llm", "kind": "simulated"}],
+            "agents": [agent("alpha", (10, 10)),
+                       {"id": "hotel", "mode": "followup",
+                        "reasoner": {"kind": "llm", "provider": "claude", "max_turns": 1,
+                                     "max_tokens": 64}}],
+        }, "<held test>")
+        fake.fail_next(Fault(FaultKind.SPEND_LIMIT))
+        async with live_gateway(config, db, feed=False) as running:
+            await submit(running, request("hotel"))
+            page = await open_panel(running.url, CONTROL)
+            hotel = page.locator('tr[data-agent="hotel"]')
+            await expect(hotel.locator(WHY)).to_have_text(
+                "Held until resume: claude refused for spend")
+            await expect(hotel.locator('td[data-col="why"]')).to_have_attribute(
+                "title", re.compile(r"credit balance"))
+            await expect(hotel.locator(".state")).to_have_text("HELD")
+            await expect(hotel.locator(".state")).to_have_attribute(
+                "title", "trading state REDUCING")
+            await expect(hotel).to_have_class("reducing")
+            assert await rows_of(page) == ["hotel", "alpha"]
+            await screenshot(page, "held-overview")
+            await page.goto(f"{running.url}/#/agent/hotel")
+            await expect(page.locator('#agent-why [data-kind="held"]')).to_have_text(
+                re.compile(r"^Runs held until resume: claude: .*credit balance"))
+            await page.goto(f"{running.url}/#/overview")
+
+            await hotel.get_by_role("button", name="Resume hotel").click()
+            await expect(page.locator(".toast").last).to_have_text(
+                "hotel resumed: REDUCING → ACTIVE, runs no longer held, nothing queued")
+            await expect(hotel.locator(".state")).to_have_text("ACTIVE")
+            await expect(hotel.get_by_role("button", name="Resume hotel")).to_have_count(0)
+            await expect(hotel.locator(WHY)).to_have_text(re.compile(r"^Idle$"))

@@ -89,8 +89,7 @@ def test_a_spend_hold_says_why_and_a_resume_lifts_it() -> None:
                         "at": at(T0 + 3_000)}]
     assert level == "warning"
     stop(bench, "resume", "ops")
-    reasons, _ = blocked_view(bench.state, bench.now)
-    assert kinds(reasons) == ["failed"]  # the run the refusal cut short, until one completes
+    assert blocked_view(bench.state, bench.now) == ([], "none")
 
 
 def test_a_failed_run_needs_attention_until_a_run_completes() -> None:
@@ -106,6 +105,14 @@ def test_a_failed_run_needs_attention_until_a_run_completes() -> None:
     assert loaded.states[bench.agent] == bench.state == replay(bench.round_tripped())[bench.agent]
     bench.send()
     bench.finish("trade")
+    assert blocked_view(bench.state, bench.now) == ([], "none")
+
+
+def test_a_resume_says_a_failure_was_seen_to() -> None:
+    bench = Bench()
+    bench.send()
+    bench.fail("boom")
+    stop(bench, "resume", "ops")
     assert blocked_view(bench.state, bench.now) == ([], "none")
 
 

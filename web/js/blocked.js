@@ -44,14 +44,17 @@ export function attention(a) {
 
 /**
  * One reason in words; durations advance with the time since the status was read. `brief`
- * leaves out what a row shows in other columns (how many requests wait).
+ * leaves out what a row shows elsewhere (how many requests wait; a refusal's words: the
+ * cell's title and the agent page have them).
  */
 export function reasonText(r, a, brief = false) {
   const since = (ms) => duration(ms + Model.elapsed(a));
   switch (r.kind) {
     case "halted": return `HALTED${r.by ? ` by ${r.by}` : ""}${r.at ? ` at ${hms(r.at)}` : ""}`;
     case "reducing": return `Paused, reduce-only${r.by ? ` by ${r.by}` : ""}${r.at ? ` at ${hms(r.at)}` : ""}`;
-    case "held": return `Runs held until resume: ${r.reason}`;
+    case "held":  // the reason is "<provider>: <its refusal>", often long: a row names the provider
+      return brief ? `Held until resume: ${r.reason.split(":")[0]} refused for spend`
+        : `Runs held until resume: ${r.reason}`;
     case "suppressed":
       return `Suppressed by budget (${BUDGETS[r.budget] ?? r.budget}) until ${hms(r.until)}`
         + (r.pending && !brief ? ` · ${r.pending} waiting` : "");
@@ -68,13 +71,13 @@ export function reasonText(r, a, brief = false) {
 
 /**
  * All of an agent's reasons in a line, most severe first ("Idle" / "Idle · N pending" if none);
- * a run waiting at the gate is said once, by the gate.
+ * a run waiting at the gate is said once, by the gate. Brief (see `reasonText`) by default.
  */
-export function reasonsText(a) {
+export function reasonsText(a, brief = true) {
   let reasons = reasonsOf(a);
   if (!reasons.length) return a.pending ? `Idle · ${a.pending} pending` : "Idle";
   if (reasons.some((r) => r.kind === "gate")) reasons = reasons.filter((r) => r.kind !== "running");
-  return reasons.map((r) => reasonText(r, a, true)).join(" · ");
+  return reasons.map((r) => reasonText(r, a, brief)).join(" · ");
 }
 
 /**

@@ -1,8 +1,9 @@
 // The kill switch's way back: a banner "N agents halted" on every view while any agent in
 // the token's scope is HALTED (who halted each and when, a link to the halted ones, "Resume
-// all" after a confirm), Resume buttons for halted rows, and acks that say the consequence
-// ("alpha resumed: HALTED → ACTIVE, 3 queued requests will run" / "was not halted: nothing
-// changed"), read from the log: the decisions the resume's input got, then the agent's status.
+// all" after a confirm), Resume buttons for halted (and held) rows, and acks that say the
+// consequence ("alpha resumed: HALTED → ACTIVE, 3 queued requests will run" / "was not
+// halted: nothing changed"), read from the log: the decisions the resume's input got, then
+// the agent's status.
 
 import {hms} from "./blocked.js";
 import {confirmDialog} from "./controls.js";
@@ -19,6 +20,7 @@ export async function resumeAgent(ctx, agentId) {
   const ack = result.ack;
   let from = null;
   let started = null;
+  let unheld = false;
   let status = null;
   try {
     const [cause, agent] = await Promise.all([ctx.api.get(`/api/events/${ack.position}`),
@@ -27,14 +29,16 @@ export async function resumeAgent(ctx, agentId) {
     for (const e of [cause.input, ...cause.decisions]) {
       if (e?.type === "ControlApplied") from = e.data.from_state;
       else if (e?.type === "RunStarted") started = e.data.run_id;
+      else if (e?.type === "RunsUnheld") unheld = true;
     }
   } catch {
     return {ok: true, changed: null, text: `${agentId}: resume accepted (position ${ack.position}); its effect could not be read`};
   }
   const repeated = ack.repeated ? " (a repeated request: its first answer)" : "";
-  if (from === "ACTIVE") return {ok: true, changed: false, text: `${agentId} was not halted (already ACTIVE): nothing changed${repeated}`};
+  if (from === "ACTIVE" && !unheld) return {ok: true, changed: false, text: `${agentId} was not halted (already ACTIVE): nothing changed${repeated}`};
   if (from === null) return {ok: true, changed: null, text: `${agentId}: resume accepted (position ${ack.position})${repeated}`};
   const parts = [`${agentId} resumed: ${from} → ${status?.trading ?? "ACTIVE"}`];
+  if (unheld) parts.push("runs no longer held");
   if (started) parts.push(`run ${started} started`);
   const pending = status?.pending ?? 0;
   const budget = (status?.blocked ?? []).find((r) => r.kind === "suppressed" || r.kind === "cooldown");
@@ -48,7 +52,7 @@ export async function resumeAgent(ctx, agentId) {
   return {ok: true, changed: true, text: parts.join(", ") + repeated};
 }
 
-/** A Resume button for an agent's row (hidden by the row unless the agent is HALTED). */
+/** A Resume button for an agent's row (the row shows it while the agent is HALTED or held). */
 export function resumeButton(ctx, agentId, {small = false} = {}) {
   const button = h("button", {type: "button", class: small ? "small" : null, "data-mutating": true,
     "data-action": "resume-halted", "aria-label": `Resume ${agentId}`, text: "Resume"});

@@ -106,9 +106,9 @@ export function createOverview(ctx) {
     setAttr(c.badge, "title", badge === a.trading ? null : `trading state ${a.trading}`);
     const why = reasonsText(a);
     setText(c.whyText, why);
-    setAttr(c.why, "title", why);
-    // Resume next to the reason, only while HALTED (a control that does something there).
-    if (ctx.controls && (a.trading === "HALTED") !== Boolean(c.resume)) {
+    setAttr(c.why, "title", reasonsText(a, false));
+    // Resume next to the reason, only while HALTED or held (a control that does something there).
+    if (ctx.controls && (a.trading === "HALTED" || Boolean(a.held)) !== Boolean(c.resume)) {
       if (c.resume) {
         c.resume.remove();
         c.resume = null;
