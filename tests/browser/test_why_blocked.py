@@ -144,7 +144,7 @@ async def test_the_halted_banner_counts_and_resumes_say_what_they_changed(
         # Resume from the row: the ack says the consequence.
         row = page.locator('tr[data-agent="bravo"]')
         await row.get_by_role("button", name="Resume bravo").click()
-        await expect(page.locator(".toast").last).to_have_text(
+        await expect(page.locator(".toast .toast-text").last).to_have_text(
             "bravo resumed: HALTED → ACTIVE, run bravo-r1 started, 2 queued requests will run")
         await expect(banner).to_contain_text("■ 1 agent halted: alpha by ops")
         await expect(row).to_have_count(0)  # filtered out: no longer HALTED
@@ -163,7 +163,7 @@ async def test_the_halted_banner_counts_and_resumes_say_what_they_changed(
         await expect(dialog).to_contain_text("alpha, charlie go back to ACTIVE")
         await control(running, "charlie", "resume")
         await dialog.get_by_role("button", name="Resume all").click()
-        toast = page.locator(".toast").last
+        toast = page.locator(".toast .toast-text").last
         await expect(toast).to_contain_text("Resumed 2 agents — alpha resumed: HALTED → ACTIVE, "
                                             "nothing queued")
         await expect(toast).to_contain_text("charlie was not halted (already ACTIVE): "
@@ -217,7 +217,7 @@ async def test_a_held_agent_says_the_providers_refusal_and_a_resume_from_its_row
             await page.goto(f"{running.url}/#/overview")
 
             await hotel.get_by_role("button", name="Resume hotel").click()
-            await expect(page.locator(".toast").last).to_have_text(
+            await expect(page.locator(".toast .toast-text").last).to_have_text(
                 "hotel resumed: REDUCING → ACTIVE, runs no longer held, nothing queued")
             await expect(hotel.locator(".state")).to_have_text("ACTIVE")
             await expect(hotel.get_by_role("button", name="Resume hotel")).to_have_count(0)

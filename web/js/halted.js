@@ -13,43 +13,57 @@ const NAMED = 5;
 
 const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
-/** What a resume of an agent did, in words: {ok, changed, text}. Never throws. */
+/** The effect of a control as the ack gives it, read from the log instead (the decisions of its input). */
+function effectOf(cause) {
+  let effect = null;
+  for (const e of [cause.input, ...cause.decisions]) {
+    if (e?.type === "ControlApplied") effect = {fromState: e.data.from_state, toState: e.data.to_state};
+    else if (effect && e?.type === "RunStarted") effect.startedRun = e.data.run_id;
+    else if (effect && e?.type === "RunsUnheld") effect.unheld = true;
+  }
+  if (effect) effect.changed = effect.fromState !== effect.toState || Boolean(effect.startedRun || effect.unheld);
+  return effect;
+}
+
+/**
+ * Resume an agent and say what that did: its state change (the ack's `effect`), whether runs
+ * were held, the run it started, and what its queue does now (read after the ack). As
+ * `Controls.perform`: {ok, kind, text}; never throws.
+ */
 export async function resumeAgent(ctx, agentId) {
   const result = await ctx.controls.perform(agentId, "resume");
-  if (!result.ok || !result.ack) return {ok: false, changed: false, text: result.text};
+  if (!result.ok || !result.ack) return result;
   const ack = result.ack;
-  let from = null;
-  let started = null;
-  let unheld = false;
+  let effect = ack.effect ?? null;
   let status = null;
   try {
-    const [cause, agent] = await Promise.all([ctx.api.get(`/api/events/${ack.position}`),
-      ctx.api.get(`/api/agents/${encodeURIComponent(agentId)}`)]);
+    const path = `/api/agents/${encodeURIComponent(agentId)}`;
+    const [agent, cause] = await Promise.all([ctx.api.get(path),
+      effect ? null : ctx.api.get(`/api/events/${ack.position}`)]);  // (a repeat has no effect)
     status = agent;
-    for (const e of [cause.input, ...cause.decisions]) {
-      if (e?.type === "ControlApplied") from = e.data.from_state;
-      else if (e?.type === "RunStarted") started = e.data.run_id;
-      else if (e?.type === "RunsUnheld") unheld = true;
-    }
+    effect ??= cause ? effectOf(cause) : null;
   } catch {
-    return {ok: true, changed: null, text: `${agentId}: resume accepted (position ${ack.position}); its effect could not be read`};
+    // the ack's effect alone
   }
   const repeated = ack.repeated ? " (a repeated request: its first answer)" : "";
-  if (from === "ACTIVE" && !unheld) return {ok: true, changed: false, text: `${agentId} was not halted (already ACTIVE): nothing changed${repeated}`};
-  if (from === null) return {ok: true, changed: null, text: `${agentId}: resume accepted (position ${ack.position})${repeated}`};
-  const parts = [`${agentId} resumed: ${from} → ${status?.trading ?? "ACTIVE"}`];
-  if (unheld) parts.push("runs no longer held");
-  if (started) parts.push(`run ${started} started`);
+  if (!effect) return {ok: true, kind: "ok", ack, text: `${agentId}: resume accepted (position ${ack.position})${repeated}`};
+  if (!effect.changed) {
+    return {ok: true, kind: "info", ack, effect,
+      text: `${agentId} was not halted (already ${effect.toState}): nothing changed${repeated}`};
+  }
+  const parts = [`${agentId} resumed: ${effect.fromState} → ${effect.toState}`];
+  if (effect.unheld) parts.push("runs no longer held");
+  if (effect.startedRun) parts.push(`run ${effect.startedRun} started`);
   const pending = status?.pending ?? 0;
   const budget = (status?.blocked ?? []).find((r) => r.kind === "suppressed" || r.kind === "cooldown");
   if (pending && budget) {
     parts.push(`${plural(pending, "queued request")} wait for the ${budget.kind === "cooldown" ? "cooldown" : `${budget.budget} budget`} until ${hms(budget.until)}`);
   } else if (pending) {
     parts.push(`${plural(pending, "queued request")} will run`);
-  } else if (!started) {
+  } else if (!effect.startedRun && status) {
     parts.push("nothing queued");
   }
-  return {ok: true, changed: true, text: parts.join(", ") + repeated};
+  return {ok: true, kind: "ok", ack, effect, text: parts.join(", ") + repeated};
 }
 
 /** A Resume button for an agent's row (the row shows it while the agent is HALTED or held). */
@@ -59,19 +73,16 @@ export function resumeButton(ctx, agentId, {small = false} = {}) {
   button.addEventListener("click", async () => {
     if (button.getAttribute("aria-busy") === "true") return;
     button.setAttribute("aria-busy", "true");
-    button.textContent = "Resuming…";
     try {
-      const result = await resumeAgent(ctx, agentId);
-      ctx.controls.toast(result.text, result.ok);
+      await ctx.controls.track(`Resume ${agentId}`, resumeAgent(ctx, agentId));
     } finally {
       button.removeAttribute("aria-busy");
-      button.textContent = "Resume";
     }
   });
   return button;
 }
 
-/** Resume every halted agent in `agentIds` after one confirm; one toast says what each did. */
+/** Resume every halted agent in `agentIds` after one confirm; one notification says what each did. */
 export async function resumeAll(ctx, agentIds) {
   const names = agentIds.length > NAMED ? `${agentIds.slice(0, NAMED).join(", ")} and ${agentIds.length - NAMED} more`
     : agentIds.join(", ");
@@ -79,11 +90,12 @@ export async function resumeAll(ctx, agentIds) {
     `${names} go back to ACTIVE: runs start again for their queued requests and new orders are allowed.`,
     "Resume all");
   if (!ok) return null;
-  const results = await Promise.all(agentIds.map((id) => resumeAgent(ctx, id)));
-  const failed = results.filter((r) => !r.ok).length;
-  const head = failed ? `Resume all: ${failed} of ${results.length} failed` : `Resumed ${plural(results.length, "agent")}`;
-  ctx.controls.toast(`${head} — ${results.map((r) => r.text).join("; ")}`, !failed);
-  return results;
+  const all = Promise.all(agentIds.map((id) => resumeAgent(ctx, id))).then((results) => {
+    const failed = results.filter((r) => !r.ok).length;
+    const head = failed ? `Resume all: ${failed} of ${results.length} failed` : `Resumed ${plural(results.length, "agent")}`;
+    return {ok: !failed, kind: failed ? "bad" : "ok", results, text: `${head} — ${results.map((r) => r.text).join("; ")}`};
+  });
+  return ctx.controls.track(`Resume of ${plural(agentIds.length, "halted agent")}`, all, null, "their states");
 }
 
 /** The banner (an element to put in the page once); it follows the model by itself. */
