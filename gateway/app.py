@@ -32,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.auth import Principal, Role, TokenBook
+from gateway.blocked import blocked_view
 from gateway.blotter import BlotterBook, BlotterQuery, blotter_view, parse_query
 from gateway.cluster import Cluster
 from gateway.engine import Ack, Engine
@@ -110,7 +111,7 @@ from gateway.tasks import spawn
 from lanes import AgentConfig, AgentRequest, InvalidRequest, parse_request, status
 from lanes.calltree import CALL_EVENT_TYPES, CallTrees
 from lanes.events import DECISION_TYPES, INPUT_TYPES, OperatorAction
-from lanes.gate import GateStatus, gate_status
+from lanes.gate import GateStatus, GateWait, gate_status, gate_waits
 from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateLimits, lease_too_short
 from lanes.requests import MAX_INT, ControlAction, FieldError, WireModel
 from lanes.schedules import Schedule
@@ -494,13 +495,17 @@ class _Api:
         principal = self._principal(request)
         principal.check_read()
         now = self.engine.clock.now_ms()
-        return _json([self._summary(a, now) for a in self.engine.agent_ids
+        waits = gate_waits_of(self.engine, now)
+        return _json([self._summary(a, now, waits) for a in self.engine.agent_ids
                       if principal.may_see(a)])
 
-    def _summary(self, agent_id: str, now: int) -> dict[str, Any]:
+    def _summary(self, agent_id: str, now: int,
+                 waits: dict[str, tuple[str, GateWait]] | None = None) -> dict[str, Any]:
         """`agent_summary`, and in a cluster which process serves the agent (``servedBy``:
         its URL; null while it moves)."""
-        body = agent_summary(self.engine.state(agent_id), now)
+        if waits is None:
+            waits = gate_waits_of(self.engine, now)
+        body = agent_summary(self.engine.state(agent_id), now, waits.get(agent_id))
         cluster = self.service.cluster
         if cluster is not None:
             body["servedBy"] = cluster.owner_of(agent_id)
@@ -1326,10 +1331,21 @@ def own_origins(host: str, port: int) -> frozenset[str]:
 # ------------------------------------------------------------------------------ views
 
 
-def agent_summary(state: AgentState, now: int) -> dict[str, Any]:
-    """An agent's status as JSON (camelCase, as everything on the wire)."""
+def gate_waits_of(engine: Engine, now: int) -> dict[str, tuple[str, GateWait]]:
+    """Agent id -> (provider, why its calls wait there), for the agents waiting at a gate."""
+    return {agent_id: (name, wait) for name, gate in engine.gates.items()
+            for agent_id, wait in gate_waits(gate.state, now).items()}
+
+
+def agent_summary(state: AgentState, now: int,
+                  wait: tuple[str, GateWait] | None = None) -> dict[str, Any]:
+    """An agent's status as JSON (camelCase, as everything on the wire), with why it is
+    blocked (``blocked``, ``attention``: see `gateway.blocked`; ``wait`` is its provider and
+    why its calls wait at that gate, if they do)."""
     view = status(state, now)
     body: dict[str, Any] = _camel(asdict(view))
+    body["blocked"], body["attention"] = blocked_view(
+        state, now, *(wait if wait is not None else (None, None)))
     body["budgets"] = state.config.budgets.model_dump(mode="json")
     book = state.calls
     body["calls"] = {"queued": len(book.queue), "out": book.out,
@@ -1865,10 +1881,11 @@ class Session:
         now = self.engine.clock.now_ms()
         gates = self.engine.gates if frame.providers else {}
         summaries: list[dict[str, Any]] = []
+        waits = gate_waits_of(self.engine, now)
         for start in range(0, len(wanted), SUMMARIES_PER_STEP):
             if start:  # a big desk's snapshot does not hold the loop (stops come first)
                 await asyncio.sleep(0)
-            summaries += [agent_summary(self.engine.state(a), now)
+            summaries += [agent_summary(self.engine.state(a), now, waits.get(a))
                           for a in wanted[start:start + SUMMARIES_PER_STEP]]
         await self._send(Snapshot(id=frame.id, position=position, agents=summaries,
                                   providers=[provider_summary(n, g, now)

@@ -14,6 +14,7 @@ from typing import Any
 from lanes.config import DAY_MS, Mode
 from lanes.events import (
     SUMMARY_IDS,
+    AbortReason,
     AgentCallDispatched,
     AgentCallQueued,
     AgentCallRejected,
@@ -71,14 +72,26 @@ from lanes.events import (
     TimerElapsed,
 )
 from lanes.handlers import IllegalTransition, Registry
-from lanes.requests import RANK, AgentRequest
+from lanes.requests import RANK, AgentRequest, ControlAction
 from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.schedules import FILE_PRINCIPAL, ScheduleEntry, firing_of
-from lanes.state import ActiveRun, AgentState, CallBatch, OpenCall, OpenOrder, Pending
+from lanes.state import (
+    ActiveRun,
+    AgentState,
+    CallBatch,
+    OpenCall,
+    OpenOrder,
+    Pending,
+    TradingChange,
+)
 from lanes.tables import LANE_TRANSITIONS
 
 EVOLVERS: Registry[Callable[[AgentState, Any], None]] = Registry("event")
 """Event class -> how it changes an agent's state."""
+
+_TRADING_ACTIONS = frozenset({ControlAction.EMERGENCY_STOP, ControlAction.PAUSE,
+                              ControlAction.RESUME})
+"""The control actions that set the trading state (cancels leave it as it is)."""
 
 
 def evolve(state: AgentState, event: Event) -> AgentState:
@@ -117,7 +130,7 @@ def _take_staged(state: AgentState, request_id: str, decision: str) -> AgentRequ
     request = state.staged
     if request is None or request.request_id != request_id:
         raise IllegalTransition(f"no received request {request_id} awaits a decision")
-    state.staged = None
+    state.staged = state.staged_by = None
     seen = state.seen
     seen.pop(request_id, None)  # keep the memory in time order
     seen[request_id] = (decision, state.now, fingerprint(request))
@@ -207,7 +220,9 @@ def _received(state: AgentState, event: RequestReceived) -> None:
         raise IllegalTransition(f"request {state.staged.request_id} was never decided")
     if event.at > state.now:
         state.now = event.at
-    state.staged = event.request
+    request = event.request
+    state.staged = request
+    state.staged_by = event.principal or request.source or request.kind.value
     counters = state.counters
     counters.received += 1
     if state.schedules:
@@ -280,7 +295,7 @@ def _deduped(state: AgentState, event: RequestDeduped) -> None:
 def _repeated(state: AgentState, event: RequestRepeated) -> None:
     if not _is_staged(state, event.request_id):
         raise IllegalTransition(f"no received request {event.request_id} awaits a decision")
-    state.staged = None
+    state.staged = state.staged_by = None
     state.counters.repeats += 1
 
 
@@ -289,7 +304,7 @@ def _rejected(state: AgentState, event: RequestRejected) -> None:
     if event.transient:
         if not _is_staged(state, event.request_id):
             raise IllegalTransition(f"no received request {event.request_id} awaits a decision")
-        state.staged = None
+        state.staged = state.staged_by = None
     else:
         _take_staged(state, event.request_id, "rejected")
     state.counters.rejected += 1
@@ -355,7 +370,12 @@ def _control(state: AgentState, event: ControlApplied) -> None:
             f"{event.action.value} from {event.from_state.value}, but the agent is "
             f"{state.trading.value}"
         )
+    by = state.staged_by or "unknown"
     _take_staged(state, event.request_id, "accepted")
+    if event.action in _TRADING_ACTIONS:
+        state.trading_change = TradingChange(event.action.value, by, state.now)
+    if event.action is ControlAction.RESUME:
+        state.failure = None  # seen to: an operator resumed the agent
     state.trading = event.to_state
     state.counters.controls += 1
 
@@ -422,6 +442,7 @@ def _completed(state: AgentState, event: RunCompleted) -> None:
     run = _run(state, event.run_id, "RunCompleted")
     _release_carried(state, run.requests)
     state.active = None
+    state.failure = None
     cooldown = state.config.budgets.no_trade_cooldown_ms
     if event.outcome is Outcome.NO_TRADE and cooldown:
         state.cooldown_until = state.now + cooldown
@@ -436,6 +457,7 @@ def _failed(state: AgentState, event: RunFailed) -> None:
     run = _run(state, event.run_id, "RunFailed")
     _release_carried(state, run.requests)
     state.active = None
+    state.failure = (event.run_id, state.now, event.error)
     state.counters.failed += 1
 
 
@@ -443,6 +465,9 @@ def _failed(state: AgentState, event: RunFailed) -> None:
 def _aborted(state: AgentState, event: RunAborted) -> None:
     run = _run(state, event.run_id, "RunAborted")
     state.active = None
+    if event.reason is AbortReason.TIMEOUT:
+        took = state.now - run.started_at
+        state.failure = (event.run_id, state.now, f"timed out after {took} ms")
     if not event.requeued:
         _release_carried(state, run.requests)
     if event.requeued:
@@ -477,6 +502,7 @@ def _held(state: AgentState, event: RunsHeld) -> None:
             f"hold from {event.from_state.value}, but the agent is {state.trading.value}"
         )
     state.trading = event.to_state
+    state.trading_change = TradingChange("hold", f"provider {event.provider}", state.now)
     state.held = f"{event.provider}: {event.reason}"
     state.counters.holds += 1
 
@@ -623,6 +649,7 @@ def _results_ready(state: AgentState, event: CallResultsReady) -> None:
     if batch is None or state.staged is not None:
         raise IllegalTransition(f"no results of run {event.run_id} to hand over now")
     state.staged = event.request  # decided next like a request that arrived
+    state.staged_by = None
     batch.ended = []
     if event.last:
         if batch.serves:

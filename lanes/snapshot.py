@@ -20,10 +20,18 @@ from lanes.config import AgentConfig
 from lanes.events import AgentCallDispatched, CallAnswered, Summary, TradingState, answer_id
 from lanes.replay import LogFold
 from lanes.schedules import ScheduleEntry
-from lanes.state import ActiveRun, AgentState, CallBook, Counters, OpenOrder, Pending
+from lanes.state import (
+    ActiveRun,
+    AgentState,
+    CallBook,
+    Counters,
+    OpenOrder,
+    Pending,
+    TradingChange,
+)
 from lanes.streams import is_agent_stream
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 """Bump when the image below changes shape."""
 
 
@@ -40,6 +48,7 @@ class AgentImage:
     version: int
     now: int
     trading: TradingState
+    trading_change: TradingChange | None
     pending: list[Pending]
     active: ActiveRun | None
     run_seq: int
@@ -50,6 +59,7 @@ class AgentImage:
     cooldown_until: int
     suppressed: tuple[str, int] | None
     held: str | None
+    failure: tuple[str, int, str] | None
     recent_keys: list[str]
     recent_ids: list[str]
     recent_at: list[int]
@@ -141,6 +151,7 @@ def _image(state: AgentState) -> AgentImage:
         version=state.version,
         now=state.now,
         trading=state.trading,
+        trading_change=state.trading_change,
         pending=state.pending,
         active=state.active,
         run_seq=state.run_seq,
@@ -151,6 +162,7 @@ def _image(state: AgentState) -> AgentImage:
         cooldown_until=state.cooldown_until,
         suppressed=state.suppressed,
         held=state.held,
+        failure=state.failure,
         recent_keys=list(recent),
         recent_ids=[v[0] for v in recent_values],
         recent_at=[v[1] for v in recent_values],
@@ -186,6 +198,7 @@ def _state(image: AgentImage) -> AgentState:
         version=image.version,
         now=image.now,
         trading=image.trading,
+        trading_change=image.trading_change,
         pending=image.pending,
         active=image.active,
         run_seq=image.run_seq,
@@ -196,6 +209,7 @@ def _state(image: AgentImage) -> AgentState:
         cooldown_until=image.cooldown_until,
         suppressed=image.suppressed,
         held=image.held,
+        failure=image.failure,
         recent_keys=dict(zip(image.recent_keys,
                              zip(image.recent_ids, image.recent_at, strict=True), strict=True)),
         pending_keys=dict(zip(image.pending_keys, image.pending_key_ids, strict=True)),

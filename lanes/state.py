@@ -52,6 +52,18 @@ class OpenOrder:
     cancel_requested: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class TradingChange:
+    """The latest control that set the trading state: which, by whom (the principal, or the
+    request's source or kind when none is known) and when."""
+
+    action: str
+    """A control action (``emergency_stop``, ``pause``, ``resume``) or ``hold`` (a provider
+    spend limit)."""
+    by: str
+    at: int
+
+
 @dataclass(slots=True)
 class Counters:
     """Running totals for observability; all derived from the log."""
@@ -146,6 +158,13 @@ class AgentState:
     trading: TradingState = TradingState.ACTIVE
     staged: AgentRequest | None = None
     """The request just received and not yet decided (between an input and its decision)."""
+    staged_by: str | None = None
+    """Who sent ``staged``: its principal, else its source, else its kind."""
+    trading_change: TradingChange | None = None
+    """The latest control that set ``trading`` (None: never changed since the start)."""
+    failure: tuple[str, int, str] | None = None
+    """(run id, when, error) of the latest run if it failed or timed out (None once a run
+    completes or the agent is resumed)."""
     pending: list[Pending] = field(default_factory=list)
     active: ActiveRun | None = None
     run_seq: int = 0

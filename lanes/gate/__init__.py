@@ -88,12 +88,15 @@ from lanes.gate.state import (
     RUN_MEMORY_MS,
     GateState,
     GateStatus,
+    GateWait,
     HotLimits,
     Waiting,
     WaitingAgent,
     blocker,
+    blocking,
     fair_hold,
     gate_status,
+    gate_waits,
     next_in_line,
     window_usage,
 )
@@ -101,8 +104,9 @@ from lanes.gate.tables import Breaker
 
 __all__ = [
     "FAIR_GRACE_MS", "GATE_CODEC", "GATE_EVENT_TYPES", "RANKS", "RUN_MEMORY_MS", "Breaker",
-    "GateDivergence", "GateState", "GateStatus", "HotLimits", "Waiting", "WaitingAgent",
-    "backoff_ceiling", "blocker", "decide_gate", "decode_gate_event", "encode_gate_event",
-    "evolve_gate", "fair_hold", "fold_gate", "full_jitter", "gate_status", "next_gate_due",
-    "next_in_line", "verify_gate", "window_usage",
+    "GateDivergence", "GateState", "GateStatus", "GateWait", "HotLimits", "Waiting",
+    "WaitingAgent", "backoff_ceiling", "blocker", "blocking", "decide_gate",
+    "decode_gate_event", "encode_gate_event", "evolve_gate", "fair_hold", "fold_gate",
+    "full_jitter", "gate_status", "gate_waits", "next_gate_due", "next_in_line", "verify_gate",
+    "window_usage",
 ]

@@ -45,6 +45,7 @@ from lanes.gate.state import (
     _exhausted,
     _held_for,
     blocker,
+    blocking,
     fair_hold,
     next_in_line,
 )
@@ -168,7 +169,7 @@ def _grant(state: GateState, now: int, emit: Emit) -> None:
     while state.waiting and not _exhausted(state):
         entry = next_in_line(state)
         assert entry is not None
-        if blocker(state, entry) is not None or _held_for(state, entry) is not None:
+        if blocking(state, entry) is not None or _held_for(state, entry) is not None:
             break
         state.index.cleared = entry  # nothing changes before `_granted` applies it
         emit(

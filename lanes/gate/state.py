@@ -329,26 +329,33 @@ def window_usage(state: GateState, now: int) -> tuple[int, int, int]:
 
 def blocker(state: GateState, entry: Waiting) -> str | None:
     """Why ``entry`` cannot be granted right now, or None if it can."""
+    found = blocking(state, entry)
+    return None if found is None else found[1]
+
+
+def blocking(state: GateState, entry: Waiting) -> tuple[str, str] | None:
+    """`blocker` with the limit that holds ``entry``: ``breaker``, ``backoff``,
+    ``concurrency``, ``provider`` (its rate-limit headers), ``rpm``, ``itpm`` or ``otpm``."""
     now, limits, breaker = state.now, state.index.limits, state.breaker
     if breaker is not CLOSED:
         if breaker is OPEN:
-            return f"the circuit breaker is open until {state.breaker_until}"
+            return "breaker", f"the circuit breaker is open until {state.breaker_until}"
         if state.probe is not None:
-            return "the circuit breaker is half-open and its probe call is in flight"
+            return "breaker", "the circuit breaker is half-open and its probe call is in flight"
     if now < state.not_before:
-        return f"backing off until {state.not_before} (attempt {state.attempt})"
+        return "backoff", f"backing off until {state.not_before} (attempt {state.attempt})"
     cap = limits.max_concurrent
     if cap is not None and len(state.leases) >= cap:
-        return f"max_concurrent: {cap} calls in flight"
+        return "concurrency", f"max_concurrent: {cap} calls in flight"
     hint = state.hint
     if hint is not None and now < hint.reset_at:
         if hint.remaining_requests is not None and hint.requests_since >= hint.remaining_requests:
-            return f"the provider reports no requests left until {hint.reset_at}"
+            return "provider", f"the provider reports no requests left until {hint.reset_at}"
         if (
             hint.remaining_tokens is not None
             and hint.tokens_since + entry.tokens > hint.remaining_tokens
         ):
-            return f"the provider reports too few tokens left until {hint.reset_at}"
+            return "provider", f"the provider reports too few tokens left until {hint.reset_at}"
     window = state.window
     if window and window[0].at <= now - WINDOW_MS:  # some grants have left the window
         requests, inputs, outputs = window_usage(state, now)
@@ -356,13 +363,13 @@ def blocker(state: GateState, entry: Waiting) -> str | None:
         requests, inputs, outputs = state.used_requests, state.used_input, state.used_output
     rpm = limits.requests_per_minute
     if rpm is not None and requests + 1 > rpm:
-        return f"requests_per_minute: {rpm} granted in the last 60 s"
+        return "rpm", f"requests_per_minute: {rpm} granted in the last 60 s"
     itpm = limits.input_tokens_per_minute
     if itpm is not None and inputs + entry.input_tokens > itpm:
-        return f"input_tokens_per_minute: {inputs} of {itpm} used in the last 60 s"
+        return "itpm", f"input_tokens_per_minute: {inputs} of {itpm} used in the last 60 s"
     otpm = limits.output_tokens_per_minute
     if otpm is not None and outputs + entry.output_tokens > otpm:
-        return f"output_tokens_per_minute: {outputs} of {otpm} used in the last 60 s"
+        return "otpm", f"output_tokens_per_minute: {outputs} of {otpm} used in the last 60 s"
     return None
 
 
@@ -578,3 +585,93 @@ def gate_status(state: GateState, now: int) -> GateStatus:
         provider_reset_at=hint.reset_at if hint is not None and live_hint else None,
         counters=replace(state.counters),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GateWait:
+    """Why an agent's calls wait at a provider gate, at some time ``now``."""
+
+    agent_id: str
+    limit: str
+    """What holds them: a limit named by `blocking` (``rpm``, ``itpm``, ``otpm``,
+    ``concurrency``, ``breaker``, ``backoff``, ``provider``); ``fair`` (room is kept for
+    agents with fewer tokens granted, `fair_hold`); ``queue`` (nothing holds the request
+    next in line: it is granted at the gate's next decision)."""
+    detail: str
+    first: bool
+    """Whether one of its requests is next in line (else another agent's goes first)."""
+    waiting: int
+    since: int
+    """When its longest-waiting request arrived."""
+    next_slot_at: int | None
+    """The earliest time the limit may let a call through, where the gate can know it (not
+    for ``concurrency``, a slot coming back when a call ends, nor ``fair``)."""
+
+
+def gate_waits(state: GateState, now: int) -> dict[str, GateWait]:
+    """Agent id -> why its calls wait, for every agent with a request waiting at the gate.
+    They all wait behind the request next in line: what holds that one holds them."""
+    head = next_in_line(state)
+    if head is None:
+        return {}
+    found = blocking(state, head)
+    if found is None:
+        held = fair_hold(state, head)
+        found = ("queue", "granted at the gate's next decision") if held is None \
+            else ("fair", held)
+    limit, detail = found
+    next_slot = _frees_at(state, limit, head, now)
+    oldest: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for entry in state.waiting.values():
+        agent_id = entry.agent_id
+        counts[agent_id] = counts.get(agent_id, 0) + 1
+        if agent_id not in oldest or entry.queued_at < oldest[agent_id]:
+            oldest[agent_id] = entry.queued_at
+    return {
+        agent_id: GateWait(
+            agent_id=agent_id,
+            limit=limit,
+            detail=detail if agent_id == head.agent_id else f"behind {head.agent_id}: {detail}",
+            first=agent_id == head.agent_id,
+            waiting=counts[agent_id],
+            since=since,
+            next_slot_at=next_slot,
+        )
+        for agent_id, since in oldest.items()
+    }
+
+
+def _frees_at(state: GateState, limit: str, entry: Waiting, now: int) -> int | None:
+    """When ``limit`` may let ``entry`` through, if the gate can know (see `GateWait`)."""
+    if limit == "breaker":
+        return state.breaker_until if state.breaker is OPEN else None
+    if limit == "backoff":
+        return state.not_before
+    if limit == "provider":
+        return None if state.hint is None else state.hint.reset_at
+    if limit == "queue":
+        return now
+    if limit not in ("rpm", "itpm", "otpm"):
+        return None
+    limits = state.index.limits
+    requests, inputs, outputs = window_usage(state, now)
+    if limit == "rpm":
+        cap, used, need, column = limits.requests_per_minute, requests, 1, 0
+    elif limit == "itpm":
+        cap, used, need, column = limits.input_tokens_per_minute, inputs, entry.input_tokens, 1
+    else:
+        cap, used, need, column = limits.output_tokens_per_minute, outputs, entry.output_tokens, 2
+    if cap is None:
+        return None
+    excess = used + need - cap  # what must leave the window first
+    if excess <= 0:
+        return now
+    horizon = now - WINDOW_MS
+    for charge in state.window:  # oldest first: the first grants to leave
+        if charge.at <= horizon:
+            continue
+        excess -= (1, charge.input_tokens, charge.output_tokens)[column]
+        if excess <= 0:
+            return charge.at + WINDOW_MS
+    return None

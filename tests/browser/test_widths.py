@@ -114,12 +114,14 @@ async def test_a_phone_gets_a_card_per_agent_with_its_name_state_reason_and_stop
             for target in (name, stop, card.locator(".state")):
                 await expect(target).to_be_in_viewport()
                 assert inside(await box(target), window)
-            await expect(card.locator(".card-why")).to_have_text("idle")
+            await expect(card.locator(".card-why")).to_have_text("Idle")
         zulu = page.locator('#agent-cards li[data-agent="zulu"]')
         await zulu.get_by_role("button", name="Emergency stop zulu").click()
         await page.locator("#confirm").get_by_role("button", name="Emergency stop").click()
         await expect(zulu.locator(".state")).to_have_text("HALTED")
-        await expect(zulu.locator(".card-why")).to_have_text("halted: no run starts until resume")
+        await expect(zulu.locator(".card-why")).to_have_text(
+            re.compile(r"^HALTED by ops at \d\d:\d\d:\d\d$"))
+        await expect(zulu.get_by_role("button", name="Resume zulu")).to_be_visible()
         await expect(zulu).to_have_class("agent-card halted")
         await page.evaluate("window.scrollTo(0, 0)")
         await screenshot(page, "overview-390", full_page=True)

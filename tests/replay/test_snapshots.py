@@ -17,7 +17,7 @@ from gateway.engine import Engine
 from lanes import AgentConfig, Budgets, Mode, replay, verify
 from lanes.config import DropPolicy
 from lanes.replay import LogFold
-from lanes.snapshot import BadSnapshot, dump_fold, load_fold
+from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, dump_fold, load_fold
 from store import SqliteEventStore
 from store.port import Snapshot
 from tests.gateway.support import ManualReasoner, control, log_of, request
@@ -61,7 +61,7 @@ def test_a_damaged_image_is_refused() -> None:
     with pytest.raises(BadSnapshot, match="does not load"):
         load_fold(data[:-5])
     with pytest.raises(BadSnapshot, match="format 99"):
-        load_fold(data.replace(b'"format":1', b'"format":99'))
+        load_fold(data.replace(f'"format":{SNAPSHOT_FORMAT}'.encode(), b'"format":99'))
 
 
 # ------------------------------------------------------------------ the engine

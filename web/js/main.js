@@ -7,6 +7,7 @@ import {Connection} from "./connection.js";
 import {Controls} from "./controls.js";
 import {setText} from "./dom.js";
 import {clock, num} from "./format.js";
+import {createHaltedBanner} from "./halted.js";
 import {Model} from "./model.js";
 import {createAgentView} from "./views/agent.js";
 import {createBlotter} from "./views/blotter.js";
@@ -87,6 +88,7 @@ function buildViews(hello) {
     overview: createOverview(ctx), agent: createAgentView(ctx), providers: createProviders(ctx),
     events: createEvents(ctx), charts: createCharts(ctx), blotter: createBlotter(ctx),
   };
+  $("banner").after(createHaltedBanner(ctx));  // "N agents halted", on every view
   $("login-view").hidden = true;
   $("nav").hidden = false;
   $("logout").hidden = false;

@@ -1,7 +1,8 @@
 // Agent detail: the two lanes side by side (control actions with their results; the active run
 // and the pending list), the controls the token allows, and time travel over the agent's log.
 
-import {h, replace, setState, setText, stateBadge} from "../dom.js";
+import {attention, badgeState, reasonsOf, reasonText} from "../blocked.js";
+import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
 import {budget, clock, duration} from "../format.js";
 import {Model} from "../model.js";
 import {ACTIONS} from "../controls.js";
@@ -91,7 +92,8 @@ export function createAgentView(ctx) {
     };
     parts = {
       badge: stateBadge(ctx.model.agents.get(id)?.trading ?? ""), mode: h("span", {class: "tag"}), lane: h("span", {class: "tag"}),
-      flags: h("span"), result,
+      result,
+      why: h("ul", {class: "why", id: "agent-why", "aria-label": "Why it is blocked, what it is doing"}),
       controlFacts: h("dl", {class: "facts"}), actions: h("ul", {class: "list", id: "control-actions", "aria-label": "Control actions and their results"}),
       laneFacts: h("dl", {class: "facts"}), run: h("div", {id: "active-run"}),
       pendingTitle: h("h4", {id: "pending-title"}), pending: h("div", {id: "pending"}),
@@ -107,7 +109,8 @@ export function createAgentView(ctx) {
       Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
     replace(section,
       h("p", {}, h("a", {href: "#/overview"}, "← All agents")),
-      h("div", {class: "agent-head"}, h("h2", {id: "agent-title"}, id), parts.badge, parts.mode, parts.lane, parts.flags),
+      h("div", {class: "agent-head"}, h("h2", {id: "agent-title"}, id), parts.badge, parts.mode, parts.lane),
+      parts.why,
       parts.missing, controls, controls ? result : null,
       h("div", {class: "lanes live"},
         h("section", {class: "card", "aria-labelledby": "control-lane-title"},
@@ -197,13 +200,12 @@ export function createAgentView(ctx) {
       return;
     }
     parts.missing.hidden = true;
-    setState(parts.badge, a.trading);
+    const badge = badgeState(a);
+    setState(parts.badge, badge);
+    setAttr(parts.badge, "title", badge === a.trading ? null : `trading state ${a.trading}`);
     setText(parts.mode, `mode ${a.mode}`);
     setText(parts.lane, a.activeRun ? "busy" : "idle");
-    const flags = [a.held ? `runs held: ${a.held}` : null,
-      a.suppressedUntil ? `suppressed until ${clock(a.suppressedUntil)}` : null].filter(Boolean).join(" · ");
-    setText(parts.flags, flags);
-    parts.flags.className = flags ? "tag warn" : "";
+    renderWhy(a);
     const elapsed = Model.elapsed(a);
     replace(parts.controlFacts,
       h("dt", {}, "Trading"), h("dd", {}, a.trading),
@@ -217,6 +219,22 @@ export function createAgentView(ctx) {
       h("dt", {}, "Cooldown"), h("dd", {}, a.cooldownRemainingMs > elapsed ? duration(a.cooldownRemainingMs - elapsed) : "–"),
       h("dt", {}, "Aborts · drops · dedupes"), h("dd", {}, `${a.counters.aborts} · ${a.counters.drops} · ${a.counters.dedupes}`),
       h("dt", {}, "Budget suppressions"), h("dd", {}, String(a.counters.suppressions)));
+  }
+
+  /** The reasons at the top, most severe first, coloured by what they mean. */
+  function renderWhy(a) {
+    const reasons = reasonsOf(a);
+    const level = attention(a);
+    setAttr(parts.why, "data-attention", level);
+    parts.why.className = `why attention-${level}`;
+    const items = reasons.length ? reasons.map((r) => [r.kind, reasonText(r, a)])
+      : [["idle", a.pending ? `Idle · ${a.pending} pending` : "Idle: nothing blocks it"]];
+    const current = [...parts.why.children];
+    if (current.length === items.length && current.every((li, i) => li.dataset.kind === items[i][0])) {
+      current.forEach((li, i) => setText(li, items[i][1]));  // durations tick: text only
+    } else {
+      replace(parts.why, items.map(([kind, text]) => h("li", {"data-kind": kind, class: `why-${kind}`}, text)));
+    }
   }
 
   function renderLanes() {

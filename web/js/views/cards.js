@@ -1,23 +1,20 @@
 // The overview on a narrow screen (a phone): one card per agent — name, trading state, what
-// it is doing or why it is not running, pending work, and Stop — instead of a wide table.
+// it is doing or why it is not running, pending work, Stop (and Resume while halted or held)
+// — instead of a wide table.
 // Cards are kept by agent and updated in place (the focus on a Stop button survives).
 
+import {attention, badgeState, reasonsText} from "../blocked.js";
 import {h, setAttr, setState, setText, stateBadge} from "../dom.js";
-import {clock, duration, num} from "../format.js";
-import {Model} from "../model.js";
+import {num} from "../format.js";
+import {resumeButton} from "../halted.js";
 
 /** The media query under which the overview shows cards (panel.css hides the table). */
 export const NARROW = "(max-width: 40rem)";
 
-/** What an agent is doing, or why it is not running, in a few words; and how bad it is. */
+/** What an agent is doing, or why it is not running (the table's words); and how bad it is. */
 export function activity(a) {
-  const cooldown = Math.max(0, a.cooldownRemainingMs - Model.elapsed(a));
-  if (a.trading === "HALTED") return ["halted: no run starts until resume", "bad"];
-  if (a.held) return [`held until resume: ${a.held}`, "bad"];
-  if (a.activeRun) return [`running ${a.activeRun.runId} for ${duration(a.activeRun.durationMs + Model.elapsed(a))}`, ""];
-  if (a.suppressedUntil) return [`suppressed by budget until ${clock(a.suppressedUntil).slice(0, 8)}`, "warn"];
-  if (cooldown) return [`cooldown ${duration(cooldown)}`, "warn"];
-  return [a.pending ? "waiting to run" : "idle", ""];
+  const level = attention(a);
+  return [reasonsText(a), level === "critical" ? "bad" : level === "warning" ? "warn" : ""];
 }
 
 export function createCards(ctx) {
@@ -31,7 +28,8 @@ export function createCards(ctx) {
       h("p", {class: "card-why"}), h("p", {class: "card-facts muted"}),
       ctx.controls ? h("div", {class: "card-act"},
         ctx.controls.button(a.agentId, "emergency_stop", null, {small: true, label: "Stop"})) : null);
-    li._parts = {badge: li.querySelector(".state"), why: li.querySelector(".card-why"), facts: li.querySelector(".card-facts")};
+    li._parts = {badge: li.querySelector(".state"), why: li.querySelector(".card-why"), facts: li.querySelector(".card-facts"),
+      act: li.querySelector(".card-act"), resume: null};
     return li;
   }
 
@@ -47,7 +45,15 @@ export function createCards(ctx) {
       }
       keep.add(a.agentId);
       const p = li._parts;
-      setState(p.badge, a.trading);
+      setState(p.badge, badgeState(a));
+      if (p.act && (a.trading === "HALTED" || Boolean(a.held)) !== Boolean(p.resume)) {  // as the table's rows
+        if (p.resume) {
+          p.resume.remove();
+          p.resume = null;
+        } else {
+          p.act.append(p.resume = resumeButton(ctx, a.agentId, {small: true}));
+        }
+      }
       const [why, level] = activity(a);
       setText(p.why, why);
       setAttr(p.why, "class", `card-why ${level}`.trim());

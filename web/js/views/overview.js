@@ -1,7 +1,10 @@
-// Overview: every agent as a row — trading state, mode, queue, active run, counters, budget
-// use — sortable, filterable, virtualised, with live durations.
+// Overview: every agent as a row — trading state, why it is blocked, mode, queue, active run,
+// counters, budget use — sortable (by default: those needing attention first), filterable,
+// virtualised, with live durations; a halted row has its own Resume.
 
+import {attention, badgeState, RANK, reasonsText} from "../blocked.js";
 import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
+import {resumeButton} from "../halted.js";
 import {budget, clock, duration, num} from "../format.js";
 import {Model} from "../model.js";
 import {VirtualTable} from "../virtual.js";
@@ -15,6 +18,7 @@ const cooldown = (a) => Math.max(0, a.cooldownRemainingMs - Model.elapsed(a));
 const COLUMNS = [
   {key: "agent", label: "Agent", sort: (a) => a.agentId},
   {key: "trading", label: "Trading", sort: (a) => SEVERITY[a.trading] ?? 3},
+  {key: "why", label: "Why / doing", sort: (a) => RANK[attention(a)] ?? 2},
   {key: "mode", label: "Mode", sort: (a) => a.mode},
   {key: "pending", label: "Pending", sort: (a) => a.pending, num: true},
   {key: "oldest", label: "Oldest pending", sort: age, num: true},
@@ -30,7 +34,7 @@ const COLUMNS = [
 
 export function createOverview(ctx) {
   const section = document.getElementById("overview-view");
-  const sort = {key: "agent", dir: 1};
+  const sort = {key: "why", dir: 1};  // attention first; then by agent id
   const summary = h("p", {class: "summary live", "aria-live": "off"});
   const filter = h("input", {type: "search", id: "agent-filter", placeholder: "agent id…", "aria-controls": "agents-table"});
   const state = h("select", {id: "state-filter", "aria-controls": "agents-table"},
@@ -77,6 +81,7 @@ export function createOverview(ctx) {
     }
     cells.agent.append(h("a", {href: `#/agent/${encodeURIComponent(a.agentId)}`, text: a.agentId}));
     cells.trading.append(cells.badge = stateBadge(a.trading));
+    cells.why.append(cells.whyText = h("span", {class: "why-text"}));
     cells.runText = h("span");
     cells.runTag = h("span", {class: "tag"});
     cells.run.append(cells.runText, " ", cells.runTag);
@@ -91,9 +96,26 @@ export function createOverview(ctx) {
   function fill(tr, a, index) {
     const c = tr._cells;
     setAttr(tr, "aria-rowindex", index + 2);
-    const cls = a.trading === "HALTED" ? "halted" : a.trading === "REDUCING" ? "reducing" : "";
+    const level = attention(a);
+    const cls = a.trading === "HALTED" ? "halted" : a.trading === "REDUCING" ? "reducing"
+      : level === "critical" || level === "warning" ? `attention-${level}` : "";
     if (tr.className !== cls) tr.className = cls;
-    setState(c.badge, a.trading);
+    setAttr(tr, "data-attention", level);
+    const badge = badgeState(a);
+    setState(c.badge, badge);
+    setAttr(c.badge, "title", badge === a.trading ? null : `trading state ${a.trading}`);
+    const why = reasonsText(a);
+    setText(c.whyText, why);
+    setAttr(c.why, "title", reasonsText(a, false));
+    // Resume next to the reason, only while HALTED or held (a control that does something there).
+    if (ctx.controls && (a.trading === "HALTED" || Boolean(a.held)) !== Boolean(c.resume)) {
+      if (c.resume) {
+        c.resume.remove();
+        c.resume = null;
+      } else {
+        c.why.prepend(c.resume = resumeButton(ctx, a.agentId, {small: true}));
+      }
+    }
     setText(c.mode, a.mode);
     setText(c.pending, num(a.pending));
     setText(c.oldest, a.oldestPendingAgeMs === null ? "–" : duration(age(a)));
@@ -156,7 +178,13 @@ export function createOverview(ctx) {
   return {
     section,
     title: "Overview",
-    show() { render(); },
+    show(params = {}) {
+      if (params.state !== undefined && params.state !== state.value) {  // e.g. the halted banner's link
+        state.value = ["ACTIVE", "REDUCING", "HALTED"].includes(params.state) ? params.state : "";
+        scroller.scrollTop = 0;
+      }
+      render();
+    },
     change(detail) { if (detail.agents || detail.events.length) render(); },
     tick() { render(); },
   };
