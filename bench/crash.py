@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from gateway.client import ConnectionLost, ControlClient, FeedClient, GatewayClientError
-from gateway.protocol import AckFrame, ErrorFrame
+from gateway.edge.protocol import AckFrame, ErrorFrame
 from lanes import AgentState, Entry, replay, verify
 from lanes.codec import decode
 from lanes.events import (

@@ -48,8 +48,8 @@ from bench.ws_ingest import (
     request_json,
 )
 from gateway.client import ControlClient
-from gateway.metrics import LATENCY_BUCKETS
-from gateway.reasoner import RunContext, RunResult
+from gateway.edge.metrics import LATENCY_BUCKETS
+from gateway.llm.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, parse_request
 from store import DEFAULT_MAX_BATCH, pg_server
 

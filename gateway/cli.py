@@ -16,9 +16,9 @@ from pathlib import Path
 
 
 def _debug(args: argparse.Namespace) -> int:
-    """The replay debugger's commands (`gateway.debugger`); bad input exits 2."""
-    from gateway import debugger
-    from gateway.quarantine import UnreadableEvent
+    """The replay debugger's commands (`gateway.tools.debugger`); bad input exits 2."""
+    from gateway.tools import debugger
+    from gateway.tools.quarantine import UnreadableEvent
 
     try:
         if args.command == "replay":
@@ -45,7 +45,7 @@ def _debug(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from gateway.debugger import export_command
+    from gateway.tools.debugger import export_command
 
     def note(line: str) -> None:
         print(line, file=sys.stderr)  # stdout may be the export itself
@@ -57,7 +57,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from gateway.debugger import DebugError, import_command, read_export
+    from gateway.tools.debugger import DebugError, import_command, read_export
 
     if str(args.file) == "-":
         records = read_export(sys.stdin)
@@ -72,11 +72,11 @@ def _import(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
-    from gateway.clock import SystemClock
     from gateway.config import ConfigError, demo_config, load_config
-    from gateway.feed import SyntheticFeed
-    from gateway.quarantine import UnreadableEvent
-    from gateway.server import Running, build_service, feed_market, serve_forever
+    from gateway.edge.server import Running, build_service, feed_market, serve_forever
+    from gateway.market.feed import SyntheticFeed
+    from gateway.runtime.clock import SystemClock
+    from gateway.tools.quarantine import UnreadableEvent
     from store import LogInUse, LogUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _debug(args)
 
     if args.command == "scenario":
-        from gateway.demo import run_demo
+        from gateway.tools.demo import run_demo
 
         return asyncio.run(run_demo(args.db, args.pace))
     if args.command in ("demo", "serve"):
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "postgres":
         return _postgres(args)
     if args.command == "schema":
-        from gateway.protocol import json_schemas
+        from gateway.edge.protocol import json_schemas
 
         print(json.dumps(json_schemas(), indent=2))
         return 0
@@ -200,7 +200,7 @@ LOG_HELP = "the event log: a SQLite file, or a postgresql:// URL"
 
 
 def _log(text: str) -> object:
-    from gateway.debugger import log_location
+    from gateway.tools.debugger import log_location
 
     return log_location(text)
 
@@ -211,7 +211,7 @@ POINT_HELP = "a log position (integer) or a time (ISO 8601, UTC unless an offset
 
 
 def _point(text: str) -> object:
-    from gateway.debugger import parse_point
+    from gateway.tools.debugger import parse_point
 
     try:
         return parse_point(text)

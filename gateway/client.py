@@ -36,7 +36,7 @@ from pydantic import BaseModel, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from gateway.protocol import (
+from gateway.edge.protocol import (
     MAX_BATCH,
     AckFrame,
     AcksFrame,
@@ -55,7 +55,7 @@ Endpoint = Literal["control", "feed"]
 RequestLike = AgentRequest | Mapping[str, Any]
 """A request as a model, or as its wire JSON (camelCase) object."""
 MarketEventLike = BaseModel | Mapping[str, Any]
-"""A market event as a model (`gateway.market.Tick`, ...) or as its wire JSON object."""
+"""A market event as a model (`gateway.market.events.Tick`, ...) or as its wire JSON object."""
 
 RETRYABLE_CODES = frozenset({"not_running", "unavailable", "storage_failed"})
 """Error codes that mean "nothing was taken, send the same frame again shortly"."""

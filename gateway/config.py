@@ -9,7 +9,7 @@
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
                     # base_url, timeout_s, [providers.limits] (a `lanes.gate.events.GateLimits`)
 [[agents]]          # id, every `lanes.config.AgentConfig` field, [agents.reasoner]
-[[hooks]]           # a `gateway.hooks` rule: kind = price_cross | green_candles | ...
+[[hooks]]           # a `gateway.market.hooks` rule: kind = price_cross | green_candles | ...
 ```
 
 Keys may be written in snake_case (the TOML custom) or camelCase (the wire's). A problem
@@ -47,9 +47,17 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from gateway.auth import Role
+from gateway.edge.auth import Role
 from gateway.errors import BadFrame
-from gateway.hooks import (
+from gateway.llm.reasoner import (
+    SYSTEM_PROMPT,
+    LLMReasoner,
+    Reasoner,
+    SimulatedCall,
+    SimulatedReasoner,
+)
+from gateway.market.events import Symbol
+from gateway.market.hooks import (
     HOOK_KINDS,
     AgentId,
     ConnectorDownRule,
@@ -57,15 +65,7 @@ from gateway.hooks import (
     HookRule,
     PriceCrossRule,
 )
-from gateway.market import Symbol
-from gateway.reasoner import (
-    SYSTEM_PROMPT,
-    LLMReasoner,
-    Reasoner,
-    SimulatedCall,
-    SimulatedReasoner,
-)
-from gateway.schedules import check as check_schedule
+from gateway.runtime.schedules import check as check_schedule
 from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
 from lanes.gate.events import GateLimits, lease_too_short
 from lanes.requests import Priority
@@ -73,9 +73,9 @@ from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
-    from gateway.clock import Clock
-    from gateway.gate import ProviderGate
-    from gateway.llm import LLMClient
+    from gateway.llm.port import LLMClient
+    from gateway.runtime.clock import Clock
+    from gateway.runtime.gate import ProviderGate
     from store.port import EventStore
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
@@ -160,7 +160,8 @@ class StoreConfig(ConfigModel):
 
 class ClusterConfig(ConfigModel):
     """Several gateway processes on one PostgreSQL log (``gateway serve --db
-    postgresql://...``): each agent is owned by one process at a time (`gateway.cluster`)."""
+    postgresql://...``): each agent is owned by one process at a time
+    (`gateway.runtime.cluster`)."""
 
     lease_ms: int = Field(default=5_000, ge=100, le=600_000)
     """A process that has not renewed its lease for this long is taken for dead: the others
@@ -275,7 +276,7 @@ class SimulatedCallConfig(ConfigModel):
 
 
 class SimulatedReasonerConfig(ConfigModel):
-    """The simulated reasoner (see `gateway.reasoner.SimulatedReasoner`)."""
+    """The simulated reasoner (see `gateway.llm.reasoner.SimulatedReasoner`)."""
 
     kind: Literal["simulated"] = "simulated"
     latency_ms: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = (200, 1_500)
@@ -306,7 +307,7 @@ class SimulatedReasonerConfig(ConfigModel):
 
 
 class LLMReasonerConfig(ConfigModel):
-    """A real model (see `gateway.reasoner.LLMReasoner`) behind a ``[[providers]]`` gate."""
+    """A real model (see `gateway.llm.reasoner.LLMReasoner`) behind a ``[[providers]]`` gate."""
 
     kind: Literal["llm"] = "llm"
     provider: str
@@ -315,7 +316,7 @@ class LLMReasonerConfig(ConfigModel):
     max_turns: int = Field(default=3, ge=1, le=20)
     """Calls per run at most; the turns after the first carry steers."""
     system_prompt: str | None = Field(default=None, min_length=1, max_length=100_000)
-    """None: the gateway's own (`gateway.reasoner.SYSTEM_PROMPT`)."""
+    """None: the gateway's own (`gateway.llm.reasoner.SYSTEM_PROMPT`)."""
 
 
 ReasonerConfig = Annotated[SimulatedReasonerConfig | LLMReasonerConfig,
@@ -391,7 +392,7 @@ class AgentEntry(ConfigModel):
     """The lane policy: every key of the table other than ``id``, ``reasoner`` and
     ``schedules``."""
     schedules: tuple[Schedule, ...] = Field(default=(), max_length=MAX_SCHEDULES)
-    """``[[agents.schedules]]``: scheduled audits (`gateway.schedules`)."""
+    """``[[agents.schedules]]``: scheduled audits (`gateway.runtime.schedules`)."""
 
     @field_validator("schedules")
     @classmethod
@@ -713,7 +714,7 @@ def _unknown_agent(agent: str) -> str:
 
 def build_gates(config: GatewayConfig, store: EventStore, clock: Clock) -> dict[str, ProviderGate]:
     """One provider gate per ``[[providers]]`` table (not started)."""
-    from gateway.gate import ProviderGate
+    from gateway.runtime.gate import ProviderGate
 
     return {p.name: ProviderGate(store, p.name, p.limits, clock) for p in config.providers}
 
@@ -723,7 +724,7 @@ def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
     real = [p for p in config.providers if p.kind != "simulated"]
     if not real:
         return {}  # the LLM SDKs take seconds to import: only when a provider needs them
-    from gateway.providers import build_client
+    from gateway.llm.providers import build_client
 
     return {
         p.name: build_client(p.kind, p.model, api_key=p.secret, base_url=p.base_url,

@@ -571,7 +571,7 @@ def _schedule(state: AgentState, event: ScheduleChanged, emit: Emit) -> None:
     if schedule.id != event.schedule_id or (entry is not None and entry.schedule == schedule):
         return
     if entry is None and len(state.schedules) >= MAX_SCHEDULES:
-        return  # (the shell refuses it before: `gateway.schedules`)
+        return  # (the shell refuses it before: `gateway.runtime.schedules`)
     emit(ScheduleApplied(schedule_id=event.schedule_id, schedule=schedule,
                          principal=event.principal))
 

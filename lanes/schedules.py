@@ -7,7 +7,7 @@ Each firing is an ordinary ``scheduled_audit`` request through the lanes, record
 ``schedule:<id>:<fire time ms>`` (`firing_key`): folding it moves the schedule's
 ``last_fire`` on, so a restart never fires a time twice, and a redelivery is deduped anyway.
 When a schedule fires (cron expressions, intervals, time zones) is the shell's business
-(`gateway.schedules`); the lanes only record what fired.
+(`gateway.runtime.schedules`); the lanes only record what fired.
 """
 
 from __future__ import annotations

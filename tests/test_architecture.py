@@ -62,7 +62,7 @@ def test_only_store_talks_to_the_database(package: str) -> None:
 
 
 def imported_modules(path: Path) -> set[str]:
-    """The modules a file imports by absolute name (``gateway.engine``)."""
+    """The modules a file imports by absolute name (``gateway.runtime.engine``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -73,8 +73,8 @@ def imported_modules(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(("module", "forbidden"), [
-    ("gateway/core.py", {"gateway.engine", "gateway.gate"}),
-    ("gateway/gate.py", {"gateway.engine"}),
+    ("gateway/runtime/core.py", {"gateway.runtime.engine", "gateway.runtime.gate"}),
+    ("gateway/runtime/gate.py", {"gateway.runtime.engine"}),
 ])
 def test_the_runtime_core_sits_under_the_engine_and_the_gate(
         module: str, forbidden: set[str]) -> None:

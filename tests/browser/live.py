@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from gateway.clock import SystemClock
 from gateway.config import GatewayConfig, validate_config
-from gateway.feed import SyntheticFeed
-from gateway.server import Running, build_service, feed_market, serving
+from gateway.edge.server import Running, build_service, feed_market, serving
+from gateway.market.feed import SyntheticFeed
+from gateway.runtime.clock import SystemClock
 
 CONTROL = "panel-control-secret"
 VIEWER = "panel-viewer-secret"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from playwright.async_api import Page, expect
 
-from gateway.market import Tick
-from gateway.server import Running
+from gateway.edge.server import Running
+from gateway.market.events import Tick
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
     CONTROL,

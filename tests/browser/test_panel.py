@@ -15,7 +15,7 @@ from playwright.async_api import Page, WebSocket, expect
 from websockets.asyncio.client import connect
 
 from gateway.config import GatewayConfig
-from gateway.server import Running
+from gateway.edge.server import Running
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
     CONTROL,

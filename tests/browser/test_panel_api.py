@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server import Running
+from gateway.edge.server import Running
 from tests.browser.live import (
     SCOPED,
     TIMEOUT,

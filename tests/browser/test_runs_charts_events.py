@@ -12,7 +12,7 @@ from typing import Any
 
 from playwright.async_api import expect
 
-from gateway.server import Running
+from gateway.edge.server import Running
 from lanes import parse_request
 from lanes.events import BrokerReport
 from tests.browser.conftest import OpenPanel, screenshot

@@ -10,8 +10,8 @@ from typing import Any
 
 from playwright.async_api import Page, expect
 
-from gateway.debugger import timeline_command
-from gateway.server import Running
+from gateway.edge.server import Running
+from gateway.tools.debugger import timeline_command
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import VIEWER, agent, http, live_gateway, panel_config, request, submit
 from tests.gateway.support import until

@@ -12,8 +12,8 @@ from pathlib import Path
 from playwright.async_api import Page, expect
 
 from gateway.config import validate_config
-from gateway.fake_provider import Fault, FaultKind, create_fake_provider, serving
-from gateway.server import Running
+from gateway.edge.server import Running
+from gateway.llm.fake_provider import Fault, FaultKind, create_fake_provider, serving
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
     ADMIN,

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from bench.cluster import AGENTS, config_text, read_log
 from bench.crash import CONTROL_TOKEN, FEED_TOKEN
 from gateway.client import ControlClient, FeedClient
-from gateway.cluster import assign, incarnation
 from gateway.config import parse_config
+from gateway.edge.server import Running, build_service, serving
 from gateway.errors import NotOwner
-from gateway.server import Running, build_service, serving
+from gateway.runtime.cluster import assign, incarnation
 from lanes import parse_request
 from lanes.codec import decode
 from lanes.events import AbortReason, RequestReceived, RunAborted
@@ -254,7 +254,7 @@ async def test_the_shared_provider_gate_serves_runs_of_every_member(postgres_url
 async def test_a_member_with_another_secret_is_refused_and_the_error_says_why(
     postgres_url: str,
 ) -> None:
-    from gateway.peers import Peers
+    from gateway.runtime.peers import Peers
 
     async with member(postgres_url) as one:
         wrong = Peers("not-the-cluster-secret")

@@ -16,11 +16,13 @@ import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from gateway.app import Service, create_app, own_origins
-from gateway.auth import Principal, Role, TokenBook
-from gateway.clock import Clock
-from gateway.engine import Engine
-from gateway.reasoner import Reasoner
+from gateway.edge.app import create_app
+from gateway.edge.auth import Principal, Role, TokenBook
+from gateway.edge.http import own_origins
+from gateway.edge.service import Service
+from gateway.llm.reasoner import Reasoner
+from gateway.runtime.clock import Clock
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig
 from store import EventStore
 

@@ -15,8 +15,6 @@ import pytest
 import uvicorn
 from pydantic import BaseModel
 
-from gateway.app import Service, Session, create_app
-from gateway.auth import TokenBook
 from gateway.client import (
     ConnectionLost,
     ControlClient,
@@ -25,9 +23,13 @@ from gateway.client import (
     GatewayClientError,
     Subscription,
 )
-from gateway.engine import Engine
+from gateway.edge.app import create_app
+from gateway.edge.auth import TokenBook
+from gateway.edge.protocol import AckFrame, ErrorFrame
+from gateway.edge.service import Service
+from gateway.edge.sessions import Session
 from gateway.errors import Busy
-from gateway.protocol import AckFrame, ErrorFrame
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, AgentRequest, Mode
 from lanes.events import RequestQueued, RequestReceived
 from store import MemoryEventStore, SqliteEventStore

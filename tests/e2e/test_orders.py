@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from gateway.openapi import openapi_document
-from gateway.reasoner import RunContext, RunResult
+from gateway.edge.openapi import openapi_document
+from gateway.llm.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode
 from lanes.events import BrokerReport, OrderIntent, Outcome
 from lanes.requests import AgentRequest

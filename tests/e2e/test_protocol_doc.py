@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import get_args
 
 from gateway.cli import main
+from gateway.edge.protocol import CLIENT_TYPES, ServerFrame, json_schemas
 from gateway.errors import HTTP_STATUS
-from gateway.protocol import CLIENT_TYPES, ServerFrame, json_schemas
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 DOC = (DOCS / "protocol.md").read_text()
@@ -40,10 +40,11 @@ def test_the_schema_command_prints_every_frame(capsys: object) -> None:
 def test_every_http_route_is_in_the_openapi_document_and_the_protocol_doc() -> None:
     from starlette.routing import Route
 
-    from gateway.app import Service, create_app
-    from gateway.auth import TokenBook
-    from gateway.engine import Engine
-    from gateway.openapi import openapi_document
+    from gateway.edge.app import create_app
+    from gateway.edge.auth import TokenBook
+    from gateway.edge.openapi import openapi_document
+    from gateway.edge.service import Service
+    from gateway.runtime.engine import Engine
     from store import MemoryEventStore
 
     app = create_app(Service(engine=Engine(MemoryEventStore(), {}), tokens=TokenBook([])))

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from gateway.clock import SystemClock
-from gateway.engine import Engine
-from gateway.fake_provider import FakeProvider, Fault, FaultKind, create_fake_provider, serving
-from gateway.gate import ProviderGate
-from gateway.llm import LLMClient
-from gateway.providers import AnthropicClient, OpenAIClient
-from gateway.reasoner import LLMReasoner
+from gateway.llm.fake_provider import FakeProvider, Fault, FaultKind, create_fake_provider, serving
+from gateway.llm.port import LLMClient
+from gateway.llm.providers import AnthropicClient, OpenAIClient
+from gateway.llm.reasoner import LLMReasoner
+from gateway.runtime.clock import SystemClock
+from gateway.runtime.engine import Engine
+from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, verify
 from lanes.gate import decode_gate_event, verify_gate
 from lanes.gate.events import GateLimits

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.debugger import clock, timeline_command
-from gateway.gate import ProviderGate
-from gateway.openapi import openapi_document
-from gateway.reasoner import RunContext, RunResult
+from gateway.edge.openapi import openapi_document
+from gateway.llm.reasoner import RunContext, RunResult
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.gate import ProviderGate
+from gateway.tools.debugger import clock, timeline_command
 from lanes import AgentConfig, Mode, replay, status
 from lanes.config import Budgets
 from lanes.events import OrderIntent

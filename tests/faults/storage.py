@@ -21,7 +21,7 @@ from bench.crash import (
     read_log,
 )
 from gateway.client import ControlClient
-from gateway.protocol import AckFrame, ErrorFrame
+from gateway.edge.protocol import AckFrame, ErrorFrame
 from tests.gateway.support import until as wait_until
 
 T = TypeVar("T")

@@ -25,9 +25,9 @@ import pytest
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, read_log, start
 from gateway.client import ControlClient, GatewayClientError
 from gateway.config import ConfigError, parse_config
-from gateway.engine import Ack, Engine
+from gateway.edge.protocol import ErrorFrame
 from gateway.errors import AgentUnavailable, StorageFailed
-from gateway.protocol import ErrorFrame
+from gateway.runtime.engine import Ack, Engine
 from lanes import AgentConfig, AgentRequest, Mode, replay, verify
 from lanes.events import AbortReason, RunAborted
 from store import NewEvent, Snapshot, SqliteEventStore, WriteFailed

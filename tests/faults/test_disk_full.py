@@ -34,9 +34,9 @@ import pytest
 
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, start
 from gateway.client import ControlClient
-from gateway.engine import Engine
+from gateway.edge.protocol import ErrorFrame
 from gateway.errors import StorageFailed
-from gateway.protocol import ErrorFrame
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode, replay
 from store import NewEvent, SqliteEventStore, WriteFailed
 from store.port import Append
@@ -254,7 +254,7 @@ async def test_a_stop_while_full_survives_its_failed_snapshot_and_loses_nothing(
         assert re.search("disk holding the event log is full.*retry", str(refusal))
         # (No flush: while the log stays full, the agent's rebuilds go on for ever, paced.)
         # The stop's own appends (the run it aborts) and its snapshot fail: it still stops.
-        with caplog.at_level(logging.WARNING, logger="gateway.engine"):
+        with caplog.at_level(logging.WARNING, logger="gateway.runtime.engine"):
             await asyncio.wait_for(engine.stop(), TIMEOUT)
     finally:
         await engine.stop()

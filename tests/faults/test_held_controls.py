@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.clock import SystemClock
-from gateway.engine import Engine
 from gateway.errors import StorageFailed, Superseded
-from gateway.gate import ProviderGate
+from gateway.runtime.clock import SystemClock
+from gateway.runtime.engine import Engine
+from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, AgentRequest, verify
 from lanes.events import RequestReceived, RunStarted
 from lanes.gate.events import GateLimits

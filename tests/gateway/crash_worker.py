@@ -12,8 +12,8 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from gateway.engine import Engine
-from gateway.reasoner import SimulatedReasoner
+from gateway.llm.reasoner import SimulatedReasoner
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode, parse_request
 from store import SqliteEventStore
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from gateway.reasoner import RunContext, RunResult
+from gateway.llm.reasoner import RunContext, RunResult
 from lanes import AgentRequest, Entry, parse_request
 from lanes.codec import decode
 from lanes.events import Outcome

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.cluster import Cluster
-from gateway.core import Commit
-from gateway.engine import Engine
 from gateway.errors import NotOwner, StorageFailed
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.cluster import Cluster
+from gateway.runtime.core import Commit
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode
 from lanes.events import RunAborted, RunStarted
 from store import Append, Fence, WriteFailed

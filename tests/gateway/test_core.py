@@ -1,4 +1,4 @@
-"""The runtime core of a stream (`gateway.core.StreamCore`), alone, on a fake clock: decide,
+"""The runtime core of a stream (`gateway.runtime.core.StreamCore`), alone, on a fake clock: decide,
 append, settle; after a failed append, a rebuild from the log whose backoff is measured on
 the clock, never in real time."""
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.core import (
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.core import (
     READ_RETRY_MS,
     REBUILD_BACKOFF_MAX_MS,
     Commit,
@@ -18,7 +18,7 @@ from gateway.core import (
     StreamCore,
     rebuild_backoff_ms,
 )
-from gateway.quarantine import PLAIN
+from gateway.tools.quarantine import PLAIN
 from lanes import AgentState, decide, replay
 from lanes.codec import AGENT_CODEC
 from lanes.events import Decision, Input, RequestQueued, RequestReceived

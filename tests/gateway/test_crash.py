@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.clock import FakeClock
-from gateway.engine import Engine
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.engine import Engine
 from lanes import replay, request_outcomes, verify
 from lanes.events import (
     AbortReason,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.cli import main
-from gateway.demo import run_demo
+from gateway.tools.demo import run_demo
 
 
 async def test_the_demo_scenario_runs_and_its_log_verifies(tmp_path: Path) -> None:

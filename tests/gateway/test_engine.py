@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.engine import Engine
 from gateway.errors import StorageFailed, UnknownAgent
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Budgets, Mode, Priority, replay, request_outcomes, verify
 from lanes.codec import encode
 from lanes.events import (
@@ -472,8 +472,8 @@ async def test_a_graceful_stop_records_runs_in_flight_and_the_next_start_reruns_
 async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_order(
     engine: Engine,
 ) -> None:
-    from gateway.engine import DECIDE_STEP
-    from gateway.pacing import Pacer
+    from gateway.edge.pacing import Pacer
+    from gateway.runtime.engine import DECIDE_STEP
 
     agent = next(iter(AGENTS))
     batch = [request(agent, dedupe_key=f"k{n}") for n in range(3 * DECIDE_STEP)]

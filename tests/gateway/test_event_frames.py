@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.app import FRAME_TEXT_BUDGET, event_frame_text, events_frames
-from gateway.protocol import EVENTS_PER_FRAME, EventFrame, EventsFrame
+from gateway.edge.protocol import EVENTS_PER_FRAME, EventFrame, EventsFrame
+from gateway.edge.views import FRAME_TEXT_BUDGET, event_frame_text, events_frames
 from store.port import RecordedEvent
 
 JSON = st.recursive(

@@ -8,11 +8,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.clock import FakeClock
-from gateway.engine import Engine
-from gateway.gate import ProviderGate
-from gateway.llm import Completion, Message, ProviderCallError, RateHints
-from gateway.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
+from gateway.llm.port import Completion, Message, ProviderCallError, RateHints
+from gateway.llm.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.engine import Engine
+from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, Mode
 from lanes.events import RunFailed, RunsHeld, TradingState
 from lanes.gate.events import CallOutcome, GateLimits

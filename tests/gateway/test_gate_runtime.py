@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.clock import FakeClock
 from gateway.errors import StorageFailed
-from gateway.gate import ProviderGate, SlotRefusedError
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.gate import ProviderGate, SlotRefusedError
 from lanes.gate import GateState, decode_gate_event, fold_gate
 from lanes.gate.events import CallOutcome, GateLimits
 from store import MemoryEventStore

@@ -13,14 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import history
-from gateway.app import Service, create_app
-from gateway.auth import TokenBook
-from gateway.clock import FakeClock
-from gateway.engine import Engine
-from gateway.gate import ProviderGate
-from gateway.llm import Completion
-from gateway.reasoner import LLMReasoner
+from gateway.edge.app import create_app
+from gateway.edge.auth import TokenBook
+from gateway.edge.service import Service
+from gateway.llm.port import Completion
+from gateway.llm.reasoner import LLMReasoner
+from gateway.runtime import history
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.engine import Engine
+from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig
 from lanes.gate.events import GateLimits
 from store import MemoryEventStore

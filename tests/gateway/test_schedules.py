@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.clock import FakeClock
-from gateway.engine import Engine
 from gateway.errors import AgentUnavailable, BadFrame
-from gateway.schedules import RETRY_MS, Scheduler, check, next_fire, plan, prev_fire
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.engine import Engine
+from gateway.runtime.schedules import RETRY_MS, Scheduler, check, next_fire, plan, prev_fire
 from lanes import AgentConfig, AgentRequest, AgentState, Mode, decide, replay, verify
 from lanes.events import RequestReceived, ScheduleApplied, ScheduleChanged
 from lanes.schedules import SCHEDULER, CatchUp, Schedule, firing_of
@@ -79,7 +79,7 @@ schedules = st.one_of(
 @settings(max_examples=120, deadline=None)
 def test_the_scheduler_never_fires_a_time_twice_nor_one_it_should_skip(
         schedule: Schedule, defined: int, down: int, steps: Sequence[int]) -> None:
-    """Driven as `gateway.schedules.Scheduler` drives it: from a definition, through a
+    """Driven as `gateway.runtime.schedules.Scheduler` drives it: from a definition, through a
     downtime (the floor: when a process took it up), then ticks. Fire times only grow; none
     is after now; with skip none is before the floor; with once at most one is, the latest
     fire time before the floor."""

@@ -25,11 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.clock import FakeClock
-from gateway.core import EventIds
-from gateway.engine import Engine
-from gateway.reasoner import SimulatedReasoner
-from gateway.transfer import event_line, header
+from gateway.llm.reasoner import SimulatedReasoner
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.core import EventIds
+from gateway.runtime.engine import Engine
+from gateway.tools.transfer import event_line, header
 from lanes import AgentConfig, AgentRequest, AgentState, Budgets, Mode, parse_request
 from lanes.config import DropPolicy
 from lanes.events import BrokerReport, OperatorAction

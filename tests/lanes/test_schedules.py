@@ -32,7 +32,7 @@ IDS = ("audit", "close", "open")
 
 
 def firing(schedule_id: str, fire: int, principal: str = SCHEDULER, n: int = 0) -> RequestReceived:
-    """A firing as `gateway.schedules.firing_request` makes it (``n`` varies the id)."""
+    """A firing as `gateway.runtime.schedules.firing_request` makes it (``n`` varies the id)."""
     return RequestReceived(at=fire, principal=principal, request=AgentRequest(
         request_id=f"schedule:{schedule_id}:{fire}:{n}",
         created_at=datetime.fromtimestamp(fire / 1000, UTC), agent_id=AGENT,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.clock import FakeClock
-from gateway.gate import ProviderGate
-from gateway.progress import Progress
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.gate import ProviderGate
+from gateway.tools.progress import Progress
 from lanes.gate.events import CallOutcome, GateLimits
 from lanes.streams import is_agent_stream
 from store import RecordedEvent, SqliteEventStore

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from gateway.quarantine import PLAIN
-from gateway.transfer import parse
+from gateway.tools.quarantine import PLAIN
+from gateway.tools.transfer import parse
 from lanes import replay, verify
 from lanes.events import Event, RequestDropped, RequestRejected, RequestSummarized, RunsSuppressed
 from lanes.replay import Entry

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.engine import Engine
-from gateway.quarantine import UnreadableEvent
+from gateway.runtime.engine import Engine
+from gateway.tools.quarantine import UnreadableEvent
 from lanes import AgentConfig, Mode, decide
 from lanes.codec import decode, encode
 from lanes.events import ConfigApplied, ConfigChanged, Event, Quarantined, RequestReceived

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import snapshots
-from gateway.clock import FakeClock
-from gateway.engine import Engine
+from gateway.runtime import snapshots
+from gateway.runtime.clock import FakeClock
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Budgets, Mode, replay, verify
 from lanes.config import DropPolicy
 from lanes.replay import LogFold

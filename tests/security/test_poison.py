@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
 from gateway.cli import main
-from gateway.engine import Engine
 from gateway.errors import HTTP_STATUS
+from gateway.runtime.engine import Engine
 from lanes.events import RequestReceived
 from store import SqliteEventStore
 from tests.e2e.live import TIMEOUT

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import Role
 from gateway.config import (
     AgentEntry,
     ConfigError,
@@ -18,9 +17,10 @@ from gateway.config import (
     load_config,
     parse_config,
 )
-from gateway.providers import OpenAIClient
-from gateway.reasoner import SimulatedReasoner
-from gateway.server import build_service
+from gateway.edge.auth import Role
+from gateway.edge.server import build_service
+from gateway.llm.providers import OpenAIClient
+from gateway.llm.reasoner import SimulatedReasoner
 from lanes import AgentConfig, Mode
 from store import SqliteEventStore
 

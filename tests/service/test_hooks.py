@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.hooks import (
+from gateway.market.events import Candle, ConnectorStatus, Tick, parse_market_event
+from gateway.market.hooks import (
     MAX_CONNECTORS,
     REDELIVERY_WINDOW,
     ConnectorDownRule,
@@ -17,7 +18,6 @@ from gateway.hooks import (
     PriceCrossRule,
     request_id,
 )
-from gateway.market import Candle, ConnectorStatus, Tick, parse_market_event
 from lanes import AgentRequest, Kind, Priority
 
 T0 = datetime(2026, 2, 17, 3, 10, tzinfo=UTC)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.market import (
+from gateway.market.events import (
     Candle,
     ConnectorStatus,
     Tick,

@@ -26,8 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.requests import ClientDisconnect
 
-from gateway.clock import FakeClock
-from gateway.fake_provider import (
+from gateway.llm.fake_provider import (
     FakeProvider,
     FakeProviderConfig,
     Fault,
@@ -39,8 +38,8 @@ from gateway.fake_provider import (
     format_rfc3339,
     serving,
 )
-from gateway.llm import Completion, LLMClient, Message, ProviderCallError
-from gateway.providers import (
+from gateway.llm.port import Completion, LLMClient, Message, ProviderCallError
+from gateway.llm.providers import (
     MESSAGE_LIMIT,
     AnthropicClient,
     OpenAIClient,
@@ -52,6 +51,7 @@ from gateway.providers import (
     parse_retry_after_ms,
     parse_rfc3339_ms,
 )
+from gateway.runtime.clock import FakeClock
 from lanes.gate.events import CallOutcome
 
 KEY = "sk-test-0123456789abcdefghijklmnop"

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from gateway.config import ConfigError, validate_config
-from gateway.describe import describe
-from gateway.progress import Progress, summary
-from gateway.quarantine import LogReader, UnreadableEvent, log_reader, set_aside, stand_ins
-from gateway.runtime import gc_paused
-from gateway.snapshots import load_latest
-from gateway.transfer import BadExport, event_line, header, parse
+from gateway.runtime.process import gc_paused
+from gateway.runtime.snapshots import load_latest
+from gateway.tools.describe import describe
+from gateway.tools.progress import Progress, summary
+from gateway.tools.quarantine import LogReader, UnreadableEvent, log_reader, set_aside, stand_ins
+from gateway.tools.transfer import BadExport, event_line, header, parse
 from lanes import AgentConfig, AgentState, status
 from lanes.codec import encode
 from lanes.events import (
@@ -915,7 +915,7 @@ def whatif_report(agent: AgentWhatIf) -> list[str]:
 
 
 async def export_command(db: Log, sink: IO[str], out: Out) -> int:
-    """Write the whole log to ``sink`` as JSON Lines (`gateway.transfer`)."""
+    """Write the whole log to ``sink`` as JSON Lines (`gateway.tools.transfer`)."""
     store = await open_log(db)
     try:
         last = await store.last_position()
@@ -932,7 +932,7 @@ async def export_command(db: Log, sink: IO[str], out: Out) -> int:
 
 
 def read_export(source: Iterable[str]) -> list[RecordedEvent]:
-    """Every event of an export, each checked (`gateway.transfer.parse`)."""
+    """Every event of an export, each checked (`gateway.tools.transfer.parse`)."""
     try:
         with Progress("checking", None) as bar:
             records = []
@@ -948,7 +948,7 @@ def read_export(source: Iterable[str]) -> list[RecordedEvent]:
 
 
 async def quarantine_command(db: Log, position: int, reason: str, out: Out) -> int:
-    """Set aside the event at ``position`` of an agent stream (`gateway.quarantine`), so the
+    """Set aside the event at ``position`` of an agent stream (`gateway.tools.quarantine`), so the
     log starts, replays and verifies again; refused while a gateway serves the log."""
     try:
         if not isinstance(db, str):

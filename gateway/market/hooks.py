@@ -23,7 +23,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from gateway.market import Candle, ConnectorStatus, Interval, MarketEvent, Price, Symbol, Tick, iso
+from gateway.market.events import (
+    Candle,
+    ConnectorStatus,
+    Interval,
+    MarketEvent,
+    Price,
+    Symbol,
+    Tick,
+    iso,
+)
 from lanes.requests import AGENT_ID_PATTERN, AgentRequest, Kind, Priority, WireModel
 
 REDELIVERY_WINDOW = 128

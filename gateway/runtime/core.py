@@ -1,7 +1,7 @@
 """The runtime core of one event stream: decide an input, append, settle after the commit.
 
-An agent (`gateway.engine`) and a provider gate (`gateway.gate`) live the same loop: an
-input is decided against the stream's state (`lanes` does the deciding), the input and its
+An agent (`gateway.runtime.engine`) and a provider gate (`gateway.runtime.gate`) live the same
+loop: an input is decided against the stream's state (`lanes` does the deciding), the input and its
 decisions are appended at the stream's version, and their effects follow the commit. When an
 append fails, the state ran ahead of the log: the stream is rebuilt from the log, after a
 backoff that doubles while appends keep failing. `StreamCore` is that loop, once, and
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-from gateway.clock import Clock, Timer
-from gateway.tasks import spawn
+from gateway.runtime.clock import Clock, Timer
+from gateway.runtime.tasks import spawn
 from lanes.codec import Codec
 from store.port import Append, EventStore, Fence, FencedError, NewEvent, RecordedEvent, StoreError
 
-log = logging.getLogger("gateway.core")
+log = logging.getLogger("gateway.runtime.core")
 
 class Versioned(Protocol):
     """A stream's state: it knows the stream's version it is at."""

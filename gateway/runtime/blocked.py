@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.market import from_ms, iso
+from gateway.market.events import from_ms, iso
 from lanes.events import TradingState
 from lanes.gate import GateWait
 from lanes.state import AgentState

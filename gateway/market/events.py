@@ -1,7 +1,7 @@
 """Market events on the wire: ticks, candles and connector status, validated strictly.
 
-Feed clients send these on ``/ws/feed``; hook rules (`gateway.hooks`) turn them into
-requests and the paper broker (`gateway.broker`) fills orders at their prices.
+Feed clients send these on ``/ws/feed``; hook rules (`gateway.market.hooks`) turn them into
+requests and the paper broker (`gateway.market.broker`) fills orders at their prices.
 """
 
 from __future__ import annotations

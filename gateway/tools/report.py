@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gateway.engine import Engine
+from gateway.runtime.engine import Engine
 from lanes import AgentStatus
 
 

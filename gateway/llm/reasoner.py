@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gateway.clock import Clock
 from gateway.errors import GatewayError
-from gateway.llm import Completion, LLMClient, Message, ProviderCallError
+from gateway.llm.port import Completion, LLMClient, Message, ProviderCallError
+from gateway.runtime.clock import Clock
 from lanes.config import CallResults
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
 from lanes.gate import backoff_ceiling, full_jitter
@@ -22,7 +22,7 @@ from lanes.gate.events import THROTTLED, CallOutcome
 from lanes.requests import RANK, AgentRequest, Kind, Priority, WireModel
 
 if TYPE_CHECKING:
-    from gateway.gate import SlotGate
+    from gateway.runtime.gate import SlotGate
 
 
 class SpendLimitError(GatewayError):
@@ -89,7 +89,7 @@ class RunContext:
         Each attempt waits for a slot (with the token estimate), calls ``make()`` and gives
         the slot back with how the provider answered. A throttled or failing provider makes
         the gate back off (and maybe open its breaker) before the next attempt; the gate
-        refuses once the attempts are spent (`gateway.gate.SlotRefusedError`). A spend
+        refuses once the attempts are spent (`gateway.runtime.gate.SlotRefusedError`). A spend
         limit raises `SpendLimitError` (never retried); a rejected request re-raises its
         `ProviderCallError`. An abort cancels the call and frees the slot.
         """

@@ -13,7 +13,7 @@ import pydantic_core
 from pydantic import Field, TypeAdapter
 
 from gateway.errors import BadFrame
-from gateway.market import MarketEvent
+from gateway.market.events import MarketEvent
 from lanes.events import TradingState
 from lanes.requests import MAX_INT, AgentRequest, WireModel
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from gateway.protocol import AckFrame, ErrorFrame
+from gateway.edge.protocol import AckFrame, ErrorFrame
 from lanes import AgentConfig, AgentRequest
 from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
@@ -48,8 +48,8 @@ def _op(summary: str, ok: str | dict[str, Any], body: str | None = None,
 @cache
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
-    from gateway.app import ControlBody
-    from gateway.blotter import BlotterView
+    from gateway.edge.http import ControlBody
+    from gateway.runtime.blotter import BlotterView
 
     schemas: dict[str, Any] = {}
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
@@ -65,7 +65,7 @@ def openapi_document() -> dict[str, Any]:
         by_alias=True, mode="serialization", ref_template="#/components/schemas/{model}")
     schemas.update(answer.pop("$defs", {}))
     schemas["BlotterView"] = answer
-    from gateway.story import RESPONSES  # the answers of the story routes
+    from gateway.tools.story import RESPONSES  # the answers of the story routes
 
     for name, shape in RESPONSES.items():
         schema = shape.model_json_schema(by_alias=True, mode="serialization",

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.clock import Clock
-from gateway.core import Commit, EventIds, StreamCore
 from gateway.errors import GatewayError, StorageFailed, Unstorable
+from gateway.runtime.clock import Clock
+from gateway.runtime.core import Commit, EventIds, StreamCore
 from lanes.codec import Unrepeatable
 from lanes.gate import (
     GATE_CODEC,
@@ -55,7 +55,7 @@ from store.port import (
     WriteFailed,
 )
 
-log = logging.getLogger("gateway.gate")
+log = logging.getLogger("gateway.runtime.gate")
 
 
 class GateUnrecorded(StorageFailed):
@@ -99,7 +99,8 @@ class Slot:
 
 class SlotGate(Protocol):
     """What a run needs of its provider gate: slots, given back with how the provider
-    answered (`ProviderGate`, or `gateway.peers.RoutedGate` when another process owns it)."""
+    answered (`ProviderGate`, or `gateway.runtime.peers.RoutedGate` when another process owns
+    it)."""
 
     @property
     def provider(self) -> str:
@@ -385,7 +386,7 @@ class ProviderGate:
         return fold_gate(GateState(provider=self.stream),
                          (decode_gate_event(r.type, r.data) for r in records))
 
-    # `gateway.core.Listener`: what the gate's stream tells it.
+    # `gateway.runtime.core.Listener`: what the gate's stream tells it.
 
     def committed(self, decisions: list[GateDecision], records: list[RecordedEvent],
                   seconds: float, urgent: bool) -> None:

@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from gateway.clock import Clock, SystemClock
-from gateway.core import EventIds, Outcome, StreamCore
+from gateway.edge.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
+from gateway.edge.protocol import ControlEffect
 from gateway.errors import (
     AgentUnavailable,
     BadFrame,
@@ -39,15 +39,15 @@ from gateway.errors import (
     Unstorable,
     storage_fault_kind,
 )
-from gateway.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
-from gateway.protocol import ControlEffect
-from gateway.quarantine import PLAIN, LogReader, log_reader
-from gateway.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
-from gateway.runtime import gc_paused
-from gateway.schedules import Scheduler, check_count, manual_request
-from gateway.schedules import check as check_schedule
-from gateway.snapshots import KEEP, load_latest, seal, snapshot_of_log
-from gateway.tasks import spawn
+from gateway.llm.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
+from gateway.runtime.clock import Clock, SystemClock
+from gateway.runtime.core import EventIds, Outcome, StreamCore
+from gateway.runtime.process import gc_paused
+from gateway.runtime.schedules import Scheduler, check_count, manual_request
+from gateway.runtime.schedules import check as check_schedule
+from gateway.runtime.snapshots import KEEP, load_latest, seal, snapshot_of_log
+from gateway.runtime.tasks import spawn
+from gateway.tools.quarantine import PLAIN, LogReader, log_reader
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
@@ -108,11 +108,11 @@ from store.port import (
 )
 
 if TYPE_CHECKING:
-    from gateway.broker import Broker
-    from gateway.gate import ProviderGate, SlotGate
-    from gateway.pacing import Pacer
+    from gateway.edge.pacing import Pacer
+    from gateway.market.broker import Broker
+    from gateway.runtime.gate import ProviderGate, SlotGate
 
-log = logging.getLogger("gateway.engine")
+log = logging.getLogger("gateway.runtime.engine")
 CALL_ATTEMPTS = 10
 """How often delivering a sub-agent call is tried while the target is unavailable (being
 rebuilt, or moving between the processes of a cluster: about 20 s in all)."""
@@ -171,7 +171,7 @@ of its agent (a resume or a release is not held: it would act later than asked).
 
 class Forwarder(Protocol):
     """Sends requests for agents another gateway process owns to that process (when several
-    share the log: `gateway.cluster`)."""
+    share the log: `gateway.runtime.cluster`)."""
 
     async def submit_many(self, owner: str, requests: Sequence[AgentRequest],
                           principal: str | None) -> list[Ack | GatewayError]:
@@ -213,7 +213,7 @@ class _Agent:
 
 
 class _Hooks:
-    """What an agent's `StreamCore` tells the engine (`gateway.core.Listener`)."""
+    """What an agent's `StreamCore` tells the engine (`gateway.runtime.core.Listener`)."""
 
     __slots__ = ("agent", "engine")
 
@@ -291,10 +291,10 @@ class Engine:
         periodic ones are folded from the log by a worker process, so that serialising a big
         desk never holds the event loop. ``ids`` makes event ids (default: `EventIds`).
         A ``clustered`` engine shares its log with other gateway processes: it owns no agent
-        until `adopt` (a `gateway.cluster.Cluster` decides which), keeps a replica of the
+        until `adopt` (a `gateway.runtime.cluster.Cluster` decides which), keeps a replica of the
         others, and forwards their requests (`forwarder`) to their owners (`owner_of`).
-        ``schedules`` are the config file's schedules per agent (`gateway.schedules`): applied
-        when the engine first owns the agent, then fired by `scheduler`."""
+        ``schedules`` are the config file's schedules per agent (`gateway.runtime.schedules`):
+        applied when the engine first owns the agent, then fired by `scheduler`."""
         if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1 or None: {snapshot_every}")
         self.broker = broker
@@ -378,7 +378,7 @@ class Engine:
         self._followed = asyncio.Event()
         """Set whenever the replicas followed a batch of the log."""
         self.run_gates: dict[str, SlotGate] = {}
-        """Clustered: how runs reach each provider gate (`gateway.peers.RoutedGate`)."""
+        """Clustered: how runs reach each provider gate (`gateway.runtime.peers.RoutedGate`)."""
 
     # ------------------------------------------------------------------- life cycle
 

@@ -1,9 +1,9 @@
 """Talking to the other gateway processes of a cluster (several processes on one log).
 
 Requests for an agent another process owns are sent to that process (`Peers.submit_many`,
-the engine's `gateway.engine.Forwarder`), and a run whose provider gate another process owns
+the engine's `gateway.runtime.engine.Forwarder`), and a run whose provider gate another process owns
 takes its slots from there (`RoutedGate`). Both go over the owner's internal HTTP API
-(`gateway.internal`), authenticated with the cluster's shared secret. Nothing here decides:
+(`gateway.edge.internal`), authenticated with the cluster's shared secret. Nothing here decides:
 the owner does, and answers as it would answer a client.
 """
 
@@ -17,14 +17,14 @@ from typing import Any, Final
 
 import httpx
 
-from gateway.engine import Ack
+from gateway.edge.protocol import ControlEffect
 from gateway.errors import BadFrame, GatewayError
-from gateway.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
-from gateway.protocol import ControlEffect
+from gateway.runtime.engine import Ack
+from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
 from lanes.gate.events import CallOutcome, GateLimits, Refusal, SlotRefused
 from lanes.requests import AgentRequest, Priority
 
-log = logging.getLogger("gateway.peers")
+log = logging.getLogger("gateway.runtime.peers")
 
 SECRET_HEADER: Final = "x-gateway-cluster"
 """The header that carries the cluster's shared secret on internal calls."""
@@ -101,7 +101,7 @@ class Peers:
 
     async def submit_many(self, owner: str, requests: Sequence[AgentRequest],
                           principal: str | None) -> list[Ack | GatewayError]:
-        """Submit ``requests`` at their owner (`gateway.engine.Forwarder`): an ack or an
+        """Submit ``requests`` at their owner (`gateway.runtime.engine.Forwarder`): an ack or an
         error for each, as the owner answered."""
         body = {"principal": principal,
                 "requests": [r.model_dump(mode="json", by_alias=True, exclude_none=True)

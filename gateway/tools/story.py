@@ -1,5 +1,5 @@
 """Time travel as a story, for the panel: an agent's stream grouped by input and worded as
-the CLI timeline words it (`gateway.debugger.story`), the agent's budgets, cooldown, holds
+the CLI timeline words it (`gateway.tools.debugger.story`), the agent's budgets, cooldown, holds
 and provider gate at one position, and what changed between two positions.
 
 Everything here is a view of states replayed from the log (`lanes`); nothing is sampled.
@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
-from gateway.debugger import story as story_of
-from gateway.quarantine import LogReader
+from gateway.tools.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
+from gateway.tools.debugger import story as story_of
+from gateway.tools.quarantine import LogReader
 from lanes import AgentState, status
 from lanes.events import INPUT_TYPES, TradingState
 from lanes.gate import (
@@ -295,7 +295,7 @@ def spans(records: Sequence[RecordedEvent], reader: LogReader) -> list[Span]:
 
 def told(records: Sequence[RecordedEvent], chosen: Iterable[Span],
          reader: LogReader) -> list[Group]:
-    """The groups of these spans, decoded and worded (`gateway.debugger.story`)."""
+    """The groups of these spans, decoded and worded (`gateway.tools.debugger.story`)."""
     return [group for start, end in chosen
             for group in story_of(reader.entries(records[start:end]))]
 
@@ -315,7 +315,7 @@ def around(records: Sequence[RecordedEvent], found: Sequence[Span], position: in
 
 def find(records: Sequence[RecordedEvent], reader: LogReader, kind: str, after: int | None,
          before: int | None) -> int | None:
-    """The position of the first decision of ``kind`` (`gateway.debugger.kinds_of`) after
+    """The position of the first decision of ``kind`` (`gateway.tools.debugger.kinds_of`) after
     ``after``, or of the last one before ``before``; only events of a type that can be of
     that kind are decoded."""
     candidates = JUMP_TYPES[kind]

@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.quarantine import PLAIN, LogReader
+from gateway.tools.quarantine import PLAIN, LogReader
 from lanes.codec import AGENT_CODEC
 from lanes.evolve import fold
 from lanes.replay import LogFold
@@ -26,7 +26,7 @@ from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, load_fold
 from lanes.state import AgentState
 from store.port import EventStore, RecordedEvent, Snapshot, SnapshotInfo
 
-log = logging.getLogger("gateway.snapshots")
+log = logging.getLogger("gateway.runtime.snapshots")
 
 FOLD_MODULES = (
     "lanes.config", "lanes.events", "lanes.requests", "lanes.rules", "lanes.tables",
@@ -79,7 +79,7 @@ def snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None
 
 
 async def _snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None:
-    from gateway.quarantine import log_reader
+    from gateway.tools.quarantine import log_reader
     from lanes.snapshot import dump_fold
     from store import open_store
 

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.describe import describe
-from gateway.engine import Engine
-from gateway.reasoner import SimulatedReasoner
-from gateway.report import print_status
+from gateway.llm.reasoner import SimulatedReasoner
+from gateway.runtime.engine import Engine
+from gateway.tools.describe import describe
+from gateway.tools.report import print_status
 from lanes import AgentConfig, Budgets, Mode, parse_request, verify
 from lanes.codec import decode
 from lanes.replay import Entry

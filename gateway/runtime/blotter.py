@@ -13,7 +13,7 @@ from typing import Literal, TypeVar
 from pydantic import ConfigDict, Field
 
 from gateway.errors import BadFrame
-from gateway.quarantine import LogReader
+from gateway.tools.quarantine import LogReader
 from lanes.blotter import HISTORY, ORDER_EVENT_TYPES, Blotter, OrderRow
 from lanes.events import INPUT_TYPES
 from lanes.requests import WireModel

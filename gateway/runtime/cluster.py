@@ -6,7 +6,7 @@ it serves at (``http://10.0.0.5:8000#3f9a...``), so whoever sees one of its leas
 where to forward to. Each stream (an agent, a provider gate) goes to one live member by
 rendezvous hashing (`assign`): every member computes the same answer from the same members,
 a new member takes over its share, and a dead member's streams spread over the others. At
-each renewal a member hands over (gracefully: `gateway.engine.Engine.hand_over`) the
+each renewal a member hands over (gracefully: `gateway.runtime.engine.Engine.hand_over`) the
 streams assigned elsewhere and releases their leases, acquires those assigned to it that
 are free (never held, released, or held by a member whose lease expired) and adopts them
 (`Engine.adopt`: folded from the log, a run cut off by a dead owner recorded aborted and
@@ -24,14 +24,14 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from gateway.clock import Clock, Timer
-from gateway.engine import Engine
-from gateway.gate import ProviderGate
-from gateway.tasks import spawn
+from gateway.runtime.clock import Clock, Timer
+from gateway.runtime.engine import Engine
+from gateway.runtime.gate import ProviderGate
+from gateway.runtime.tasks import spawn
 from store.port import Fence, LeaseLost, LeaseView, StoreError
 from store.writer import GroupCommitStore
 
-log = logging.getLogger("gateway.cluster")
+log = logging.getLogger("gateway.runtime.cluster")
 
 LEASE_MS: Final = 5_000
 """Default lease of a member: a process that stopped renewing it for this long is dead to

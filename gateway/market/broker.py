@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gateway.clock import Clock
-from gateway.market import Candle, MarketEvent, Tick
-from gateway.tasks import spawn
+from gateway.market.events import Candle, MarketEvent, Tick
+from gateway.runtime.clock import Clock
+from gateway.runtime.tasks import spawn
 from lanes.events import BrokerReport, OrderIntent
 
-log = logging.getLogger("gateway.broker")
+log = logging.getLogger("gateway.market.broker")
 
 Report = Callable[[str, BrokerReport], Awaitable[None]]
 """``report(agent_id, report)``: hand a broker report to the gateway."""

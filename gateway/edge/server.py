@@ -20,24 +20,26 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
-from gateway.app import Service, create_app, own_origins
-from gateway.auth import Principal, TokenBook
-from gateway.broker import PaperBroker
-from gateway.clock import Clock, SystemClock
-from gateway.cluster import Cluster
 from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
-from gateway.engine import Engine
+from gateway.edge.app import create_app
+from gateway.edge.auth import Principal, TokenBook
+from gateway.edge.http import own_origins
+from gateway.edge.service import Service
 from gateway.errors import NotOwner
-from gateway.feed import SyntheticFeed
-from gateway.hooks import HookEngine
-from gateway.market import MarketEvent
-from gateway.peers import Peers, RoutedGate
-from gateway.runtime import tune_runtime
+from gateway.market.broker import PaperBroker
+from gateway.market.events import MarketEvent
+from gateway.market.feed import SyntheticFeed
+from gateway.market.hooks import HookEngine
+from gateway.runtime.clock import Clock, SystemClock
+from gateway.runtime.cluster import Cluster
+from gateway.runtime.engine import Engine
+from gateway.runtime.peers import Peers, RoutedGate
+from gateway.runtime.process import tune_runtime
 from lanes.events import BrokerReport
 from store import GroupCommitStore, PostgresEventStore, SqliteEventStore
 from store.engine import database_url, is_postgres
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger("gateway.edge.server")
 
 
 def build_service(config: GatewayConfig, db: Path | str | None = None,
@@ -334,7 +336,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
 async def join_cluster(service: Service, url: str) -> Cluster:
     """Make the (clustered, started) engine of ``service`` a member of its log's cluster,
     reached by the others at ``url``: requests and slots for what other processes own go
-    there (`gateway.peers`), and this process takes its share of the agents."""
+    there (`gateway.runtime.peers`), and this process takes its share of the agents."""
     engine = service.engine
     assert service.cluster_secret is not None
     peers = service.peers = Peers(service.cluster_secret)

@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from gateway.clock import Clock
 from gateway.errors import BadFrame, GatewayError
+from gateway.runtime.clock import Clock
 from lanes.requests import AgentRequest, Kind
 from lanes.schedules import (
     MANUAL_SOURCE,
@@ -37,7 +37,7 @@ from lanes.schedules import (
 )
 from lanes.state import AgentState
 
-log = logging.getLogger("gateway.schedules")
+log = logging.getLogger("gateway.runtime.schedules")
 _TOKENS = re.compile(r"[,/#\-]")
 
 RESCAN_MS = 1_000

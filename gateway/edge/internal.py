@@ -1,4 +1,4 @@
-"""The internal HTTP API the processes of a cluster call on each other (`gateway.peers` is
+"""The internal HTTP API the processes of a cluster call on each other (`gateway.runtime.peers` is
 the calling side): requests for the agents this process owns, and slots of the provider
 gates it owns. Every call carries the cluster's shared secret; without it (or on a gateway
 that is not in a cluster) the routes answer 404, as if they did not exist.
@@ -16,15 +16,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.edge.protocol import load_json
 from gateway.errors import BadFrame, GatewayError, UnknownProvider
-from gateway.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
-from gateway.peers import SECRET_HEADER
-from gateway.protocol import load_json
+from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
+from gateway.runtime.peers import SECRET_HEADER
 from lanes.gate.events import CallOutcome
 from lanes.requests import AgentRequest, InvalidRequest, Priority
 
 if TYPE_CHECKING:
-    from gateway.app import Service
+    from gateway.edge.service import Service
 
 _REQUESTS: TypeAdapter[list[AgentRequest]] = TypeAdapter(list[AgentRequest])
 
@@ -49,7 +49,7 @@ class _Internal:
               ) -> Callable[[Request], Awaitable[Response]]:
         """``handler`` behind the secret check, with its JSON body parsed; errors answered
         as error frames."""
-        from gateway.app import error_response
+        from gateway.edge.answers import error_response
 
         async def guarded(request: Request) -> Response:
             secret = self.service.cluster_secret
@@ -77,7 +77,7 @@ class _Internal:
     async def submit(self, request: Request, body: dict[str, Any]) -> Response:
         """Requests forwarded by another process, for agents this one owns (never forwarded
         again: an agent that moved meanwhile is answered ``unavailable``)."""
-        from gateway.app import ack_frame, error_frame
+        from gateway.edge.answers import ack_frame, error_frame
 
         try:
             requests = _REQUESTS.validate_python(body.get("requests"))

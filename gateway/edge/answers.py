@@ -1,0 +1,80 @@
+"""Failures and acks on the wire: the one place an exception becomes an HTTP answer or an
+error frame (`error_response`, `error_frame`), and the Starlette exception handlers that
+make every route answer that way."""
+
+
+from __future__ import annotations
+
+import logging
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.edge.protocol import (
+    AckFrame,
+    ErrorFrame,
+)
+from gateway.errors import (
+    CODES,
+    BadFrame,
+    Busy,
+    GatewayError,
+    StorageUnreadable,
+    Unauthorized,
+)
+from gateway.runtime.engine import Ack
+from lanes import InvalidRequest
+from store.port import StoreError
+
+log = logging.getLogger("gateway.edge.answers")
+
+
+async def answer_error(request: Request, error: Exception) -> Response:
+    """The exception handler of the HTTP routes (see `gateway.edge.http.Api`)."""
+    if request.scope["type"] != "http":
+        raise error  # (a WebSocket session answers its own failures in frames)
+    return error_response(error, logged=isinstance(error, GatewayError | InvalidRequest
+                                                    | StoreError))
+
+
+def error_response(error: Exception, request_id: str | None = None,
+                   logged: bool = False) -> JSONResponse:
+    """The one place a failure becomes an HTTP answer; no internals leak. An unexpected
+    failure is logged, unless ``logged`` (Starlette re-raises it for the server's log)."""
+    frame = error_frame(error, request_id=request_id, logged=logged)
+    response = JSONResponse(frame.model_dump(mode="json", exclude_none=True),
+                            status_code=CODES[frame.code].status if frame.code in CODES
+                            else 500)
+    if isinstance(error, Busy):
+        response.headers["Retry-After"] = str(max(1, error.retry_after_ms // 1000))
+    if isinstance(error, Unauthorized):
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def error_frame(error: Exception, id: str | None = None, request_id: str | None = None,
+                logged: bool = False) -> ErrorFrame:
+    """The error frame for any failure (an unexpected one is logged, unless ``logged``
+    already, and never shown)."""
+    if isinstance(error, InvalidRequest):
+        first = error.errors[0] if error.errors else None
+        return ErrorFrame(id=id, code="invalid", message=str(error), request_id=request_id,
+                          field=first.field if first else None)
+    if isinstance(error, BadFrame):
+        return ErrorFrame(id=id, code=error.code, message=str(error), field=error.field,
+                          request_id=request_id)
+    if isinstance(error, StoreError):  # a read of the log failed (a write is StorageFailed)
+        error = StorageUnreadable(str(error))
+    if isinstance(error, GatewayError):
+        return ErrorFrame(id=id, code=error.code, message=str(error), request_id=request_id)
+    if not logged:
+        log.exception("unexpected error", exc_info=error)
+    return ErrorFrame(id=id, code="internal", request_id=request_id,
+                      message="internal error; the request was not taken; retry")
+
+
+def ack_frame(ack: Ack, id: str | None = None) -> AckFrame:
+    """An engine ack on the wire."""
+    return AckFrame(id=id, request_id=ack.request_id, decision=ack.decision,  # type: ignore[arg-type]
+                    position=ack.position, reason=ack.reason, repeated=ack.repeated,
+                    effect=ack.effect)

@@ -1,0 +1,81 @@
+"""The Starlette app: WebSocket feed and control protocol, HTTP queue API, metrics.
+
+Everything here is translation: wire frames and HTTP bodies in, engine calls, answers out.
+Nothing is decided here that `lanes` decides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from gateway.edge.auth import Role
+from gateway.edge.http import Api
+from gateway.edge.internal import internal_routes
+from gateway.edge.service import Service
+from gateway.edge.sessions import partial_ws
+
+WEB = Path(__file__).resolve().parents[2] / "web"
+
+
+def create_app(service: Service, lifespan: Any = None) -> Starlette:
+    """The ASGI app over a started (or, with ``lifespan``, to-be-started) engine."""
+    api = Api(service)
+    routes = [
+        Route("/healthz", api.healthz),
+        Route("/metrics", api.metrics),
+        Route("/openapi.json", api.openapi),
+        Route("/api/agents", api.agents),
+        Route("/api/agents/{agent_id}", api.agent),
+        Route("/api/agents/{agent_id}/queue", api.queue),
+        Route("/api/agents/{agent_id}/requests", api.submit, methods=["POST"]),
+        Route("/api/agents/{agent_id}/control", api.control, methods=["POST"]),
+        Route("/api/agents/{agent_id}/queue/clear", api.clear, methods=["POST"]),
+        Route("/api/agents/{agent_id}/release", api.release, methods=["POST"]),
+        Route("/api/agents/{agent_id}/runs/{run_id}/abort", api.abort, methods=["POST"]),
+        Route("/api/agents/{agent_id}/config", api.configure, methods=["POST"]),
+        Route("/api/agents/{agent_id}/schedules", api.schedules),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}", api.put_schedule,
+              methods=["PUT"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}", api.delete_schedule,
+              methods=["DELETE"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}/pause", api.pause_schedule,
+              methods=["POST"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}/resume", api.resume_schedule,
+              methods=["POST"]),
+        Route("/api/agents/{agent_id}/schedules/{schedule_id}/run", api.run_schedule,
+              methods=["POST"]),
+        Route("/api/events", api.events),
+        Route("/api/events/{position:int}", api.event_cause),
+        Route("/api/event-types", api.event_types),
+        Route("/api/agents/{agent_id}/events", api.agent_events),
+        Route("/api/agents/{agent_id}/calls", api.calls),
+        Route("/api/replay", api.replay),
+        # time travel as a story (gateway.story)
+        Route("/api/agents/{agent_id}/story", api.story),
+        Route("/api/agents/{agent_id}/story/find", api.story_find),
+        Route("/api/agents/{agent_id}/moment", api.moment),
+        Route("/api/agents/{agent_id}/diff", api.diff),
+        Route("/api/providers", api.providers),
+        Route("/api/providers/{name}", api.provider),
+        Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
+        # Histories for people, from the log (gateway.history): runs and chart series.
+        Route("/api/agents/{agent_id}/runs", api.runs),
+        Route("/api/charts", api.charts),
+        Route("/api/orders", api.orders),
+        Route("/api/agents/{agent_id}/orders", api.agent_orders),
+        WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
+        WebSocketRoute("/ws/control", partial_ws(service, "control")),
+        *internal_routes(service),
+    ]
+    if WEB.is_dir():
+        routes.append(Mount("/", StaticFiles(directory=WEB, html=True), name="web"))
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers=api.exception_handlers())
+
+
+__all__ = ["Role", "Service", "create_app"]

@@ -1,0 +1,166 @@
+"""What the edge serves (`Service`: the engine and everything around it, with the
+connection limits) and the limits' defaults."""
+
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gateway.edge.auth import TokenBook
+from gateway.edge.intake import BUDGET_MS, Intake
+from gateway.edge.pacing import Pacer
+from gateway.errors import (
+    Busy,
+)
+from gateway.llm.port import LLMClient
+from gateway.market.events import MarketEvent
+from gateway.market.hooks import HookEngine
+from gateway.runtime.cluster import Cluster
+from gateway.runtime.engine import Engine
+from gateway.runtime.peers import Peers
+
+log = logging.getLogger("gateway.edge.service")
+
+
+POLICY_VIOLATION = 1008
+TOO_BIG = 1009
+TRY_AGAIN_LATER = 1013
+AUTH_TIMEOUT_S = 10.0
+"""Default time a connection has to authenticate (`Service.auth_timeout_s`)."""
+MAX_CONNECTIONS = 1_000
+"""Default WebSocket connections open at once (`Service.max_connections`)."""
+SUBPROTOCOL = "gateway.v1"
+"""The WebSocket subprotocol a browser offers with `TOKEN_SUBPROTOCOL` (it is answered)."""
+TOKEN_SUBPROTOCOL = "bearer."
+"""A browser cannot set ``Authorization`` on a WebSocket: it offers the subprotocol
+``bearer.<its token in base64url>`` instead, next to `SUBPROTOCOL`, and is authenticated
+at the handshake like a client with the header."""
+MAX_UNAUTHENTICATED = 100
+"""Default connections waiting for their auth frame (`Service.max_unauthenticated`)."""
+MAX_BAD_FRAMES = 20
+"""Bad frames in a row before a connection is closed as abusive."""
+MAX_CLOCK_SKEW_MS = 60_000
+"""How far in the future a market event may be dated."""
+MAX_IN_FLIGHT = 2_000
+"""Frames one connection may have waiting for their commit before reading pauses."""
+MAX_IN_FLIGHT_BYTES = 32 << 20
+"""Bytes of frames one connection may have waiting before reading pauses."""
+SEND_TIMEOUT_S = 10.0
+"""Default time a client may leave a frame untaken before it is closed as a slow reader
+(`Service.send_timeout_s`)."""
+HEARTBEAT_S = 2.0
+"""Default longest silence of a subscription before a heartbeat frame (`Service.heartbeat_s`)."""
+REQUEST_TIMEOUT_S = 10.0
+"""Default time a connection has to send a whole request (`Service.request_timeout_s`)."""
+ENDPOINTS = ("feed", "control")
+CAUSE_PAGE = 256
+"""Events read per step when walking back from an event to the input that caused it."""
+MAX_CAUSE_DECISIONS = 1_000
+"""Decisions of one input returned with it (a queue clear may make many)."""
+SUMMARIES_PER_STEP = 200
+"""Agent summaries a snapshot builds before it lets other work run."""
+MAX_SEARCH_TEXT = 200
+"""Characters of a search of the log (``GET /api/events?q=``)."""
+MAX_CHART_AGENTS = 20
+"""Agents in one answer of ``GET /api/charts``."""
+
+
+@dataclass
+class Connections:
+    """The WebSocket connections open now and how many ended for each limit (for /metrics)."""
+
+    open: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ENDPOINTS, 0))
+    unauthenticated: int = 0
+    """Open connections still waiting for their auth frame."""
+    refused: int = 0
+    """Handshakes answered 503: a connection cap was full."""
+    auth_timeouts: int = 0
+    slow_readers: int = 0
+
+    @property
+    def total(self) -> int:
+        """Connections open on every endpoint."""
+        return sum(self.open.values())
+
+
+@dataclass
+class Service:
+    """What the app serves: the engine and everything around it."""
+
+    engine: Engine
+    tokens: TokenBook
+    hooks: HookEngine | None = None
+    on_market: Callable[[MarketEvent], None] | None = None
+    """Also told of every market event (the paper broker's prices)."""
+    allowed_origins: frozenset[str] = frozenset()
+    """Browser origins let in besides the gateway's own (`server.allowed_origins`)."""
+    own_origins: frozenset[str] = frozenset()
+    """The origins the gateway is served at, set when it binds (`own_origins`): never taken
+    from a request's ``Host`` header, which a DNS-rebinding page controls."""
+    max_frame_bytes: int = 1 << 20
+    intake_budget_ms: int = BUDGET_MS
+    """Feed work is taken only while what waits for the log commits within this long
+    (`gateway.edge.intake`); beyond it feed frames, and reasoning requests from elsewhere, are
+    answered ``busy``."""
+    clients: Mapping[str, LLMClient] = field(default_factory=dict)
+    """The LLM clients of the providers, closed when serving ends."""
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    max_connections: int = MAX_CONNECTIONS
+    """WebSocket connections open at once (both endpoints); past it a handshake is answered
+    503 with ``Retry-After``, so a flood of connections cannot grow memory without bound."""
+    max_unauthenticated: int = MAX_UNAUTHENTICATED
+    """Of those, connections waiting for their auth frame (a token in the header or the
+    ``bearer.`` subprotocol is checked at once); past it a handshake without either is
+    answered 503."""
+    auth_timeout_s: float = AUTH_TIMEOUT_S
+    """A connection that has not authenticated in this long is closed (1008)."""
+    send_timeout_s: float = SEND_TIMEOUT_S
+    """A client that leaves a frame untaken this long is closed as a slow reader (1008)."""
+    heartbeat_s: float = HEARTBEAT_S
+    """A subscription that had nothing to send for this long is sent a heartbeat frame, so a
+    client can tell a quiet gateway from a frozen one (0: no heartbeats)."""
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    """A connection must send a whole HTTP request (or WebSocket handshake) within this long
+    of connecting or of the request's first bytes (enforced by `gateway.edge.server`)."""
+    connections: Connections = field(default_factory=lambda: Connections())
+    cluster_secret: str | None = None
+    """Several processes share the log: the secret they call each other's internal API with
+    (`gateway.edge.internal`; None: not in a cluster, the internal routes do not exist)."""
+    peers: Peers | None = None
+    """Clients to the other processes of the cluster (an operator's HTTP call for an agent
+    owned elsewhere is passed on to its owner)."""
+    cluster_lease_ms: int = 5_000
+    """The member lease of this process in its cluster (`gateway.runtime.cluster.Cluster`)."""
+    advertise: str | None = None
+    """The URL the other processes reach this one at (default: where it is bound)."""
+    cluster: Cluster | None = None
+    """This process's membership of its log's cluster (several processes on one PostgreSQL
+    log), once it joined."""
+    intake: Intake = field(init=False)
+    pacer: Pacer = field(default_factory=Pacer)
+    """The feed's work takes turns on the event loop, so that a control waits for at most
+    one unit of it (`gateway.edge.pacing`)."""
+
+    def __post_init__(self) -> None:
+        self.intake = Intake(self.engine.store, self.intake_budget_ms)
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        """Whether a browser ``Origin`` may send WebSocket frames and mutating requests (no
+        ``Origin``: not a browser, or the same page's GET)."""
+        return not origin or origin in self.allowed_origins or origin in self.own_origins
+
+    busy_backlog: int = 40_000
+    """Events waiting for the log beyond which reasoning work from outside the feed (an
+    operator's message, an HTTP submit) is answered ``busy``: a ceiling on memory, not a
+    latency budget (the feed's frames are admitted by the intake, long before this)."""
+
+    def check_capacity(self) -> None:
+        """Refuse reasoning work from outside the feed while the log is far behind (flow
+        control, never unbounded); the control lane is never refused."""
+        backlog = self.engine.store.backlog
+        if backlog > self.busy_backlog:
+            rate = self.engine.store.commit_rate or 10_000.0
+            raise Busy(retry_after_ms=int(min(5_000, 50 + backlog * 1000 / rate)))

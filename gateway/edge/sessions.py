@@ -1,0 +1,615 @@
+"""WebSocket sessions: authenticate, then frames in, answers out (``/ws/feed`` and
+``/ws/control``)."""
+
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.responses import JSONResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.edge.answers import ack_frame, error_frame
+from gateway.edge.auth import Principal, Role
+from gateway.edge.protocol import (
+    CLIENT_FRAME,
+    CLIENT_TYPES,
+    EVENTS_PER_FRAME,
+    MAX_BATCH,
+    AckFrame,
+    AcksFrame,
+    Auth,
+    BusyFrame,
+    ErrorFrame,
+    Heartbeat,
+    Hello,
+    Market,
+    MarketAck,
+    Ping,
+    Pong,
+    Snapshot,
+    Submit,
+    SubmitMany,
+    Subscribe,
+    Unsubscribe,
+    load_json,
+)
+from gateway.edge.service import (
+    MAX_BAD_FRAMES,
+    MAX_CLOCK_SKEW_MS,
+    MAX_IN_FLIGHT,
+    MAX_IN_FLIGHT_BYTES,
+    POLICY_VIOLATION,
+    SUBPROTOCOL,
+    SUMMARIES_PER_STEP,
+    TOKEN_SUBPROTOCOL,
+    TRY_AGAIN_LATER,
+    Service,
+)
+from gateway.edge.views import (
+    agent_summary,
+    event_frame_text,
+    events_frames,
+    gate_waits_of,
+    provider_summary,
+)
+from gateway.errors import (
+    HTTP_STATUS,
+    BadFrame,
+    Busy,
+    Forbidden,
+    GatewayError,
+    Unauthorized,
+)
+from gateway.market.events import MarketEvent, event_time, from_ms, to_ms
+from gateway.runtime.engine import Ack
+from gateway.runtime.tasks import spawn
+from lanes import AgentRequest, InvalidRequest
+from lanes.requests import FieldError
+
+log = logging.getLogger("gateway.edge.sessions")
+
+
+def partial_ws(service: Service, endpoint: str) -> Callable[[WebSocket], Awaitable[None]]:
+    """The handler of one WebSocket endpoint (``feed`` or ``control``)."""
+
+    async def handle(websocket: WebSocket) -> None:
+        await Session(service, websocket, endpoint).run()
+
+    return handle
+
+
+class Session:
+    """One WebSocket connection: authenticate, then frames in, answers out."""
+
+    def __init__(self, service: Service, websocket: WebSocket, endpoint: str) -> None:
+        self.service = service
+        self.engine = service.engine
+        self.ws = websocket
+        self.endpoint = endpoint
+        self.principal: Principal | None = None
+        self.bad_frames = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self.inflight_bytes = 0
+        self.drained = asyncio.Event()
+        self.send_lock = asyncio.Lock()
+        self.closing = False
+        self.subscription: asyncio.Task[None] | None = None
+        self.last_sent = 0.0
+        """When the last frame went out (the event loop's clock)."""
+
+    async def run(self) -> None:
+        """Serve the connection until it closes."""
+        if not self.service.origin_allowed(self.ws.headers.get("origin")):
+            await self.ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
+            return
+        connections = self.service.connections
+        # A token in the header (or a subprotocol) is checked at once; only a client that
+        # authenticates by its first frame waits unauthenticated, and those have a smaller
+        # share, so that anonymous connections cannot take every place from clients with
+        # tokens.
+        by_frame = not self.ws.headers.get("authorization") and self._offered_token() is None
+        if connections.total >= self.service.max_connections:
+            await self._refuse(f"{self.service.max_connections} WebSocket connections are "
+                               "open, the most this gateway takes (server.max_connections)")
+            return
+        if by_frame and connections.unauthenticated >= self.service.max_unauthenticated:
+            await self._refuse(f"{self.service.max_unauthenticated} WebSocket connections are "
+                               "waiting for their auth frame, the most this gateway takes "
+                               "(server.max_unauthenticated); a client that sends its token "
+                               "in the Authorization header (or a browser, as the "
+                               "subprotocol bearer.<base64url token>) is not counted")
+            return
+        connections.open[self.endpoint] += 1
+        if by_frame:
+            connections.unauthenticated += 1
+        try:
+            try:
+                # A browser that sent its token as a subprotocol is answered with the
+                # protocol's own name (never the token): it fails the connection otherwise.
+                await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in
+                                     self.ws.scope.get("subprotocols", ()) else None)
+                authenticated = await self._authenticate()
+            finally:
+                if by_frame:
+                    connections.unauthenticated -= 1
+            if authenticated:
+                await self._serve()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            connections.open[self.endpoint] -= 1
+            for task in [*self.tasks, *([self.subscription] if self.subscription else [])]:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _offered_token(self) -> str | None:
+        """The ``bearer.<base64url token>`` subprotocol the client offered, if any."""
+        for offered in self.ws.scope.get("subprotocols", ()):
+            if offered.startswith(TOKEN_SUBPROTOCOL):
+                return str(offered)
+        return None
+
+    async def _refuse(self, why: str) -> None:
+        """Answer the handshake 503 (``busy``, ``Retry-After``): a connection cap is full."""
+        self.service.connections.refused += 1
+        frame = ErrorFrame(code="busy", message=f"{why}; retry later")
+        response = JSONResponse(frame.model_dump(mode="json", exclude_none=True),
+                                status_code=HTTP_STATUS["busy"], headers={"Retry-After": "1"})
+        try:
+            await self.ws.send_denial_response(response)
+        except RuntimeError:  # a server without the denial extension: a plain refusal (403)
+            await self.ws.close(code=TRY_AGAIN_LATER, reason="too many connections")
+
+    async def _authenticate(self) -> bool:
+        tokens = self.service.tokens
+        try:
+            header = self.ws.headers.get("authorization")
+            offered = self._offered_token()
+            if header:
+                principal = tokens.from_header(header)
+            elif offered is not None:
+                principal = tokens.authenticate(_subprotocol_token(offered))
+            else:
+                message = await asyncio.wait_for(self.ws.receive(),
+                                                 self.service.auth_timeout_s)
+                if message["type"] == "websocket.disconnect":
+                    return False
+                frame = await self._validate(load_json(_raw(message)))
+                if not isinstance(frame, Auth):
+                    raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
+                principal = tokens.authenticate(frame.token)
+            if self.endpoint == "feed":
+                principal.check_feed()
+            elif principal.role is Role.FEED:
+                raise Forbidden("a feed token connects to /ws/feed; /ws/control takes viewer, "
+                                "control and admin tokens")
+        except (GatewayError, InvalidRequest, TimeoutError, WebSocketDisconnect) as error:
+            if isinstance(error, WebSocketDisconnect):
+                return False
+            if isinstance(error, TimeoutError):
+                self.service.connections.auth_timeouts += 1
+                error = Unauthorized("no auth frame in time")
+            await self._send(error_frame(error))
+            await self.ws.close(code=POLICY_VIOLATION, reason=getattr(error, "code", "auth"))
+            return False
+        self.principal = principal
+        scope = None if principal.agents is None else sorted(principal.agents)
+        beat = self.service.heartbeat_s
+        await self._send(Hello(principal=principal.name, role=principal.role.value,
+                               agents=scope, heartbeat_ms=round(beat * 1000) if beat else None))
+        return True
+
+    async def _serve(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect" or self.closing:
+                return  # closing: a slow reader; what it sent after that is not taken
+            raw = _raw(message)
+            try:
+                limit = self.service.max_frame_bytes
+                if len(raw) > limit or (isinstance(raw, str) and 4 * len(raw) > limit
+                                        and len(raw.encode()) > limit):
+                    raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
+                                   "bytes; split it")
+                if self.endpoint == "feed":
+                    async with self.service.pacer.turn():
+                        data = load_json(raw)
+                    if isinstance(data, dict) and data.get("type") in WORK_TYPES:
+                        retry = self.service.intake.admit(self)
+                        if retry is not None:  # nothing taken: the client sends it later
+                            await self._send(BusyFrame(id=_frame_id(data),
+                                                       retry_after_ms=retry))
+                            continue
+                else:
+                    data = load_json(raw)
+                frame = await self._validate(data)
+            except (BadFrame, InvalidRequest) as error:
+                self.bad_frames += 1
+                await self._send(error_frame(error, id=_guess_id(raw)))
+                if self.bad_frames >= MAX_BAD_FRAMES:
+                    await self.ws.close(code=POLICY_VIOLATION, reason="too many bad frames")
+                    return
+                continue
+            self.bad_frames = 0
+            await self.slots.acquire()
+            while self.inflight_bytes > MAX_IN_FLIGHT_BYTES:  # backpressure by size too
+                self.drained.clear()
+                await self.drained.wait()
+            self.inflight_bytes += len(raw)
+            if isinstance(frame, Submit) and frame.request.action is not None:
+                answering = self._control_now(frame)  # decided here, not a loop turn later
+            else:
+                answering = self._answer(frame)
+            task = asyncio.create_task(answering)
+            self.tasks.add(task)
+            task.add_done_callback(functools.partial(self._done, len(raw)))
+
+    def _done(self, size: int, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.slots.release()
+        self.inflight_bytes -= size
+        self.drained.set()
+
+    async def _validate(self, data: Any) -> Any:
+        """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`)."""
+        if not isinstance(data, dict):
+            raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
+        kind = data.get("type")
+        if kind not in CLIENT_TYPES:
+            raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
+                           f"{', '.join(CLIENT_TYPES)}", field="type")
+        batch = BATCHES.get(kind)
+        items = data.get(batch[0]) if batch is not None else None
+        if batch is not None and isinstance(items, list) and \
+                VALIDATE_STEP < len(items) <= MAX_BATCH:
+            data = {**data, batch[0]: await _validate_items(batch[0], batch[1], items,
+                                                            self._turn)}
+        try:
+            async with self._turn():
+                return CLIENT_FRAME.validate_python(data)
+        except ValidationError as error:
+            invalid = InvalidRequest.from_validation_error(error)
+            # Drop the frame type pydantic puts first in each location ("submit.request...").
+            raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
+                                  for e in invalid.errors]) from None
+
+    def _turn(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A turn of the pacer for a feed connection's work; nothing to wait for otherwise."""
+        return self.service.pacer.turn() if self.endpoint == "feed" else _NO_TURN
+
+    async def _send(self, frame: BaseModel) -> None:
+        # Optional fields that are None are left out; Hello's scope is always sent.
+        await self._send_text(frame.model_dump_json(exclude_none=not isinstance(frame, Hello)))
+
+    async def _send_paced(self, frame: BaseModel) -> None:
+        """`_send`, the encoding in a turn of the pacer (a feed's big answers)."""
+        async with self._turn():
+            text = frame.model_dump_json(exclude_none=True)
+        await self._send_text(text)
+
+    async def _send_text(self, text: str) -> None:
+        async with self.send_lock:
+            if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
+                return
+            try:
+                # (asyncio.timeout, not wait_for: that runs the send as a task of its own,
+                # a turn of the loop later, several ms under a flood for every answer)
+                async with asyncio.timeout(self.service.send_timeout_s):
+                    await self.ws.send_text(text)
+                self.last_sent = asyncio.get_running_loop().time()
+            except (RuntimeError, WebSocketDisconnect):
+                return
+            except TimeoutError:
+                self.closing = True
+                self.service.connections.slow_readers += 1
+                log.warning("closing a connection that does not read its frames")
+                # Under `gateway.edge.server` the close is queued behind the frames the client
+                # has not taken and the connection is dropped if it never takes them; a
+                # server that waits for room before a close gives up here.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        self.ws.close(code=POLICY_VIOLATION, reason="slow reader"), 1.0)
+
+    def _control_now(self, frame: Submit) -> Coroutine[Any, Any, None]:
+        """A control (stop, pause, resume, cancel) decided at once, as it is read: its run is
+        cancelled there and then; what it returns sends its ack after the commit."""
+        principal = self.principal
+        assert principal is not None
+        request = frame.request
+        pacer = self.service.pacer
+        pacer.hold()  # the feed's bulk work waits until this ack is out
+        try:
+            principal.check_submit(request)
+            pending = self.engine.decide_now(request, principal.name)
+        except Exception as error:
+            pacer.release()
+            return self._send(error_frame(error, id=frame.id, request_id=request.request_id))
+        return self._acked(frame, pending)
+
+    async def _acked(self, frame: Submit, pending: Awaitable[Ack]) -> None:
+        """Send the ack of a control decided by `_control_now` (which held the pacer)."""
+        try:
+            try:
+                ack = await pending
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                await self._send(error_frame(error, id=frame.id,
+                                             request_id=frame.request.request_id))
+            else:
+                await self._send(ack_frame(ack, frame.id))
+        finally:
+            self.service.pacer.release()
+
+    async def _answer(self, frame: Any) -> None:
+        try:
+            await self._handle(frame)
+        except asyncio.CancelledError:
+            raise
+        except Busy as error:
+            await self._send(BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms))
+        except Exception as error:
+            request_id = frame.request.request_id if isinstance(frame, Submit) else None
+            await self._send(error_frame(error, id=frame.id, request_id=request_id))
+
+    async def _handle(self, frame: Any) -> None:
+        principal = self.principal
+        assert principal is not None
+        engine = self.engine
+        if isinstance(frame, Ping):
+            await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
+        elif isinstance(frame, Auth):
+            raise BadFrame("invalid", "already authenticated")
+        elif isinstance(frame, Submit):
+            principal.check_submit(frame.request)
+            if frame.request.action is None and self.endpoint != "feed":
+                self.service.check_capacity()  # the control lane is never refused as busy
+            with self._holding(1):
+                ack = await engine.submit(frame.request, principal.name)
+            await self._send(ack_frame(ack, frame.id))
+        elif isinstance(frame, SubmitMany):
+            await self._send_paced(AcksFrame(id=frame.id,
+                                             results=await self._submit_all(frame.requests)))
+        elif isinstance(frame, Market):
+            principal.check_feed()
+            if principal.agents is not None:
+                raise Forbidden("market events drive every agent's hook rules and the "
+                                "broker's prices; a token scoped to some agents cannot send "
+                                "them")
+            self._check_times(frame.events)
+            if self.endpoint != "feed":
+                self.service.check_capacity()
+            requests: list[AgentRequest] = []
+            for start in range(0, len(frame.events), VALIDATE_STEP):
+                async with self._turn():
+                    for event in frame.events[start:start + VALIDATE_STEP]:
+                        if self.service.on_market is not None:
+                            self.service.on_market(event)
+                        if self.service.hooks is not None:
+                            requests += self.service.hooks.on_event(event)
+            triggered = await self._submit_all(requests) if requests else []
+            await self._send_paced(MarketAck(id=frame.id, events=len(frame.events),
+                                             triggered=triggered))
+        elif isinstance(frame, Subscribe):
+            await self._subscribe(frame)
+        elif isinstance(frame, Unsubscribe):
+            if self.subscription is not None:
+                self.subscription.cancel()
+                self.subscription = None
+            await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
+
+    def _check_times(self, events: list[MarketEvent]) -> None:
+        """Refuse market events dated in the future (they would stall every hook rule)."""
+        latest = self.engine.clock.now_ms() + MAX_CLOCK_SKEW_MS
+        for index, event in enumerate(events):
+            if to_ms(event_time(event)) > latest:
+                raise BadFrame("invalid", f"events[{index}] is dated more than "
+                               f"{MAX_CLOCK_SKEW_MS // 1000} s in the future",
+                               field=f"events.{index}")
+
+    @contextlib.contextmanager
+    def _holding(self, requests: int) -> Iterator[None]:
+        """A feed connection's work waiting for its commit, for the intake's shares."""
+        if self.endpoint != "feed":
+            yield
+            return
+        events = 2 * requests  # a request and its decision, most often
+        self.service.intake.took(self, events)
+        try:
+            yield
+        finally:
+            self.service.intake.settled(self, events)
+
+    async def _submit_all(self, requests: list[AgentRequest]) -> list[AckFrame | ErrorFrame]:
+        principal = self.principal
+        assert principal is not None
+        saturated: Busy | None = None
+        if self.endpoint != "feed":  # a feed frame was admitted whole by the intake
+            try:
+                self.service.check_capacity()
+            except Busy as busy:
+                saturated = busy
+        allowed: list[AgentRequest] = []
+        refused: dict[int, ErrorFrame] = {}
+        for index, request in enumerate(requests):
+            try:
+                principal.check_submit(request)
+                if saturated is not None and request.action is None:
+                    raise saturated  # the control lane is never refused as busy
+                allowed.append(request)
+            except GatewayError as error:
+                refused[index] = error_frame(error, request_id=request.request_id)
+        with self._holding(len(allowed)):
+            answers = iter(await self.engine.submit_many(
+                allowed, principal.name,
+                pacer=self.service.pacer if self.endpoint == "feed" else None))
+        results: list[AckFrame | ErrorFrame] = []
+        for index, request in enumerate(requests):
+            if index in refused:
+                results.append(refused[index])
+                continue
+            answer = next(answers)
+            results.append(ack_frame(answer) if isinstance(answer, Ack)
+                           else error_frame(answer, request_id=request.request_id))
+        return results
+
+    async def _subscribe(self, frame: Subscribe) -> None:
+        principal = self.principal
+        assert principal is not None
+        principal.check_read()
+        known = self.engine.agent_ids
+        if frame.agents is None:
+            wanted = [a for a in known if principal.may_see(a)]
+        else:
+            wanted = list(dict.fromkeys(frame.agents))  # each once, in the order given
+            if len(wanted) > len(known):
+                raise BadFrame("invalid", f"agents lists {len(wanted)} different ids and this "
+                               f"gateway has {len(known)} agents; leave agents out to follow "
+                               "every agent in scope", field="agents")
+        for agent_id in wanted:
+            principal.check_read(agent_id)
+            self.engine.state(agent_id)
+        if frame.providers and principal.agents is not None:
+            raise Forbidden("a token scoped to some agents cannot follow the provider gates "
+                            "(they serve every agent); subscribe without providers")
+        # Swap subscriptions with no await in between: one follower per connection, always.
+        if self.subscription is not None:
+            self.subscription.cancel()
+        self.subscription = asyncio.create_task(self._follow(frame, wanted))
+
+    async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
+        position = await self.engine.store.last_position()
+        now = self.engine.clock.now_ms()
+        gates = self.engine.gates if frame.providers else {}
+        summaries: list[dict[str, Any]] = []
+        waits = gate_waits_of(self.engine, now)
+        for start in range(0, len(wanted), SUMMARIES_PER_STEP):
+            if start:  # a big desk's snapshot does not hold the loop (stops come first)
+                await asyncio.sleep(0)
+            summaries += [agent_summary(self.engine.state(a), now, waits.get(a))
+                          for a in wanted[start:start + SUMMARIES_PER_STEP]]
+        await self._send(Snapshot(id=frame.id, position=position, agents=summaries,
+                                  providers=[provider_summary(n, g, now)
+                                             for n, g in sorted(gates.items())]))
+        agents = set(wanted) | {gate.stream for gate in gates.values()}
+        after = frame.after if frame.after is not None else position
+        # Lists of a frame's worth: the batch in hand, and its texts, stay small.
+        follow = self.engine.store.follow_batches(after, EVENTS_PER_FRAME)
+        beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
+            if self.service.heartbeat_s else None
+        try:
+            async with contextlib.aclosing(follow) as batches:
+                async for batch in batches:
+                    texts = [event_frame_text(r) for r in batch if r.stream in agents]
+                    for text in events_frames(texts) if frame.batch else texts:
+                        if self.closing:
+                            return
+                        await self._send_text(text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("subscription ended: %r", error)
+            await self._send(ErrorFrame(
+                id=frame.id, code="unavailable",
+                message="the subscription ended (the log could not be read); subscribe "
+                        "again with 'after' set to the last position you received"))
+        finally:
+            if beating is not None:
+                beating.cancel()
+
+    async def _heartbeats(self, follower: asyncio.Task[Any] | None) -> None:
+        """A heartbeat whenever the subscription (its ``follower``) has sent nothing for
+        `Service.heartbeat_s`: a client that hears nothing for longer knows the link or the
+        gateway is stuck. None once the subscription is replaced or ended."""
+        loop = asyncio.get_running_loop()
+        every = self.service.heartbeat_s
+        while not self.closing and self.subscription is follower:
+            quiet = loop.time() - self.last_sent
+            if quiet < every:
+                await asyncio.sleep(every - quiet)
+                continue
+            committed = await self.engine.store.last_position()
+            if self.subscription is not follower:
+                return
+            await self._send(Heartbeat(committed=committed,
+                                       at=from_ms(self.engine.clock.now_ms())))
+            self.last_sent = loop.time()  # (also when the send was skipped: no busy loop)
+
+
+_NO_TURN = contextlib.nullcontext()
+WORK_TYPES = frozenset({"submit", "submit_many", "market"})
+"""Frame types that make work for the log (a feed connection's are admitted by the intake)."""
+VALIDATE_STEP = 50
+"""Items of a batch frame validated before other work may run (well under 1 ms of the loop)."""
+BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
+    "submit_many": ("requests", TypeAdapter(AgentRequest)),
+    "market": ("events", TypeAdapter(MarketEvent)),
+}
+"""The list member of each batch frame and the model of its items."""
+
+
+async def _validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any],
+                          turn: Callable[[], contextlib.AbstractAsyncContextManager[None]]
+                          ) -> list[Any]:
+    """The items of a batch frame validated `VALIDATE_STEP` at a time, each step in a
+    ``turn`` (other work runs in between); `InvalidRequest` naming each bad field
+    (``requests.3.kind``) as the frame's own validation would."""
+    checked: list[Any] = []
+    errors: list[FieldError] = []
+    for start in range(0, len(items), VALIDATE_STEP):
+        if start:
+            await asyncio.sleep(0)
+        async with turn():
+            for index in range(start, min(start + VALIDATE_STEP, len(items))):
+                try:
+                    checked.append(adapter.validate_python(items[index]))
+                except ValidationError as error:
+                    errors += [FieldError(f"{name}.{index}" if e.field == "(request)"
+                                          else f"{name}.{index}.{e.field}", e.message)
+                               for e in InvalidRequest.from_validation_error(error).errors]
+    if errors:
+        raise InvalidRequest(errors)
+    return checked
+
+
+def _subprotocol_token(offered: str) -> str:
+    """The token in a ``bearer.<base64url>`` subprotocol (`Unauthorized` if it is not one)."""
+    encoded = offered[len(TOKEN_SUBPROTOCOL):]
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise Unauthorized(f"the {TOKEN_SUBPROTOCOL}... subprotocol must hold the token in "
+                           "base64url (RFC 4648 section 5)") from None
+
+
+def _raw(message: Any) -> str | bytes:
+    """The data of a WebSocket message: text, or the bytes of a binary frame (read as
+    UTF-8 by `load_json`, which refuses anything else)."""
+    text = message.get("text")
+    if text is not None:
+        return str(text)
+    return bytes(message.get("bytes") or b"")
+
+
+def _guess_id(raw: str | bytes) -> str | None:
+    """The client's frame id, if the frame is JSON enough to have one."""
+    with contextlib.suppress(BadFrame):
+        value = load_json(raw)
+        if isinstance(value, dict):
+            return _frame_id(value)
+    return None
+
+
+def _frame_id(data: dict[str, Any]) -> str | None:
+    """The ``id`` of a frame's JSON object, if it is one a client may give."""
+    found = data.get("id")
+    return found if isinstance(found, str) and len(found) <= 128 else None

@@ -1,0 +1,2 @@
+"""The market side: market events, the synthetic feed, hook rules that turn them into requests,
+and the paper broker."""
