@@ -65,15 +65,15 @@ def openapi_document() -> dict[str, Any]:
         by_alias=True, mode="serialization", ref_template="#/components/schemas/{model}")
     schemas.update(answer.pop("$defs", {}))
     schemas["BlotterView"] = answer
+    from gateway.edge.shapes import ANSWERS
     from gateway.tools.story import RESPONSES  # the answers of the story routes
 
-    for name, shape in RESPONSES.items():
+    for name, shape in {**ANSWERS, **RESPONSES}.items():
         schema = shape.model_json_schema(by_alias=True, mode="serialization",
                                          ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
     obj = {"type": "object"}
-    array = {"type": "array", "items": obj}
     agent = "/api/agents/{agent_id}"
     sched = ("agent_id", "schedule_id")
     return {
@@ -85,36 +85,43 @@ def openapi_document() -> dict[str, Any]:
             "/healthz": {"get": {"summary": "Liveness", "responses": {
                 "200": {"description": "running"}, "503": {"description": "stopping"}}}},
             "/metrics": {"get": _op("Prometheus metrics", {"type": "string"}, params=())},
-            "/api/agents": {"get": _op("Every agent in scope with its status", array,
+            "/api/agents": {"get": _op("Every agent in scope with its status",
+                                       {"type": "array", "items": _ref("AgentSummary")},
                                        params=())},
-            agent: {"get": _op("Config, trading state and lane status", obj)},
-            f"{agent}/queue": {"get": _op("Busy, current run, pending list with ages", obj)},
+            agent: {"get": _op("Config, trading state and lane status", "AgentJson")},
+            f"{agent}/queue": {"get": _op("Busy, current run, pending list with ages",
+                                          "QueueJson")},
             f"{agent}/requests": {"post": _op("Submit a request (ack after commit)",
                                               "AckFrame", "AgentRequest")},
             f"{agent}/control": {"post": _op("Control-lane action (ack after commit)",
                                              "AckFrame", "ControlBody")},
-            f"{agent}/queue/clear": {"post": _op("Drop every pending request", obj)},
-            f"{agent}/release": {"post": _op("Abort the active run, free the lane", obj)},
+            f"{agent}/queue/clear": {"post": _op("Drop every pending request",
+                                                 "OperatedJson")},
+            f"{agent}/release": {"post": _op("Abort the active run, free the lane",
+                                             "OperatedJson")},
             f"{agent}/runs/{{run_id}}/abort": {"post": _op(
-                "Abort this run if it is still the active one (409 if not)", obj,
+                "Abort this run if it is still the active one (409 if not)", "OperatedJson",
                 params=("agent_id", "run_id"), errors=(401, 403, 404, 409))},
-            f"{agent}/config": {"post": _op("Replace the config (admin)", obj,
+            f"{agent}/config": {"post": _op("Replace the config (admin)", "ConfiguredJson",
                                             "AgentConfig")},
             f"{agent}/schedules": {"get": _op(
-                "The agent's schedules, each with lastFireAt and nextFireAt", obj)},
+                "The agent's schedules, each with lastFireAt and nextFireAt",
+                "SchedulesJson")},
             f"{agent}/schedules/{{schedule_id}}": {
-                "put": _op("Add or replace a schedule (admin; the path names its id)", obj,
-                           "Schedule", params=sched),
-                "delete": _op("Remove a schedule (admin)", obj, params=sched)},
+                "put": _op("Add or replace a schedule (admin; the path names its id)",
+                           "ScheduleChangedJson", "Schedule", params=sched),
+                "delete": _op("Remove a schedule (admin)", "RemovedJson", params=sched)},
             f"{agent}/schedules/{{schedule_id}}/pause": {"post": _op(
-                "Pause a schedule (admin)", obj, params=sched)},
+                "Pause a schedule (admin)", "ScheduleChangedJson", params=sched)},
             f"{agent}/schedules/{{schedule_id}}/resume": {"post": _op(
-                "Resume a schedule from its next fire time (admin)", obj, params=sched)},
+                "Resume a schedule from its next fire time (admin)", "ScheduleChangedJson",
+                params=sched)},
             f"{agent}/schedules/{{schedule_id}}/run": {"post": _op(
                 "Fire a schedule now, by hand (an operator; ack after commit)", "AckFrame",
                 params=sched)},
             "/api/events": {"get": _op(
-                "The event log, paged", obj, params=(),
+                "The event log, paged (or, with q or before, searched back)",
+                {"oneOf": [_ref("EventsPage"), _ref("EventsFound")]}, params=(),
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),
                        ("limit", "integer"), ("q", "string"), ("before", "integer")))},
             "/api/events/{position}": {"get": _op(
@@ -152,8 +159,9 @@ def openapi_document() -> dict[str, Any]:
                 query=(("from", "integer"), ("to", "integer")))},
             "/api/providers": {"get": _op(
                 "Every provider gate: limits, window usage, waiting agents, breaker, next "
-                "retry", obj, params=())},
-            "/api/providers/{name}": {"get": _op("One provider gate", obj, params=("name",))},
+                "retry", "ProvidersJson", params=())},
+            "/api/providers/{name}": {"get": _op("One provider gate", "ProviderJson",
+                                                 params=("name",))},
             f"{agent}/runs": {"get": _op(
                 "The agent's runs, newest first, from the log: requests, outcome, tokens, "
                 "gate wait and model time, orders, calls and answer", obj,
@@ -164,7 +172,8 @@ def openapi_document() -> dict[str, Any]:
                 query=(("agent", "string"), ("from", "integer"), ("to", "integer"),
                        ("step", "integer")))},
             "/api/providers/{name}/limits": {"post": _op(
-                "Replace a provider gate's limits (admin; for requests not yet granted)", obj,
+                "Replace a provider gate's limits (admin; for requests not yet granted)",
+                "LimitsJson",
                 "GateLimits", params=("name",))},
             "/api/orders": {"get": _op(
                 "The desk's blotter: open orders, fills, cancels, rejections with reasons and "

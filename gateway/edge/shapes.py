@@ -1,0 +1,235 @@
+"""The shapes of the HTTP API's answers, as pydantic models: `/openapi.json` describes each
+answer with them, and the tests validate live answers against them (every field present,
+null when none; an unknown field is an error, so the document cannot drift)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from lanes import AgentConfig
+from lanes.config import Mode
+from lanes.events import TradingState
+from lanes.gate.events import GateLimits
+from lanes.requests import WireModel
+
+
+class RunJson(WireModel):
+    """The active run."""
+
+    run_id: str
+    request_ids: list[str]
+    started_at: int
+    duration_ms: int
+    deadline: int
+    steerable: bool
+    steers: int
+
+
+class CallsJson(WireModel):
+    """The agent's sub-agent calls: queued, out, ended by status, answered."""
+
+    queued: int
+    out: int
+    ended: dict[str, int]
+    answered: int
+
+
+class AgentSummary(WireModel):
+    """An agent's status (`GET /api/agents`, one per agent in scope)."""
+
+    agent_id: str
+    trading: TradingState
+    lane: Literal["idle", "running"]
+    mode: Mode
+    pending: int
+    oldest_pending_age_ms: int | None
+    active_run: RunJson | None
+    runs_last_hour: int
+    runs_last_day: int
+    cooldown_remaining_ms: int
+    suppressed_until: int | None
+    held: str | None
+    open_orders: int
+    counters: dict[str, int]
+    blocked: list[dict[str, Any]]
+    """Why the agent is not running, most severe first (each with a ``kind``)."""
+    attention: Literal["critical", "warning", "info", "none"]
+    budgets: dict[str, int | None]
+    calls: CallsJson
+    served_by: str | None = None
+    """In a cluster: the URL of the process that owns the agent (null while it moves)."""
+
+
+class ScheduleJson(WireModel):
+    """A schedule with how far it fired."""
+
+    id: str
+    cron: str | None
+    every_ms: int | None
+    timezone: str
+    payload: dict[str, Any]
+    priority: Literal["high", "normal", "low"]
+    paused: bool
+    catch_up: Literal["skip", "once"]
+    since: str
+    fired: int
+    last_fire_at: str | None
+    next_fire_at: str | None
+    from_file: bool
+
+
+class AgentJson(AgentSummary):
+    """One agent (`GET /api/agents/{id}`): its status, config and schedules."""
+
+    config: AgentConfig
+    schedules: list[ScheduleJson]
+
+
+class SchedulesJson(WireModel):
+    """An agent's schedules."""
+
+    schedules: list[ScheduleJson]
+
+
+class QueuedJson(WireModel):
+    """A pending request with its age."""
+
+    request_id: str
+    kind: str
+    priority: str
+    mode: Mode
+    dedupe_key: str | None
+    age_ms: int
+
+
+class QueueRunJson(WireModel):
+    """The active run as the queue view shows it."""
+
+    run_id: str
+    started_at: int
+    duration_ms: int
+    deadline: int
+    steerable: bool
+    steers: int
+    requests: list[str]
+
+
+class QueueJson(WireModel):
+    """An agent's lane: busy or not, the run, the pending list in order."""
+
+    agent_id: str
+    busy: bool
+    trading: TradingState
+    run: QueueRunJson | None
+    pending: list[QueuedJson]
+
+
+class OperatedJson(WireModel):
+    """An operator action's answer: the events it recorded."""
+
+    applied: bool
+    events: list[str]
+    detail: str
+
+
+class ConfiguredJson(WireModel):
+    """A config change's answer."""
+
+    changed: bool
+    config: AgentConfig
+
+
+class LimitsJson(WireModel):
+    """A provider's new limits."""
+
+    changed: bool
+    limits: GateLimits
+
+
+class EventJson(WireModel):
+    """A committed event."""
+
+    position: int
+    stream: str
+    version: int
+    type: str
+    data: dict[str, Any]
+    recorded_at: int
+
+
+class WaitingAgentJson(WireModel):
+    """An agent's requests waiting at a provider gate."""
+
+    agent_id: str
+    waiting: int
+    oldest_wait_ms: int
+    tokens: int
+
+
+class ProviderJson(WireModel):
+    """A provider gate's status."""
+
+    name: str
+    stream: str
+    provider: str
+    limits: GateLimits
+    window_requests: int
+    window_input_tokens: int
+    window_output_tokens: int
+    in_flight: int
+    waiting: int
+    waiting_agents: list[WaitingAgentJson]
+    breaker: Literal["closed", "open", "half_open"]
+    breaker_until: int | None
+    probe_in_flight: bool
+    next_retry: int | None
+    backoff_attempt: int
+    remaining_requests: int | None
+    remaining_tokens: int | None
+    provider_reset_at: int | None
+    counters: dict[str, int]
+
+
+class ScheduleChangedJson(WireModel):
+    """A schedule put, paused or resumed."""
+
+    changed: bool
+    schedule: ScheduleJson
+
+
+class RemovedJson(WireModel):
+    """A schedule removed."""
+
+    removed: str
+
+
+class ProvidersJson(WireModel):
+    """Every provider gate."""
+
+    providers: list[ProviderJson]
+
+
+class EventsPage(WireModel):
+    """A page of the log, oldest first; ``next``: the position to ask ``after`` next."""
+
+    events: list[EventJson]
+    next: int | None
+
+
+class EventsFound(WireModel):
+    """Events a search found, newest first; ``before``: where to search further back from
+    (null: the start of the log was reached); ``scanned``: events looked at."""
+
+    events: list[EventJson]
+    before: int | None
+    scanned: int
+
+
+ANSWERS: dict[str, type[WireModel]] = {
+    "ScheduleChangedJson": ScheduleChangedJson, "RemovedJson": RemovedJson,
+    "ProvidersJson": ProvidersJson, "EventsPage": EventsPage, "EventsFound": EventsFound,
+    "AgentSummary": AgentSummary, "AgentJson": AgentJson, "SchedulesJson": SchedulesJson,
+    "QueueJson": QueueJson, "OperatedJson": OperatedJson, "ConfiguredJson": ConfiguredJson,
+    "LimitsJson": LimitsJson, "EventJson": EventJson, "ProviderJson": ProviderJson,
+}
+"""The answer models named in `/openapi.json`."""
