@@ -36,14 +36,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterator,
-    Callable,
-    Coroutine,
-    Iterable,
-    Sequence,
-)
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, ClassVar, Final, Protocol, Self, TypeVar
 

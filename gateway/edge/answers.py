@@ -2,7 +2,6 @@
 error frame (`error_response`, `error_frame`), and the Starlette exception handlers that
 make every route answer that way."""
 
-
 from __future__ import annotations
 
 import logging
@@ -10,18 +9,8 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.edge.protocol import (
-    AckFrame,
-    ErrorFrame,
-)
-from gateway.errors import (
-    CODES,
-    BadFrame,
-    Busy,
-    GatewayError,
-    StorageUnreadable,
-    Unauthorized,
-)
+from gateway.edge.protocol import AckFrame, ErrorFrame
+from gateway.errors import CODES, BadFrame, Busy, GatewayError, StorageUnreadable, Unauthorized
 from gateway.runtime.engine import Ack
 from lanes import InvalidRequest
 from store.port import StoreError

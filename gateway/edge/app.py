@@ -14,8 +14,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from gateway.edge.auth import Role
-from gateway.edge.http import Api
 from gateway.edge.internal import internal_routes
+from gateway.edge.routes import Api
 from gateway.edge.service import Service
 from gateway.edge.sessions import partial_ws
 

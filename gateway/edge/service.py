@@ -1,7 +1,6 @@
 """What the edge serves (`Service`: the engine and everything around it, with the
 connection limits) and the limits' defaults."""
 
-
 from __future__ import annotations
 
 import logging
@@ -12,9 +11,7 @@ from datetime import UTC, datetime
 from gateway.edge.auth import TokenBook
 from gateway.edge.intake import BUDGET_MS, Intake
 from gateway.edge.pacing import Pacer
-from gateway.errors import (
-    Busy,
-)
+from gateway.errors import Busy
 from gateway.llm.port import LLMClient
 from gateway.market.events import MarketEvent
 from gateway.market.hooks import HookEngine
@@ -26,7 +23,6 @@ log = logging.getLogger("gateway.edge.service")
 
 
 POLICY_VIOLATION = 1008
-TOO_BIG = 1009
 TRY_AGAIN_LATER = 1013
 AUTH_TIMEOUT_S = 10.0
 """Default time a connection has to authenticate (`Service.auth_timeout_s`)."""

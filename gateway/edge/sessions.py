@@ -1,7 +1,6 @@
 """WebSocket sessions: authenticate, then frames in, answers out (``/ws/feed`` and
 ``/ws/control``)."""
 
-
 from __future__ import annotations
 
 import asyncio
@@ -60,14 +59,7 @@ from gateway.edge.views import (
     gate_waits_of,
     provider_summary,
 )
-from gateway.errors import (
-    HTTP_STATUS,
-    BadFrame,
-    Busy,
-    Forbidden,
-    GatewayError,
-    Unauthorized,
-)
+from gateway.errors import HTTP_STATUS, BadFrame, Busy, Forbidden, GatewayError, Unauthorized
 from gateway.market.events import MarketEvent, event_time, from_ms, to_ms
 from gateway.runtime.engine import Ack
 from gateway.runtime.tasks import spawn
@@ -199,7 +191,9 @@ class Session:
                 self.service.connections.auth_timeouts += 1
                 error = Unauthorized("no auth frame in time")
             await self._send(error_frame(error))
-            await self.ws.close(code=POLICY_VIOLATION, reason=getattr(error, "code", "auth"))
+            close = error.close_code if isinstance(error, GatewayError) else None
+            await self.ws.close(code=close or POLICY_VIOLATION,
+                                reason=getattr(error, "code", "auth"))
             return False
         self.principal = principal
         scope = None if principal.agents is None else sorted(principal.agents)

@@ -1,7 +1,6 @@
 """The JSON views of agents, provider gates, schedules, queues and events (camelCase, as
 everything on the wire)."""
 
-
 from __future__ import annotations
 
 import json
@@ -15,9 +14,7 @@ import pydantic_core
 from pydantic.alias_generators import to_camel
 
 from gateway.edge.auth import Principal
-from gateway.edge.protocol import (
-    EVENTS_PER_FRAME,
-)
+from gateway.edge.protocol import EVENTS_PER_FRAME
 from gateway.market.events import from_ms, iso
 from gateway.runtime.blocked import blocked_view
 from gateway.runtime.engine import Engine

@@ -32,9 +32,7 @@ from lanes.gate.events import (
     SlotRequested,
     SpendLimitReached,
 )
-from lanes.gate.evolve import (
-    EVOLVERS,
-)
+from lanes.gate.evolve import EVOLVERS
 from lanes.gate.state import (
     FAIR_GRACE_MS,
     NEVER,

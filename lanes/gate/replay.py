@@ -8,18 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lanes.codec import Codec
-from lanes.gate.decide import (
-    decide_gate,
-)
-from lanes.gate.events import (
-    GATE_DECISION_TYPES,
-    GATE_INPUT_TYPES,
-    GateDecision,
-    GateEvent,
-)
-from lanes.gate.state import (
-    GateState,
-)
+from lanes.gate.decide import decide_gate
+from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateDecision, GateEvent
+from lanes.gate.state import GateState
 
 GATE_CODEC: Codec[GateEvent] = Codec(GATE_INPUT_TYPES + GATE_DECISION_TYPES)
 GATE_EVENT_TYPES = GATE_CODEC.types

@@ -8,16 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from heapq import heappush
 
-from lanes.gate.events import (
-    WINDOW_MS,
-    CallOutcome,
-    GateLimits,
-)
-from lanes.gate.tables import (
-    CLOSED,
-    OPEN,
-    Breaker,
-)
+from lanes.gate.events import WINDOW_MS, CallOutcome, GateLimits
+from lanes.gate.tables import CLOSED, OPEN, Breaker
 from lanes.requests import RANK, Priority
 
 RUN_MEMORY_MS = 3_600_000

@@ -1,0 +1,20 @@
+"""The HTTP API: each group of routes in a module of its own, `Api` all of them together
+(`gateway.edge.app` lists the routes)."""
+
+from __future__ import annotations
+
+from gateway.edge.routes.agents import AgentRoutes
+from gateway.edge.routes.log import LogRoutes
+from gateway.edge.routes.observe import ObserveRoutes
+from gateway.edge.routes.orders import OrderRoutes
+from gateway.edge.routes.providers import ProviderRoutes
+from gateway.edge.routes.schedules import ScheduleRoutes
+from gateway.edge.routes.story import StoryRoutes
+
+
+class Api(AgentRoutes, ScheduleRoutes, LogRoutes, StoryRoutes, OrderRoutes, ProviderRoutes,
+          ObserveRoutes):
+    """Every route of the HTTP API: one method each."""
+
+
+__all__ = ["Api"]

@@ -1,0 +1,237 @@
+"""Health, Prometheus metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from gateway.edge.auth import Principal
+from gateway.edge.http import Routes
+from gateway.edge.metrics import family, label
+from gateway.edge.openapi import openapi_document
+from gateway.errors import storage_fault_kind
+from lanes import status
+from lanes.gate import GateStatus
+from store.port import StoreError
+
+log = logging.getLogger("gateway.edge.routes.observe")
+
+
+class ObserveRoutes(Routes):
+    """Health, Prometheus metrics and the OpenAPI document."""
+
+    async def healthz(self, request: Request) -> Response:
+        """200 while the engine takes inputs; 503 while it stops, or while the event log
+        cannot be written (``storage`` says why; reads go on)."""
+        running = self.engine.running
+        body: dict[str, Any] = {"status": "ok" if running else "stopping"}
+        fault = self.engine.storage_fault
+        try:
+            body["position"] = await self.engine.store.last_position()
+        except StoreError as error:
+            log.warning("health check: %s", error)
+            body["storage"] = "the event log cannot be read (the server's log says why)"
+        if fault is not None:  # anyone may ask: the kind of fault, not paths or limits
+            body["storage"] = f"the event log cannot be written: {storage_fault_kind(fault.reason)}"
+            since = datetime.fromtimestamp(fault.since / 1000, UTC)
+            body["storageFailingSince"] = since.isoformat()
+        cluster = self.service.cluster
+        if cluster is not None:  # who this is, and how much of the cluster it carries
+            body["cluster"] = {"member": cluster.member, "owns": len(cluster.owned),
+                               "members": len(cluster.view.members)}
+        if running and "storage" in body:
+            body["status"] = "degraded"
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus metrics (viewer or better)."""
+        principal = self._principal(request)
+        principal.check_read()
+        return PlainTextResponse(self._metrics_text(principal),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document of this API."""
+        return JSONResponse(openapi_document())
+
+    def _metrics_text(self, principal: Principal) -> str:
+        engine = self.engine
+        now = engine.clock.now_ms()
+        views = [status(engine.state(a), now) for a in engine.agent_ids
+                 if principal.may_see(a)]
+
+        def per_agent(get: Callable[[Any], float]) -> list[str]:
+            return [f'{{agent="{label(v.agent_id)}"}} {get(v)}' for v in views]
+
+        def gauge(name: str, help_text: str, get: Callable[[Any], float],
+                  kind: str = "gauge") -> list[str]:
+            return family(name, kind, help_text, (name + s for s in per_agent(get)))
+
+        lines = [
+            *gauge("gateway_pending_requests", "Requests waiting in the reasoning lane.",
+                   lambda v: v.pending),
+            *gauge("gateway_oldest_pending_seconds", "Age of the oldest pending request.",
+                   lambda v: (v.oldest_pending_age_ms or 0) / 1000),
+            *gauge("gateway_active_run_seconds", "Duration of the active run (0: idle).",
+                   lambda v: v.active_run.duration_ms / 1000 if v.active_run else 0),
+            *gauge("gateway_halted", "1 while the agent is HALTED.",
+                   lambda v: int(v.trading.value == "HALTED")),
+            *gauge("gateway_runs_total", "Runs started.", lambda v: v.counters.runs, "counter"),
+            *gauge("gateway_aborts_total", "Runs aborted.", lambda v: v.counters.aborts,
+                   "counter"),
+            *gauge("gateway_drops_total", "Requests dropped.", lambda v: v.counters.drops,
+                   "counter"),
+            *gauge("gateway_dedupes_total", "Requests deduped.", lambda v: v.counters.dedupes,
+                   "counter"),
+            *gauge("gateway_budget_suppressions_total", "Times runs were held by a budget.",
+                   lambda v: v.counters.suppressions, "counter"),
+            *gauge("gateway_suppressed", "1 while a budget suppresses the agent's runs.",
+                   lambda v: int(v.suppressed_until is not None)),
+            *gauge("gateway_held", "1 while the agent's runs are held until a resume "
+                   "(the provider refused for spend).", lambda v: int(v.held is not None)),
+            *family("gateway_agents", "gauge",
+                    "Agents now, by what holds them: HALTED, REDUCING, suppressed by a "
+                    "budget, held until a resume (an alert on any of them needs no other "
+                    "series).",
+                    [f'gateway_agents{{state="{name}"}} {count}' for name, count in (
+                        ("halted", sum(v.trading.value == "HALTED" for v in views)),
+                        ("reducing", sum(v.trading.value == "REDUCING" for v in views)),
+                        ("suppressed", sum(v.suppressed_until is not None for v in views)),
+                        ("held", sum(v.held is not None for v in views)))]),
+            *family("gateway_requests_received_total", "counter",
+                    "Requests received (its rate is the ingest rate).",
+                    [f"gateway_requests_received_total {engine.requests_received}"]),
+            *family("gateway_commit_backlog", "gauge", "Appends waiting for their commit.",
+                    [f"gateway_commit_backlog {engine.backlog}"]),
+            *family("gateway_log_backlog_events", "gauge",
+                    "Events appended and not committed yet.",
+                    [f"gateway_log_backlog_events {engine.store.backlog}"]),
+            *family("gateway_log_commit_rate_events_per_second", "gauge",
+                    "Events the log commits per second of its writer's busy time, lately.",
+                    [f"gateway_log_commit_rate_events_per_second "
+                     f"{engine.store.commit_rate or 0:.0f}"]),
+            *family("gateway_intake_budget_events", "gauge",
+                    "Events the log commits in the intake's latency budget: feed frames past "
+                    "it are answered busy.",
+                    [f"gateway_intake_budget_events {self.service.intake.budget()}"]),
+            *family("gateway_intake_busy_total", "counter",
+                    "Frames and requests answered busy by the intake (nothing taken).",
+                    [f"gateway_intake_busy_total {self.service.intake.refused}"]),
+            *family("gateway_commit_latency_seconds", "histogram",
+                    "From a decision to the commit that holds it.",
+                    engine.commit_latency.lines("gateway_commit_latency_seconds")),
+            *family("gateway_control_commit_latency_seconds", "histogram",
+                    "From a control-lane decision (stop, pause, resume, cancel) to its commit.",
+                    engine.control_commit_latency.lines(
+                        "gateway_control_commit_latency_seconds")),
+            *family("gateway_run_duration_seconds", "histogram", "Run durations.",
+                    engine.run_durations.lines("gateway_run_duration_seconds")),
+            *gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
+                   lambda v: int(v.held is not None)),
+            *self._connection_metrics(),
+            *self._cluster_metrics(),
+            *self._gate_metrics(now),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _connection_metrics(self) -> list[str]:
+        connections = self.service.connections
+        return [
+            *family("gateway_websocket_connections", "gauge",
+                    "WebSocket connections open (authenticated or not).",
+                    [f'gateway_websocket_connections{{endpoint="{e}"}} {n}'
+                     for e, n in connections.open.items()]),
+            *family("gateway_websocket_unauthenticated", "gauge",
+                    "WebSocket connections waiting for their auth frame.",
+                    [f"gateway_websocket_unauthenticated {connections.unauthenticated}"]),
+            *family("gateway_websocket_refused_total", "counter",
+                    "WebSocket handshakes answered 503: a connection cap was full.",
+                    [f"gateway_websocket_refused_total {connections.refused}"]),
+            *family("gateway_websocket_closed_total", "counter",
+                    "WebSocket connections closed by a limit (1008).",
+                    [f'gateway_websocket_closed_total{{reason="auth_timeout"}} '
+                     f"{connections.auth_timeouts}",
+                     f'gateway_websocket_closed_total{{reason="slow_reader"}} '
+                     f"{connections.slow_readers}"]),
+            *family("gateway_asyncio_tasks", "gauge",
+                    "Tasks alive in the server's event loop (connections, commits, runs).",
+                    [f"gateway_asyncio_tasks {len(asyncio.all_tasks())}"]),
+        ]
+
+    def _cluster_metrics(self) -> list[str]:
+        cluster = self.service.cluster
+        if cluster is None:
+            return []
+        return [
+            *family("gateway_cluster_members", "gauge",
+                    "Live processes of this log's cluster, as this one last read them.",
+                    [f"gateway_cluster_members {len(cluster.view.members)}"]),
+            *family("gateway_cluster_owned_streams", "gauge",
+                    "Agents and provider gates this process owns now.",
+                    [f"gateway_cluster_owned_streams {len(cluster.owned)}"]),
+            *family("gateway_cluster_takeovers_total", "counter",
+                    "Streams this process adopted (at its start, a hand-over or a failover).",
+                    [f"gateway_cluster_takeovers_total {cluster.takeovers}"]),
+        ]
+
+    def _gate_metrics(self, now: int) -> list[str]:
+        statuses = [(name, gate.status()) for name, gate in sorted(self.engine.gates.items())]
+        if not statuses:
+            return []
+
+        def per_gate(name: str, kind: str, help_text: str,
+                     get: Callable[[GateStatus], float | None]) -> list[str]:
+            samples = [(n, get(v)) for n, v in statuses]
+            return family(name, kind, help_text,
+                          [f'{name}{{provider="{label(n)}"}} {value}'
+                           for n, value in samples if value is not None])
+
+        return [
+            *per_gate("gateway_provider_window_requests", "gauge",
+                      "Requests granted in the last 60 s.", lambda v: v.window_requests),
+            *per_gate("gateway_provider_requests_per_minute_limit", "gauge",
+                      "The requests-per-minute limit.", lambda v: v.limits.requests_per_minute),
+            *per_gate("gateway_provider_window_input_tokens", "gauge",
+                      "Input tokens charged in the last 60 s.", lambda v: v.window_input_tokens),
+            *per_gate("gateway_provider_window_output_tokens", "gauge",
+                      "Output tokens charged in the last 60 s.",
+                      lambda v: v.window_output_tokens),
+            *per_gate("gateway_provider_in_flight", "gauge", "Slots granted and not given back.",
+                      lambda v: v.in_flight),
+            *per_gate("gateway_provider_waiting", "gauge", "Requests waiting for a slot.",
+                      lambda v: v.waiting),
+            *per_gate("gateway_provider_oldest_wait_seconds", "gauge",
+                      "The longest current wait for a slot.",
+                      lambda v: max((a.oldest_wait_ms for a in v.waiting_agents), default=0)
+                      / 1000),
+            *per_gate("gateway_provider_breaker_open", "gauge",
+                      "Circuit breaker: 0 closed, 1 open, 0.5 half-open.",
+                      lambda v: {"closed": 0, "open": 1}.get(v.breaker.value, 0.5)),
+            *per_gate("gateway_provider_backoff_seconds", "gauge",
+                      "Time left of a running backoff.",
+                      lambda v: max(0, (v.next_retry or now) - now) / 1000),
+            *per_gate("gateway_provider_granted_total", "counter", "Slots granted.",
+                      lambda v: v.counters.granted),
+            *per_gate("gateway_provider_refused_total", "counter", "Slot requests refused.",
+                      lambda v: v.counters.refused),
+            *per_gate("gateway_provider_backoffs_total", "counter", "Backoffs scheduled.",
+                      lambda v: v.counters.backoffs),
+            *per_gate("gateway_provider_breaker_opens_total", "counter",
+                      "Times the breaker opened.", lambda v: v.counters.breaker_opens),
+            *per_gate("gateway_provider_spend_limits_total", "counter",
+                      "Spend-limit answers.", lambda v: v.counters.spend_limits),
+            *per_gate("gateway_provider_expired_total", "counter",
+                      "Slots freed by their lease deadline (leaks caught).",
+                      lambda v: v.counters.expired),
+            *per_gate("gateway_provider_input_tokens_total", "counter",
+                      "Input tokens reported by the provider.", lambda v: v.counters.input_tokens),
+            *per_gate("gateway_provider_output_tokens_total", "counter",
+                      "Output tokens reported by the provider.",
+                      lambda v: v.counters.output_tokens),
+        ]

@@ -1,0 +1,40 @@
+"""The blotter: orders, fills, cancels, rejections and positions."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.edge.http import Routes
+from gateway.runtime.blotter import BlotterQuery, blotter_view, parse_query
+
+
+class OrderRoutes(Routes):
+    """The blotter: orders, fills, cancels, rejections and positions."""
+
+    async def orders(self, request: Request) -> Response:
+        """The desk's blotter: open orders, fills, cancels, rejections and positions of every
+        agent in the token's scope (or the one ``agent``), from the log; ``symbol`` keeps
+        one symbol, ``limit`` (1-1000, default 100) bounds each history list."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = parse_query(request.query_params, ("agent", "symbol", "limit"))
+        if query.agent is not None:
+            principal.check_read(query.agent)
+            self.engine.state(query.agent)  # UnknownAgent if it does not exist
+            agents = [query.agent]
+        else:
+            agents = [a for a in self.engine.agent_ids if principal.may_see(a)]
+        return await self._blotter(agents, query)
+
+    async def agent_orders(self, request: Request) -> Response:
+        """One agent's blotter (as `orders` for that agent; ``symbol``, ``limit``)."""
+        agent_id = self._agent_id(request)
+        self._principal(request).check_read(agent_id)
+        return await self._blotter([agent_id], parse_query(request.query_params,
+                                                           ("symbol", "limit")))
+
+    async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
+        blotters = await self.blotters.blotters(self.engine.store, self.engine.reader, agents)
+        view = blotter_view(blotters, self.engine.clock.now_ms(), query)
+        return JSONResponse(view.model_dump(mode="json"))
