@@ -73,10 +73,11 @@ def _import(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
     from gateway.config import ConfigError, demo_config, load_config
-    from gateway.edge.server import Running, build_service, feed_market, serve_forever
+    from gateway.edge.server import Running, serve_forever
     from gateway.market.feed import SyntheticFeed
     from gateway.runtime.clock import SystemClock
     from gateway.tools.quarantine import UnreadableEvent
+    from gateway.wiring import build_service, feed_market
     from store import LogInUse, LogUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import h11
@@ -20,92 +18,14 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
-from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
 from gateway.edge.app import create_app
-from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.http import own_origins
 from gateway.edge.service import Service
-from gateway.errors import NotOwner
-from gateway.market.broker import PaperBroker
-from gateway.market.events import MarketEvent
-from gateway.market.feed import SyntheticFeed
-from gateway.market.hooks import HookEngine
-from gateway.runtime.clock import Clock, SystemClock
 from gateway.runtime.cluster import Cluster
-from gateway.runtime.engine import Engine
 from gateway.runtime.peers import Peers, RoutedGate
 from gateway.runtime.process import tune_runtime
-from lanes.events import BrokerReport
-from store import GroupCommitStore, PostgresEventStore, SqliteEventStore
-from store.engine import database_url, is_postgres
 
 log = logging.getLogger("gateway.edge.server")
-
-
-def build_service(config: GatewayConfig, db: Path | str | None = None,
-                  clock: Clock | None = None) -> Service:
-    """Everything a config describes, wired together (the engine is not started yet)."""
-    clock = clock or SystemClock()
-    where = db or config.store.url or config.store.path
-    clustered = is_postgres(database_url(where))
-    store: GroupCommitStore
-    if clustered:  # one log for several processes: each agent owned by one at a time
-        store = PostgresEventStore(
-            os.fspath(where), lock_timeout_ms=config.store.busy_timeout_ms,
-            max_batch=config.store.max_batch,
-            # A member paused mid-commit holds every commit up no longer than its lease.
-            idle_in_transaction_ms=config.cluster.lease_ms)
-    else:
-        store = SqliteEventStore(where, synchronous=config.store.synchronous,
-                                 busy_timeout_ms=config.store.busy_timeout_ms,
-                                 max_batch=config.store.max_batch, exclusive=True)
-    engine: Engine | None = None
-
-    async def report(agent_id: str, broker_report: BrokerReport) -> None:
-        assert engine is not None
-        if engine.running:
-            try:
-                await engine.report(agent_id, broker_report)
-            except NotOwner:  # moved to another process, whose broker has its orders now
-                log.info("a broker report of %s not recorded here: the agent moved",
-                         agent_id)
-
-    broker = PaperBroker(report, clock)
-    clients = build_clients(config)
-    reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
-    engine = Engine(store, config.agent_configs(), clock=clock,
-                    reasoners=reasoners.__getitem__, broker=broker,
-                    gates=build_gates(config, store, clock), agent_gates=config.agent_gates(),
-                    snapshot_worker=True, clustered=clustered,
-                    schedules=config.agent_schedules())
-    tokens = TokenBook(
-        (token.secret, Principal(token.name, token.role,
-                                 None if token.agents is None else frozenset(token.agents)))
-        for token in config.tokens
-    )
-
-    def on_market(event: MarketEvent) -> None:
-        broker.observe(event)
-
-    return Service(
-        engine=engine,
-        tokens=tokens,
-        hooks=HookEngine(config.hooks),
-        on_market=on_market,
-        allowed_origins=frozenset(config.server.allowed_origins),
-        max_frame_bytes=config.server.max_frame_bytes,
-        intake_budget_ms=config.server.intake_budget_ms,
-        clients=clients,
-        max_connections=config.server.max_connections,
-        max_unauthenticated=config.server.max_unauthenticated,
-        auth_timeout_s=config.server.auth_timeout_s,
-        send_timeout_s=config.server.send_timeout_s,
-        heartbeat_s=config.server.heartbeat_s,
-        request_timeout_s=config.server.request_timeout_s,
-        cluster_secret=config.cluster.shared_secret(config.tokens) if clustered else None,
-        cluster_lease_ms=config.cluster.lease_ms,
-        advertise=config.cluster.advertise,
-    )
 
 
 @dataclass
@@ -358,22 +278,3 @@ async def serve_forever(service: Service, host: str, port: int,
         if on_ready is not None:
             on_ready(running)
         await running.task
-
-
-async def feed_market(service: Service, feed: SyntheticFeed, clock: Clock,
-                      stop: asyncio.Event | None = None) -> None:
-    """Drive the hook rules (and the paper broker's prices) with a synthetic feed."""
-    hooks = service.hooks
-    engine = service.engine
-
-    async def sink(events: list[MarketEvent]) -> None:
-        requests = []
-        for event in events:
-            if service.on_market is not None:
-                service.on_market(event)
-            if hooks is not None:
-                requests += hooks.on_event(event)
-        if requests and engine.running:
-            await engine.submit_many(requests, principal="synthetic-feed")
-
-    await feed.run(clock, sink, stop or asyncio.Event())

@@ -12,8 +12,9 @@ from bench.cluster import AGENTS, config_text, read_log
 from bench.crash import CONTROL_TOKEN
 from gateway.client import ControlClient
 from gateway.config import parse_config
-from gateway.edge.server import Running, build_service, serving
+from gateway.edge.server import Running, serving
 from gateway.runtime.cluster import assign
+from gateway.wiring import build_service
 from lanes import parse_request
 from lanes.codec import decode
 from lanes.events import CallEnded, CallStatus

@@ -41,7 +41,7 @@ def test_a_gateway_with_simulated_reasoners_does_not_import_the_llm_sdks(tmp_pat
     config.write_text(CONFIG.format(db=tmp_path / "events.db", feed=FEED_TOKEN,
                                     control=CONTROL_TOKEN))
     probe = ("import sys; from gateway.config import load_config; "
-             "from gateway.edge.server import build_service; "
+             "from gateway.wiring import build_service; "
              f"build_service(load_config({str(config)!r})); "
              "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,

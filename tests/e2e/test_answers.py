@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import parse_config
 from gateway.edge.openapi import openapi_document
-from gateway.edge.server import build_service, serving
+from gateway.edge.server import serving
 from gateway.edge.shapes import (
     AgentJson,
     AgentSummary,
@@ -31,6 +31,7 @@ from gateway.edge.shapes import (
     ScheduleChangedJson,
     SchedulesJson,
 )
+from gateway.wiring import build_service
 from tests.e2e.live import TIMEOUT
 from tests.e2e.test_wiring import GATED
 from tests.gateway.support import next_event

@@ -11,7 +11,8 @@ import httpx
 from websockets.asyncio.client import connect
 
 from gateway.config import parse_config
-from gateway.edge.server import build_service, serving
+from gateway.edge.server import serving
+from gateway.wiring import build_service
 from lanes import verify
 from store import SqliteEventStore
 from tests.e2e.live import TIMEOUT, receive, receive_until

@@ -18,9 +18,9 @@ from gateway.config import (
     parse_config,
 )
 from gateway.edge.auth import Role
-from gateway.edge.server import build_service
 from gateway.llm.providers import OpenAIClient
 from gateway.llm.reasoner import SimulatedReasoner
+from gateway.wiring import build_service
 from lanes import AgentConfig, Mode
 from store import SqliteEventStore
 
