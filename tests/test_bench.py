@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import fanout, gate, peers, pg_throughput
 from bench.common import Figure
 from store import pg_server
 
+pytestmark = pytest.mark.slow  # several seconds each (see pyproject.toml)
 
 def test_peers_measures_every_peer_in_both_shapes() -> None:
     figures = peers.measure(count=200, agents=10, concurrency=100, rounds=1)

@@ -156,6 +156,7 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
                 await until(halted, f"{theirs} HALTED at {running.url}")
 
 
+@pytest.mark.slow
 async def test_a_member_that_stops_hands_its_agents_over_at_once(postgres_url: str) -> None:
     async with member(postgres_url, lease_ms=60_000) as one:
         async with member(postgres_url, lease_ms=60_000) as two:

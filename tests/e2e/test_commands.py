@@ -134,6 +134,7 @@ async def exited(pid: int) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 async def test_a_second_gateway_on_the_same_log_refuses_to_start_until_the_first_dies(
     tmp_path: Path,
 ) -> None:

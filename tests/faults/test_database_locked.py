@@ -47,6 +47,8 @@ from tests.faults.storage import (
 from tests.gateway.support import ManualReasoner
 from tests.gateway.support import request as agent_request
 
+pytestmark = pytest.mark.slow  # several seconds each (see pyproject.toml)
+
 BUSY_TIMEOUT_MS = 1000
 LOCKER = """
 import sqlite3, sys

@@ -55,6 +55,8 @@ from tests.faults.storage import (
 from tests.gateway.support import ManualReasoner, log_of
 from tests.gateway.support import request as agent_request
 
+pytestmark = pytest.mark.slow  # several seconds each (see pyproject.toml)
+
 HEADROOM = 64 * 1024
 """Bytes each file of the log may still grow by once the limit is set."""
 HELD_S = 1.5

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
 from lanes import replay, request_outcomes, verify
@@ -57,6 +59,7 @@ async def run_and_kill(db: Path, prefix: str, acks_before_kill: int) -> list[dic
     return acks
 
 
+@pytest.mark.slow
 async def test_sigkill_loses_no_acknowledged_decision_and_restart_recovers(
     tmp_path: Path,
 ) -> None:

@@ -323,6 +323,7 @@ def test_the_progress_bar_draws_on_a_terminal_only() -> None:
     assert pipe.getvalue() == ""
 
 
+@pytest.mark.slow
 def test_verify_in_several_processes_finds_the_same_divergence(
     tmp_path: Path, capsys: Capture
 ) -> None:

@@ -13,10 +13,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from store import PostgresEventStore
 
 from .contract import assert_gap_free, take
 from .pg_worker import events_per_writer
+
+pytestmark = pytest.mark.slow  # several seconds each (see pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESS_TIMEOUT_S = 60.0
