@@ -19,7 +19,7 @@ log = logging.getLogger("gateway.edge.answers")
 
 
 async def answer_error(request: Request, error: Exception) -> Response:
-    """The exception handler of the HTTP routes (see `gateway.edge.http.Api`)."""
+    """The exception handler of the HTTP routes (see `gateway.edge.http.Routes`)."""
     if request.scope["type"] != "http":
         raise error  # (a WebSocket session answers its own failures in frames)
     return error_response(error, logged=isinstance(error, GatewayError | InvalidRequest

@@ -1,7 +1,9 @@
-"""The Starlette app: WebSocket feed and control protocol, HTTP queue API, metrics.
+"""The Starlette app: every route of the edge in one list, wired to its handler (the HTTP
+API in `gateway.edge.routes`, WebSocket sessions in `gateway.edge.sessions`, the cluster's
+internal routes, the panel's static files), with one set of exception handlers.
 
-Everything here is translation: wire frames and HTTP bodies in, engine calls, answers out.
-Nothing is decided here that `lanes` decides.
+Everything at the edge is translation: wire frames and HTTP bodies in, engine calls, answers
+out. Nothing is decided here that `lanes` decides.
 """
 
 from __future__ import annotations
