@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,21 @@ def test_the_runtime_core_sits_under_the_engine_and_the_gate(
     """One core under both: the gate does not reach into the engine (no import cycle), and
     the core knows neither."""
     assert imported_modules(ROOT / module) & forbidden == set()
+
+
+CHECKS = re.compile(r"\bassert\b|pytest\.raises|pytest\.fail|\bexpect\(|\bassert_\w+\(|\bfails\(|"
+                    r"\bcheck\w*\(|\.run_state_machine|\brun_invariants\(")
+"""What makes a test able to fail: an assert, an expected error, Playwright's expect, or a
+helper that asserts (``assert_*``, ``fails``, ``check*``)."""
+
+
+def test_every_test_can_fail() -> None:
+    """No test passes whatever the code does: each one checks something."""
+    idle = []
+    for path in python_files("tests"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                    node.name.startswith("test_") and not CHECKS.search(ast.unparse(node)):
+                idle.append(f"{path.relative_to(ROOT)}::{node.name}")
+    assert idle == []
