@@ -115,6 +115,10 @@ async def test_a_phone_gets_a_card_per_agent_with_its_name_state_reason_and_stop
                 await expect(target).to_be_in_viewport()
                 assert inside(await box(target), window)
             await expect(card.locator(".card-why")).to_have_text("Idle")
+            # the header scrolled away: the kill switch for every agent is still in reach
+            stop_all = page.get_by_role("button", name="Emergency stop all")
+            await expect(stop_all).to_be_in_viewport()
+            assert await on_top(stop_all)
         zulu = page.locator('#agent-cards li[data-agent="zulu"]')
         await zulu.get_by_role("button", name="Emergency stop zulu").click()
         await page.locator("#confirm").get_by_role("button", name="Emergency stop").click()
@@ -136,6 +140,7 @@ async def test_a_phone_gets_a_card_per_agent_with_its_name_state_reason_and_stop
         stop = toolbar.get_by_role("button", name=f"Emergency stop {FIRST}")
         await expect(stop).to_be_in_viewport()
         assert await on_top(stop)  # not under the header
+        assert await on_top(page.get_by_role("button", name="Emergency stop all"))
         await screenshot(page, "agent-390-scrolled")
         await page.get_by_role("link", name="Overview").click()
         await resize(page, 1280, 800)  # wide again: the table is back
