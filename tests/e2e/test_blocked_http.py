@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.browser.live import ADMIN, SCOPED, agent, http, live_gateway, panel_config, request, submit
+from tests.browser.live import (
+    ADMIN,
+    SCOPED,
+    agent,
+    http,
+    live_gateway,
+    panel_config,
+    request,
+    submit,
+)
 from tests.gateway.support import until
 
 
