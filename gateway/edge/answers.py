@@ -19,11 +19,13 @@ log = logging.getLogger("gateway.edge.answers")
 
 
 async def answer_error(request: Request, error: Exception) -> Response:
-    """The exception handler of the HTTP routes (see `gateway.edge.http.Routes`)."""
+    """The exception handler of the HTTP routes (see `gateway.edge.http.Routes`). An
+    unexpected failure reaches it through Starlette's `ServerErrorMiddleware`, which
+    re-raises it after the answer for the server to log (uvicorn: "Exception in ASGI
+    application"): it is not logged here as well; the others are never logged."""
     if request.scope["type"] != "http":
         raise error  # (a WebSocket session answers its own failures in frames)
-    return error_response(error, logged=isinstance(error, GatewayError | InvalidRequest
-                                                    | StoreError))
+    return error_response(error, logged=True)
 
 
 def error_response(error: Exception, request_id: str | None = None,

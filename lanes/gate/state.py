@@ -392,7 +392,7 @@ def _between_calls_of(index: GateIndex, share: Share, now: int, agent_id: str) -
     return released is not None and now < released + FAIR_GRACE_MS
 
 
-def fair_hold(state: GateState, entry: Waiting) -> str | None:
+def fair_hold(state: GateState, entry: Waiting, named: bool = True) -> str | None:
     """Why ``entry``, within every limit, still waits for agents that have had fewer
     tokens, or None.
 
@@ -409,6 +409,11 @@ def fair_hold(state: GateState, entry: Waiting) -> str | None:
     behind = _held_for(state, entry)
     if behind is None:
         return None
+    if not named:  # (said to whoever may see this agent: other agents go unnamed)
+        return (
+            "held for its fair share: agents with fewer tokens granted are between calls, "
+            "and the window keeps room for their next calls"
+        )
     return (
         f"held for its fair share: {behind} and maybe other agents with fewer tokens granted "
         "are between calls, and the window keeps room for their next calls"
@@ -602,13 +607,15 @@ class GateWait:
 
 def gate_waits(state: GateState, now: int) -> dict[str, GateWait]:
     """Agent id -> why its calls wait, for every agent with a request waiting at the gate.
-    They all wait behind the request next in line: what holds that one holds them."""
+    They all wait behind the request next in line: what holds that one holds them. A
+    detail names no other agent (it is shown to whoever may see the waiting agent, whose
+    scope may leave the others out)."""
     head = next_in_line(state)
     if head is None:
         return {}
     found = blocking(state, head)
     if found is None:
-        held = fair_hold(state, head)
+        held = fair_hold(state, head, named=False)
         found = ("queue", "granted at the gate's next decision") if held is None \
             else ("fair", held)
     limit, detail = found
@@ -624,7 +631,8 @@ def gate_waits(state: GateState, now: int) -> dict[str, GateWait]:
         agent_id: GateWait(
             agent_id=agent_id,
             limit=limit,
-            detail=detail if agent_id == head.agent_id else f"behind {head.agent_id}: {detail}",
+            detail=detail if agent_id == head.agent_id
+            else f"behind another agent's request: {detail}",
             first=agent_id == head.agent_id,
             waiting=counts[agent_id],
             since=since,

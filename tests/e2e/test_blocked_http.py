@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.browser.live import ADMIN, agent, http, live_gateway, panel_config, request, submit
+from tests.browser.live import (
+    ADMIN,
+    SCOPED,
+    agent,
+    http,
+    live_gateway,
+    panel_config,
+    request,
+    submit,
+)
 from tests.gateway.support import until
 
 
@@ -71,3 +80,40 @@ async def test_an_agent_waiting_at_the_gate_says_on_which_limit(tmp_path: Path) 
         assert gate["nextSlotAt"] is None  # a slot comes back when delta's call ends
         assert [r["kind"] for r in echo["blocked"]] == ["gate", "running"]
         assert echo["attention"] == "info"  # a short wait
+
+
+async def test_a_scoped_token_is_not_told_which_agent_its_agent_waits_behind(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "behind.db"
+    config = panel_config(db, [agent("delta", (60_000, 60_000)),
+                               agent("bravo", (60_000, 60_000)),
+                               agent("alpha", (60_000, 60_000))], hooked=[])
+    async with live_gateway(config, db, feed=False) as running, http(running) as client:
+        async with http(running, ADMIN) as admin:
+            limited = await admin.post("/api/providers/sim-llm/limits", json={"maxConcurrent": 1})
+            assert limited.status_code == 200, limited.text
+        await submit(running, request("delta"))
+
+        async def delta_running() -> bool:
+            body = (await client.get("/api/agents/delta")).json()
+            return [r["kind"] for r in body["blocked"]] == ["running"]
+
+        await until(delta_running, "delta's run holding the only slot")
+        await submit(running, request("bravo"))
+
+        async def gate_wait(agent_id: str) -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/api/agents/{agent_id}")).json()
+            return body["blocked"][0] if body["blocked"] and \
+                body["blocked"][0]["kind"] == "gate" else None
+
+        await until(lambda: gate_wait("bravo"), "bravo waiting at the gate")
+        await submit(running, request("alpha"))
+        behind = await until(lambda: gate_wait("alpha"), "alpha waiting behind bravo")
+        assert behind["first"] is False
+        async with http(running, SCOPED) as scoped:
+            [mine] = (await scoped.get("/api/agents")).json()
+            seen = [(await scoped.get("/api/agents/alpha")).json(), mine]
+        for body in seen:
+            assert body["agentId"] == "alpha"
+            assert "bravo" not in str(body["blocked"]), body["blocked"]

@@ -177,7 +177,8 @@ def test_an_agent_behind_another_waits_for_what_holds_the_head() -> None:
     waits = gate_waits(gate.state, gate.now)
     assert {a: (w.limit, w.first) for a, w in waits.items()} == {
         "bravo": ("concurrency", True), "charlie": ("concurrency", False)}
-    assert waits["charlie"].detail.startswith("behind bravo: ")
+    assert waits["charlie"].detail.startswith("behind another agent's request: ")
+    assert not any("alpha" in w.detail or "bravo" in w.detail for w in waits.values())
     assert waits["charlie"].next_slot_at is None  # a slot comes back when a call ends
 
 

@@ -43,3 +43,35 @@ def test_an_error_carries_its_status_close_code_and_fault(
         error: GatewayError, status: int, close: int | None, client: bool) -> None:
     assert (error.status, error.close_code, error.client_fault) == (status, close, client)
     assert HTTP_STATUS[error.code] == status
+
+
+async def test_an_unexpected_failure_is_answered_500_and_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Starlette re-raises what its `Exception` handler answered, for the server to log
+    (uvicorn: "Exception in ASGI application"): the handler itself logs nothing more."""
+    import logging
+
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from gateway.edge.answers import answer_error
+
+    async def boom(request: Request) -> Response:
+        raise KeyError("a bug")
+
+    app = Starlette(routes=[Route("/boom", boom)],
+                    exception_handlers={GatewayError: answer_error, Exception: answer_error})
+    caplog.set_level(logging.DEBUG)
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        answered = await client.get("/boom")
+    assert (answered.status_code, answered.json()["code"]) == (500, "internal")
+    assert "a bug" not in answered.text
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("gateway")] == []
+    with pytest.raises(KeyError):  # what the server logs
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                     base_url="http://gw") as client:
+            await client.get("/boom")
