@@ -73,7 +73,6 @@ def openapi_document() -> dict[str, Any]:
                                          ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
-    obj = {"type": "object"}
     agent = "/api/agents/{agent_id}"
     sched = ("agent_id", "schedule_id")
     return {
@@ -125,20 +124,21 @@ def openapi_document() -> dict[str, Any]:
                 query=(("after", "integer"), ("agent", "string"), ("type", "string"),
                        ("limit", "integer"), ("q", "string"), ("before", "integer")))},
             "/api/events/{position}": {"get": _op(
-                "One event, the input that caused it and that input's decisions", obj,
+                "One event, the input that caused it and that input's decisions", "EventCauseJson",
                 params=("position",))},
             "/api/event-types": {"get": _op(
-                "Which event types are inputs and which are decisions", obj, params=())},
+                "Which event types are inputs and which are decisions", "EventTypesJson",
+                params=())},
             f"{agent}/events": {"get": _op(
-                "One agent's log, newest last, paged back by version", obj,
+                "One agent's log, newest last, paged back by version", "AgentEventsJson",
                 query=(("beforeVersion", "integer"), ("limit", "integer")))},
             f"{agent}/calls": {"get": _op(
                 "The sub-agent call trees of the agent's runs (each call's status, result "
-                "and the calls made while serving it)", obj,
+                "and the calls made while serving it)", "CallTreesJson",
                 query=(("run", "string"), ("limit", "integer")))},
             "/api/replay": {"get": _op(
                 "An agent's status and queue as they were at a log position, with the "
-                "events around it", obj, params=(),
+                "events around it", "ReplayJson", params=(),
                 query=(("agent", "string"), ("position", "integer"), ("around", "integer")))},
             f"{agent}/story": {"get": _op(
                 "The agent's log as groups (an input and the decisions it caused), worded as "
@@ -164,11 +164,11 @@ def openapi_document() -> dict[str, Any]:
                                                  params=("name",))},
             f"{agent}/runs": {"get": _op(
                 "The agent's runs, newest first, from the log: requests, outcome, tokens, "
-                "gate wait and model time, orders, calls and answer", obj,
+                "gate wait and model time, orders, calls and answer", "RunsJson",
                 query=(("before", "integer"), ("limit", "integer")))},
             "/api/charts": {"get": _op(
                 "Per-agent series (runs, tokens, requests, drops, failures) from the log, "
-                "with stop, pause, resume and hold marks", obj, params=(),
+                "with stop, pause, resume and hold marks", "ChartsJson", params=(),
                 query=(("agent", "string"), ("from", "integer"), ("to", "integer"),
                        ("step", "integer")))},
             "/api/providers/{name}/limits": {"post": _op(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from lanes import AgentConfig
 from lanes.config import Mode
 from lanes.events import TradingState
@@ -225,7 +227,137 @@ class EventsFound(WireModel):
     scanned: int
 
 
+class EventCauseJson(WireModel):
+    """An event, the input that caused it (itself, for an input) and that input's
+    decisions (at most 1,000: ``truncated`` says more were left out)."""
+
+    event: EventJson
+    input: EventJson | None
+    decisions: list[EventJson]
+    truncated: bool
+
+
+class TypesJson(WireModel):
+    """The event types of one kind of stream."""
+
+    inputs: list[str]
+    decisions: list[str]
+
+
+class EventTypesJson(WireModel):
+    """Which event types are inputs and which decisions, for agent and gate streams."""
+
+    agent: TypesJson
+    provider: TypesJson
+
+
+class AgentEventsJson(WireModel):
+    """A page of one agent's stream, newest last; ``more``: older events remain."""
+
+    agent_id: str
+    events: list[EventJson]
+    more: bool
+
+
+class CallRunJson(WireModel):
+    """The calls one run made (each a tree: its result and the calls made serving it)."""
+
+    run_id: str
+    calls: list[dict[str, Any]]
+
+
+class CallTreesJson(WireModel):
+    """An agent's sub-agent call trees, by run, and its calls counted by status."""
+
+    agent_id: str
+    runs: list[CallRunJson]
+    counts: dict[str, int]
+
+
+class ReplayJson(WireModel):
+    """An agent as it was at a log position: its status and queue then, and the events
+    around the position."""
+
+    agent_id: str
+    position: int
+    event_position: int
+    version: int
+    at: int
+    status: AgentSummary
+    queue: QueueJson
+    around: list[EventJson]
+
+
+class UsageJson(WireModel):
+    """Tokens a run used."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+class RunGateJson(WireModel):
+    """A run's calls at its provider gate: time waiting against time in the model."""
+
+    wait_ms: int
+    model_ms: int
+    calls: int
+    refused: int
+    complete: bool
+
+
+class RunHistoryJson(WireModel):
+    """One run, from the log."""
+
+    run_id: str
+    version: int
+    position: int
+    started_at: int
+    ended_at: int | None
+    duration_ms: int | None
+    outcome: str
+    detail: str | None
+    by: str | None
+    requests: list[str]
+    depth: int
+    steers: int
+    usage: UsageJson
+    gate: RunGateJson | None
+    orders: list[dict[str, Any]]
+    calls: int
+    answer: str | None
+
+
+class RunsJson(WireModel):
+    """An agent's runs, newest first; ``before``: the version to page back from."""
+
+    agent_id: str
+    runs: list[RunHistoryJson]
+    before: int | None
+
+
+class AgentSeriesJson(WireModel):
+    """One agent's series, one value per step."""
+
+    agent_id: str
+    series: dict[str, list[int]]
+    truncated: bool
+
+
+class ChartsJson(WireModel):
+    """Per-agent series from the log over ``from``..``to`` in steps, and the stop, pause,
+    resume and hold marks (each with its time, agent, position, who and what)."""
+
+    from_: int = Field(alias="from")
+    to: int
+    step: int
+    agents: list[AgentSeriesJson]
+    marks: list[dict[str, Any]]
+
+
 ANSWERS: dict[str, type[WireModel]] = {
+    "EventCauseJson": EventCauseJson, "EventTypesJson": EventTypesJson,
+    "AgentEventsJson": AgentEventsJson, "CallTreesJson": CallTreesJson,
+    "ReplayJson": ReplayJson, "RunsJson": RunsJson, "ChartsJson": ChartsJson,
     "ScheduleChangedJson": ScheduleChangedJson, "RemovedJson": RemovedJson,
     "ProvidersJson": ProvidersJson, "EventsPage": EventsPage, "EventsFound": EventsFound,
     "AgentSummary": AgentSummary, "AgentJson": AgentJson, "SchedulesJson": SchedulesJson,

@@ -17,17 +17,24 @@ from gateway.config import parse_config
 from gateway.edge.openapi import openapi_document
 from gateway.edge.server import serving
 from gateway.edge.shapes import (
+    AgentEventsJson,
     AgentJson,
     AgentSummary,
+    CallTreesJson,
+    ChartsJson,
     ConfiguredJson,
+    EventCauseJson,
     EventsFound,
     EventsPage,
+    EventTypesJson,
     LimitsJson,
     OperatedJson,
     ProviderJson,
     ProvidersJson,
     QueueJson,
     RemovedJson,
+    ReplayJson,
+    RunsJson,
     ScheduleChangedJson,
     SchedulesJson,
 )
@@ -59,6 +66,7 @@ async def test_each_route_answers_in_the_shape_its_document_names(tmp_path: Path
             "kind": "hook_trigger", "payload": {"symbol": "BTCUSD"}})
         await next_event(service.engine.store, "RunStarted")
         checks: list[tuple[type[Any], Any]] = [
+            (RunsJson, await get("/api/agents/desk/runs")),  # the run in flight
             (list[AgentSummary], await get("/api/agents")),
             (AgentJson, await get("/api/agents/desk")),
             (QueueJson, await get("/api/agents/desk/queue")),
@@ -79,7 +87,18 @@ async def test_each_route_answers_in_the_shape_its_document_names(tmp_path: Path
                                     {"requestsPerMinute": 60})),
             (OperatedJson, await send("POST", "/api/agents/desk/release")),
             (OperatedJson, await send("POST", "/api/agents/desk/queue/clear")),
+            (EventCauseJson, await get("/api/events/6")),
+            (EventTypesJson, await get("/api/event-types")),
+            (AgentEventsJson, await get("/api/agents/desk/events", limit=3)),
+            (CallTreesJson, await get("/api/agents/desk/calls")),
+            (ReplayJson, await get("/api/replay", agent="desk", position=6, around=2)),
         ]
+        await next_event(service.engine.store, "RunCompleted")
+        await send("POST", "/api/agents/desk/control", {"action": "emergency_stop"})
+        checks += [(RunsJson, await get("/api/agents/desk/runs")),  # ended, with its order
+                   (ChartsJson, await get("/api/charts", agent="desk"))]
+        assert checks[-1][1]["marks"], "the stop is marked"
+        assert checks[-2][1]["runs"][0]["orders"], "the run's order is listed"
         for shape, body in checks:
             try:
                 TypeAdapter(shape).validate_python(body)
@@ -93,8 +112,4 @@ def test_the_document_names_a_typed_answer_for_each_json_route() -> None:
                for method, operation in operations.items()
                if operation.get("responses", {}).get("200", {}).get("content", {})
                .get("application/json", {}).get("schema") == {"type": "object"}]
-    # What is left as a bare object: answers whose shape depends on the events they carry.
-    assert sorted(untyped) == sorted([
-        "GET /api/events/{position}", "GET /api/event-types", "GET /api/agents/{agent_id}/events",
-        "GET /api/agents/{agent_id}/calls", "GET /api/replay", "GET /api/agents/{agent_id}/runs",
-        "GET /api/charts"])
+    assert untyped == []
