@@ -23,13 +23,15 @@ from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownP
 from gateway.runtime.blotter import BlotterBook
 from gateway.runtime.gate import GateMoved, ProviderGate
 from gateway.runtime.peers import FORWARDED_HEADER
+from gateway.runtime.snapshots import state_after
 from lanes import InvalidRequest
 from lanes.events import INPUT_TYPES
 from lanes.gate import GateWait
 from lanes.gate.events import GATE_INPUT_TYPES
 from lanes.requests import MAX_INT, ControlAction, WireModel
+from lanes.state import AgentState
 from lanes.streams import gate_stream, is_agent_stream
-from store.port import StoreError
+from store.port import RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.edge.http")
 
@@ -138,6 +140,14 @@ class Routes:
         if cluster is not None:
             body["servedBy"] = cluster.owner_of(agent_id)
         return body
+
+    async def _replayed(self, agent_id: str, records: list[RecordedEvent], position: int
+                        ) -> tuple[AgentState, list[RecordedEvent]]:
+        """The agent replayed from its stream's ``records`` up to log ``position`` (from a
+        snapshot when one is worth it), and the records that were folded."""
+        upto = [r for r in records if r.position <= position]
+        state = await state_after(self.engine.store, agent_id, upto, reader=self.engine.reader)
+        return state, upto
 
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])

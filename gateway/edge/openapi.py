@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
@@ -49,30 +49,27 @@ def _op(summary: str, ok: str | dict[str, Any], body: str | None = None,
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
     from gateway.edge.http import ControlBody
+    from gateway.edge.shapes import ANSWERS
     from gateway.runtime.blotter import BlotterView
+    from gateway.tools.story import RESPONSES  # the answers of the story routes
 
     schemas: dict[str, Any] = {}
+
+    def add(name: str, model: Any, mode: Literal["validation", "serialization"]) -> None:
+        schema = TypeAdapter(model).json_schema(
+            by_alias=True, mode=mode, ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
+
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
                         ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
                         ("ControlBody", ControlBody), ("GateLimits", GateLimits),
                         ("Schedule", Schedule)):
-        schema = TypeAdapter(model).json_schema(
-            by_alias=True, ref_template="#/components/schemas/{model}")
-        schemas.update(schema.pop("$defs", {}))
-        schemas[name] = schema
+        add(name, model, "validation")
     # Answers: described as they are sent (every field present, null when none).
-    answer = TypeAdapter(BlotterView).json_schema(
-        by_alias=True, mode="serialization", ref_template="#/components/schemas/{model}")
-    schemas.update(answer.pop("$defs", {}))
-    schemas["BlotterView"] = answer
-    from gateway.edge.shapes import ANSWERS
-    from gateway.tools.story import RESPONSES  # the answers of the story routes
-
-    for name, shape in {**ANSWERS, **RESPONSES}.items():
-        schema = shape.model_json_schema(by_alias=True, mode="serialization",
-                                         ref_template="#/components/schemas/{model}")
-        schemas.update(schema.pop("$defs", {}))
-        schemas[name] = schema
+    answers: dict[str, Any] = {**ANSWERS, **RESPONSES, "BlotterView": BlotterView}
+    for name, shape in answers.items():
+        add(name, shape, "serialization")
     agent = "/api/agents/{agent_id}"
     sched = ("agent_id", "schedule_id")
     return {

@@ -20,7 +20,6 @@ from gateway.runtime.history import (
     run_history,
     search_back,
 )
-from gateway.runtime.snapshots import state_after
 from lanes.events import DECISION_TYPES, INPUT_TYPES
 from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES
 from lanes.requests import MAX_INT
@@ -144,9 +143,7 @@ class LogRoutes(Routes):
         position = _int_param(query, "position", last)
         around = min(_int_param(query, "around", 10), 200)
         records = await self.engine.store.read_stream(agent_id)
-        upto = [r for r in records if r.position <= position]
-        state = await state_after(self.engine.store, agent_id, upto,  # a snapshot if worth it
-                                  reader=self.engine.reader)
+        state, upto = await self._replayed(agent_id, records, position)
         index = len(upto)
         nearby = records[max(0, index - around):index + around]
         return _json({

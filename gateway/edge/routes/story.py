@@ -7,7 +7,6 @@ from starlette.responses import Response
 
 from gateway.edge.http import Routes, _int_param, _json, _position_param
 from gateway.errors import BadFrame
-from gateway.runtime.snapshots import state_after
 from gateway.tools.story import (
     JUMP_KINDS,
     DiffJson,
@@ -25,7 +24,6 @@ from gateway.tools.story import (
     spans,
     told,
 )
-from lanes.state import AgentState
 
 
 class StoryRoutes(Routes):
@@ -36,15 +34,6 @@ class StoryRoutes(Routes):
         agent_id = self._agent_id(request)
         self._principal(request).check_read(agent_id)
         return agent_id, await self.engine.store.last_position()
-
-    async def _state_at(self, agent_id: str, position: int) -> tuple[AgentState, int]:
-        """The agent replayed from the log up to ``position``, and the position of its last
-        event folded (0: none)."""
-        records = [r for r in await self.engine.store.read_stream(agent_id)
-                   if r.position <= position]
-        state = await state_after(self.engine.store, agent_id, records,
-                                  reader=self.engine.reader)
-        return state, records[-1].position if records else 0
 
     async def story(self, request: Request) -> Response:
         """An agent's stream as groups, each an input and the decisions it caused, worded as
@@ -97,7 +86,9 @@ class StoryRoutes(Routes):
         provider gate held for it then."""
         agent_id, last = await self._story_read(request)
         position = _position_param(request.query_params, "position", last, last)
-        state, folded = await self._state_at(agent_id, position)
+        state, upto = await self._replayed(
+            agent_id, await self.engine.store.read_stream(agent_id), position)
+        folded = upto[-1].position if upto else 0
         gate = self.engine.gate_of(agent_id)
         gate_state = None
         if gate is not None and state.active is not None:  # only a run asks for slots
@@ -118,11 +109,12 @@ class StoryRoutes(Routes):
                 raise BadFrame("invalid", f"{name} (a log position) is required", field=name)
         start = _position_param(query, "from", 0, last)
         upto = _position_param(query, "to", last, last)
-        before, before_at = await self._state_at(agent_id, start)
-        after, after_at = await self._state_at(agent_id, upto)
-        return _json(answer(DiffJson, diff_json(
-            before, after,
-            {"position": start, "eventPosition": before_at, "version": before.version,
-             "at": before.now},
-            {"position": upto, "eventPosition": after_at, "version": after.version,
-             "at": after.now})))
+        records = await self.engine.store.read_stream(agent_id)  # read once for both states
+        ends = []
+        for position in (start, upto):
+            state, folded = await self._replayed(agent_id, records, position)
+            ends.append((state, {"position": position, "version": state.version,
+                                 "eventPosition": folded[-1].position if folded else 0,
+                                 "at": state.now}))
+        (before, since), (after, until) = ends
+        return _json(answer(DiffJson, diff_json(before, after, since, until)))
