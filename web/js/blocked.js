@@ -2,7 +2,7 @@
 // `attention` level of an agent's status (see gateway/runtime/blocked.py), for the overview rows, the
 // agent page and the halted banner.
 
-import {duration} from "./format.js";
+import {clock, duration} from "./format.js";
 import {Model} from "./model.js";
 
 /** Sort rank of an attention level: what needs a look first (info and none alike). */
@@ -17,10 +17,7 @@ const BUDGETS = {runsPerHour: "runs/hour", runsPerDay: "runs/day"};
 
 /** "14:05:00" (local) of an ISO time; "–" for none. */
 export function hms(iso) {
-  if (!iso) return "–";
-  const d = new Date(iso);
-  const pad = (n) => String(n).padStart(2, "0");
-  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  return iso ? clock(Date.parse(iso)).slice(0, 8) : "–";
 }
 
 /**

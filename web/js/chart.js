@@ -1,6 +1,8 @@
 // A small canvas chart: lines and dots over a time window, axes labelled, vertical markers,
 // colours from the page's CSS variables (so it follows light and dark). No library.
 
+import {clock} from "./format.js";
+
 const PAD = {left: 56, right: 12, top: 10, bottom: 24};
 
 export function cssColour(name) {
@@ -24,10 +26,8 @@ function clockTicks(from, to, width) {
   const offset = new Date(from).getTimezoneOffset() * 60_000;  // ticks on local round times
   const ticks = [];
   for (let t = Math.ceil((from - offset) / step) * step + offset; t <= to; t += step) {
-    const d = new Date(t);
-    const pad = (n) => String(n).padStart(2, "0");
-    const hm = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
-    ticks.push([t, step < 60_000 ? `${hm}:${pad(d.getSeconds())}` : step >= 86_400_000 ? d.toLocaleDateString() : hm]);
+    const hms = clock(t).slice(0, 8);  // "14:05:00"
+    ticks.push([t, step < 60_000 ? hms : step >= 86_400_000 ? new Date(t).toLocaleDateString() : hms.slice(0, 5)]);
   }
   return ticks;
 }
