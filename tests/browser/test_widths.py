@@ -161,6 +161,7 @@ async def test_the_time_travel_section_stays_in_its_box_at_every_width(
         page = await open_panel(running.url, CONTROL)
         await page.get_by_role("link", name=long_id).first.click()
         slider = page.get_by_label(f"Log position of {long_id}")
+        await expect(slider).not_to_have_attribute("max", "0")  # the agent's log has loaded
         await slider.focus()
         await page.keyboard.press("End")
         await page.keyboard.press("ArrowLeft")  # the queue as it was: pending, a run, events
