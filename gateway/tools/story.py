@@ -430,7 +430,7 @@ def gate_json(agent_id: str, provider: str | None, gate: GateState | None) -> di
 
 
 def _waiting_json(gate: GateState, entry: Waiting) -> dict[str, Any]:
-    why = blocker(gate, entry) or fair_hold(gate, entry, named=False) or \
+    why = blocker(gate, entry) or fair_hold(gate, entry) or \
         "within every limit: granted at the gate's next decision"
     return {"runId": entry.run_id, "priority": entry.priority.value,
             "since": entry.queued_at, "waitedMs": max(0, gate.now - entry.queued_at),

@@ -209,11 +209,14 @@ def _refuse_overdue(state: GateState, before: int, emit: Emit) -> None:
     overdue = [entry for entry in state.waiting.values() if entry.deadline < before]
     head = next_in_line(state)
     for entry in overdue:
+        # The reason is copied into the refused agent's own log, which a token scoped to
+        # that agent may read: it names no other agent.
         held = blocker(state, entry)
         if held is None:
             held = fair_hold(state, entry)
         if head is not None and entry is not head:
-            ahead = blocker(state, head) or fair_hold(state, head) or held or "no capacity"
+            ahead = blocker(state, head) or fair_hold(state, head) or held \
+                or "no capacity"
             held = f"{ahead}, and requests ahead of it in the fair order"
         _refuse(
             state,

@@ -392,7 +392,7 @@ def _between_calls_of(index: GateIndex, share: Share, now: int, agent_id: str) -
     return released is not None and now < released + FAIR_GRACE_MS
 
 
-def fair_hold(state: GateState, entry: Waiting, named: bool = True) -> str | None:
+def fair_hold(state: GateState, entry: Waiting, named: bool = False) -> str | None:
     """Why ``entry``, within every limit, still waits for agents that have had fewer
     tokens, or None.
 
@@ -615,7 +615,7 @@ def gate_waits(state: GateState, now: int) -> dict[str, GateWait]:
         return {}
     found = blocking(state, head)
     if found is None:
-        held = fair_hold(state, head, named=False)
+        held = fair_hold(state, head)
         found = ("queue", "granted at the gate's next decision") if held is None \
             else ("fair", held)
     limit, detail = found

@@ -273,13 +273,32 @@ def test_a_hold_for_an_agent_that_does_not_call_again_ends_with_its_grace() -> N
     bench.request("big2", agent_id="big", input_tokens=10_000, output_tokens=0)
     assert set(bench.state.leases) == {"small", "big1"}  # big2: room kept for small
     assert "held for its fair share: small" in str(
-        fair_hold(bench.state, bench.state.waiting["big2"])
+        fair_hold(bench.state, bench.state.waiting["big2"], named=True)
     )
 
     bench.advance(1_000)
     bench.release("small")  # and it does not ask again
     assert bench.state.waiting.keys() == {"big2"}
     assert granted(bench.advance(FAIR_GRACE_MS)) == ["big2"]
+
+
+def test_a_request_refused_after_a_fair_share_hold_is_not_told_who_it_waited_for() -> None:
+    """The refusal's reason is copied into the refused agent's own log, which a token
+    scoped to that agent reads: it says why, without naming the other agent."""
+    bench = GateBench(GateLimits(requests_per_minute=3, max_wait_ms=5_000))
+    bench.request("small", agent_id="small-desk", input_tokens=100, output_tokens=0)
+    bench.request("big1", agent_id="big", input_tokens=10_000, output_tokens=0)
+    bench.request("big2", agent_id="big", input_tokens=10_000, output_tokens=0)
+    bench.request("big3", agent_id="big", input_tokens=10_000, output_tokens=0)
+    assert set(bench.state.leases) == {"small", "big1"}  # big2, big3: room kept for small
+    assert "small-desk" in str(fair_hold(bench.state, bench.state.waiting["big2"], named=True))
+
+    found = [d for d in bench.advance(5_001) if isinstance(d, SlotRefused)]
+
+    assert [d.slot_id for d in found] == ["big2", "big3"]
+    for refusal in found:
+        assert "held for its fair share" in refusal.reason
+        assert "small-desk" not in refusal.reason, refusal.reason
 
 
 def test_a_slot_freed_by_an_agent_with_fewer_tokens_is_kept_for_its_next_call_a_moment() -> None:
