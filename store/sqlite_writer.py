@@ -14,7 +14,8 @@ socket pair, one request at a time, each answered ``("ok", value)`` or ``("error
 reason)`` (kind ``conflict`` for a unique key hit, ``sqlite`` for any other database error,
 with the reason in words from `reason`). This file imports nothing but the standard library,
 so that the child starts in milliseconds (``python -I store/sqlite_writer.py FD``); it ends
-at end of file on its socket (the gateway closed it or died).
+at end of file on its socket (the gateway closed it or died), not on a signal sent to the
+whole process group.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import marshal
 import os
 import resource
+import signal
 import socket
 import sqlite3
 import struct
@@ -276,4 +278,9 @@ def serve(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C in a terminal, ``timeout`` and service managers signal the gateway's whole
+    # process group: the writer lets the gateway stop first (its last commits and snapshot
+    # go through here) and ends when the gateway closes the socket, or dies.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, signal.SIG_IGN)
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -24,11 +24,12 @@ TIMEOUT = 20.0
 
 
 @asynccontextmanager
-async def command(*args: str, until: str
+async def command(*args: str, until: str, group: bool = False
                   ) -> AsyncIterator[tuple[asyncio.subprocess.Process, list[str]]]:
-    """Run ``gateway ARGS`` until it prints a line starting with ``until``."""
+    """Run ``gateway ARGS`` until it prints a line starting with ``until`` (in a process
+    group of its own with ``group``, as a shell runs a command)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", *args, cwd=ROOT,
+        sys.executable, "-m", "gateway.cli", *args, cwd=ROOT, start_new_session=group,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert process.stdout is not None
     lines: list[str] = []
@@ -44,11 +45,17 @@ async def command(*args: str, until: str
             await process.wait()
 
 
-async def stop(process: asyncio.subprocess.Process, sig: signal.Signals) -> int:
-    """Send a signal and wait for the exit code."""
-    process.send_signal(sig)
+async def stop(process: asyncio.subprocess.Process, sig: signal.Signals,
+               group: bool = False) -> int:
+    """Send a signal (to the process's whole group with ``group``) and wait for the exit
+    code."""
+    if group:
+        os.killpg(process.pid, sig)
+    else:
+        process.send_signal(sig)
     _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert b"Traceback" not in stderr, stderr.decode()
+    assert b"not stored" not in stderr, stderr.decode()
     assert process.returncode is not None
     return process.returncode
 
@@ -116,6 +123,32 @@ async def test_serve_stops_on_sigterm_with_the_run_recorded_and_nothing_lost(
     assert verify(log) is None
     assert log[-1].event.__class__.__name__ == "RunAborted"
     assert [request_outcomes(log)[i] for i in ids] == ["pending", "pending", "pending"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_to_the_whole_process_group_stops_it_with_its_last_snapshot_stored(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C in a terminal, ``timeout`` or a service manager signal every process of the
+    group, the SQLite writer process too: it must outlive the gateway's last commit."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG)
+    db = tmp_path / "events.db"
+    args = ("serve", "--config", str(config), "--db", str(db), "--port", "0")
+    async with command(*args, until="gateway serving on", group=True) as (process, lines):
+        url = lines[-1].split()[-1]
+        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT,
+                                     headers={"Authorization": "Bearer ops-secret"}) as http:
+            body = {"requestId": "r0", "createdAt": datetime.now(UTC).isoformat(),
+                    "agentId": "desk", "kind": "hook_trigger"}
+            assert (await http.post("/api/agents/desk/requests", json=body)).json()[
+                "decision"] == "accepted"
+        assert await stop(process, sig, group=True) == 0
+    store = SqliteEventStore(db)
+    await store.open()
+    log = await log_of(store)
+    await store.close()
+    assert log[-1].event.__class__.__name__ == "RunAborted"
 
 
 async def exited(pid: int) -> None:
