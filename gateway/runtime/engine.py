@@ -200,6 +200,9 @@ class _Agent:
     undo the later stop)."""
     open: _Group | None = None
     """Decided for the agent and not appended yet (a `Engine.submit_many` between steps)."""
+    fault: str | None = None
+    """Why its last append failed: the storage error it is being rebuilt after (said to
+    whoever it refuses meanwhile, also once other appends commit again)."""
 
     @property
     def state(self) -> AgentState:
@@ -229,7 +232,8 @@ class _Hooks:
     def failed(self, decisions: list[Decision], error: BaseException | None) -> None:
         # A conflict follows an earlier failure; a fenced append is no storage fault.
         if error is not None and not isinstance(error, ConcurrencyError | FencedError):
-            self.engine._storage_failed(error)
+            assert self.agent is not None
+            self.agent.fault = self.engine._storage_failed(error)
 
     def lost(self) -> None:
         assert self.agent is not None
@@ -1054,8 +1058,7 @@ class Engine:
         if writing and not agent.owned:
             raise NotOwner(agent_id, self.owner_of(agent_id))
         if writing and agent.recovering:
-            fault = self.storage_fault
-            raise AgentUnavailable(agent_id, None if fault is None else fault.reason)
+            raise AgentUnavailable(agent_id, self._fault_of(agent))
         return agent
 
     def _feed(self, agent: _Agent, event: Input) -> Outcome[Decision]:
@@ -1385,17 +1388,23 @@ class Engine:
             agent.refused.clear()
         if isinstance(error, StorageFailed):
             return StorageFailed(error.detail, held=True)
-        fault = self.storage_fault
+        reason = self._fault_of(agent)
         return StorageFailed("the agent is being rebuilt from the log" + (
-            "" if fault is None else f": {fault.reason}"), held=True)
+            "" if reason is None else f": {reason}"), held=True)
 
-    def _storage_failed(self, error: BaseException) -> None:
-        """Note a failed commit; say so in the log once per fault (not once per append)."""
+    def _fault_of(self, agent: _Agent) -> str | None:
+        """Why ``agent`` is being rebuilt: the storage error now, else its own last one."""
+        fault = self.storage_fault
+        return agent.fault if fault is None else fault.reason
+
+    def _storage_failed(self, error: BaseException) -> str:
+        """Note a failed commit; say so in the log once per fault (not once per append).
+        The reason in words."""
         reason = error.reason if isinstance(error, WriteFailed) else str(error)
         fault = self.storage_fault
         if fault is not None and fault.reason == reason:
             fault.failed += 1
-            return
+            return reason
         self.storage_fault = StorageFault(reason, self.clock.now_ms(),
                                           1 if fault is None else fault.failed + 1)
         now = time.monotonic()
@@ -1403,11 +1412,12 @@ class Engine:
         kind = storage_fault_kind(reason)  # a flapping disk changes the details
         if said is not None and said[0] == kind and now - said[1] < FAULT_LOG_INTERVAL_S:
             log.debug("the event log cannot be written again: %s", reason)
-            return
+            return reason
         log.error("the event log cannot be written: %s. Requests are refused (clients are "
                   "told to retry) until it can be again; reads go on", reason)
         self._fault_said = (kind, now)
         self._fault_open = True
+        return reason
 
     def _storage_back(self) -> None:
         fault = self.storage_fault
@@ -1431,6 +1441,7 @@ class Engine:
     def _rebuilt(self, agent: _Agent, records: list[RecordedEvent]) -> None:
         """The agent's state is the fold of its stream again."""
         agent_id = agent.state.agent_id
+        agent.fault = None
         if records and records[-1].position > self._position:
             # A commit reported as failed reached the log all the same: the fold holds it.
             self._position, self._anchor = records[-1].position, records[-1].event_id

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import StorageFailed, UnknownAgent
+from gateway.errors import AgentUnavailable, StorageFailed, UnknownAgent
 from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Budgets, Mode, Priority, replay, request_outcomes, verify
@@ -232,6 +232,45 @@ async def test_a_failed_commit_is_not_acknowledged_and_the_agent_is_rebuilt_from
     ack = await engine.submit(lost)
     assert ack.decision == "accepted" and not ack.repeated
     await assert_log_is_the_state(engine)
+    await engine.stop()
+
+
+class FailingFor(FailingOnce):
+    """A store whose appends to the ``broken`` streams fail as a full disk would."""
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__(inner)
+        self.broken: set[str] = set()
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        self.fail_next = append.stream in self.broken
+        return super().append(append)
+
+
+async def test_an_agent_still_rebuilding_says_which_storage_error_once_others_commit_again(
+    clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    """Another agent's commit ends the fault for the log, not for the agent still being
+    rebuilt after its own failed append: its refusals go on naming what went wrong."""
+    store = FailingFor(MemoryEventStore(clock=clock.now_ms))
+    engine = Engine(store, AGENTS, clock=clock, reasoners=lambda _: reasoner)  # type: ignore[arg-type]
+    await engine.start()
+    store.broken.add("eth")
+    for _ in range(2):  # the second failure in a row is rebuilt after a backoff (fake clock)
+        with pytest.raises(StorageFailed, match="database or disk is full"):
+            await engine.submit(request("eth"))
+        await engine.flush(rebuilt=False)
+    await engine.submit(request("btc"))  # commits: the log is written again
+    await engine.flush(rebuilt=False)
+    assert engine.storage_fault is None
+
+    with pytest.raises(AgentUnavailable, match=r"recovering from a storage error \(database "
+                                               r"or disk is full\); nothing was taken"):
+        await engine.submit(request("eth"))
+    store.broken.clear()
+    clock.advance(60_000)
+    await engine.flush()
+    assert (await engine.submit(request("eth"))).decision == "accepted"
     await engine.stop()
 
 
