@@ -24,6 +24,7 @@ from bench import (
     replay_speed,
     scale,
     throughput,
+    time_travel,
     ws_ingest,
 )
 from bench.common import Figure, machine, table
@@ -73,6 +74,9 @@ def main() -> None:
         ("Replay and verify",
          f"bench.replay_speed --events {events}",
          lambda: replay_speed.measure(events=events)),
+        ("Time travel on one agent's long stream: a pick, and the event loop meanwhile",
+         f"bench.time_travel --events {events // 10}",
+         lambda: time_travel.measure(events=events // 10)),
         ("Cost per decision at 10 and 10,000 agents, memory per agent",
          f"bench.scale --requests {decisions} --agents {agents}",
          lambda: scale.measure(count=decisions, agents=agents)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fanout, gate, peers, pg_throughput
+from bench import fanout, gate, peers, pg_throughput, time_travel
 from bench.common import Figure
 from store import pg_server
 
@@ -57,3 +57,10 @@ def test_pg_throughput_measures_both_stores_and_each_process_count(
     assert sum(n == "... SQLite" for n in names) == 2
     for processes in (1, 2):
         assert any(n.startswith(f"{processes} writer process") for n in names)
+
+
+def test_time_travel_measures_picks_and_the_way_before_on_the_same_positions() -> None:
+    figures = {f.name: f.value for f in time_travel.measure(events=3_000, picks=3)}
+    assert figures["one agent's stream (3 picks at random positions)"] >= 3_000
+    assert all(value >= 0 for value in figures.values())
+    assert figures["pick p50, before / now"] > 0

@@ -23,15 +23,14 @@ from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownP
 from gateway.runtime.blotter import BlotterBook
 from gateway.runtime.gate import GateMoved, ProviderGate
 from gateway.runtime.peers import FORWARDED_HEADER
-from gateway.runtime.snapshots import state_after
+from gateway.runtime.replays import ReplayBook, Replayed
 from lanes import InvalidRequest
 from lanes.events import INPUT_TYPES
 from lanes.gate import GateWait
 from lanes.gate.events import GATE_INPUT_TYPES
 from lanes.requests import MAX_INT, ControlAction, WireModel
-from lanes.state import AgentState
 from lanes.streams import gate_stream, is_agent_stream
-from store.port import RecordedEvent, StoreError
+from store.port import StoreError
 
 log = logging.getLogger("gateway.edge.http")
 
@@ -60,6 +59,7 @@ class Routes:
         self.service = service
         self.engine = service.engine
         self.blotters = BlotterBook()
+        self.replays = ReplayBook()
 
     def exception_handlers(self) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
         """Starlette's exception handlers for every route: the one place a route's failure
@@ -141,13 +141,9 @@ class Routes:
             body["servedBy"] = cluster.owner_of(agent_id)
         return body
 
-    async def _replayed(self, agent_id: str, records: list[RecordedEvent], position: int
-                        ) -> tuple[AgentState, list[RecordedEvent]]:
-        """The agent replayed from its stream's ``records`` up to log ``position`` (from a
-        snapshot when one is worth it), and the records that were folded."""
-        upto = [r for r in records if r.position <= position]
-        state = await state_after(self.engine.store, agent_id, upto, reader=self.engine.reader)
-        return state, upto
+    async def _replayed(self, agent_id: str, position: int) -> Replayed:
+        """The agent replayed from its stream up to log ``position``."""
+        return await self.replays.at(self.engine.store, self.engine.reader, agent_id, position)
 
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])

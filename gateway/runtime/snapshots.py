@@ -15,16 +15,12 @@ import importlib
 import inspect
 import logging
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.tools.quarantine import PLAIN, LogReader
 from lanes.codec import AGENT_CODEC
-from lanes.evolve import fold
 from lanes.replay import LogFold
 from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, load_fold
-from lanes.state import AgentState
-from store.port import EventStore, RecordedEvent, Snapshot, SnapshotInfo
+from store.port import EventStore, Snapshot, SnapshotInfo
 
 log = logging.getLogger("gateway.runtime.snapshots")
 
@@ -37,9 +33,6 @@ FOLD_MODULES = (
 
 KEEP = 2
 """Snapshots kept in the store: the newest, and one to fall back on."""
-WORTH = 50_000
-"""Events of one agent from which `state_after` starts from a snapshot (loading one holds
-every agent: for fewer events, decoding them is quicker)."""
 
 
 def fold_fingerprint() -> str:
@@ -159,16 +152,3 @@ async def _open(store: EventStore, info: SnapshotInfo, last: int) -> LogFold | s
 
 def _unpack(data: bytes) -> tuple[LogFold, str]:
     return load_fold(zlib.decompress(data))
-
-
-async def state_after(store: EventStore, agent_id: str, records: Sequence[RecordedEvent],
-                      worth: int = WORTH, reader: LogReader = PLAIN) -> AgentState:
-    """One agent's state after ``records`` (its stream from the start, in order): folded
-    from the newest usable snapshot inside them when there are at least ``worth``; decoded
-    by ``reader`` (which knows the events set aside)."""
-    state = AgentState(agent_id=agent_id)
-    if len(records) >= worth:
-        loaded = await load_latest(store, upto=records[-1].position)
-        state = loaded.fold.states.get(agent_id, state)
-        records = [r for r in records if r.position > loaded.fold.position]
-    return fold(state, [reader.decode(r) for r in records])

@@ -309,31 +309,6 @@ def test_snapshot_sizes_are_checked_before_they_are_stored() -> None:
     assert len(snapshot.checksum) == 64 and snapshot.fingerprint == snapshots.FINGERPRINT
 
 
-async def test_one_agents_state_at_a_position_is_the_same_from_a_snapshot(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    db = tmp_path / "events.db"
-    await record_scenario(db, clock, graceful=True)
-    engine = await start(db, clock)  # the log goes on past the snapshot
-    await engine.submit(request("btc"))
-    await engine.flush()
-    store = engine.store
-    [info] = await store.snapshots()
-    last = await store.last_position()
-    try:
-        for agent_id in engine.agent_ids:
-            records = await store.read_stream(agent_id)
-            for position in (info.position - 3, info.position, last):
-                upto = [r for r in records if r.position <= position]
-                plain = await snapshots.state_after(store, agent_id, upto, worth=10**9)
-                fast = await snapshots.state_after(store, agent_id, upto, worth=1)
-                assert fast == plain
-                assert plain == replay(e for e in await log_of(store)
-                                       if e.position <= position).get(agent_id, plain)
-    finally:
-        await engine.stop(graceful=False)
-
-
 async def test_a_bad_snapshot_beside_a_good_one_is_deleted_even_with_nothing_to_fold(
     tmp_path: Path, clock: FakeClock
 ) -> None:

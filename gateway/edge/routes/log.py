@@ -142,14 +142,15 @@ class LogRoutes(Routes):
         last = await self.engine.store.last_position()
         position = _int_param(query, "position", last)
         around = min(_int_param(query, "around", 10), 200)
-        records = await self.engine.store.read_stream(agent_id)
-        state, upto = await self._replayed(agent_id, records, position)
-        index = len(upto)
-        nearby = records[max(0, index - around):index + around]
+        replayed = await self._replayed(agent_id, position)
+        state = replayed.state
+        first = max(0, state.version - around)  # (its version: the events folded)
+        nearby = await self.engine.store.read_stream(
+            agent_id, after_version=first, limit=state.version - first + around)
         return _json({
             "agentId": agent_id,
             "position": position,
-            "eventPosition": upto[-1].position if upto else 0,
+            "eventPosition": replayed.event_position,
             "version": state.version,
             "at": state.now,
             "status": agent_summary(state, state.now),

@@ -86,9 +86,8 @@ class StoryRoutes(Routes):
         provider gate held for it then."""
         agent_id, last = await self._story_read(request)
         position = _position_param(request.query_params, "position", last, last)
-        state, upto = await self._replayed(
-            agent_id, await self.engine.store.read_stream(agent_id), position)
-        folded = upto[-1].position if upto else 0
+        replayed = await self._replayed(agent_id, position)
+        state, folded = replayed.state, replayed.event_position
         gate = self.engine.gate_of(agent_id)
         gate_state = None
         if gate is not None and state.active is not None:  # only a run asks for slots
@@ -109,12 +108,11 @@ class StoryRoutes(Routes):
                 raise BadFrame("invalid", f"{name} (a log position) is required", field=name)
         start = _position_param(query, "from", 0, last)
         upto = _position_param(query, "to", last, last)
-        records = await self.engine.store.read_stream(agent_id)  # read once for both states
         ends = []
         for position in (start, upto):
-            state, folded = await self._replayed(agent_id, records, position)
+            replayed = await self._replayed(agent_id, position)
+            state = replayed.state
             ends.append((state, {"position": position, "version": state.version,
-                                 "eventPosition": folded[-1].position if folded else 0,
-                                 "at": state.now}))
+                                 "eventPosition": replayed.event_position, "at": state.now}))
         (before, since), (after, until) = ends
         return _json(answer(DiffJson, diff_json(before, after, since, until)))
