@@ -23,12 +23,13 @@ from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownP
 from gateway.runtime.blotter import BlotterBook
 from gateway.runtime.gate import GateMoved, ProviderGate
 from gateway.runtime.peers import FORWARDED_HEADER
-from gateway.runtime.replays import ReplayBook, Replayed
+from gateway.runtime.replays import Replayed, agent_replays, gate_replays
 from lanes import InvalidRequest
 from lanes.events import INPUT_TYPES
 from lanes.gate import GateWait
 from lanes.gate.events import GATE_INPUT_TYPES
 from lanes.requests import MAX_INT, ControlAction, WireModel
+from lanes.state import AgentState
 from lanes.streams import gate_stream, is_agent_stream
 from store.port import StoreError
 
@@ -59,7 +60,8 @@ class Routes:
         self.service = service
         self.engine = service.engine
         self.blotters = BlotterBook()
-        self.replays = ReplayBook()
+        self.replays = agent_replays()
+        self.gate_replays = gate_replays()
 
     def exception_handlers(self) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
         """Starlette's exception handlers for every route: the one place a route's failure
@@ -141,7 +143,7 @@ class Routes:
             body["servedBy"] = cluster.owner_of(agent_id)
         return body
 
-    async def _replayed(self, agent_id: str, position: int) -> Replayed:
+    async def _replayed(self, agent_id: str, position: int) -> Replayed[AgentState]:
         """The agent replayed from its stream up to log ``position``."""
         return await self.replays.at(self.engine.store, self.engine.reader, agent_id, position)
 

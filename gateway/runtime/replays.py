@@ -1,5 +1,5 @@
-"""Agents replayed at a log position for time travel (``/api/replay``, ``/moment``,
-``/diff``): each agent's stream folded once, keeping a copy of its state every so many
+"""Agents and provider gates replayed at a log position for time travel (``/api/replay``,
+``/moment``, ``/diff``): each stream folded once, keeping a copy of its state every so many
 events (a checkpoint), so that the state at any position is a checkpoint plus at most that
 many events; later asks fold only what was appended since. A cache of a fold of the log,
 never the source of truth.
@@ -16,12 +16,15 @@ import pickle
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from gateway.tools.quarantine import LogReader
 from lanes.evolve import evolve
+from lanes.gate import GateState, decode_gate_event, evolve_gate
 from lanes.state import AgentState
-from store.port import EventStore
+from store.port import EventStore, RecordedEvent
 
 READ_PAGE = 1_000
 """Events read from a stream at a time (making the records of a page holds the loop too)."""
@@ -35,15 +38,25 @@ MAX_BYTES = 16 * 2**20
 spacing doubles, so an agent's memory stays bounded however long its stream grows. (An
 agent's state grows with what it must remember, the request ids it has seen above all:
 measured, 0.4 MB compressed after 100,000 events in half an hour.)"""
-MAX_AGENTS = 16
-"""Agents kept (the least recently asked for goes first)."""
+MAX_STREAMS = 16
+"""Streams kept (the least recently asked for goes first)."""
+
+
+class _Versioned(Protocol):
+    version: int
+    """How many events of the stream have been folded in (the stream version)."""
+
+
+S = TypeVar("S", bound=_Versioned)
+Step = Callable[[LogReader, S, RecordedEvent], object]
+"""Fold one record into a state (``reader`` decodes an agent's events)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Replayed:
-    """An agent as it was at a log position."""
+class Replayed(Generic[S]):
+    """An agent or a provider gate as it was at a log position."""
 
-    state: AgentState
+    state: S
     """Its state: the fold of every event of its stream at or before the position (the
     caller's own copy)."""
     event_position: int
@@ -59,11 +72,11 @@ class _Checkpoint:
 
 
 @dataclass(slots=True)
-class _Folded:
-    """One agent's stream folded so far, with its checkpoints."""
+class _Folded(Generic[S]):
+    """One stream folded so far, with its checkpoints."""
 
     reader: LogReader
-    state: AgentState
+    state: S
     every: int
     most: int
     """At most this many checkpoints..."""
@@ -90,81 +103,96 @@ class _Folded:
             self.size = sum(len(c.image) for c in self.checkpoints)
 
 
-class ReplayBook:
-    """Time travel's replays of each agent (see the module)."""
+class Replays(Generic[S]):
+    """Time travel's replays of one kind of stream (see the module): `agent_replays`,
+    `gate_replays`."""
 
-    def __init__(self, agents: int = MAX_AGENTS, every: int = CHECKPOINT_EVERY,
-                 checkpoints: int = MAX_CHECKPOINTS, budget: int = MAX_BYTES) -> None:
-        self._folded: OrderedDict[str, _Folded] = OrderedDict()
-        self._agents, self._every = agents, every
+    def __init__(self, fresh: Callable[[str], S], step: Step[S], streams: int = MAX_STREAMS,
+                 every: int = CHECKPOINT_EVERY, checkpoints: int = MAX_CHECKPOINTS,
+                 budget: int = MAX_BYTES) -> None:
+        self._fresh, self._step = fresh, step
+        self._folded: OrderedDict[str, _Folded[S]] = OrderedDict()
+        self._streams, self._every = streams, every
         self._most, self._budget = checkpoints, budget
 
-    async def at(self, store: EventStore, reader: LogReader, agent_id: str, position: int
-                 ) -> Replayed:
-        """``agent_id`` as it was at log ``position``, replayed from its stream (decoded by
+    async def at(self, store: EventStore, reader: LogReader, stream: str, position: int
+                 ) -> Replayed[S]:
+        """``stream``'s state at log ``position``, replayed from the stream (decoded by
         ``reader``, which knows the events set aside)."""
-        folded = self._folded.get(agent_id)
+        folded = self._folded.get(stream)
         if folded is None or folded.reader is not reader:
-            fresh = AgentState(agent_id=agent_id)
+            fresh = self._fresh(stream)
             folded = _Folded(reader, fresh, self._every, self._most, self._budget)
             folded.keep(zlib.compress(pickle.dumps(fresh, pickle.HIGHEST_PROTOCOL), 1))
-            self._folded[agent_id] = folded
-            while len(self._folded) > self._agents:
+            self._folded[stream] = folded
+            while len(self._folded) > self._streams:
                 self._folded.popitem(last=False)
-        self._folded.move_to_end(agent_id)
+        self._folded.move_to_end(stream)
         async with folded.lock:  # two folds of the same new events would fold them twice
-            await _catch_up(store, folded)
+            await self._catch_up(store, stream, folded)
             if position >= folded.position:  # the stream as it is now
                 return Replayed(_copy(folded.state), folded.position)
             base = folded.checkpoints[bisect_right(folded.positions, position) - 1]
         # The events after the checkpoint up to the position (fewer than the spacing: the
         # next checkpoint, if there is one, is later than the position).
-        state = await _unpacked(base.image)
+        state: S = await _unpacked(base.image)
         last = base.position
         while True:
-            page = await store.read_stream(agent_id, after_version=state.version,
+            page = await store.read_stream(stream, after_version=state.version,
                                            limit=READ_PAGE)
             for start in range(0, len(page), FOLD_STEP):
                 await asyncio.sleep(0)
                 for record in page[start:start + FOLD_STEP]:
                     if record.position > position:
                         return Replayed(state, last)
-                    evolve(state, reader.decode(record))
+                    self._step(reader, state, record)
                     last = record.position
             if len(page) < READ_PAGE:
                 return Replayed(state, last)
 
+    async def _catch_up(self, store: EventStore, stream: str, folded: _Folded[S]) -> None:
+        """Fold what the stream gained since the last ask, keeping checkpoints."""
+        state, reader, step = folded.state, folded.reader, self._step
+        while True:
+            page = await store.read_stream(stream, after_version=state.version,
+                                           limit=READ_PAGE)
+            for start in range(0, len(page), FOLD_STEP):
+                await asyncio.sleep(0)
+                for record in page[start:start + FOLD_STEP]:
+                    step(reader, state, record)
+                    folded.position = record.position
+                    if state.version % folded.every == 0:
+                        folded.keep(await _packed(state))
+            if len(page) < READ_PAGE:
+                return
 
-def _copy(state: AgentState) -> AgentState:
-    copied: AgentState = pickle.loads(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
+
+def agent_replays(**bounds: int) -> Replays[AgentState]:
+    """Replays of agents (``bounds``: `Replays`' sizes)."""
+    return Replays(lambda stream: AgentState(agent_id=stream),
+                   lambda reader, state, record: evolve(state, reader.decode(record)), **bounds)
+
+
+def gate_replays(**bounds: int) -> Replays[GateState]:
+    """Replays of provider gates, by their streams (``bounds``: `Replays`' sizes)."""
+    return Replays(lambda stream: GateState(provider=stream),
+                   lambda _reader, state, record: evolve_gate(
+                       state, decode_gate_event(record.type, record.data)), **bounds)
+
+
+def _copy(state: S) -> S:
+    copied: S = pickle.loads(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
     return copied
 
 
-async def _packed(state: AgentState) -> bytes:
+async def _packed(state: _Versioned) -> bytes:
     """``state`` pickled (here: it cannot change meanwhile) and compressed, in a thread
     (zlib lets the event loop go on): a long-lived agent's state is large, above all the
     request ids it has seen (1.9 MB pickled, 0.4 MB compressed)."""
     return await asyncio.to_thread(zlib.compress, pickle.dumps(state, pickle.HIGHEST_PROTOCOL), 1)
 
 
-async def _unpacked(image: bytes) -> AgentState:
+async def _unpacked(image: bytes) -> S:
     raw = await asyncio.to_thread(zlib.decompress, image)
-    state: AgentState = pickle.loads(raw)
+    state: S = pickle.loads(raw)
     return state
-
-
-async def _catch_up(store: EventStore, folded: _Folded) -> None:
-    """Fold what the agent's stream gained since the last ask, keeping checkpoints."""
-    state, reader = folded.state, folded.reader
-    while True:
-        page = await store.read_stream(state.agent_id, after_version=state.version,
-                                       limit=READ_PAGE)
-        for start in range(0, len(page), FOLD_STEP):
-            await asyncio.sleep(0)
-            for record in page[start:start + FOLD_STEP]:
-                evolve(state, reader.decode(record))
-                folded.position = record.position
-                if state.version % folded.every == 0:
-                    folded.keep(await _packed(state))
-        if len(page) < READ_PAGE:
-            return

@@ -21,9 +21,7 @@ from lanes.gate import (
     GateState,
     Waiting,
     blocker,
-    decode_gate_event,
     fair_hold,
-    fold_gate,
     gate_status,
     next_gate_due,
 )
@@ -31,7 +29,7 @@ from lanes.requests import WireModel
 from store.port import RecordedEvent
 
 __all__ = ["JUMP_KINDS", "RESPONSES", "DiffJson", "FoundJson", "Group", "MomentJson",
-           "StoryJson", "answer", "around", "diff_json", "find", "gate_at", "gate_json",
+           "StoryJson", "answer", "around", "diff_json", "find", "gate_json",
            "group_json", "moment_json", "spans", "story_of", "told"]
 
 
@@ -387,12 +385,6 @@ def moment_json(state: AgentState, gate: dict[str, Any] | None, position: int,
         "positions": dict(sorted(state.positions.items())),
         "gate": gate,
     }
-
-
-def gate_at(stream: str, records: Iterable[RecordedEvent]) -> GateState:
-    """A provider gate folded from its stream's ``records`` (from the start, in order)."""
-    return fold_gate(GateState(provider=stream),
-                     (decode_gate_event(r.type, r.data) for r in records))
 
 
 def gate_json(agent_id: str, provider: str | None, gate: GateState | None) -> dict[str, Any]:

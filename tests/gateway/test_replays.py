@@ -1,5 +1,5 @@
-"""Time travel's replays (`gateway.runtime.replays`): an agent at any log position, from
-checkpoints, is exactly the plain replay of the log up to there."""
+"""Time travel's replays (`gateway.runtime.replays`): an agent or a provider gate at any log
+position, from checkpoints, is exactly the plain replay of the log up to there."""
 
 from __future__ import annotations
 
@@ -9,11 +9,21 @@ import random
 import pytest
 
 from bench.replay_speed import T0, make_log
-from gateway.runtime.replays import FOLD_STEP, MAX_BYTES, MAX_CHECKPOINTS, ReplayBook
+from gateway.runtime.replays import (
+    FOLD_STEP,
+    MAX_BYTES,
+    MAX_CHECKPOINTS,
+    agent_replays,
+    gate_replays,
+)
 from gateway.tools.quarantine import PLAIN
 from lanes import AgentState, Entry, replay
 from lanes.codec import encode
+from lanes.gate import GateState, encode_gate_event, fold_gate
+from lanes.gate.events import GateEvent, GateLimits
+from lanes.streams import gate_stream
 from store import MemoryEventStore, RecordedEvent
+from tests.lanes.test_gate import GateBench
 
 
 def records_of(log: list[Entry], versions: dict[str, int]) -> list[RecordedEvent]:
@@ -53,7 +63,7 @@ async def test_an_agent_at_every_position_is_its_plain_replay_asked_in_any_order
     log = make_log(3_000, agents=3)
     cut = 2_000  # the rest is appended after the first asks
     store = await stored(log[:cut])
-    book = ReplayBook(every=40, **bounds)
+    book = agent_replays(every=40, **bounds)
     rng = random.Random(7)
     positions = list(range(0, cut + 5))
     rng.shuffle(positions)
@@ -80,7 +90,7 @@ async def test_an_agent_at_every_position_is_its_plain_replay_asked_in_any_order
 async def test_each_answer_is_the_callers_own_copy() -> None:
     log = make_log(600, agents=1)
     store = await stored(log)
-    book = ReplayBook(every=50)
+    book = agent_replays(every=50)
     for position in (300, len(log)):  # from a checkpoint; the stream as it is now
         first = await book.at(store, PLAIN, "agent0", position)
         first.state.pending.clear()
@@ -92,7 +102,7 @@ async def test_each_answer_is_the_callers_own_copy() -> None:
 async def test_an_agent_nobody_asked_for_lately_is_let_go_and_folded_again() -> None:
     log = make_log(900, agents=3)
     store = await stored(log)
-    book = ReplayBook(agents=2, every=50)
+    book = agent_replays(streams=2, every=50)
     for agent_id in ("agent0", "agent1", "agent2", "agent0"):
         replayed = await book.at(store, PLAIN, agent_id, 450)
         assert replayed.state == plain(log, agent_id, 450)[0]
@@ -115,9 +125,47 @@ async def test_folding_a_long_stream_gives_the_event_loop_a_turn_every_step() ->
 
     counting = asyncio.create_task(count_turns())
     try:
-        replayed = await ReplayBook().at(store, PLAIN, "agent0", len(log) // 2)
+        replayed = await agent_replays().at(store, PLAIN, "agent0", len(log) // 2)
     finally:
         done.set()
         await counting
     assert replayed.state == plain(log, "agent0", len(log) // 2)[0]
     assert turns >= len(log) // FOLD_STEP - 2, turns
+
+
+async def test_a_provider_gate_at_every_position_is_its_plain_fold() -> None:
+    """The gate's stream beside an agent's in one log: its state at a position folds its
+    own events at or before it, from checkpoints."""
+    bench = GateBench(GateLimits(requests_per_minute=20, max_concurrent=2, max_wait_ms=30_000))
+    for n in range(150):
+        bench.request(f"s{n}", agent_id=f"agent{n % 3}")
+        bench.advance(700)
+        if n % 2:
+            bench.release(f"s{n - 1}")
+    agent_log = make_log(300, agents=1)
+    stream = gate_stream("sim")
+    # The gate's events and the agent's interleaved, as in one log.
+    encoded: list[tuple[str, tuple[str, str]]] = []
+    mine: list[tuple[int, GateEvent]] = []  # the gate's, with their positions
+    for n, event in enumerate(bench.log):
+        encoded.append((stream, encode_gate_event(event)))
+        mine.append((len(encoded), event))
+        if n < len(agent_log):
+            encoded.append(("agent0", encode(agent_log[n].event)))
+    store = MemoryEventStore()
+    await store.open()
+    versions: dict[str, int] = {}
+    records = []
+    for position, (name, (type_name, data)) in enumerate(encoded, 1):
+        versions[name] = versions.get(name, 0) + 1
+        records.append(RecordedEvent(position, name, versions[name], f"e{position}",
+                                     type_name, data, T0 + position))
+    await store.restore(records)
+    book = gate_replays(every=30, checkpoints=5)
+
+    for position in [*random.Random(5).sample(range(len(encoded) + 1), 120),
+                     len(encoded) + 3]:
+        replayed = await book.at(store, PLAIN, stream, position)
+        upto = [(p, e) for p, e in mine if p <= position]
+        assert replayed.state == fold_gate(GateState(provider=stream), [e for _, e in upto])
+        assert replayed.event_position == (upto[-1][0] if upto else 0)

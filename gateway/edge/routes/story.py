@@ -17,7 +17,6 @@ from gateway.tools.story import (
     around,
     diff_json,
     find,
-    gate_at,
     gate_json,
     group_json,
     moment_json,
@@ -91,9 +90,8 @@ class StoryRoutes(Routes):
         gate = self.engine.gate_of(agent_id)
         gate_state = None
         if gate is not None and state.active is not None:  # only a run asks for slots
-            gate_state = gate_at(gate.stream, [
-                r for r in await self.engine.store.read_stream(gate.stream)
-                if r.position <= position])
+            gate_state = (await self.gate_replays.at(
+                self.engine.store, self.engine.reader, gate.stream, position)).state
         view = gate_json(agent_id, None if gate is None else gate.provider, gate_state)
         return _json(answer(MomentJson, moment_json(state, view, position, folded)))
 
