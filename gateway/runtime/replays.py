@@ -16,7 +16,8 @@ import pickle
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -137,34 +138,39 @@ class Replays(Generic[S]):
         # next checkpoint, if there is one, is later than the position).
         state: S = await _unpacked(base.image)
         last = base.position
-        while True:
-            page = await store.read_stream(stream, after_version=state.version,
-                                           limit=READ_PAGE)
-            for start in range(0, len(page), FOLD_STEP):
-                await asyncio.sleep(0)
-                for record in page[start:start + FOLD_STEP]:
+        async with aclosing(_steps(store, stream, state.version)) as steps:
+            async for step in steps:
+                for record in step:
                     if record.position > position:
                         return Replayed(state, last)
                     self._step(reader, state, record)
                     last = record.position
-            if len(page) < READ_PAGE:
-                return Replayed(state, last)
+        return Replayed(state, last)
 
     async def _catch_up(self, store: EventStore, stream: str, folded: _Folded[S]) -> None:
         """Fold what the stream gained since the last ask, keeping checkpoints."""
-        state, reader, step = folded.state, folded.reader, self._step
-        while True:
-            page = await store.read_stream(stream, after_version=state.version,
-                                           limit=READ_PAGE)
-            for start in range(0, len(page), FOLD_STEP):
-                await asyncio.sleep(0)
-                for record in page[start:start + FOLD_STEP]:
-                    step(reader, state, record)
+        state, reader = folded.state, folded.reader
+        async with aclosing(_steps(store, stream, state.version)) as steps:
+            async for step in steps:
+                for record in step:
+                    self._step(reader, state, record)
                     folded.position = record.position
                     if state.version % folded.every == 0:
                         folded.keep(await _packed(state))
-            if len(page) < READ_PAGE:
-                return
+
+
+async def _steps(store: EventStore, stream: str, after_version: int
+                 ) -> AsyncGenerator[list[RecordedEvent], None]:
+    """The stream's records after ``after_version``, `FOLD_STEP` at a time, read `READ_PAGE`
+    at a time, the event loop's other work running before each step."""
+    while True:
+        page = await store.read_stream(stream, after_version=after_version, limit=READ_PAGE)
+        for start in range(0, len(page), FOLD_STEP):
+            await asyncio.sleep(0)
+            yield page[start:start + FOLD_STEP]
+        if len(page) < READ_PAGE:
+            return
+        after_version = page[-1].version
 
 
 def agent_replays(**bounds: int) -> Replays[AgentState]:
