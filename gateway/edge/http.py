@@ -24,6 +24,7 @@ from gateway.runtime.blotter import BlotterBook
 from gateway.runtime.gate import GateMoved, ProviderGate
 from gateway.runtime.peers import FORWARDED_HEADER
 from gateway.runtime.replays import Replayed, agent_replays, gate_replays
+from gateway.runtime.stories import Stories
 from lanes import InvalidRequest
 from lanes.events import INPUT_TYPES
 from lanes.gate import GateWait
@@ -62,6 +63,7 @@ class Routes:
         self.blotters = BlotterBook()
         self.replays = agent_replays()
         self.gate_replays = gate_replays()
+        self.stories = Stories()
 
     def exception_handlers(self) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
         """Starlette's exception handlers for every route: the one place a route's failure

@@ -138,8 +138,8 @@ class Replays(Generic[S]):
         # next checkpoint, if there is one, is later than the position).
         state: S = await _unpacked(base.image)
         last = base.position
-        async with aclosing(_steps(store, stream, state.version)) as steps:
-            async for step in steps:
+        async with aclosing(steps(store, stream, state.version)) as reading:
+            async for step in reading:
                 for record in step:
                     if record.position > position:
                         return Replayed(state, last)
@@ -150,8 +150,8 @@ class Replays(Generic[S]):
     async def _catch_up(self, store: EventStore, stream: str, folded: _Folded[S]) -> None:
         """Fold what the stream gained since the last ask, keeping checkpoints."""
         state, reader = folded.state, folded.reader
-        async with aclosing(_steps(store, stream, state.version)) as steps:
-            async for step in steps:
+        async with aclosing(steps(store, stream, state.version)) as reading:
+            async for step in reading:
                 for record in step:
                     self._step(reader, state, record)
                     folded.position = record.position
@@ -159,7 +159,7 @@ class Replays(Generic[S]):
                         folded.keep(await _packed(state))
 
 
-async def _steps(store: EventStore, stream: str, after_version: int
+async def steps(store: EventStore, stream: str, after_version: int
                  ) -> AsyncGenerator[list[RecordedEvent], None]:
     """The stream's records after ``after_version``, `FOLD_STEP` at a time, read `READ_PAGE`
     at a time, the event loop's other work running before each step."""

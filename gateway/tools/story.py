@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.tools.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
+from gateway.tools.debugger import JUMP_KINDS, Group
 from gateway.tools.debugger import story as story_of
 from gateway.tools.quarantine import LogReader
 from lanes import AgentState, status
@@ -28,9 +28,9 @@ from lanes.gate import (
 from lanes.requests import WireModel
 from store.port import RecordedEvent
 
-__all__ = ["JUMP_KINDS", "RESPONSES", "DiffJson", "FoundJson", "Group", "MomentJson",
-           "StoryJson", "answer", "around", "diff_json", "find", "gate_json",
-           "group_json", "moment_json", "spans", "story_of", "told"]
+__all__ = ["INPUT_NAMES", "JUMP_KINDS", "RESPONSES", "DiffJson", "FoundJson", "Group",
+           "MomentJson", "StoryJson", "answer", "diff_json", "gate_json", "group_json",
+           "moment_json", "read_type", "story_of", "told"]
 
 
 # ------------------------------------------------------------------- the answers' shapes
@@ -277,18 +277,10 @@ Span = tuple[int, int]
 INPUT_NAMES = frozenset(t.__name__ for t in INPUT_TYPES)
 
 
-def _type(record: RecordedEvent, reader: LogReader) -> str:
+def read_type(record: RecordedEvent, reader: LogReader) -> str:
     """A record's event type as it is read (a stand-in's if it was set aside)."""
     found = reader.replacements.get(record.position)
     return record.type if found is None else found[0]
-
-
-def spans(records: Sequence[RecordedEvent], reader: LogReader) -> list[Span]:
-    """Where each group of one agent stream's records lies (from an input to the next; any
-    decisions before the first input are in none), found from the types alone: only the
-    groups shown are decoded (`told`)."""
-    starts = [i for i, r in enumerate(records) if _type(r, reader) in INPUT_NAMES]
-    return list(zip(starts, [*starts[1:], len(records)], strict=True))
 
 
 def told(records: Sequence[RecordedEvent], chosen: Iterable[Span],
@@ -296,40 +288,6 @@ def told(records: Sequence[RecordedEvent], chosen: Iterable[Span],
     """The groups of these spans, decoded and worded (`gateway.tools.debugger.story`)."""
     return [group for start, end in chosen
             for group in story_of(reader.entries(records[start:end]))]
-
-
-def around(records: Sequence[RecordedEvent], found: Sequence[Span], position: int,
-           count: int) -> tuple[list[Span], int]:
-    """The span of the group that holds ``position`` (the last input at or before it) with
-    ``count`` spans each side, and the index of that one in what is returned (-1: none)."""
-    index = -1
-    for i, (start, _) in enumerate(found):
-        if records[start].position > position:
-            break
-        index = i
-    first = max(0, index - count)
-    return list(found[first:max(index, 0) + count + 1]), index - first if index >= 0 else -1
-
-
-def find(records: Sequence[RecordedEvent], reader: LogReader, kind: str, after: int | None,
-         before: int | None) -> int | None:
-    """The position of the first decision of ``kind`` (`gateway.tools.debugger.kinds_of`) after
-    ``after``, or of the last one before ``before``; only events of a type that can be of
-    that kind are decoded."""
-    candidates = JUMP_TYPES[kind]
-    found = None
-    for record in records:
-        if after is not None and record.position <= after:
-            continue
-        if before is not None and record.position >= before:
-            break
-        if _type(record, reader) not in candidates:
-            continue
-        if kind in kinds_of(reader.decode(record)):
-            if after is not None:
-                return record.position
-            found = record.position
-    return found
 
 
 def why_waiting(state: AgentState) -> str:

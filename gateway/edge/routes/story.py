@@ -14,14 +14,10 @@ from gateway.tools.story import (
     MomentJson,
     StoryJson,
     answer,
-    around,
     diff_json,
-    find,
     gate_json,
     group_json,
     moment_json,
-    spans,
-    told,
 )
 
 
@@ -41,23 +37,23 @@ class StoryRoutes(Routes):
         position with ``around`` (<= 100, default 3) groups each side."""
         agent_id, last = await self._story_read(request)
         query = request.query_params
-        reader = self.engine.reader
-        records = await self.engine.store.read_stream(agent_id)
-        found = spans(records, reader)
+        index = await self.stories.index(self.engine.store, self.engine.reader, agent_id)
         if query.get("at"):
             at = _position_param(query, "at", last, last)
             count = min(_int_param(query, "around", 3), 100)
-            chosen, index = around(records, found, at, count)
+            first, end, current = index.around(at, count)
+            groups = await self.stories.groups(self.engine.store, index, agent_id, first, end)
             return _json(answer(StoryJson, {
-                "agentId": agent_id, "at": at, "index": index, "more": False,
-                "groups": [group_json(g) for g in told(records, chosen, reader)]}))
+                "agentId": agent_id, "at": at, "index": current, "more": False,
+                "groups": [group_json(g) for g in groups]}))
         start = _position_param(query, "from", 0, last)
         upto = _position_param(query, "to", last, last)
         limit = min(max(_int_param(query, "limit", 200), 1), 1000)
-        inside = [span for span in found if start <= records[span[0]].position <= upto]
+        first, end, more = index.between(start, upto, limit)
+        groups = await self.stories.groups(self.engine.store, index, agent_id, first, end)
         return _json(answer(StoryJson, {
-            "agentId": agent_id, "from": start, "to": upto, "more": len(inside) > limit,
-            "groups": [group_json(g) for g in told(records, inside[:limit], reader)]}))
+            "agentId": agent_id, "from": start, "to": upto, "more": more,
+            "groups": [group_json(g) for g in groups]}))
 
     async def story_find(self, request: Request) -> Response:
         """The position of the next decision of a ``kind`` (stop, drop or suppression) after
@@ -73,10 +69,9 @@ class StoryRoutes(Routes):
                            "one), not both", field="after")
         after = _position_param(query, "after", 0, last) if "after" in query else None
         before = _position_param(query, "before", 0, last + 1) if "before" in query else None
-        records = await self.engine.store.read_stream(agent_id)
+        index = await self.stories.index(self.engine.store, self.engine.reader, agent_id)
         return _json(answer(FoundJson, {
-            "agentId": agent_id, "kind": kind,
-            "position": find(records, self.engine.reader, kind, after, before)}))
+            "agentId": agent_id, "kind": kind, "position": index.jump(kind, after, before)}))
 
     async def moment(self, request: Request) -> Response:
         """An agent as it was at a log ``position`` (default the last), replayed from the
