@@ -24,7 +24,7 @@ from gateway.runtime.blotter import BlotterBook
 from gateway.runtime.gate import GateMoved, ProviderGate
 from gateway.runtime.peers import FORWARDED_HEADER
 from gateway.runtime.replays import Replayed, agent_replays, gate_replays
-from gateway.runtime.stories import Stories
+from gateway.runtime.stories import Stories, call_events
 from lanes import InvalidRequest
 from lanes.events import INPUT_TYPES
 from lanes.gate import GateWait
@@ -64,6 +64,7 @@ class Routes:
         self.replays = agent_replays()
         self.gate_replays = gate_replays()
         self.stories = Stories()
+        self.call_events = call_events()
 
     def exception_handlers(self) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
         """Starlette's exception handlers for every route: the one place a route's failure

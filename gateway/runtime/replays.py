@@ -16,21 +16,18 @@ import pickle
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from gateway.runtime.tails import MAX_STREAMS, steps
 from gateway.tools.quarantine import LogReader
 from lanes.evolve import evolve
 from lanes.gate import GateState, decode_gate_event, evolve_gate
 from lanes.state import AgentState
 from store.port import EventStore, RecordedEvent
 
-READ_PAGE = 1_000
-"""Events read from a stream at a time (making the records of a page holds the loop too)."""
-FOLD_STEP = 200
-"""Events decoded and folded between two turns of the event loop (a few ms)."""
 CHECKPOINT_EVERY = 2_000
 """Events of an agent between two kept states, at first: the most a time-travel ask folds."""
 MAX_CHECKPOINTS = 256
@@ -39,8 +36,6 @@ MAX_BYTES = 16 * 2**20
 spacing doubles, so an agent's memory stays bounded however long its stream grows. (An
 agent's state grows with what it must remember, the request ids it has seen above all:
 measured, 0.4 MB compressed after 100,000 events in half an hour.)"""
-MAX_STREAMS = 16
-"""Streams kept (the least recently asked for goes first)."""
 
 
 class _Versioned(Protocol):
@@ -157,20 +152,6 @@ class Replays(Generic[S]):
                     folded.position = record.position
                     if state.version % folded.every == 0:
                         folded.keep(await _packed(state))
-
-
-async def steps(store: EventStore, stream: str, after_version: int
-                 ) -> AsyncGenerator[list[RecordedEvent], None]:
-    """The stream's records after ``after_version``, `FOLD_STEP` at a time, read `READ_PAGE`
-    at a time, the event loop's other work running before each step."""
-    while True:
-        page = await store.read_stream(stream, after_version=after_version, limit=READ_PAGE)
-        for start in range(0, len(page), FOLD_STEP):
-            await asyncio.sleep(0)
-            yield page[start:start + FOLD_STEP]
-        if len(page) < READ_PAGE:
-            return
-        after_version = page[-1].version
 
 
 def agent_replays(**bounds: int) -> Replays[AgentState]:

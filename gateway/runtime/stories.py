@@ -1,26 +1,24 @@
 """Where time travel's story finds things in an agent's stream (``/story``,
 ``/story/find``): where each group (an input and the decisions it caused) starts, and where
 each stop, drop and suppression is, kept up to date by reading only what was appended
-since. A story then reads and words only the groups it shows. A cache of the log, never
-the source of truth; built a step at a time with the event loop's other work in between, as
-`gateway.runtime.replays` folds.
+since (`gateway.runtime.tails`). A story then reads and words only the groups it shows.
+Also each agent's sub-agent call events, for its call trees.
 """
 
 from __future__ import annotations
 
-import asyncio
 from array import array
 from bisect import bisect_left, bisect_right
-from collections import OrderedDict
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from gateway.runtime.replays import MAX_STREAMS, steps
+from gateway.runtime.tails import StreamFolds
 from gateway.tools.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from gateway.tools.quarantine import LogReader
 from gateway.tools.story import INPUT_NAMES, read_type, told
-from store.port import EventStore
+from lanes.calltree import CALL_EVENT_TYPES
+from lanes.events import Event
+from store.port import EventStore, RecordedEvent
 
 _CANDIDATES = frozenset().union(*JUMP_TYPES.values())
 
@@ -39,7 +37,18 @@ class StoryIndex:
     jumps: dict[str, array[int]] = field(
         default_factory=lambda: {kind: array("q") for kind in JUMP_KINDS})
     """The positions of the decisions of each jump kind, in order."""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def add(self, record: RecordedEvent) -> None:
+        """Index the stream's next record."""
+        type_name = read_type(record, self.reader)
+        if type_name in INPUT_NAMES:
+            self.starts.append(record.position)
+            self.start_versions.append(record.version)
+        elif type_name in _CANDIDATES:
+            for kind in kinds_of(self.reader.decode(record)):
+                if kind in self.jumps:
+                    self.jumps[kind].append(record.position)
+        self.version = record.version
 
     def around(self, position: int, count: int) -> tuple[int, int, int]:
         """The groups [first, end) of the one holding ``position`` (the last input at or
@@ -69,34 +78,15 @@ class StoryIndex:
 
 
 class Stories:
-    """Each agent's `StoryIndex` (the least recently asked for let go past `MAX_STREAMS`)."""
+    """Each agent's `StoryIndex`."""
 
-    def __init__(self, streams: int = MAX_STREAMS) -> None:
-        self._indexes: OrderedDict[str, StoryIndex] = OrderedDict()
-        self._streams = streams
+    def __init__(self) -> None:
+        self._indexes: StreamFolds[StoryIndex] = StreamFolds(
+            StoryIndex, lambda index, _reader, record: index.add(record))
 
     async def index(self, store: EventStore, reader: LogReader, agent_id: str) -> StoryIndex:
         """The agent's index, up to date with what its stream holds now."""
-        index = self._indexes.get(agent_id)
-        if index is None or index.reader is not reader:
-            index = self._indexes[agent_id] = StoryIndex(reader)
-            while len(self._indexes) > self._streams:
-                self._indexes.popitem(last=False)
-        self._indexes.move_to_end(agent_id)
-        # (under the lock: two catch-ups of the same new events would count them twice)
-        async with index.lock, aclosing(steps(store, agent_id, index.version)) as reading:
-            async for step in reading:
-                for record in step:
-                    type_name = read_type(record, reader)
-                    if type_name in INPUT_NAMES:
-                        index.starts.append(record.position)
-                        index.start_versions.append(record.version)
-                    elif type_name in _CANDIDATES:
-                        for kind in kinds_of(reader.decode(record)):
-                            if kind in index.jumps:
-                                index.jumps[kind].append(record.position)
-                    index.version = record.version
-        return index
+        return (await self._indexes.get(store, reader, agent_id))[0]
 
     async def groups(self, store: EventStore, index: StoryIndex, agent_id: str, first: int,
                      end: int) -> list[Group]:
@@ -109,3 +99,14 @@ class Stories:
                                           limit=high - low + 1)
         bounds = [v - low for v in index.start_versions[first:end]] + [len(records)]
         return told(records, pairwise(bounds), index.reader)
+
+
+def call_events() -> StreamFolds[list[Event]]:
+    """Each agent's sub-agent call events, decoded, in its stream's order (what
+    `lanes.calltree.CallTrees` folds: the agent page asks for them up to once a second)."""
+
+    def add(events: list[Event], reader: LogReader, record: RecordedEvent) -> None:
+        if record.type in CALL_EVENT_TYPES:
+            events.append(reader.decode(record))
+
+    return StreamFolds(lambda _reader: [], add)

@@ -214,6 +214,11 @@ async def test_a_10_by_10_by_10_call_tree_completes_and_answers_the_root(
                        reasoners.__getitem__) as live:
         started = time.perf_counter()
         await submit(live, message("root", "fan out"))
+        await next_event(live.engine.store, "AgentCallDispatched")
+        async with live.client("viewer-secret") as http:
+            # Read while the tree grows: the answer after is folded on from what this read.
+            early = (await http.get("/api/agents/root/calls")).json()
+        assert early["runs"], early
 
         async def root_done() -> bool:
             return live.engine.state("root").counters.completed >= 2

@@ -9,13 +9,8 @@ import random
 import pytest
 
 from bench.replay_speed import T0, make_log
-from gateway.runtime.replays import (
-    FOLD_STEP,
-    MAX_BYTES,
-    MAX_CHECKPOINTS,
-    agent_replays,
-    gate_replays,
-)
+from gateway.runtime.replays import MAX_BYTES, MAX_CHECKPOINTS, agent_replays, gate_replays
+from gateway.runtime.tails import FOLD_STEP
 from gateway.tools.quarantine import PLAIN
 from lanes import AgentState, Entry, replay
 from lanes.codec import encode

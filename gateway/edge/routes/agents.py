@@ -15,7 +15,7 @@ from gateway.edge.protocol import ErrorFrame
 from gateway.edge.views import gate_waits_of, queue_view, schedules_view
 from gateway.errors import HTTP_STATUS, BadFrame, GatewayError
 from lanes import AgentConfig, AgentRequest, parse_request
-from lanes.calltree import CALL_EVENT_TYPES, CallTrees
+from lanes.calltree import CallTrees
 from lanes.events import OperatorAction
 from lanes.gate.events import lease_too_short
 
@@ -146,9 +146,8 @@ class AgentRoutes(Routes):
         while waiting:
             stream = waiting.pop()
             followed.add(stream)
-            records = await self.engine.store.read_stream(stream)
-            reader = self.engine.reader
-            trees.add(stream, [reader.decode(r) for r in records if r.type in CALL_EVENT_TYPES])
+            events, _ = await self.call_events.get(self.engine.store, self.engine.reader, stream)
+            trees.add(stream, events)
             waiting = sorted({t for t in trees.targets() - followed
                               if t in known and principal.may_see(t)})
         return _json(trees.tree(agent_id, query.get("run"), limit))
