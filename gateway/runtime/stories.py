@@ -101,6 +101,11 @@ class Stories:
         return told(records, pairwise(bounds), index.reader)
 
 
+CALL_STREAMS = 256
+"""Streams whose call events are kept: a tree spans many agents (each keeps only its call
+events, which are few beside its stream)."""
+
+
 def call_events() -> StreamFolds[list[Event]]:
     """Each agent's sub-agent call events, decoded, in its stream's order (what
     `lanes.calltree.CallTrees` folds: the agent page asks for them up to once a second)."""
@@ -109,4 +114,4 @@ def call_events() -> StreamFolds[list[Event]]:
         if record.type in CALL_EVENT_TYPES:
             events.append(reader.decode(record))
 
-    return StreamFolds(lambda _reader: [], add)
+    return StreamFolds(lambda _reader: [], add, streams=CALL_STREAMS)
