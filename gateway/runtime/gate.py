@@ -29,6 +29,7 @@ from lanes.gate import (
     fold_gate,
     gate_status,
     next_gate_due,
+    unnamed,
 )
 from lanes.gate.events import (
     CallOutcome,
@@ -84,7 +85,8 @@ class SlotRefusedError(GatewayError):
     code = "provider_refused"
 
     def __init__(self, refused: SlotRefused) -> None:
-        super().__init__(f"{refused.code.value}: {refused.reason}")
+        # Said to the refused agent (its run's error lands in its log): other agents unnamed.
+        super().__init__(f"{refused.code.value}: {unnamed(refused.reason)}")
         self.refused = refused
 
 

@@ -98,6 +98,7 @@ from lanes.gate.state import (
     gate_status,
     gate_waits,
     next_in_line,
+    unnamed,
     window_usage,
 )
 from lanes.gate.tables import Breaker
@@ -107,6 +108,6 @@ __all__ = [
     "GateDivergence", "GateState", "GateStatus", "GateWait", "HotLimits", "Waiting",
     "WaitingAgent", "backoff_ceiling", "blocker", "blocking", "decide_gate",
     "decode_gate_event", "encode_gate_event", "evolve_gate", "fair_hold", "fold_gate",
-    "full_jitter", "gate_status", "gate_waits", "next_gate_due", "next_in_line", "verify_gate",
-    "window_usage",
+    "full_jitter", "gate_status", "gate_waits", "next_gate_due", "next_in_line", "unnamed",
+    "verify_gate", "window_usage",
 ]

@@ -209,13 +209,13 @@ def _refuse_overdue(state: GateState, before: int, emit: Emit) -> None:
     overdue = [entry for entry in state.waiting.values() if entry.deadline < before]
     head = next_in_line(state)
     for entry in overdue:
-        # The reason is copied into the refused agent's own log, which a token scoped to
-        # that agent may read: it names no other agent.
+        # (The gate's own log names the agents a fair hold kept room for; `unnamed` is the
+        # reason as the refused agent is told it.)
         held = blocker(state, entry)
         if held is None:
-            held = fair_hold(state, entry)
+            held = fair_hold(state, entry, named=True)
         if head is not None and entry is not head:
-            ahead = blocker(state, head) or fair_hold(state, head) or held \
+            ahead = blocker(state, head) or fair_hold(state, head, named=True) or held \
                 or "no capacity"
             held = f"{ahead}, and requests ahead of it in the fair order"
         _refuse(

@@ -3,6 +3,7 @@ of the line) and its status as an operator sees it."""
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -418,6 +419,16 @@ def fair_hold(state: GateState, entry: Waiting, named: bool = False) -> str | No
         f"held for its fair share: {behind} and maybe other agents with fewer tokens granted "
         "are between calls, and the window keeps room for their next calls"
     )
+
+
+_NAMED_HOLD = re.compile(
+    r"held for its fair share: [A-Za-z0-9_.\-]+ and maybe other agents with fewer tokens")
+
+
+def unnamed(reason: str) -> str:
+    """A refusal's reason without the agent a fair hold named (`fair_hold` with ``named``):
+    as the refused agent is told it, whose log a token scoped to it reads."""
+    return _NAMED_HOLD.sub("held for its fair share: agents with fewer tokens", reason)
 
 
 def _held_for(state: GateState, entry: Waiting) -> str | None:

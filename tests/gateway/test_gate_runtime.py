@@ -118,6 +118,24 @@ async def test_a_request_that_waits_too_long_is_refused_with_the_reason() -> Non
     await gate.stop()
 
 
+async def test_a_run_refused_after_a_fair_share_hold_is_not_told_which_agent_it_was() -> None:
+    """The gate's log names the agent the hold kept room for; the refused run's error,
+    which lands in its own agent's log, does not."""
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, requests_per_minute=3, max_wait_ms=5_000)
+    await gate.acquire("small-desk", "small-r1", input_tokens=100)
+    await gate.acquire("big", "big-r1", input_tokens=10_000)
+    waiting = asyncio.create_task(gate.acquire("big", "big-r2", input_tokens=10_000))
+    await next_event(store, "SlotQueued")
+    clock.advance(5_001)
+    with pytest.raises(SlotRefusedError) as refused:
+        await asyncio.wait_for(waiting, TIMEOUT)
+    assert "small-desk" in refused.value.refused.reason  # (the gate's own log)
+    assert "held for its fair share" in str(refused.value)
+    assert "small-desk" not in str(refused.value)
+    await gate.stop()
+
+
 async def test_a_restart_frees_the_slots_a_crashed_process_held_or_waited_for() -> None:
     clock, store = FakeClock(), MemoryEventStore()
     crashed = await started(store, clock, max_concurrent=1)
