@@ -355,9 +355,12 @@ class WriterProcess:
         self.stop()
         ours, theirs = socket.socketpair()
         try:
+            # In a process group of its own: Ctrl-C in a terminal and ``timeout`` signal the
+            # gateway's group, and the writer must outlive the gateway's last commits (it
+            # ignores those signals too, once started: a service manager signals them all).
             self._process = subprocess.Popen(
                 [sys.executable, "-I", sqlite_writer.__file__, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, process_group=0)
         except OSError as exc:
             ours.close()
             raise WriterFailed(f"the SQLite writer process could not start: {exc}") from None

@@ -102,16 +102,29 @@ class Stories:
 
 
 CALL_STREAMS = 256
-"""Streams whose call events are kept: a tree spans many agents (each keeps only its call
-events, which are few beside its stream)."""
+CALL_BYTES = 32 * 2**20
+"""Streams whose call events are kept, and their stored size in all: a tree spans many
+agents (each keeps only its call events, few beside its stream, but a call's result holds
+the answer)."""
 
 
-def call_events() -> StreamFolds[list[Event]]:
-    """Each agent's sub-agent call events, decoded, in its stream's order (what
-    `lanes.calltree.CallTrees` folds: the agent page asks for them up to once a second)."""
+@dataclass(slots=True)
+class CallLog:
+    """One agent's sub-agent call events, decoded, in its stream's order."""
 
-    def add(events: list[Event], reader: LogReader, record: RecordedEvent) -> None:
+    events: list[Event] = field(default_factory=list)
+    size: int = 0
+    """Their stored size (bytes of JSON)."""
+
+
+def call_events() -> StreamFolds[CallLog]:
+    """Each agent's `CallLog` (what `lanes.calltree.CallTrees` folds: the agent page asks
+    for them up to once a second)."""
+
+    def add(calls: CallLog, reader: LogReader, record: RecordedEvent) -> None:
         if record.type in CALL_EVENT_TYPES:
-            events.append(reader.decode(record))
+            calls.events.append(reader.decode(record))
+            calls.size += len(record.data)
 
-    return StreamFolds(lambda _reader: [], add, streams=CALL_STREAMS)
+    return StreamFolds(lambda _reader: CallLog(), add, streams=CALL_STREAMS,
+                       weigh=lambda calls: calls.size, budget=CALL_BYTES)

@@ -55,10 +55,13 @@ class StreamFolds(Generic[T]):
 
     def __init__(self, fresh: Callable[[LogReader], T],
                  add: Callable[[T, LogReader, RecordedEvent], object],
-                 streams: int = MAX_STREAMS) -> None:
+                 streams: int = MAX_STREAMS,
+                 weigh: Callable[[T], int] | None = None, budget: int = 0) -> None:
+        """``weigh``: a fold's size in bytes; the folds kept weigh at most ``budget`` in
+        all (the one just asked for is kept whatever it weighs)."""
         self._fresh, self._add = fresh, add
         self._tails: OrderedDict[str, _Tail[T]] = OrderedDict()
-        self._streams = streams
+        self._streams, self._weigh, self._budget = streams, weigh, budget
 
     async def get(self, store: EventStore, reader: LogReader, stream: str) -> tuple[T, int]:
         """``stream``'s fold, up to date with what the stream holds now (decoded by
@@ -74,5 +77,11 @@ class StreamFolds(Generic[T]):
             async for step in reading:
                 for record in step:
                     self._add(tail.value, reader, record)
-                tail.version = step[-1].version
+                    tail.version = record.version  # (one that raises is not counted in)
+        weigh = self._weigh
+        if weigh is not None:
+            total = sum(weigh(kept.value) for kept in self._tails.values())
+            while total > self._budget and len(self._tails) > 1:
+                _, dropped = self._tails.popitem(last=False)
+                total -= weigh(dropped.value)
         return tail.value, tail.version

@@ -146,8 +146,8 @@ class AgentRoutes(Routes):
         while waiting:
             stream = waiting.pop()
             followed.add(stream)
-            events, _ = await self.call_events.get(self.engine.store, self.engine.reader, stream)
-            trees.add(stream, events)
+            calls, _ = await self.call_events.get(self.engine.store, self.engine.reader, stream)
+            trees.add(stream, calls.events)
             waiting = sorted({t for t in trees.targets() - followed
                               if t in known and principal.may_see(t)})
         return _json(trees.tree(agent_id, query.get("run"), limit))
