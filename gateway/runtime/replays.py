@@ -21,7 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from gateway.runtime.tails import MAX_STREAMS, steps
+from gateway.runtime.tails import steps
 from gateway.tools.quarantine import LogReader
 from lanes.evolve import evolve
 from lanes.gate import GateState, decode_gate_event, evolve_gate
@@ -36,6 +36,9 @@ MAX_BYTES = 16 * 2**20
 spacing doubles, so an agent's memory stays bounded however long its stream grows. (An
 agent's state grows with what it must remember, the request ids it has seen above all:
 measured, 0.4 MB compressed after 100,000 events in half an hour.)"""
+MAX_REPLAYED = 8
+"""Streams of each kind kept (the least recently asked for goes first): at most 128 MiB of
+checkpoints for agents, and as much for provider gates."""
 
 
 class _Versioned(Protocol):
@@ -103,7 +106,7 @@ class Replays(Generic[S]):
     """Time travel's replays of one kind of stream (see the module): `agent_replays`,
     `gate_replays`."""
 
-    def __init__(self, fresh: Callable[[str], S], step: Step[S], streams: int = MAX_STREAMS,
+    def __init__(self, fresh: Callable[[str], S], step: Step[S], streams: int = MAX_REPLAYED,
                  every: int = CHECKPOINT_EVERY, checkpoints: int = MAX_CHECKPOINTS,
                  budget: int = MAX_BYTES) -> None:
         self._fresh, self._step = fresh, step
