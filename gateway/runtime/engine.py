@@ -1119,11 +1119,13 @@ class Engine:
             raise StorageFailed(error.reason) from None
         except FencedError as error:  # another process owns the agent now: ask it there
             raise NotOwner(error.stream, None) from None
-        except ConcurrencyError:
+        except ConcurrencyError as error:
             # Decided on top of an append of its agent that failed: that failure is the cause.
-            fault = self.storage_fault
+            agent, fault = self._agents.get(error.stream), self.storage_fault
+            reason = self._fault_of(agent) if agent is not None \
+                else None if fault is None else fault.reason
             raise StorageFailed("an earlier append of this agent was not recorded" + (
-                "" if fault is None else f": {fault.reason}")) from None
+                "" if reason is None else f": {reason}")) from None
         except StoreError as error:
             raise StorageFailed(str(error)) from None
 

@@ -29,7 +29,7 @@ from lanes.events import (
     RunStarted,
     TradingState,
 )
-from store import MemoryEventStore, SqliteEventStore, StoreError
+from store import ConcurrencyError, MemoryEventStore, SqliteEventStore, StoreError
 from store.port import Append, EventStore, NewEvent, RecordedEvent
 from tests.gateway.support import (
     TIMEOUT,
@@ -272,6 +272,55 @@ async def test_an_agent_still_rebuilding_says_which_storage_error_once_others_co
     await engine.flush()
     assert (await engine.submit(request("eth"))).decision == "accepted"
     await engine.stop()
+
+
+class HeldAppends(FailingOnce):
+    """A store whose appends to ``eth``, once ``holding``, wait until the test settles them,
+    in its order."""
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__(inner)
+        self.holding = False
+        self.held: list[asyncio.Future[list[RecordedEvent]]] = []
+        self.arrived = asyncio.Event()
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        if append.stream != "eth" or not self.holding:
+            return super().append(append)
+        future: asyncio.Future[list[RecordedEvent]] = (
+            asyncio.get_running_loop().create_future())
+        self.held.append(future)
+        self.arrived.set()
+        return future
+
+
+async def test_an_append_made_on_top_of_a_failed_one_names_that_failure_once_others_commit(
+    clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    """The second of two appends of an agent in flight fails as a version conflict because
+    the first failed on the disk: its caller is told the disk's error, also once another
+    agent's commit has ended the log's fault."""
+    store = HeldAppends(MemoryEventStore(clock=clock.now_ms))
+    engine = Engine(store, AGENTS, clock=clock, reasoners=lambda _: reasoner)  # type: ignore[arg-type]
+    await engine.start()
+    await engine.flush()
+    store.holding = True
+    first = asyncio.create_task(engine.submit(request("eth")))
+    second = asyncio.create_task(engine.submit(request("eth")))  # decided on top of the first
+    while len(store.held) < 2:
+        store.arrived.clear()
+        await asyncio.wait_for(store.arrived.wait(), TIMEOUT)
+    store.held[0].set_exception(StoreError("database or disk is full"))
+    with pytest.raises(StorageFailed, match="database or disk is full"):
+        await asyncio.wait_for(first, TIMEOUT)
+    await asyncio.wait_for(engine.submit(request("btc")), TIMEOUT)  # the log is written again
+    assert engine.storage_fault is None
+
+    store.held[1].set_exception(ConcurrencyError("eth", 2, 0))
+    with pytest.raises(StorageFailed, match=r"an earlier append of this agent was not "
+                                            r"recorded: database or disk is full"):
+        await asyncio.wait_for(second, TIMEOUT)
+    await engine.stop(graceful=False)
 
 
 async def test_restart_records_the_cut_off_run_as_aborted_and_reruns_its_requests(
