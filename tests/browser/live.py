@@ -76,6 +76,15 @@ async def live_gateway(config: GatewayConfig, db: Path, feed: bool = True
         yield running
 
 
+@contextlib.asynccontextmanager
+async def relayed(running: Running) -> AsyncIterator[Relay]:
+    """A `Relay` in front of ``running``, whose origin the gateway allows (the page comes
+    through it as through a proxy)."""
+    async with Relay(int(running.url.rsplit(":", 1)[1])) as relay:
+        running.service.allowed_origins = frozenset({relay.url})
+        yield relay
+
+
 def request(agent_id: str, kind: str = "hook_trigger", **fields: Any) -> dict[str, Any]:
     """An AgentRequest on the wire, with a fresh requestId and dedupe key."""
     n = next(_ids)

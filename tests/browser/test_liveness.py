@@ -18,13 +18,12 @@ from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
     CONTROL,
     TIMEOUT,
-    Relay,
     agent,
     http,
     live_gateway,
     panel_config,
+    relayed,
 )
-from tests.browser.test_panel import port_of
 
 STALE = re.compile(r"^Stale · no heartbeat for \d+ s$")
 STALE_WITHIN_MS = 7_000
@@ -45,9 +44,7 @@ async def test_a_frozen_gateway_shows_stale_within_seconds_and_live_again_when_i
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:
     db = tmp_path / "panel.db"
-    async with live_gateway(desk(db), db, feed=False) as running, \
-            Relay(port_of(running)) as relay:
-        running.service.allowed_origins = frozenset({relay.url})
+    async with live_gateway(desk(db), db, feed=False) as running, relayed(running) as relay:
         beats: list[dict[str, Any]] = []
         heard = asyncio.Event()
 
@@ -85,9 +82,7 @@ async def test_a_control_shows_pending_at_once_then_what_it_did(
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:
     db = tmp_path / "panel.db"
-    async with live_gateway(desk(db), db, feed=False) as running, \
-            Relay(port_of(running)) as relay:
-        running.service.allowed_origins = frozenset({relay.url})
+    async with live_gateway(desk(db), db, feed=False) as running, relayed(running) as relay:
         async with http(running) as client:
             await client.post("/api/agents/bravo/requests", json={
                 "requestId": "watch", "createdAt": "2026-01-01T00:00:00Z", "agentId": "bravo",
@@ -113,9 +108,7 @@ async def test_a_control_without_an_answer_says_its_outcome_is_unknown_then_the_
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:
     db = tmp_path / "panel.db"
-    async with live_gateway(desk(db), db, feed=False) as running, \
-            Relay(port_of(running)) as relay:
-        running.service.allowed_origins = frozenset({relay.url})
+    async with live_gateway(desk(db), db, feed=False) as running, relayed(running) as relay:
         page = await open_panel(relay.url, CONTROL)
         await agent_page(page, "alpha")
         await expect(page.locator("#pending-title")).to_contain_text("Pending")

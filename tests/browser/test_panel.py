@@ -21,11 +21,11 @@ from tests.browser.live import (
     CONTROL,
     TIMEOUT,
     VIEWER,
-    Relay,
     agent,
     http,
     live_gateway,
     panel_config,
+    relayed,
     request,
     submit,
 )
@@ -196,9 +196,7 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
         ws.on("framesent", lambda text: frames.sent.append(json.loads(text)))
         ws.on("framereceived", frames.receive)
 
-    async with live_gateway(trio(db), db) as running, Relay(port_of(running)) as relay:
-        # The page comes through a relay, as through a proxy: its origin is configured.
-        running.service.allowed_origins = frozenset({relay.url})
+    async with live_gateway(trio(db), db) as running, relayed(running) as relay:
         page = await open_panel(relay.url, CONTROL, on_websocket=watch)
         banner = page.locator("#banner")
         await expect(banner).to_be_hidden()
@@ -316,10 +314,6 @@ async def expect_position(page: Page, position: int) -> None:
     await page.wait_for_function(
         "p => Number(document.querySelector('#overview-view .summary').dataset.position) >= p",
         arg=position, timeout=3 * TIMEOUT * 1000)
-
-
-def port_of(running: Running) -> int:
-    return int(running.url.rsplit(":", 1)[1])
 
 
 async def test_keyboard_alone_opens_and_escapes_the_confirm_and_dark_mode_is_dark(

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from gateway.edge.server import Running
 from tests.browser.live import (
     ADMIN,
     SCOPED,
@@ -17,6 +20,20 @@ from tests.browser.live import (
     submit,
 )
 from tests.gateway.support import until
+
+
+async def hold_the_only_slot(running: Running, client: httpx.AsyncClient) -> None:
+    """Let the provider allow one call at a time, and have delta's run hold it."""
+    async with http(running, ADMIN) as admin:
+        limited = await admin.post("/api/providers/sim-llm/limits", json={"maxConcurrent": 1})
+        assert limited.status_code == 200, limited.text
+    await submit(running, request("delta"))
+
+    async def delta_running() -> bool:
+        body = (await client.get("/api/agents/delta")).json()
+        return [r["kind"] for r in body["blocked"]] == ["running"]
+
+    await until(delta_running, "delta's run holding the only slot")
 
 
 async def test_a_stopped_agent_says_who_stopped_it_and_a_budget_says_until_when(
@@ -57,16 +74,7 @@ async def test_an_agent_waiting_at_the_gate_says_on_which_limit(tmp_path: Path) 
     config = panel_config(db, [agent("delta", (60_000, 60_000)),
                                agent("echo", (60_000, 60_000))], hooked=[])
     async with live_gateway(config, db, feed=False) as running, http(running) as client:
-        async with http(running, ADMIN) as admin:
-            limited = await admin.post("/api/providers/sim-llm/limits", json={"maxConcurrent": 1})
-            assert limited.status_code == 200, limited.text
-        await submit(running, request("delta"))
-
-        async def delta_running() -> bool:
-            body = (await client.get("/api/agents/delta")).json()
-            return [r["kind"] for r in body["blocked"]] == ["running"]
-
-        await until(delta_running, "delta's run holding the only slot")
+        await hold_the_only_slot(running, client)
         await submit(running, request("echo"))
 
         async def waiting() -> dict[str, Any] | None:
@@ -90,16 +98,7 @@ async def test_a_scoped_token_is_not_told_which_agent_its_agent_waits_behind(
                                agent("bravo", (60_000, 60_000)),
                                agent("alpha", (60_000, 60_000))], hooked=[])
     async with live_gateway(config, db, feed=False) as running, http(running) as client:
-        async with http(running, ADMIN) as admin:
-            limited = await admin.post("/api/providers/sim-llm/limits", json={"maxConcurrent": 1})
-            assert limited.status_code == 200, limited.text
-        await submit(running, request("delta"))
-
-        async def delta_running() -> bool:
-            body = (await client.get("/api/agents/delta")).json()
-            return [r["kind"] for r in body["blocked"]] == ["running"]
-
-        await until(delta_running, "delta's run holding the only slot")
+        await hold_the_only_slot(running, client)
         await submit(running, request("bravo"))
 
         async def gate_wait(agent_id: str) -> dict[str, Any] | None:
