@@ -15,7 +15,7 @@ hook, a feed and a control token, port 0, a member lease of ``lease_ms``).
   once, every run ended, and ``gateway verify`` clean.
 - `pause_run`: a member is SIGSTOPped until the others took all its streams over, load goes
   on, then SIGCONT: not one event it writes may land after the takeover (its event ids
-  carry its member id's random part, `gateway.runtime.cluster.incarnation`).
+  carry its member id's random part, `gateway.cluster.member.incarnation`).
 - `throughput`: durable requests/s through 1, 2 and 4 members, against one process on
   SQLite, in the same run.
 

@@ -37,6 +37,7 @@ from bench.ws_ingest import (
     request_json,
 )
 from gateway.client import ControlClient
+from gateway.runtime.intake import take_all
 from lanes import AgentConfig, Mode, parse_request
 
 
@@ -110,8 +111,8 @@ async def _measure(count: int, agents: int, subscribers: int,
             for n, name in enumerate(names):  # every agent busy: what follows queues
                 await engine.submit(_first(name, n))
             for start in range(0, count, 1000):
-                await engine.submit_many(
-                    [parse_request(json.loads(request_json("f", n, names[n % agents])))
+                await take_all(
+                    engine, [parse_request(json.loads(request_json("f", n, names[n % agents])))
                      for n in range(start, min(count, start + 1000))], "bench")
             await engine.flush()
             last = await engine.store.last_position()

@@ -17,6 +17,7 @@ from pathlib import Path
 from bench.common import Figure, requests, run, timed
 from bench.throughput import Hang
 from gateway.runtime.engine import Engine
+from gateway.runtime.intake import take_all
 from gateway.runtime.process import tune_runtime
 from lanes import AgentConfig, AgentState, Mode, decide
 from lanes.events import ConfigChanged, RequestReceived
@@ -53,12 +54,12 @@ async def engine_us(agents: int, count: int) -> float:
     names = [f"agent{n}" for n in range(agents)]
     engine = Engine(MemoryEventStore(), dict.fromkeys(names, CONFIG), reasoners=lambda _: Hang())
     await engine.start()
-    await engine.submit_many(requests(names, agents * CONFIG.cap))
+    await take_all(engine, requests(names, agents * CONFIG.cap))
     batch = requests(names, count)
     tune_runtime()
     with timed() as elapsed:
         for start in range(0, count, 100):
-            await engine.submit_many(batch[start:start + 100])
+            await take_all(engine, batch[start:start + 100])
     await engine.stop()
     return elapsed[0] / count * 1e6
 
@@ -107,7 +108,7 @@ async def live_engine(agents: int) -> tuple[int, int, int]:
         # frame, so no list of every request outlives the filling.
         for _ in range(CONFIG.cap + 1):
             for start in range(0, agents, 100):
-                await engine.submit_many(requests(names[start:start + 100], 100))
+                await take_all(engine, requests(names[start:start + 100], 100))
         assert all(len(engine.state(a).pending) == CONFIG.cap and engine.state(a).active
                    for a in names)
         gc.collect()

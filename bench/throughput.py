@@ -15,7 +15,9 @@ from pathlib import Path
 from bench.common import Figure, requests, run, timed
 from gateway.errors import GatewayError
 from gateway.llm.reasoner import RunContext, RunResult
-from gateway.runtime.engine import Ack, Engine
+from gateway.runtime.acks import Ack
+from gateway.runtime.engine import Engine
+from gateway.runtime.intake import take_all
 from gateway.runtime.process import tune_runtime
 from lanes import AgentConfig, AgentRequest, Mode
 from store import SqliteEventStore, migrate
@@ -53,7 +55,7 @@ async def engine_run(
         # A client sends a frame, waits for its acks, sends the next: a closed loop.
         for n in range(0, len(mine), frame):
             if batched:
-                acks: list[Ack | GatewayError] = await engine.submit_many(mine[n:n + frame])
+                acks: list[Ack | GatewayError] = await take_all(engine, mine[n:n + frame])
             else:
                 acks = [await engine.submit(mine[n])]
             assert all(isinstance(a, Ack) and a.decision == "accepted" for a in acks)

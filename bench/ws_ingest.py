@@ -34,6 +34,8 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from bench.common import CREATED, Figure, run
 from gateway.client import FeedClient
+from gateway.cluster.peers import Peers
+from gateway.cluster.router import Router
 from gateway.edge.app import create_app
 from gateway.edge.auth import Principal, Role, TokenBook
 from gateway.edge.server import join_cluster
@@ -76,9 +78,11 @@ async def gateway(db: Path | str, agents: dict[str, AgentConfig],
     clustered = isinstance(db, str)
     store: EventStore = PostgresEventStore(db, max_batch=max_batch) if isinstance(db, str) \
         else SqliteEventStore(db, synchronous="FULL", max_batch=max_batch)
+    peers = Peers("bench-cluster") if clustered else None
+    router = Router(peers) if peers is not None else None
     engine = Engine(store, agents, reasoners=reasoners, snapshot_worker=True,
-                    clustered=clustered)  # as `gateway serve` does
-    service = Service(engine=engine, tokens=TOKENS,
+                    elsewhere=router)  # as `gateway serve` does
+    service = Service(engine=engine, tokens=TOKENS, peers=peers, router=router,
                       cluster_secret="bench-cluster" if clustered else None)
     ready = asyncio.Event()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -161,7 +161,7 @@ class StoreConfig(ConfigModel):
 class ClusterConfig(ConfigModel):
     """Several gateway processes on one PostgreSQL log (``gateway serve --db
     postgresql://...``): each agent is owned by one process at a time
-    (`gateway.runtime.cluster`)."""
+    (`gateway.cluster.member`)."""
 
     lease_ms: int = Field(default=5_000, ge=100, le=600_000)
     """A process that has not renewed its lease for this long is taken for dead: the others

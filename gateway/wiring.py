@@ -6,20 +6,24 @@ serves what this builds; `gateway.cli` starts both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from pathlib import Path
 
+from gateway.cluster.peers import Peers, RoutedGate
+from gateway.cluster.router import Router
 from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
 from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.service import Service
-from gateway.errors import NotOwner
+from gateway.errors import GatewayError, NotOwner
 from gateway.market.broker import PaperBroker
 from gateway.market.events import MarketEvent
 from gateway.market.feed import SyntheticFeed
 from gateway.market.hooks import HookEngine
 from gateway.runtime.clock import Clock, SystemClock
 from gateway.runtime.engine import Engine
+from gateway.runtime.gate import SlotGate
 from lanes.events import BrokerReport
 from store import GroupCommitStore, PostgresEventStore, SqliteEventStore
 from store.engine import database_url, is_postgres
@@ -58,10 +62,19 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     broker = PaperBroker(report, clock)
     clients = build_clients(config)
     reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
+    gates = build_gates(config, store, clock)
+    secret = config.cluster.shared_secret(config.tokens) if clustered else None
+    peers = router = None
+    run_gates: dict[str, SlotGate] = {}
+    if secret is not None:  # requests and slots for the other processes go to them
+        peers = Peers(secret)
+        router = Router(peers)
+        run_gates = {name: RoutedGate(gate, peers, router.owner_of)
+                     for name, gate in gates.items()}
     engine = Engine(store, config.agent_configs(), clock=clock,
-                    reasoners=reasoners.__getitem__, broker=broker,
-                    gates=build_gates(config, store, clock), agent_gates=config.agent_gates(),
-                    snapshot_worker=True, clustered=clustered,
+                    reasoners=reasoners.__getitem__, broker=broker, gates=gates,
+                    agent_gates=config.agent_gates(), run_gates=run_gates,
+                    snapshot_worker=True, elsewhere=router,
                     schedules=config.agent_schedules())
     tokens = TokenBook(
         (token.secret, Principal(token.name, token.role,
@@ -87,7 +100,9 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         send_timeout_s=config.server.send_timeout_s,
         heartbeat_s=config.server.heartbeat_s,
         request_timeout_s=config.server.request_timeout_s,
-        cluster_secret=config.cluster.shared_secret(config.tokens) if clustered else None,
+        cluster_secret=secret,
+        peers=peers,
+        router=router,
         cluster_lease_ms=config.cluster.lease_ms,
         advertise=config.cluster.advertise,
     )
@@ -107,6 +122,8 @@ async def feed_market(service: Service, feed: SyntheticFeed, clock: Clock,
             if hooks is not None:
                 requests += hooks.on_event(event)
         if requests and engine.running:
-            await engine.submit_many(requests, principal="synthetic-feed")
+            for answer in await service.take(requests, "synthetic-feed"):
+                with contextlib.suppress(GatewayError):
+                    await answer
 
     await feed.run(clock, sink, stop or asyncio.Event())

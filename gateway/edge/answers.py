@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.edge.protocol import AckFrame, ErrorFrame
 from gateway.errors import CODES, BadFrame, Busy, GatewayError, StorageUnreadable, Unauthorized
-from gateway.runtime.engine import Ack
+from gateway.runtime.acks import Ack
 from lanes import InvalidRequest
 from store.port import StoreError
 

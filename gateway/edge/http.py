@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.cluster.peers import FORWARDED_HEADER
 from gateway.edge.answers import answer_error, error_response
 from gateway.edge.auth import Principal
 from gateway.edge.protocol import load_json
@@ -22,7 +23,6 @@ from gateway.edge.views import agent_summary, gate_waits_of
 from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownProvider
 from gateway.runtime.blotter import BlotterBook
 from gateway.runtime.gate import GateMoved, ProviderGate
-from gateway.runtime.peers import FORWARDED_HEADER
 from gateway.runtime.replays import Replayed, agent_replays, gate_replays
 from gateway.runtime.stories import Stories, call_events
 from lanes import InvalidRequest
@@ -86,7 +86,7 @@ class Routes:
             return error_response(error)
         stream = error.agent_id if isinstance(error, NotOwner) else gate_stream(error.provider)
         owner = (error.owner if isinstance(error, NotOwner) else None) or \
-            await self.engine.locate(stream)
+            await self._locate(stream)
         if owner is None:
             return error_response(error)
         headers = {FORWARDED_HEADER: "1"}
@@ -102,6 +102,12 @@ class Routes:
         passed = {k: v for k, v in answer.headers.items()
                   if k.lower() in ("content-type", "retry-after", "www-authenticate")}
         return Response(answer.content, status_code=answer.status_code, headers=passed)
+
+    async def _locate(self, stream: str) -> str | None:
+        """The URL of the process deciding for ``stream`` (reading the leases again if it is
+        not known), in a cluster."""
+        cluster = self.service.cluster
+        return None if cluster is None else await cluster.locate(stream)
 
     def _principal(self, request: Request) -> Principal:
         origin = request.headers.get("origin")

@@ -1,4 +1,4 @@
-"""The internal HTTP API the processes of a cluster call on each other (`gateway.runtime.peers` is
+"""The internal HTTP API the processes of a cluster call on each other (`gateway.cluster.peers` is
 the calling side): requests for the agents this process owns, and slots of the provider
 gates it owns. Every call carries the cluster's shared secret; without it (or on a gateway
 that is not in a cluster) the routes answer 404, as if they did not exist.
@@ -16,10 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.cluster.peers import SECRET_HEADER
 from gateway.edge.protocol import load_json
 from gateway.errors import BadFrame, GatewayError, UnknownProvider
 from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
-from gateway.runtime.peers import SECRET_HEADER
+from gateway.runtime.intake import in_steps, settled
 from lanes.gate.events import CallOutcome
 from lanes.requests import AgentRequest, InvalidRequest, Priority
 
@@ -84,8 +85,8 @@ class _Internal:
         except ValidationError as error:
             raise InvalidRequest.from_validation_error(error) from None
         principal = body.get("principal")
-        answers = await self.service.engine.submit_many(
-            requests, principal if isinstance(principal, str) else None, forward=False)
+        answers = await settled(await in_steps(  # this process's engine: never sent on again
+            self.service.engine, requests, principal if isinstance(principal, str) else None))
         results = [
             (ack_frame(answer) if not isinstance(answer, GatewayError)
              else error_frame(answer, request_id=r.request_id)).model_dump(
@@ -131,7 +132,7 @@ class _Internal:
     async def release(self, request: Request, body: dict[str, Any]) -> Response:
         """A slot given back by a run of another process."""
         gate = self._gate(request)
-        if not gate.owned:
+        if not gate.loaded:
             raise GateMoved(gate.provider)
 
         def count(name: str) -> int | None:
@@ -148,7 +149,7 @@ class _Internal:
     async def cancel(self, request: Request, body: dict[str, Any]) -> Response:
         """A slot freed by a run of another process that ended without an answer."""
         gate = self._gate(request)
-        if not gate.owned:
+        if not gate.loaded:
             raise GateMoved(gate.provider)
         gate.cancel(str(body["slotId"]))
         return JSONResponse({})

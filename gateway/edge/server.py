@@ -18,11 +18,10 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
+from gateway.cluster.member import Cluster
 from gateway.edge.app import create_app
 from gateway.edge.http import own_origins
 from gateway.edge.service import Service
-from gateway.runtime.cluster import Cluster
-from gateway.runtime.peers import Peers, RoutedGate
 from gateway.runtime.process import tune_runtime
 
 log = logging.getLogger("gateway.edge.server")
@@ -235,7 +234,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
     service.own_origins = own_origins(bound_host, bound_port)
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     url = f"http://{shown}:{bound_port}"
-    if service.engine.clustered:
+    if service.router is not None:
         try:
             cluster.append(await join_cluster(service, service.advertise or url))
         except BaseException:
@@ -254,17 +253,13 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
 
 
 async def join_cluster(service: Service, url: str) -> Cluster:
-    """Make the (clustered, started) engine of ``service`` a member of its log's cluster,
-    reached by the others at ``url``: requests and slots for what other processes own go
-    there (`gateway.runtime.peers`), and this process takes its share of the agents."""
-    engine = service.engine
-    assert service.cluster_secret is not None
-    peers = service.peers = Peers(service.cluster_secret)
-    engine.forwarder = peers
-    member = Cluster(engine, url, lease_ms=service.cluster_lease_ms)
-    engine.run_gates = {name: RoutedGate(gate, peers, member.owner_of)
-                        for name, gate in engine.gates.items()}
-    member.on_handed_over = peers.poke
+    """Make the started engine of ``service`` (built with its router: `gateway.wiring`) a
+    member of its log's cluster, reached by the others at ``url``: this process takes its
+    share of the agents, and requests and slots for the others go to them."""
+    router = service.router
+    assert router is not None and service.peers is not None
+    member = Cluster(service.engine, router, url, lease_ms=service.cluster_lease_ms)
+    member.on_handed_over = service.peers.poke
     await member.start()
     service.cluster = member
     return member

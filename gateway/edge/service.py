@@ -3,11 +3,15 @@ connection limits) and the limits' defaults."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gateway.cluster.member import Cluster
+from gateway.cluster.peers import Peers
+from gateway.cluster.router import Router
 from gateway.edge.auth import TokenBook
 from gateway.edge.intake import BUDGET_MS, Intake
 from gateway.edge.pacing import Pacer
@@ -15,9 +19,10 @@ from gateway.errors import Busy
 from gateway.llm.port import LLMClient
 from gateway.market.events import MarketEvent
 from gateway.market.hooks import HookEngine
-from gateway.runtime.cluster import Cluster
+from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
-from gateway.runtime.peers import Peers
+from gateway.runtime.intake import WayIn, in_steps
+from lanes import AgentRequest
 
 log = logging.getLogger("gateway.edge.service")
 
@@ -129,9 +134,11 @@ class Service:
     """Clients to the other processes of the cluster (an operator's HTTP call for an agent
     owned elsewhere is passed on to its owner)."""
     cluster_lease_ms: int = 5_000
-    """The member lease of this process in its cluster (`gateway.runtime.cluster.Cluster`)."""
+    """The member lease of this process in its cluster (`gateway.cluster.member.Cluster`)."""
     advertise: str | None = None
     """The URL the other processes reach this one at (default: where it is bound)."""
+    router: Router | None = None
+    """Several processes share the log: the way in, split by owner (None: the engine)."""
     cluster: Cluster | None = None
     """This process's membership of its log's cluster (several processes on one PostgreSQL
     log), once it joined."""
@@ -142,6 +149,22 @@ class Service:
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.engine.store, self.intake_budget_ms)
+
+    @property
+    def way_in(self) -> WayIn:
+        """Where requests from outside are taken: this process's engine, or (several
+        processes share the log) the router that sends each where its agent is."""
+        return self.engine if self.router is None else self.router
+
+    async def take(self, requests: Sequence[AgentRequest], principal: str | None,
+                   pacer: Pacer | None = None) -> list[asyncio.Future[Ack]]:
+        """Requests from outside, decided where their agents are, in steps: one answer
+        each (`gateway.runtime.intake.in_steps`)."""
+        return await in_steps(self.way_in, requests, principal, pacer)
+
+    async def submit(self, request: AgentRequest, principal: str | None) -> Ack:
+        """One request from outside, awaited to its ack."""
+        return await self.way_in.take([request], principal)[0]
 
     def origin_allowed(self, origin: str | None) -> bool:
         """Whether a browser ``Origin`` may send WebSocket frames and mutating requests (no

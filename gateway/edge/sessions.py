@@ -61,7 +61,8 @@ from gateway.edge.views import (
 )
 from gateway.errors import HTTP_STATUS, BadFrame, Busy, Forbidden, GatewayError, Unauthorized
 from gateway.market.events import MarketEvent, event_time, from_ms, to_ms
-from gateway.runtime.engine import Ack
+from gateway.runtime.acks import Ack
+from gateway.runtime.intake import settled
 from gateway.runtime.tasks import spawn
 from lanes import AgentRequest, InvalidRequest
 from lanes.requests import FieldError
@@ -323,7 +324,7 @@ class Session:
         pacer.hold()  # the feed's bulk work waits until this ack is out
         try:
             principal.check_submit(request)
-            pending = self.engine.decide_now(request, principal.name)
+            pending = self.service.way_in.take([request], principal.name)[0]
         except Exception as error:
             pacer.release()
             return self._send(error_frame(error, id=frame.id, request_id=request.request_id))
@@ -368,7 +369,7 @@ class Session:
             if frame.request.action is None and self.endpoint != "feed":
                 self.service.check_capacity()  # the control lane is never refused as busy
             with self._holding(1):
-                ack = await engine.submit(frame.request, principal.name)
+                ack = await self.service.submit(frame.request, principal.name)
             await self._send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
             await self._send_paced(AcksFrame(id=frame.id,
@@ -443,9 +444,9 @@ class Session:
             except GatewayError as error:
                 refused[index] = error_frame(error, request_id=request.request_id)
         with self._holding(len(allowed)):
-            answers = iter(await self.engine.submit_many(
+            answers = iter(await settled(await self.service.take(
                 allowed, principal.name,
-                pacer=self.service.pacer if self.endpoint == "feed" else None))
+                pacer=self.service.pacer if self.endpoint == "feed" else None)))
         results: list[AckFrame | ErrorFrame] = []
         for index, request in enumerate(requests):
             if index in refused:

@@ -25,7 +25,6 @@ from lanes.gate import (
     GateStatus,
     decide_gate,
     decode_gate_event,
-    evolve_gate,
     fold_gate,
     gate_status,
     next_gate_due,
@@ -52,7 +51,6 @@ from store.port import (
     Fence,
     FencedError,
     RecordedEvent,
-    StoreError,
     WriteFailed,
 )
 
@@ -101,7 +99,7 @@ class Slot:
 
 class SlotGate(Protocol):
     """What a run needs of its provider gate: slots, given back with how the provider
-    answered (`ProviderGate`, or `gateway.runtime.peers.RoutedGate` when another process owns
+    answered (`ProviderGate`, or `gateway.cluster.peers.RoutedGate` when another process owns
     it)."""
 
     @property
@@ -132,7 +130,7 @@ class ProviderGate:
     """The gate of one provider shared by every agent's runs."""
 
     def __init__(self, store: EventStore, provider: str, limits: GateLimits, clock: Clock,
-                 ids: EventIds | None = None, owned: bool = True) -> None:
+                 ids: EventIds | None = None) -> None:
         self.store = store
         self.provider = provider
         self.stream = gate_stream(provider)
@@ -153,16 +151,15 @@ class ProviderGate:
         """Inputs that arrived during a rebuild, decided once it is done."""
         self._fault: str | None = None
         """Why appends fail, while they do (said in the server's log once)."""
-        self.owned = owned
-        """Whether this process decides for the gate. When several processes share the log
-        only the one holding its lease does (`adopt`); the others keep a replica of its
-        state from the log and send their slot requests to the owner."""
+        self.loaded = False
+        """Whether this process decides for the gate (`load`). When several processes share
+        the log only the one holding its lease does; on the others the gate is a read-only
+        view of its stream (`mirror`), and runs ask the owner for slots."""
         self.on_fenced: Callable[[str], None] = lambda _stream: None
         """Told when an append was fenced (the gate's lease is another process's)."""
 
-    async def start(self) -> None:
-        """Rebuild the gate from its stream, free what a previous process held, and apply
-        the configured limits.
+    async def start(self, *, load: bool = True) -> None:
+        """Fold the gate from its stream and, with ``load``, decide for it from now on.
 
         No call of this process is in flight yet, so every slot the log shows granted or
         waiting belonged to a process that stopped or crashed: each is cancelled at once
@@ -173,7 +170,8 @@ class ProviderGate:
         state = self._core.state
         fold_gate(state, (decode_gate_event(r.type, r.data) for r in records))
         self._running = True
-        if self.owned:
+        if load:
+            self.loaded = True
             self._take_over(lambda _agent_id: False)
             await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
 
@@ -190,42 +188,38 @@ class ProviderGate:
             self._feed(GateLimitsChanged(at=now, limits=self._limits))
         self._schedule()
 
-    # ------------------------------------------------------------------------- cluster
+    # ------------------------------------------------------------- which process decides
 
-    async def adopt(self, fence: Fence, keep: Callable[[str], bool]) -> None:
-        """Own the gate from now on (this process holds its lease at ``fence``): folded from
-        the log again; slots that were waiting are freed (their runs ask the new owner), and
-        granted ones too unless their agent is ``keep``-t (its run lives on in a process
-        that is still up, and gives the slot back here)."""
-        if self.owned:
+    def load(self, records: list[RecordedEvent], fence: Fence,
+             keep: Callable[[str], bool]) -> None:
+        """Decide for the gate from now on (this process holds its lease at ``fence``),
+        folded from ``records`` (its stream); slots that were waiting are freed (their runs
+        ask the new owner), and granted ones too unless their agent is ``keep``-t (its run
+        lives on in a process that is still up, and gives the slot back here). Loaded
+        already: only the fence changes."""
+        if self.loaded:
             self._core.fence = fence
             return
-        records = await self.store.read_stream(self.stream)
         self._core.state = self._fold(records)
         self._core.fence = fence
-        self.owned = True
+        self.loaded = True
         if records:  # limits set at runtime (on any member) stay: the log's are in force
             self._limits = self._core.state.limits
         if self._running:
             self._take_over(keep)
 
-    async def hand_over(self) -> None:
-        """Stop owning the gate gracefully (its lease goes to another process): waiters are
-        told to ask again, what was decided is committed."""
-        if not self.owned:
+    async def unload(self) -> None:
+        """Stop deciding for the gate gracefully (its lease goes to another process):
+        waiters are told to ask again, what was decided is committed."""
+        if self.loaded:
+            self.drop()
+            await self.flush(rebuilt=False)
+
+    def drop(self) -> None:
+        """Stop deciding for the gate at once (its lease is another process's already)."""
+        if not self.loaded:
             return
-        self._disown()
-        await self.flush(rebuilt=False)
-        await self._refresh()
-
-    def lose(self) -> None:
-        """Stop owning the gate at once (its lease is another process's already)."""
-        if self.owned:
-            self._disown()
-            asyncio.get_running_loop().create_task(self._refresh())
-
-    def _disown(self) -> None:
-        self.owned = False
+        self.loaded = False
         self._core.fence = None
         self._core.cancel_timer()
         self._held.clear()
@@ -233,33 +227,16 @@ class ProviderGate:
             if not future.done():
                 future.set_exception(GateMoved(self.provider))
 
-    async def _refresh(self) -> None:
-        while not self.owned:
-            try:
-                records = await self.store.read_stream(self.stream)
-            except StoreError:
-                await self.clock.sleep(500)
-                continue
-            if not self.owned:
-                self._core.state = self._fold(records)
-            return
-
-    def replicate(self, record: RecordedEvent) -> None:
-        """Fold one committed event of the gate's stream into the replica (owned
-        elsewhere)."""
-        if self.owned:
-            return
-        state = self._core.state
-        if record.version == state.version + 1:
-            evolve_gate(state, decode_gate_event(record.type, record.data))
-        elif record.version > state.version + 1:
-            asyncio.get_running_loop().create_task(self._refresh())
+    def mirror(self, state: GateState) -> None:
+        """The gate as its stream says, while another process decides for it."""
+        if not self.loaded:
+            self._core.state = state
 
     def fenced(self, error: FencedError) -> None:
         """An append was refused: the gate is another process's now."""
-        if self.owned:
+        if self.loaded:
             log.warning("%s; the gate %s is another process's now", error, self.provider)
-            self.lose()
+            self.drop()
             self.on_fenced(self.stream)
 
     async def stop(self) -> None:
@@ -296,7 +273,7 @@ class ProviderGate:
     async def set_limits(self, limits: GateLimits) -> bool:
         """New limits from now on (requests not yet granted get them), after the commit;
         False if they are the limits in force already."""
-        if not self.owned:
+        if not self.loaded:
             raise GateMoved(self.provider)
         if limits == self._limits and self._core.state.limits == limits:
             return False
@@ -318,7 +295,7 @@ class ProviderGate:
 
         Cancelled while waiting (the run was aborted), the request is withdrawn.
         """
-        if not self.owned:
+        if not self.loaded:
             raise GateMoved(self.provider)
         slot_id = slot_id or f"{run_id}/{self._ids()}"
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
@@ -368,8 +345,8 @@ class ProviderGate:
     # ------------------------------------------------------------------------- core
 
     def _feed(self, event: GateInput) -> None:
-        if not self._running or not self.owned:
-            return  # (not owned: the owner decides; a run asks it through `RoutedGate`)
+        if not self._running or not self.loaded:
+            return  # (another process decides; a run asks it through its `RoutedGate`)
         core = self._core
         if core.recovering:
             self._held.append(event)

@@ -16,11 +16,16 @@ import inspect
 import logging
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from gateway.runtime.process import gc_paused
 from lanes.codec import AGENT_CODEC
 from lanes.replay import LogFold
 from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, load_fold
-from store.port import EventStore, Snapshot, SnapshotInfo
+from store.port import EventStore, RecordedEvent, Snapshot, SnapshotInfo
+
+if TYPE_CHECKING:
+    from gateway.tools.quarantine import LogReader
 
 log = logging.getLogger("gateway.runtime.snapshots")
 
@@ -102,6 +107,20 @@ class Loaded:
     snapshot: SnapshotInfo | None = None
     ignored: dict[int, str] = field(default_factory=dict)
     """Position -> why that snapshot cannot be used."""
+
+
+async def fold_log(store: EventStore, reader: LogReader
+                   ) -> tuple[LogFold, list[RecordedEvent], Loaded]:
+    """The fold of the whole log: from the newest usable snapshot (`load_latest`), plus the
+    events after it (returned too, with what was loaded)."""
+    with gc_paused():
+        loaded = await load_latest(store)
+        log_fold = loaded.fold
+        records = await store.read(after=log_fold.position)
+        log_fold.add(reader.entries(records))
+    if records:
+        log_fold.position = records[-1].position
+    return log_fold, records, loaded
 
 
 async def load_latest(store: EventStore, upto: int | None = None) -> Loaded:

@@ -13,6 +13,7 @@ from typing import Any
 from playwright.async_api import expect
 
 from gateway.edge.server import Running
+from gateway.runtime.intake import take_all
 from lanes import parse_request
 from lanes.events import BrokerReport
 from tests.browser.conftest import OpenPanel, screenshot
@@ -151,7 +152,7 @@ async def test_the_event_search_finds_an_old_event_the_page_never_loaded(
                                 "kind": "hook_trigger", "dedupeKey": f"hay:{n}"})
                  for n in range(1_100)]
         for start in range(0, len(flood), 100):
-            await engine.submit_many(flood[start:start + 100])
+            await take_all(engine, flood[start:start + 100])
         async with http(running) as client:
             found = (await client.get("/api/events", params={"q": "needle-7f3a"})).json()
             last = (await client.get("/healthz")).json()["position"]

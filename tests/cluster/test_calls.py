@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from bench.cluster import AGENTS, config_text, read_log
 from bench.crash import CONTROL_TOKEN
 from gateway.client import ControlClient
+from gateway.cluster.member import assign
 from gateway.config import parse_config
 from gateway.edge.server import Running, serving
-from gateway.runtime.cluster import assign
 from gateway.wiring import build_service
 from lanes import parse_request
 from lanes.codec import decode

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from bench.cluster import AGENTS, config_text, read_log
 from bench.crash import CONTROL_TOKEN, FEED_TOKEN
 from gateway.client import ControlClient, FeedClient
+from gateway.cluster.member import assign, incarnation
 from gateway.config import parse_config
 from gateway.edge.server import Running, serving
 from gateway.errors import NotOwner
-from gateway.runtime.cluster import assign, incarnation
 from gateway.wiring import build_service
 from lanes import parse_request
 from lanes.codec import decode
@@ -209,12 +209,12 @@ async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_m
         # by the database (its fence), typed as a request to send elsewhere, and it stops
         # the agent. (A run of its own that ended meanwhile was refused so already, and
         # stopped its agent: the agent is one it still believes it owns.)
-        believed = sorted(a for a in lost if a in AGENTS and a in engine.owned)
+        believed = sorted(a for a in lost if a in AGENTS and a in engine.loaded)
         assert believed, "every agent it lost was stopped by a refused write already"
         agent = believed[0]
         with pytest.raises(NotOwner):
             await engine.submit(parse_request(request(99, agent)))
-        assert agent not in engine.owned
+        assert agent not in engine.loaded
         # The live member serves every agent the other one had.
         async with ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client:
             acks = await client.submit_many([request(100 + n, a)
@@ -256,7 +256,7 @@ async def test_the_shared_provider_gate_serves_runs_of_every_member(postgres_url
 async def test_a_member_with_another_secret_is_refused_and_the_error_says_why(
     postgres_url: str,
 ) -> None:
-    from gateway.runtime.peers import Peers
+    from gateway.cluster.peers import Peers
 
     async with member(postgres_url) as one:
         wrong = Peers("not-the-cluster-secret")

@@ -27,7 +27,8 @@ from gateway.client import ControlClient, GatewayClientError
 from gateway.config import ConfigError, parse_config
 from gateway.edge.protocol import ErrorFrame
 from gateway.errors import AgentUnavailable, StorageFailed
-from gateway.runtime.engine import Ack, Engine
+from gateway.runtime.acks import Ack
+from gateway.runtime.engine import Engine
 from lanes import AgentConfig, AgentRequest, Mode, replay, verify
 from lanes.events import AbortReason, RunAborted
 from store import NewEvent, Snapshot, SqliteEventStore, WriteFailed

@@ -15,6 +15,7 @@ from gateway.errors import StorageFailed, Superseded
 from gateway.runtime.clock import SystemClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
+from gateway.runtime.intake import take_all
 from lanes import AgentConfig, AgentRequest, verify
 from lanes.events import RequestReceived, RunStarted
 from lanes.gate.events import GateLimits
@@ -136,7 +137,7 @@ async def test_a_held_stop_in_a_batch_is_held_too(
     await reasoner.started()
     store.refusing = True
     stop, other = control("btc", "emergency_stop"), request("eth")
-    answers = await engine.submit_many([other, stop])
+    answers = await take_all(engine, [other, stop])
     assert isinstance(answers[1], StorageFailed) and answers[1].held
     assert isinstance(answers[0], StorageFailed) and not answers[0].held
     store.refusing = False
@@ -162,7 +163,7 @@ async def test_a_resume_refused_before_a_held_stop_is_not_applied_after_it(
     with pytest.raises(Superseded, match="Send a new resume") as refused:
         await engine.submit(resume)
     assert refused.value.code == "conflict"  # not retried by clients
-    [answer] = await engine.submit_many([resume])
+    [answer] = await take_all(engine, [resume])
     assert isinstance(answer, Superseded)
     assert engine.status("btc").trading.value == "HALTED"
     # A new resume, sent after the stop, is an operator's decision: applied.

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from gateway.llm.reasoner import SimulatedReasoner
 from gateway.runtime.engine import Engine
+from gateway.runtime.intake import take_all
 from lanes import AgentConfig, Mode, parse_request
 from store import SqliteEventStore
 
@@ -39,7 +40,7 @@ async def main(db: str, prefix: str) -> None:
                 "requestId": f"{prefix}-{n}", "createdAt": datetime.now(UTC).isoformat(),
                 "agentId": next(agents), "kind": "hook_trigger", "dedupeKey": f"k{n % 50}",
             }))
-        for request, ack in zip(batch, await engine.submit_many(batch), strict=True):
+        for request, ack in zip(batch, await take_all(engine, batch), strict=True):
             if isinstance(ack, Exception):
                 continue
             line = {"id": request.request_id, "agent": request.agent_id,

@@ -12,6 +12,7 @@ import pytest
 from gateway.errors import AgentUnavailable, StorageFailed, UnknownAgent
 from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
+from gateway.runtime.intake import take_all
 from lanes import AgentConfig, Budgets, Mode, Priority, replay, request_outcomes, verify
 from lanes.codec import encode
 from lanes.events import (
@@ -408,7 +409,7 @@ async def test_many_concurrent_submitters_share_commits_and_lose_nothing(
 async def test_submit_many_answers_each_request_in_place(engine: Engine) -> None:
     batch = [request("btc", dedupeKey="a"), request("nobody"), request("eth", dedupeKey="b"),
              request("btc", dedupeKey="a"), request("btc", dedupeKey="c")]
-    answers = await engine.submit_many(batch)
+    answers = await take_all(engine, batch)
     assert [getattr(a, "decision", type(a).__name__) for a in answers] == [
         "accepted", "UnknownAgent", "accepted", "deduped", "accepted"
     ]
@@ -561,12 +562,12 @@ async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_or
     engine: Engine,
 ) -> None:
     from gateway.edge.pacing import Pacer
-    from gateway.runtime.engine import DECIDE_STEP
+    from gateway.runtime.intake import DECIDE_STEP
 
     agent = next(iter(AGENTS))
     batch = [request(agent, dedupe_key=f"k{n}") for n in range(3 * DECIDE_STEP)]
     pacer = Pacer()
-    submitting = asyncio.ensure_future(engine.submit_many(batch, pacer=pacer))
+    submitting = asyncio.ensure_future(take_all(engine, batch, pacer=pacer))
     # Run until the batch has decided its first step for the agent, not appended yet...
     for _ in range(100):
         await asyncio.sleep(0)

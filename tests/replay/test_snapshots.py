@@ -161,8 +161,8 @@ async def test_a_crash_restart_from_a_periodic_snapshot_equals_one_from_the_log(
     for n in range(8):
         await engine.submit(request("btc", dedupeKey=f"k{n}"))
         await engine.flush()
-    if engine._snapshotting is not None:
-        await engine._snapshotting  # the last periodic snapshot, stored
+    if engine.snapshots._task is not None:
+        await engine.snapshots._task  # the last periodic snapshot, stored
     if (await engine.store.snapshots())[0].position == await engine.store.last_position():
         # (When it was taken the engine was quiet at the last commit or not, as it
         # happened.) Fewer events than snapshot_every: a tail, and no snapshot of it.

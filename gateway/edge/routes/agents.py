@@ -60,7 +60,7 @@ class AgentRoutes(Routes):
         try:
             if body.action is None:  # the control lane is never refused as busy
                 self.service.check_capacity()
-            return _json(ack_frame(await self.engine.submit(body, principal.name)))
+            return _json(ack_frame(await self.service.submit(body, principal.name)))
         except GatewayError as error:
             return error_response(error, body.request_id)
 
@@ -83,7 +83,7 @@ class AgentRoutes(Routes):
         })
         try:
             with self.service.pacer.urgent():  # the feed's bulk work waits for its answer
-                ack = await self.engine.submit(agent_request, principal.name)
+                ack = await self.service.submit(agent_request, principal.name)
             return _json(ack_frame(ack))
         except GatewayError as error:  # with the id it was given: a retry is idempotent
             return error_response(error, request_id)

@@ -6,10 +6,10 @@ it serves at (``http://10.0.0.5:8000#3f9a...``), so whoever sees one of its leas
 where to forward to. Each stream (an agent, a provider gate) goes to one live member by
 rendezvous hashing (`assign`): every member computes the same answer from the same members,
 a new member takes over its share, and a dead member's streams spread over the others. At
-each renewal a member hands over (gracefully: `gateway.runtime.engine.Engine.hand_over`) the
+each renewal a member hands over (gracefully: `gateway.runtime.engine.Engine.unload`) the
 streams assigned elsewhere and releases their leases, acquires those assigned to it that
 are free (never held, released, or held by a member whose lease expired) and adopts them
-(`Engine.adopt`: folded from the log, a run cut off by a dead owner recorded aborted and
+(`Engine.load`: folded from the log, a run cut off by a dead owner recorded aborted and
 rerun). A lease this member did not renew in time is lost: it stops the stream at once, and
 the store fences its appends from then on (`store.port.FencedError`).
 """
@@ -24,6 +24,8 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
+from gateway.cluster.replicas import Replicas
+from gateway.cluster.router import Router
 from gateway.runtime.clock import Clock, Timer
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
@@ -31,7 +33,7 @@ from gateway.runtime.tasks import spawn
 from store.port import Fence, LeaseLost, LeaseView, StoreError
 from store.writer import GroupCommitStore
 
-log = logging.getLogger("gateway.runtime.cluster")
+log = logging.getLogger("gateway.cluster.member")
 
 LEASE_MS: Final = 5_000
 """Default lease of a member: a process that stopped renewing it for this long is dead to
@@ -77,22 +79,26 @@ class Cluster:
     over at their next renewal rather than after the lease time.
     """
 
-    def __init__(self, engine: Engine, url: str, *, lease_ms: int = LEASE_MS,
+    def __init__(self, engine: Engine, router: Router, url: str, *, lease_ms: int = LEASE_MS,
                  clock: Clock | None = None) -> None:
-        if not engine.clustered:
-            raise ValueError("a cluster member needs a clustered engine")
+        if engine.elsewhere is not router:
+            raise ValueError("a cluster member needs an engine built with its router")
         store = engine.store
         if not isinstance(store, GroupCommitStore):
             raise ValueError("a cluster needs a store with leases")
         if lease_ms < 100:
             raise ValueError(f"a member lease of at least 100 ms: {lease_ms}")
         self.engine = engine
+        self.router = router
         self.store: GroupCommitStore = store
         self.url = url
         self.lease_ms = lease_ms
         self.period_ms = max(20, lease_ms // 5)
         """How often the lease is renewed (and the streams rebalanced)."""
         self.clock = clock or engine.clock
+        self.replicas = Replicas(store, self.clock, engine.configured, engine.gates,
+                                 self._holds)
+        """The streams other members decide for, followed from the log."""
         self.member = owner_id(url)
         self.view = LeaseView(0, {}, {})
         """The leases as last read."""
@@ -147,11 +153,10 @@ class Cluster:
     async def start(self) -> None:
         """Join, take this member's share of the streams, and keep it up in the
         background."""
-        self.engine.owner_of = self.owner_of
-        self.engine.locate = self.locate
-        self.engine.on_fenced = self._fenced
+        await self.replicas.start()
+        self.router.attach(self.engine, self.replicas, self)
         for gate in self.engine.gates.values():
-            gate.on_fenced = self._fenced
+            gate.on_fenced = self.fenced
         await self._join()
         await self._rebalance(self.view)
         self._task = spawn(self._run(), "cluster membership")
@@ -177,12 +182,13 @@ class Cluster:
             self.on_handed_over(url_of(member))
         if self._watchdog is not None:
             self._watchdog.cancel()
+        await self.replicas.stop()
 
     def poke(self) -> None:
         """Renew and rebalance now rather than at the next period."""
         self._wakeup.set()
 
-    def _fenced(self, stream: str) -> None:
+    def fenced(self, stream: str) -> None:
         """An append of ``stream`` was fenced: it is someone else's; look again now."""
         self._fences.pop(stream, None)
         self.poke()
@@ -287,16 +293,23 @@ class Cluster:
             fence = Fence(me, epoch)
             await self._adopt(stream, fence, alive)
 
+    def _holds(self, stream: str) -> bool:
+        gate = self._gate(stream)
+        return gate.loaded if gate is not None else self.engine.holds(stream)
+
     def _streams(self) -> list[str]:
         return [*self.engine.agent_ids, *(g.stream for g in self.engine.gates.values())]
 
     async def _adopt(self, stream: str, fence: Fence, alive: set[str]) -> None:
         gate = self._gate(stream)
         try:
+            records = await self.store.read_stream(stream)
             if gate is not None:  # granted slots of runs still alive elsewhere are kept
-                await gate.adopt(fence, lambda agent_id: agent_id in alive)
-            else:
-                await self.engine.adopt(stream, fence)
+                gate.load(records, fence, lambda agent_id: agent_id in alive)
+            else:  # the calls on their way known first: the agent delivers its own
+                await self.replicas.reach(await self.store.last_position())
+                self.engine.load(stream, records, fence, list(self.replicas.calls.values()),
+                                 list(self.replicas.answers.values()))
         except StoreError as error:  # its stream could not be read: give the lease back
             log.warning("could not take %s over (%s); giving its lease back", stream, error)
             with contextlib.suppress(StoreError):
@@ -309,9 +322,10 @@ class Cluster:
         self._fences.pop(stream, None)
         gate = self._gate(stream)
         if gate is not None:
-            await gate.hand_over()
+            await gate.unload()
         else:
-            await self.engine.hand_over(stream)
+            await self.engine.unload(stream)
+        self.replicas.refresh(stream)
         with contextlib.suppress(StoreError):
             await self.store.release(self.member, [stream])
 
@@ -319,9 +333,10 @@ class Cluster:
         self._fences.pop(stream, None)
         gate = self._gate(stream)
         if gate is not None:
-            gate.lose()
+            gate.drop()
         else:
-            self.engine.lose(stream)
+            self.engine.drop(stream)
+        self.replicas.refresh(stream)
 
     def _lose_all(self) -> None:
         for stream in list(self._fences):

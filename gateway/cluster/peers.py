@@ -1,7 +1,7 @@
 """Talking to the other gateway processes of a cluster (several processes on one log).
 
 Requests for an agent another process owns are sent to that process (`Peers.submit_many`,
-the engine's `gateway.runtime.engine.Forwarder`), and a run whose provider gate another process owns
+for `gateway.cluster.router.Router`), and a run whose provider gate another process owns
 takes its slots from there (`RoutedGate`). Both go over the owner's internal HTTP API
 (`gateway.edge.internal`), authenticated with the cluster's shared secret. Nothing here decides:
 the owner does, and answers as it would answer a client.
@@ -19,12 +19,12 @@ import httpx
 
 from gateway.edge.protocol import ControlEffect
 from gateway.errors import BadFrame, GatewayError
-from gateway.runtime.engine import Ack
+from gateway.runtime.acks import Ack
 from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
 from lanes.gate.events import CallOutcome, GateLimits, Refusal, SlotRefused
 from lanes.requests import AgentRequest, Priority
 
-log = logging.getLogger("gateway.runtime.peers")
+log = logging.getLogger("gateway.cluster.peers")
 
 SECRET_HEADER: Final = "x-gateway-cluster"
 """The header that carries the cluster's shared secret on internal calls."""
@@ -101,8 +101,8 @@ class Peers:
 
     async def submit_many(self, owner: str, requests: Sequence[AgentRequest],
                           principal: str | None) -> list[Ack | GatewayError]:
-        """Submit ``requests`` at their owner (`gateway.runtime.engine.Forwarder`): an ack or an
-        error for each, as the owner answered."""
+        """Submit ``requests`` at their owner: an ack or an error for each, as the owner
+        answered."""
         body = {"principal": principal,
                 "requests": [r.model_dump(mode="json", by_alias=True, exclude_none=True)
                              for r in requests]}
@@ -161,7 +161,7 @@ class RoutedGate:
         """Wait for a slot wherever the gate is owned (`SlotRefusedError` if refused)."""
         while True:
             slot_id = f"{run_id}/{self.gate.ids()}"  # a new one each time: never reused
-            if self.gate.owned:
+            if self.gate.loaded:
                 try:
                     slot = await self.gate.acquire(agent_id, run_id, priority, input_tokens,
                                                    output_tokens, slot_id=slot_id)
@@ -212,7 +212,7 @@ class RoutedGate:
         if slot.slot_id not in self._held:
             return  # given back already
         granted_by = self._held.pop(slot.slot_id)
-        if self.gate.owned:
+        if self.gate.loaded:
             self.gate.release(slot, outcome, input_tokens=input_tokens,
                               output_tokens=output_tokens, retry_after_ms=retry_after_ms,
                               remaining_requests=remaining_requests,
@@ -229,7 +229,7 @@ class RoutedGate:
         if slot.slot_id not in self._held:
             return
         granted_by = self._held.pop(slot.slot_id)
-        if self.gate.owned:
+        if self.gate.loaded:
             if slot.slot_id in self.gate.state.leases:
                 self.gate.cancel(slot.slot_id)
             return
@@ -256,7 +256,7 @@ class RoutedGate:
             tried: set[str] = set()
             for _ in range(2):
                 target = self._owner_of(self.gate.stream) or owner
-                if self.gate.owned:  # this process took the gate over meanwhile
+                if self.gate.loaded:  # this process took the gate over meanwhile
                     slot = Slot(str(body["slotId"]), 0, False)
                     if what == "release":
                         self.gate.release(slot, CallOutcome(body["outcome"]), input_tokens=body[

@@ -1,0 +1,181 @@
+"""The streams decided by other processes, as the log says: one follower for them all.
+
+Every process of a cluster serves reads of every agent and gate. The ones it does not decide
+for are folded here from the log as it commits (`Replicas`): agents' states, the gates' states
+(shown through `ProviderGate.mirror`), and the sub-agent calls and answers on their way (a
+process that takes an agent over delivers its own). The follower is supervised: if it fails
+it is started again from where it was, and while it is behind (`Replicas.behind`) reads say
+so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from gateway.runtime.clock import Clock
+from gateway.runtime.gate import ProviderGate
+from gateway.runtime.snapshots import fold_log
+from gateway.runtime.tasks import spawn
+from gateway.tools.quarantine import PLAIN, LogReader, log_reader
+from lanes import AgentState
+from lanes import replay as fold
+from lanes.evolve import fold as fold_events
+from lanes.gate import GateState, decode_gate_event, evolve_gate, fold_gate
+from lanes.replay import Answer, Call, track_call
+from lanes.streams import is_agent_stream
+from store.port import EventStore, RecordedEvent, StoreError
+
+log = logging.getLogger("gateway.cluster.replicas")
+
+REACH_WAIT_S: Final = 2.0
+"""How long an adoption waits for the follower to reach the log's end (for the calls)."""
+RESTART_MS: Final = 500
+"""The wait before a failed follower starts again (and between reads that fail)."""
+
+
+class Replicas:
+    """Agents and gates decided elsewhere, folded from the log as it commits.
+
+    ``holds(stream)`` says whether this process decides for a stream (then it is not
+    folded here: the engine or the gate has it)."""
+
+    def __init__(self, store: EventStore, clock: Clock, agents: Iterable[str],
+                 gates: Mapping[str, ProviderGate], holds: Callable[[str], bool]) -> None:
+        self._store = store
+        self._clock = clock
+        self._holds = holds
+        self._gates = {gate.stream: gate for gate in gates.values()}
+        self._gate_states: dict[str, GateState] = {}
+        self.states: dict[str, AgentState] = {a: AgentState(agent_id=a) for a in agents}
+        self.calls: dict[str, Call] = {}
+        """Sub-agent calls dispatched and not received yet, by call id."""
+        self.answers: dict[str, Answer] = {}
+        """Answers to calls not received by their caller yet, by the answer's request id."""
+        self.position = 0
+        """The last position followed."""
+        self.behind: str | None = None
+        """Why the follower is not following the log now (None: it is)."""
+        self._reader: LogReader = PLAIN
+        self._followed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Fold the whole log once, then follow it in the background."""
+        self._reader = await log_reader(self._store)
+        log_fold, _tail, _loaded = await fold_log(self._store, self._reader)
+        for agent_id, state in log_fold.states.items():
+            self.states[agent_id] = state
+        self.calls, self.answers = dict(log_fold.calls), dict(log_fold.answers)
+        self.position = log_fold.position
+        for stream, gate in self._gates.items():
+            gate_state = self._gate_states[stream] = gate.state
+            gate.mirror(gate_state)
+        self._task = spawn(self._supervise(), "replicas")
+
+    async def stop(self) -> None:
+        """Stop following."""
+        tasks = [t for t in (self._task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+
+    def state(self, agent_id: str) -> AgentState | None:
+        """An agent's state as the log says (None: no such agent)."""
+        return self.states.get(agent_id)
+
+    def agent_ids(self) -> Iterable[str]:
+        """Every agent known from the log or the config."""
+        return self.states.keys()
+
+    async def reach(self, position: int) -> None:
+        """Wait (up to `REACH_WAIT_S`) until the follower has reached ``position``: the
+        sub-agent calls on their way are known then."""
+        deadline = time.monotonic() + REACH_WAIT_S  # (waiting on I/O: real time)
+        while self.position < position and self._task is not None:
+            self._followed.clear()
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._followed.wait()
+            except TimeoutError:
+                log.warning("the replicas are behind the log (at %d of %d)", self.position,
+                            position)
+                return
+
+    def refresh(self, stream: str) -> None:
+        """Fold a stream from the log again, in the background (it left this process, or
+        the follower missed some of it)."""
+        task = spawn(self._refresh(stream), f"refresh {stream}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _refresh(self, stream: str) -> None:
+        while not self._holds(stream):
+            try:
+                records = await self._store.read_stream(stream)
+            except StoreError:
+                await self._clock.sleep(RESTART_MS)
+                continue
+            if self._holds(stream):
+                return
+            gate = self._gates.get(stream)
+            if gate is None:
+                self.states[stream] = fold(self._reader.entries(records)).get(stream) \
+                    or AgentState(agent_id=stream)
+            else:
+                state = self._gate_states[stream] = fold_gate(
+                    GateState(provider=stream),
+                    (decode_gate_event(r.type, r.data) for r in records))
+                gate.mirror(state)
+            return
+
+    async def _supervise(self) -> None:
+        """Follow the log; started again from where it was if it fails."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # never stop following: say so, and go on
+                self.behind = f"following the log failed ({error!r}); starting again"
+                log.warning("replicas: %s", self.behind)
+                await self._clock.sleep(RESTART_MS)
+
+    async def _follow(self) -> None:
+        follow = self._store.follow_batches(self.position)
+        async with contextlib.aclosing(follow) as batches:
+            async for batch in batches:
+                self.behind = None
+                for record in batch:
+                    self._replicate(record)
+                    self.position = max(self.position, record.position)
+                self._followed.set()
+
+    def _replicate(self, record: RecordedEvent) -> None:
+        stream = record.stream
+        if is_agent_stream(stream):
+            event = self._reader.decode(record)
+            track_call(self.calls, self.answers, stream, event)
+            state = self.states.get(stream)
+            if state is None:
+                state = self.states[stream] = AgentState(agent_id=stream)
+            if self._holds(stream):
+                return
+            if record.version == state.version + 1:
+                fold_events(state, [event])
+            elif record.version > state.version + 1:  # missed some: read it again
+                self.refresh(stream)
+            return
+        gate_state = self._gate_states.get(stream)
+        if gate_state is None or self._holds(stream):
+            return
+        if record.version == gate_state.version + 1:
+            evolve_gate(gate_state, decode_gate_event(record.type, record.data))
+        elif record.version > gate_state.version + 1:
+            self.refresh(stream)

@@ -1,0 +1,151 @@
+"""The way in for requests when several processes share the log: split by owner first.
+
+`Router.take` gives the engine only the requests of agents this process decides for; the
+others go to their owners (`Peers.submit_many`, one call per owner, all at once). A request
+the engine refused because its agent left this process meanwhile (`NotOwner`) is sent on to
+the current owner. The router is also what the engine is told of the others (its
+`gateway.runtime.engine.Elsewhere`): reads of their agents come from the replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from gateway.cluster.peers import Peers
+from gateway.cluster.replicas import Replicas
+from gateway.errors import GatewayError, NotOwner, UnknownAgent
+from gateway.runtime.acks import Ack
+from gateway.runtime.intake import Batch
+from gateway.runtime.tasks import spawn
+from lanes import AgentRequest, AgentState
+
+if TYPE_CHECKING:
+    from gateway.cluster.member import Cluster
+    from gateway.runtime.engine import Engine
+
+log = logging.getLogger("gateway.cluster.router")
+
+
+class Router:
+    """Requests to their owners; what the engine asks about the agents it does not hold."""
+
+    def __init__(self, peers: Peers) -> None:
+        self.peers = peers
+        self._engine: Engine | None = None
+        self._replicas: Replicas | None = None
+        self._member: Cluster | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def attach(self, engine: Engine, replicas: Replicas, member: Cluster) -> None:
+        """Route through ``member``'s view of the leases, to ``engine`` for its own."""
+        self._engine, self._replicas, self._member = engine, replicas, member
+
+    # ----------------------------------------------------------- the engine's Elsewhere
+
+    def missing(self, agent_id: str) -> GatewayError:
+        """`NotOwner` for an agent of the log that another process (or none, a moment)
+        decides for; `UnknownAgent` for one nobody has (not known before joining)."""
+        if self._replicas is None:
+            return NotOwner(agent_id, None)
+        if self._replicas.state(agent_id) is None:
+            return UnknownAgent(agent_id)
+        return NotOwner(agent_id, self.owner_of(agent_id))
+
+    def fenced(self, stream: str) -> None:
+        """An append of ``stream`` was fenced: the member looks at the leases again."""
+        if self._member is not None:
+            self._member.fenced(stream)
+
+    def state(self, agent_id: str) -> AgentState | None:
+        """An agent decided elsewhere, as the log says."""
+        return None if self._replicas is None else self._replicas.state(agent_id)
+
+    def agent_ids(self) -> Iterable[str]:
+        """Every agent of the log or the config."""
+        return () if self._replicas is None else self._replicas.agent_ids()
+
+    async def forward(self, request: AgentRequest) -> Ack:
+        """One request of the gateway's own, wherever its agent is decided."""
+        return await self.take([request], None)[0]
+
+    def owner_of(self, stream: str) -> str | None:
+        """The URL of the process deciding for ``stream`` now (as last read)."""
+        return None if self._member is None else self._member.owner_of(stream)
+
+    # ------------------------------------------------------------------- the way in
+
+    def take(self, requests: Sequence[AgentRequest], principal: str | None,
+             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+        """Every request decided where its agent is: one future each (as `Engine.take`;
+        this process's own into ``batch``, if given)."""
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError("the router is not attached to a member yet")
+        loop = asyncio.get_running_loop()
+        answers: list[asyncio.Future[Ack]] = [loop.create_future() for _ in requests]
+        here = [i for i, r in enumerate(requests) if engine.holds(r.agent_id)]
+        away = [i for i, r in enumerate(requests) if not engine.holds(r.agent_id)]
+        if here:
+            taken = engine.take([requests[i] for i in here], principal, batch)
+            for index, future in zip(here, taken, strict=True):
+                future.add_done_callback(partial(self._taken, requests[index], principal,
+                                                 answers[index]))
+        if away:
+            self._spawn(self._forward([(i, requests[i]) for i in away], principal, answers))
+        return answers
+
+    def finish(self, batch: Batch) -> None:
+        """Append what a batch decided here."""
+        if self._engine is not None:
+            self._engine.finish(batch)
+
+    def _taken(self, request: AgentRequest, principal: str | None,
+               answer: asyncio.Future[Ack], done: asyncio.Future[Ack]) -> None:
+        """An answer of this process's engine; a request whose agent left meanwhile goes on
+        to the agent's current owner."""
+        if done.cancelled():
+            answer.cancel()
+            return
+        error = done.exception()
+        if isinstance(error, NotOwner):
+            self._spawn(self._forward([(0, request)], principal, [answer]))
+        elif error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(done.result())
+
+    async def _forward(self, items: list[tuple[int, AgentRequest]], principal: str | None,
+                       answers: list[asyncio.Future[Ack]]) -> None:
+        """Send requests to their owners (one call per owner, all at once)."""
+        owners: dict[str, list[tuple[int, AgentRequest]]] = {}
+        for index, request in items:
+            error = self.missing(request.agent_id)
+            owner = await self._locate(request.agent_id) if isinstance(error, NotOwner) \
+                else None
+            if owner is None:
+                answers[index].set_exception(error if not isinstance(error, NotOwner)
+                                             else NotOwner(request.agent_id, None))
+                continue
+            owners.setdefault(owner, []).append((index, request))
+
+        async def send(owner: str, part: list[tuple[int, AgentRequest]]) -> None:
+            results = await self.peers.submit_many(owner, [r for _, r in part], principal)
+            for (index, _), result in zip(part, results, strict=True):
+                if isinstance(result, GatewayError):
+                    answers[index].set_exception(result)
+                else:
+                    answers[index].set_result(result)
+
+        await asyncio.gather(*(send(owner, part) for owner, part in owners.items()))
+
+    async def _locate(self, agent_id: str) -> str | None:
+        return None if self._member is None else await self._member.locate(agent_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = spawn(coro, "forward")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

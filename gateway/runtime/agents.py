@@ -1,0 +1,104 @@
+"""One agent as the engine holds it: its stream's core, its phase, its run, its held controls.
+
+An agent's life in this process is one `Phase`, moved only along `TRANSITIONS` (an illegal
+move raises and changes nothing, as h11's state machine does):
+
+| from \\ to | LIVE | REBUILDING | GONE |
+|---|---|---|---|
+| LIVE | | an append failed | unloaded or dropped |
+| REBUILDING | folded from the log again | | unloaded or dropped |
+| GONE | | | |
+
+Only a LIVE agent decides and acts. A GONE agent is no longer the engine's: a task still
+holding it (its run, its rebuild) finds it gone and does nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from gateway.llm.reasoner import RunContext
+from gateway.runtime.core import Outcome, StreamCore
+from gateway.runtime.held import HeldControls
+from lanes import AgentState
+from lanes.events import Decision, Input
+from store.port import NewEvent
+
+
+class Phase(Enum):
+    """Where an agent is in its life in this process."""
+
+    LIVE = "live"
+    """Deciding and acting."""
+    REBUILDING = "rebuilding"
+    """An append failed: its state ran ahead of the log and is folded from the log again."""
+    GONE = "gone"
+    """Unloaded or dropped: another process decides for it now (or the engine stopped)."""
+
+
+TRANSITIONS: Final[Mapping[Phase, frozenset[Phase]]] = {
+    Phase.LIVE: frozenset({Phase.REBUILDING, Phase.GONE}),
+    Phase.REBUILDING: frozenset({Phase.LIVE, Phase.GONE}),
+    Phase.GONE: frozenset(),
+}
+
+
+class IllegalPhase(RuntimeError):
+    """A move `TRANSITIONS` does not allow (a bug of the runtime's)."""
+
+
+@dataclass(slots=True, eq=False)
+class Agent:
+    """An agent this process decides for."""
+
+    core: StreamCore[AgentState, Input, Decision]
+    """The agent's stream: its state, appends in flight, rebuilds and timer."""
+    phase: Phase = Phase.LIVE
+    run: asyncio.Task[None] | None = None
+    context: RunContext | None = None
+    run_started: dict[str, float] = field(default_factory=dict)
+    controls: HeldControls = field(default_factory=HeldControls)
+    open: Group | None = None
+    """Decided for the agent and not appended yet (a batch of requests between steps)."""
+    fault: str | None = None
+    """Why its last append failed: the storage error it is being rebuilt after (said to
+    whoever it refuses meanwhile, also once other appends commit again)."""
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id (its stream)."""
+        return self.core.stream
+
+    @property
+    def state(self) -> AgentState:
+        """The live state (decided; its latest events may still be committing)."""
+        return self.core.state
+
+    @property
+    def live(self) -> bool:
+        """Whether it decides and acts now."""
+        return self.phase is Phase.LIVE
+
+    def move(self, to: Phase) -> None:
+        """Move to phase ``to`` (`IllegalPhase` if `TRANSITIONS` does not allow it)."""
+        if to not in TRANSITIONS[self.phase]:
+            raise IllegalPhase(f"agent {self.agent_id}: {self.phase.value} -> {to.value}")
+        self.phase = to
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    """The requests of one agent in one batch, decided across its steps and appended once:
+    when the batch has decided them all, or as soon as anything else is decided for the
+    agent (its appends keep the order of its decisions)."""
+
+    agent: Agent
+    base: int
+    events: list[NewEvent] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    outcome: Outcome[Decision] = field(default_factory=lambda: Outcome([], None))
+    closed: bool = False

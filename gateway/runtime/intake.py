@@ -1,0 +1,274 @@
+"""The one way in for requests: decided in order, in steps, each answered after its commit.
+
+`Intake.take` decides a list of requests and gives back one future per request: its ack
+once the decision is committed, or the `GatewayError` it is refused with (an unknown agent,
+say: the others go on). The requests of one agent in one call share one append (a `Group`:
+one future, one version check), so a batch costs far less than as many single requests.
+Requests are decided `DECIDE_STEP` at a time, letting other work (a stop) run in between: a
+big batch never holds the loop for long; with a ``pacer`` (the feed's), each step takes its
+turn. A request that cannot be stored during a storage fault may be held
+(`gateway.runtime.held`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Final, Protocol
+
+from gateway.errors import GatewayError, Superseded, Unstorable
+from gateway.runtime.acks import Ack, ack_of
+from gateway.runtime.agents import Agent, Group
+from lanes.codec import Unrepeatable
+from lanes.events import (
+    Decision,
+    Input,
+    RequestReceived,
+    RunAborted,
+    RunCompleted,
+    RunFailed,
+    RunSteered,
+)
+from lanes.requests import AgentRequest
+from store.port import NewEvent, RecordedEvent
+
+if TYPE_CHECKING:
+    from gateway.edge.pacing import Pacer
+    from gateway.runtime.engine import Engine
+
+DECIDE_STEP: Final = 50
+"""Requests of a batch decided before other work may run (about 1-2 ms of the loop; the
+requests of one agent are still appended once per batch, `Group`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A request decided into a group: where its answer goes, and where its decisions are."""
+
+    future: asyncio.Future[Ack]
+    received: RequestReceived
+    offset: int
+    """Of its input's event among the group's."""
+    decisions: list[Decision]
+    agent: Agent
+
+
+@dataclass(slots=True)
+class Batch:
+    """Requests decided across several steps and appended once per agent (`in_steps`)."""
+
+    groups: dict[str, Group] = field(default_factory=dict)
+    placed: dict[Group, list[_Placed]] = field(default_factory=dict)
+
+
+class WayIn(Protocol):
+    """Where requests are taken: this process's engine, or a cluster's router."""
+
+    def take(self, requests: Sequence[AgentRequest], principal: str | None,
+             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+        """Decide ``requests`` now (where their agents are): one answer each."""
+        ...
+
+    def finish(self, batch: Batch) -> None:
+        """Append what ``batch`` decided."""
+        ...
+
+
+async def in_steps(way_in: WayIn, requests: Sequence[AgentRequest], principal: str | None,
+                   pacer: Pacer | None = None) -> list[asyncio.Future[Ack]]:
+    """`WayIn.take` of a list of any size, `DECIDE_STEP` requests at a time, letting other
+    work (a stop) run in between (with a ``pacer``, the feed's, each step takes its turn);
+    the requests of one agent are still appended once."""
+    if len(requests) <= DECIDE_STEP and pacer is None:
+        return way_in.take(requests, principal)
+    batch = Batch()
+    answers: list[asyncio.Future[Ack]] = []
+    try:
+        for start in range(0, len(requests), DECIDE_STEP):
+            chunk = requests[start:start + DECIDE_STEP]
+            if pacer is not None:
+                async with pacer.turn():
+                    answers += way_in.take(chunk, principal, batch)
+                continue
+            if start:
+                await asyncio.sleep(0)
+            answers += way_in.take(chunk, principal, batch)
+    finally:  # every decision appended, whatever happens to the call
+        way_in.finish(batch)
+    return answers
+
+
+async def settled(answers: Sequence[Awaitable[Ack]]) -> list[Ack | GatewayError]:
+    """Each answer awaited: its ack, or the `GatewayError` it was refused with."""
+    results: list[Ack | GatewayError] = []
+    for answer in answers:
+        try:
+            results.append(await answer)
+        except GatewayError as error:
+            results.append(error)
+    return results
+
+
+class Intake:
+    """Decides requests for the engine's agents and answers each after its commit."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.open = 0
+        """Groups decided and not appended yet."""
+
+    def take(self, requests: Sequence[AgentRequest], principal: str | None,
+             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+        """Decide ``requests`` now, in order: one future each (see the module's docstring).
+        Into ``batch`` (`in_steps`), the appends wait for `finish`."""
+        own = batch is None
+        if batch is None:
+            batch = Batch()
+        at = self._engine.clock.now_ms()
+        answers: list[asyncio.Future[Ack]] = []
+        try:
+            self._place(requests, at, principal, batch, answers,
+                        asyncio.get_running_loop())
+        finally:
+            if own:
+                self.finish(batch)
+        return answers
+
+    def finish(self, batch: Batch) -> None:
+        """Append what ``batch`` decided; its requests are answered after the commits."""
+        for group in batch.groups.values():
+            self.close(group)
+        for group, waiting in batch.placed.items():
+            commit = group.outcome.commit
+            if commit is None:
+                self._settle(waiting, None)
+            else:
+                commit.add_done_callback(partial(self._settle, waiting))
+        batch.groups.clear()
+        batch.placed.clear()
+
+    def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None,
+               batch: Batch, answers: list[asyncio.Future[Ack]],
+               loop: asyncio.AbstractEventLoop) -> None:
+        """Decide requests in order into ``groups`` (one per agent, left open for the next
+        step of the same call)."""
+        engine = self._engine
+        groups = batch.groups
+        for request in requests:
+            future: asyncio.Future[Ack] = loop.create_future()
+            answers.append(future)
+            received = RequestReceived(at=at, request=request, principal=principal)
+            try:
+                agent = engine.agent(request.agent_id)
+            except GatewayError as error:
+                future.set_exception(self._refused(received, error))
+                continue
+            if agent.controls.supersedes(request.request_id):
+                future.set_exception(Superseded(request))
+                continue
+            group = groups.get(request.agent_id)
+            if group is None or group.closed:  # (closed: something else came in between)
+                if agent.open is not None:
+                    self.close(agent.open)
+                group = groups[request.agent_id] = agent.open = Group(agent,
+                                                                      agent.state.version)
+                self.open += 1
+            try:
+                decisions, events = self.decide(agent, received, group)
+            except Unstorable as error:  # refused before anything changed: the rest go on
+                future.set_exception(error)
+                continue
+            batch.placed.setdefault(group, []).append(
+                _Placed(future, received, len(group.events), decisions, agent))
+            group.events += events
+            group.decisions += decisions
+
+    def _settle(self, waiting: list[_Placed],
+                commit: asyncio.Future[list[RecordedEvent]] | None) -> None:
+        """Answer the requests of a group once its append settled."""
+        if commit is not None and commit.cancelled():
+            for item in waiting:
+                item.future.cancel()
+            return
+        failure = None if commit is None else commit.exception()
+        error = None if failure is None else self._engine.commit_error(failure)
+        records = [] if commit is None or error is not None else commit.result()
+        for item in waiting:
+            future = item.future
+            if future.done():
+                continue
+            request_id = item.received.request.request_id
+            if error is not None:
+                future.set_exception(self._refused(item.received, error)
+                                     if isinstance(error, GatewayError) else error)
+                continue
+            item.agent.controls.stored(request_id)
+            try:
+                future.set_result(ack_of(request_id, item.decisions, records[item.offset:]))
+            except AssertionError as bug:  # (no decision for it: a bug, said to its caller)
+                future.set_exception(bug)
+
+    def _refused(self, received: RequestReceived, error: GatewayError) -> GatewayError:
+        """The error a request that could not be stored is answered with (a risk-reducing
+        control may be held: `gateway.runtime.held`)."""
+        engine = self._engine
+        agent = engine.present(received.request.agent_id)
+        if agent is None:
+            return error
+        return agent.controls.refuse(received, error, engine.fault_of(agent))
+
+    def close(self, group: Group) -> None:
+        """Append what ``group`` decided (once)."""
+        if group.closed:
+            return
+        group.closed = True
+        self.open -= 1
+        agent = group.agent
+        if agent.open is group:
+            agent.open = None
+        group.outcome = self._engine.append(agent, group.base, group.events, group.decisions)
+
+    def decide(self, agent: Agent, event: Input, into: Group | None = None
+               ) -> tuple[list[Decision], list[NewEvent]]:
+        """Decide an input: the decisions and the events to append (none if none). What
+        is open for the agent, unless it is ``into``, is appended first. Its effects that
+        cannot wait for the commit happen now: an abort cancels its run at once, a steer
+        reaches its run at once (a failed commit cancels the run, so nothing uncommitted
+        outlives the failure)."""
+        if agent.open is not None and agent.open is not into:
+            self.close(agent.open)
+        engine = self._engine
+        version = agent.state.version
+        received = type(event) is RequestReceived
+        if received:
+            engine.requests_received += 1
+        try:  # before anything changes: an input that would not read back is never taken
+            encoded = agent.core.encode(event)
+        except Unrepeatable as error:
+            what = f"request {event.request.request_id!r}" \
+                if isinstance(event, RequestReceived) else type(event).__name__
+            raise Unstorable(what, str(error), error.field) from None
+        decisions, events = agent.core.decide(event, encoded)
+        if not decisions:
+            return decisions, []
+        if isinstance(event, RequestReceived):
+            agent.controls.decided(event, version)
+        runs = engine.runs
+        for decision in decisions:
+            if isinstance(decision, RunAborted | RunCompleted | RunFailed):
+                runs.ended(agent, decision.run_id)
+            if isinstance(decision, RunAborted):
+                runs.cancel(agent, decision.run_id)
+            elif isinstance(decision, RunSteered):
+                runs.steer(agent, decision)
+        engine.reschedule(agent)
+        return decisions, events
+
+
+async def take_all(way_in: WayIn, requests: Sequence[AgentRequest],
+                   principal: str | None = None, pacer: Pacer | None = None
+                   ) -> list[Ack | GatewayError]:
+    """`in_steps`, each answer `settled`: an ack or an error for each request, in place."""
+    return await settled(await in_steps(way_in, requests, principal, pacer))

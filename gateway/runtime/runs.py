@@ -1,0 +1,152 @@
+"""An agent's runs: started as tasks after their start is committed, stopped early.
+
+A run starts only once the `RunStarted` that decides it is committed (*start late*), and is
+cancelled as soon as its abort is decided (*stop early*: never wait to stop trading). Its
+result comes back into the agent's stream as an input (`RunFinished`, `RunErrored`,
+`SpendLimitHit`), so replay knows what it came to; a steer decided for it is handed to it at
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any
+
+from gateway.edge.metrics import DURATION_BUCKETS, Histogram
+from gateway.errors import Unstorable
+from gateway.llm.reasoner import Reasoner, RunContext, RunResult, SpendLimitError
+from gateway.runtime.agents import Agent
+from gateway.runtime.clock import Clock
+from gateway.runtime.gate import SlotGate
+from lanes.events import (
+    Input,
+    RunErrored,
+    RunFinished,
+    RunStarted,
+    RunSteerability,
+    RunSteered,
+    SpendLimitHit,
+)
+from lanes.state import ActiveRun
+
+log = logging.getLogger("gateway.runtime.engine")
+
+
+class Runs:
+    """Every agent's run task: started, steered, cancelled, its result fed back.
+
+    ``feed`` gives an input to a live agent (the engine's); ``live`` says whether an agent
+    still decides here; ``spawn`` starts a task the engine cancels at its stop."""
+
+    def __init__(self, *, clock: Clock, reasoners: Callable[[str], Reasoner],
+                 gate_of: Callable[[str], SlotGate | None],
+                 feed: Callable[[Agent, Input], object],
+                 live: Callable[[Agent], bool],
+                 spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]) -> None:
+        self._clock = clock
+        self._reasoners = reasoners
+        self._gate_of = gate_of
+        self._feed = feed
+        self._live = live
+        self._spawn = spawn
+        self.durations = Histogram(DURATION_BUCKETS)
+        """Seconds from a run's start to its end, however it ended."""
+
+    def start(self, agent: Agent, started: RunStarted) -> None:
+        """A run's start was committed: run it (unless aborted meanwhile)."""
+        run = agent.state.active
+        if run is None or run.run_id != started.run_id:
+            return  # aborted before its start was even committed
+        context = RunContext(
+            agent_id=agent.agent_id,
+            run_id=run.run_id,
+            requests=[p.request for p in run.requests],
+            summary=started.summary,
+            depth=run.depth,
+            clock=self._clock,
+            report_steerable=partial(self._steerable, agent, run.run_id),
+            gate=self._gate_of(agent.agent_id),
+        )
+        agent.context = context
+        agent.run_started[run.run_id] = time.perf_counter()
+        agent.run = self._spawn(self._run(agent, run, context), f"run {run.run_id}")
+
+    def ended(self, agent: Agent, run_id: str) -> None:
+        """A run's end was decided (completed, failed or aborted)."""
+        started = agent.run_started.pop(run_id, None)
+        if started is not None:
+            self.durations.observe(time.perf_counter() - started)
+
+    def steer(self, agent: Agent, steered: RunSteered) -> None:
+        """Hand a steered request to its run."""
+        context = agent.context
+        run = agent.state.active
+        if context is None or run is None or context.run_id != steered.run_id:
+            return  # the run's task has not started yet: it gets its requests from the state
+        request = next(
+            p.request for p in reversed(run.requests)
+            if p.request.request_id == steered.request_id
+        )
+        context.deliver_steer(request)
+
+    def cancel(self, agent: Agent, run_id: str | None = None) -> None:
+        """Cancel the agent's run task (``run_id``: only if it is that run's)."""
+        if agent.run is None:
+            return
+        if run_id is not None and (agent.context is None or agent.context.run_id != run_id):
+            return
+        agent.run.cancel()
+        agent.run = agent.context = None
+
+    async def _run(self, agent: Agent, run: ActiveRun, context: RunContext) -> None:
+        reasoner = self._reasoners(agent.agent_id)
+        event: Input
+        try:
+            result: RunResult = await reasoner.run(context)
+        except asyncio.CancelledError:
+            raise
+        except SpendLimitError as error:
+            log.warning("run %s: %s; agent %s paused until resume", run.run_id, error,
+                        agent.agent_id)
+            event = SpendLimitHit(at=self._clock.now_ms(), run_id=run.run_id,
+                                  provider=error.provider, reason=error.reason[:500])
+        except Exception as error:
+            log.warning("run %s failed: %r", run.run_id, error)
+            event = RunErrored(at=self._clock.now_ms(), run_id=run.run_id,
+                               error=describe(error))
+        else:
+            event = RunFinished(
+                at=self._clock.now_ms(),
+                run_id=run.run_id,
+                outcome=result.outcome,
+                usage=result.usage,
+                orders=result.orders,
+                calls=result.calls,
+                answer=result.answer,
+                call_results=result.call_results,
+            )
+        finally:
+            if agent.context is context:
+                agent.run = agent.context = None
+        if self._live(agent):
+            try:
+                self._feed(agent, event)
+            except Unstorable as error:  # a result the log could not hold: the run failed
+                log.warning("run %s: %s", run.run_id, error)
+                self._feed(agent, RunErrored(at=event.at, run_id=run.run_id,
+                                             error=describe(error)))
+
+    def _steerable(self, agent: Agent, run_id: str, steerable: bool) -> None:
+        if self._live(agent):
+            self._feed(agent, RunSteerability(at=self._clock.now_ms(), run_id=run_id,
+                                              steerable=steerable))
+
+
+def describe(error: BaseException) -> str:
+    """An error in words, for the log (at most 500 characters)."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 500 else text[:497] + "..."
