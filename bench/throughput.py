@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Figure, requests, run, timed
+from gateway.base.process import tune_runtime
 from gateway.errors import GatewayError
 from gateway.llm.reasoner import RunContext, RunResult
 from gateway.runtime.engine import Ack, Engine
-from gateway.runtime.process import tune_runtime
 from lanes import AgentConfig, AgentRequest, Mode
 from store import SqliteEventStore, migrate
 

@@ -10,6 +10,7 @@ import logging
 import os
 from pathlib import Path
 
+from gateway.base.clock import Clock, SystemClock
 from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
 from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.service import Service
@@ -18,7 +19,6 @@ from gateway.market.broker import PaperBroker
 from gateway.market.events import MarketEvent
 from gateway.market.feed import SyntheticFeed
 from gateway.market.hooks import HookEngine
-from gateway.runtime.clock import Clock, SystemClock
 from gateway.runtime.engine import Engine
 from lanes.events import BrokerReport
 from store import GroupCommitStore, PostgresEventStore, SqliteEventStore

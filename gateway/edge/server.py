@@ -18,12 +18,12 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
+from gateway.base.process import tune_runtime
 from gateway.edge.app import create_app
 from gateway.edge.http import own_origins
 from gateway.edge.service import Service
 from gateway.runtime.cluster import Cluster
 from gateway.runtime.peers import Peers, RoutedGate
-from gateway.runtime.process import tune_runtime
 
 log = logging.getLogger("gateway.edge.server")
 

@@ -15,8 +15,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.base.roles import Role
+from gateway.base.tasks import spawn
 from gateway.edge.answers import ack_frame, error_frame
-from gateway.edge.auth import Principal, Role
+from gateway.edge.auth import Principal
 from gateway.edge.protocol import (
     CLIENT_FRAME,
     CLIENT_TYPES,
@@ -62,7 +64,6 @@ from gateway.edge.views import (
 from gateway.errors import HTTP_STATUS, BadFrame, Busy, Forbidden, GatewayError, Unauthorized
 from gateway.market.events import MarketEvent, event_time, from_ms, to_ms
 from gateway.runtime.engine import Ack
-from gateway.runtime.tasks import spawn
 from lanes import AgentRequest, InvalidRequest
 from lanes.requests import FieldError
 

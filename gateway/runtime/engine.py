@@ -25,8 +25,11 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from gateway.edge.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
-from gateway.edge.protocol import ControlEffect
+from gateway.base.clock import Clock, SystemClock
+from gateway.base.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, Histogram
+from gateway.base.process import gc_paused
+from gateway.base.quarantine import PLAIN, LogReader, log_reader
+from gateway.base.tasks import spawn
 from gateway.errors import (
     AgentUnavailable,
     BadFrame,
@@ -40,14 +43,11 @@ from gateway.errors import (
     storage_fault_kind,
 )
 from gateway.llm.reasoner import Reasoner, RunContext, RunResult, SimulatedReasoner, SpendLimitError
-from gateway.runtime.clock import Clock, SystemClock
 from gateway.runtime.core import EventIds, Outcome, StreamCore
-from gateway.runtime.process import gc_paused
+from gateway.runtime.effects import ControlEffect
 from gateway.runtime.schedules import Scheduler, check_count, manual_request
 from gateway.runtime.schedules import check as check_schedule
 from gateway.runtime.snapshots import KEEP, load_latest, seal, snapshot_of_log
-from gateway.runtime.tasks import spawn
-from gateway.tools.quarantine import PLAIN, LogReader, log_reader
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
@@ -108,7 +108,7 @@ from store.port import (
 )
 
 if TYPE_CHECKING:
-    from gateway.edge.pacing import Pacer
+    from gateway.base.pacing import Pacer
     from gateway.market.broker import Broker
     from gateway.runtime.gate import ProviderGate, SlotGate
 

@@ -17,8 +17,8 @@ from typing import Any, Final
 
 import httpx
 
-from gateway.edge.protocol import ControlEffect
 from gateway.errors import BadFrame, GatewayError
+from gateway.runtime.effects import ControlEffect
 from gateway.runtime.engine import Ack
 from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
 from lanes.gate.events import CallOutcome, GateLimits, Refusal, SlotRefused

@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from gateway.base.clock import Clock
 from gateway.errors import BadFrame, GatewayError
-from gateway.runtime.clock import Clock
 from lanes.requests import AgentRequest, Kind
 from lanes.schedules import (
     MANUAL_SOURCE,

@@ -72,7 +72,7 @@ def snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None
 
 
 async def _snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None:
-    from gateway.tools.quarantine import log_reader
+    from gateway.base.quarantine import log_reader
     from lanes.snapshot import dump_fold
     from store import open_store
 

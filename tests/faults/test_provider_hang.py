@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from gateway.base.clock import SystemClock
 from gateway.errors import GatewayError
 from gateway.llm.fake_provider import FakeProvider, Fault, FaultKind, create_fake_provider, serving
 from gateway.llm.providers import AnthropicClient
 from gateway.llm.reasoner import LLMReasoner
-from gateway.runtime.clock import SystemClock
 from gateway.runtime.engine import Ack, Engine
 from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, verify

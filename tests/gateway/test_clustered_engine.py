@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.errors import NotOwner, StorageFailed
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.cluster import Cluster
 from gateway.runtime.core import Commit
 from gateway.runtime.engine import Engine
