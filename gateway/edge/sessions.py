@@ -244,7 +244,7 @@ class Session:
                 answering = self._control_now(frame)  # decided here, not a loop turn later
             else:
                 answering = self._answer(frame)
-            task = asyncio.create_task(answering)
+            task = spawn(answering, "answer")
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self._done, len(raw)))
 
@@ -479,7 +479,7 @@ class Session:
         # Swap subscriptions with no await in between: one follower per connection, always.
         if self.subscription is not None:
             self.subscription.cancel()
-        self.subscription = asyncio.create_task(self._follow(frame, wanted))
+        self.subscription = spawn(self._follow(frame, wanted), "subscription")
 
     async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
         position = await self.engine.store.last_position()
@@ -530,7 +530,7 @@ class Session:
         while not self.closing and self.subscription is follower:
             quiet = loop.time() - self.last_sent
             if quiet < every:
-                await asyncio.sleep(every - quiet)
+                await self.engine.clock.sleep((every - quiet) * 1000)
                 continue
             committed = await self.engine.store.last_position()
             if self.subscription is not follower:
