@@ -47,8 +47,8 @@ from bench.ws_ingest import (
     gateway,
     request_json,
 )
+from gateway.base.metrics import LATENCY_BUCKETS
 from gateway.client import ControlClient
-from gateway.edge.metrics import LATENCY_BUCKETS
 from gateway.llm.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, parse_request
 from store import DEFAULT_MAX_BATCH, pg_server

@@ -43,7 +43,7 @@ Measures:
 - **overhead per slot**: the recorded inputs are fed again to a fresh gate with nothing else
   in the loop: wall time of `decide_gate` / slots granted, which is one slot's whole life
   (its request, its grant by a timer or a release, its release, the timers it causes); the
-  best of 5 runs, after `gateway.runtime.process.tune_runtime` as in the gateway. Then with what
+  best of 5 runs, after `gateway.base.process.tune_runtime` as in the gateway. Then with what
   the live gate adds per input: `next_gate_due` after each input, and `encode_gate_event` of each
   deciding input and its decisions.
 
@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.common import Figure, run
-from gateway.runtime.process import tune_runtime
+from gateway.base.process import tune_runtime
 from lanes.gate import GateState, decide_gate, encode_gate_event, next_gate_due
 from lanes.gate.events import (
     WINDOW_MS,

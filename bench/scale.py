@@ -16,9 +16,9 @@ from pathlib import Path
 
 from bench.common import Figure, requests, run, timed
 from bench.throughput import Hang
+from gateway.base.process import tune_runtime
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import take_all
-from gateway.runtime.process import tune_runtime
 from lanes import AgentConfig, AgentState, Mode, decide
 from lanes.events import ConfigChanged, RequestReceived
 from store import MemoryEventStore, SqliteEventStore

@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Figure, requests, run, timed
+from gateway.base.process import tune_runtime
 from gateway.errors import GatewayError
 from gateway.llm.reasoner import RunContext, RunResult
 from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import take_all
-from gateway.runtime.process import tune_runtime
 from lanes import AgentConfig, AgentRequest, Mode
 from store import SqliteEventStore, migrate
 

@@ -7,7 +7,7 @@ One agent with ``N`` events (`bench.replay_speed.make_log`) in a SQLite file, se
 gateway in this process. ``K`` picks at random positions ask ``/moment`` over HTTP, one at a
 time, then the same positions as the panel asks at a pick (``/api/replay``, ``/moment`` and
 ``/story`` at once), while a task notes the longest the event loop went without a turn. In
-the same run, the way before checkpoints (`gateway.runtime.replays`) for the same positions:
+the same run, the way before checkpoints (`gateway.reads.replays`) for the same positions:
 read the whole stream, fold it up to the position.
 """
 
@@ -26,9 +26,9 @@ import httpx
 
 from bench.common import Figure, run
 from bench.replay_speed import _write, make_log
+from gateway.base.quarantine import PLAIN
 from gateway.config import validate_config
 from gateway.edge.server import serving
-from gateway.tools.quarantine import PLAIN
 from gateway.wiring import build_service
 from lanes import AgentState
 from lanes.codec import encode

@@ -33,16 +33,17 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
 from bench.common import CREATED, Figure, run
+from gateway.base.process import tune_runtime
+from gateway.base.roles import Role
 from gateway.client import FeedClient
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.edge.app import create_app
-from gateway.edge.auth import Principal, Role, TokenBook
+from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.server import join_cluster
 from gateway.edge.service import Service
 from gateway.llm.reasoner import Reasoner, RunContext, RunResult
 from gateway.runtime.engine import Engine
-from gateway.runtime.process import tune_runtime
 from lanes import AgentConfig, AgentRequest, Mode, parse_request
 from store import DEFAULT_MAX_BATCH, EventStore, PostgresEventStore, SqliteEventStore
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 def _debug(args: argparse.Namespace) -> int:
     """The replay debugger's commands (`gateway.tools.debugger`); bad input exits 2."""
+    from gateway.base.quarantine import UnreadableEvent
     from gateway.tools import debugger
-    from gateway.tools.quarantine import UnreadableEvent
 
     try:
         if args.command == "replay":
@@ -72,11 +72,11 @@ def _import(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
+    from gateway.base.clock import SystemClock
+    from gateway.base.quarantine import UnreadableEvent
     from gateway.config import ConfigError, demo_config, load_config
     from gateway.edge.server import Running, serve_forever
     from gateway.market.feed import SyntheticFeed
-    from gateway.runtime.clock import SystemClock
-    from gateway.tools.quarantine import UnreadableEvent
     from gateway.wiring import build_service, feed_market
     from store import LogInUse, LogUnavailable
 

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from gateway.base.tasks import spawn
 from gateway.edge.protocol import (
     MAX_BATCH,
     AckFrame,
@@ -281,13 +282,13 @@ class GatewayClient:
         if self._runner is not None:
             raise RuntimeError("already connected")
         self._ws, self.hello = await self._open()
-        self._runner = asyncio.create_task(self._run(self._ws), name=f"client {self.url}")
+        self._runner = spawn(self._run(self._ws), f"client {self.url}")
         self._runner.add_done_callback(self._runner_done)
         return self.hello
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:  # a bug: nobody waits for ever
-            log.error("the client's reader failed", exc_info=task.exception())
+            # (spawn logs it)
             self._give_up(ConnectionLost(f"the client's reader failed: {task.exception()!r}"))
 
     async def close(self) -> None:
@@ -430,7 +431,7 @@ class GatewayClient:
         asyncio.get_running_loop().call_later(max(0.0, delay), fire)
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+        task = spawn(coro, "client send")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -47,7 +47,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from gateway.edge.auth import Role
+from gateway.base.roles import Role
 from gateway.errors import BadFrame
 from gateway.llm.reasoner import (
     SYSTEM_PROMPT,
@@ -73,8 +73,8 @@ from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
+    from gateway.base.clock import Clock
     from gateway.llm.port import LLMClient
-    from gateway.runtime.clock import Clock
     from gateway.runtime.gate import ProviderGate
     from store.port import EventStore
 

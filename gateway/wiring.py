@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from gateway.base.clock import Clock, SystemClock
 from gateway.cluster.peers import Peers, RoutedGate
 from gateway.cluster.router import Router
 from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
@@ -21,7 +22,6 @@ from gateway.market.broker import PaperBroker
 from gateway.market.events import MarketEvent
 from gateway.market.feed import SyntheticFeed
 from gateway.market.hooks import HookEngine
-from gateway.runtime.clock import Clock, SystemClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import SlotGate
 from lanes.events import BrokerReport

@@ -84,6 +84,86 @@ def test_the_runtime_core_sits_under_the_engine_and_the_gate(
     assert imported_modules(ROOT / module) & forbidden == set()
 
 
+LAYERS: list[frozenset[str]] = [
+    frozenset({"gateway.errors"}),
+    frozenset({"gateway.base"}),
+    frozenset({"gateway.llm", "gateway.market"}),
+    frozenset({"gateway.runtime"}),
+    frozenset({"gateway.cluster"}),
+    frozenset({"gateway.config"}),
+    frozenset({"gateway.tools"}),
+    frozenset({"gateway.reads"}),
+    frozenset({"gateway.edge"}),
+    frozenset({"gateway.client", "gateway.wiring"}),
+    frozenset({"gateway.cli"}),
+]
+"""The parts of ``gateway/``, lowest first: a module imports only its own part and parts of
+lower layers (never one beside it), so arrows between them point one way, down."""
+RANK = {part: rank for rank, layer in enumerate(LAYERS) for part in layer}
+
+
+def part_of(module: str) -> str:
+    """The part of ``gateway/`` a module belongs to (``gateway.runtime.engine`` ->
+    ``gateway.runtime``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def gateway_imports(module: str, source: str) -> set[str]:
+    """Every ``gateway`` module that ``module``'s source imports, wherever the import sits
+    (``if TYPE_CHECKING:`` blocks and function bodies included), relative ones resolved."""
+    found = set()
+    package = module.split(".")[:-1]  # (``gateway.base.__init__``: ``gateway.base``)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[:len(package) - node.level + 1], *filter(None, [base])])
+            # ``from gateway import config`` imports the module gateway.config
+            found |= {f"{base}.{alias.name}" if base == "gateway" else base
+                      for alias in node.names}
+    return {name for name in found if name.startswith("gateway.")}
+
+
+def upward_imports(module: str, source: str) -> list[str]:
+    """The imports of ``module`` that point at its own layer's neighbours or higher up."""
+    mine = part_of(module)
+    return sorted(f"{module} imports {name}" for name in gateway_imports(module, source)
+                  if part_of(name) != mine and RANK[part_of(name)] >= RANK[mine])
+
+
+def gateway_modules() -> list[tuple[str, Path]]:
+    return [(".".join(path.relative_to(ROOT).with_suffix("").parts), path)
+            for path in python_files("gateway") if path.name != "__init__.py"
+            or path.parent != ROOT / "gateway"]
+
+
+def test_every_part_of_the_gateway_has_a_layer() -> None:
+    """A new package or top-level module of ``gateway/`` must be given its place."""
+    assert {part_of(module) for module, _ in gateway_modules()} - RANK.keys() == set()
+
+
+def test_arrows_between_the_parts_of_the_gateway_point_down() -> None:
+    upward = [line for module, path in gateway_modules()
+              for line in upward_imports(module, path.read_text())]
+    assert upward == []
+
+
+def test_the_layer_check_can_fail() -> None:
+    source = ("from typing import TYPE_CHECKING\n"
+              "from gateway.errors import BadFrame\n"
+              "if TYPE_CHECKING:\n    from gateway.runtime.engine import Engine\n"
+              "def late() -> None:\n    from gateway.llm import reasoner\n"
+              "from ..edge import protocol\n")
+    assert upward_imports("gateway.market.fake", source) == [
+        "gateway.market.fake imports gateway.edge",
+        "gateway.market.fake imports gateway.llm",
+        "gateway.market.fake imports gateway.runtime.engine",
+    ]
+    assert upward_imports("gateway.edge.fake", source) == []
+
+
 CHECKS = re.compile(r"\bassert\b|pytest\.raises|pytest\.fail|\bexpect\(|\bassert_\w+\(|\bfails\(|"
                     r"\bcheck\w*\(|\.run_state_machine|\brun_invariants\(")
 """What makes a test able to fail: an assert, an expected error, Playwright's expect, or a
@@ -100,3 +180,22 @@ def test_every_test_can_fail() -> None:
                     node.name.startswith("test_") and not CHECKS.search(ast.unparse(node)):
                 idle.append(f"{path.relative_to(ROOT)}::{node.name}")
     assert idle == []
+
+
+def test_the_runtime_knows_nothing_of_who_owns_what() -> None:
+    """Ownership lives in `gateway.cluster`: the engine and the gates hold only what they
+    decide for (load / unload / drop), so no file of the runtime speaks of what is owned."""
+    for path in python_files("gateway/runtime"):
+        assert not re.search(r"\bowned\b", path.read_text()), path
+
+
+@pytest.mark.parametrize("package", ["gateway", "lanes", "store"])
+def test_rooms_are_of_human_size(package: str) -> None:
+    """No file of gateway/, lanes/ or store/ over 600 lines, no class over 400."""
+    for path in python_files(package):
+        text = path.read_text()
+        assert text.count("\n") <= 600, f"{path}: {text.count(chr(10))} lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                assert size <= 400, f"{path}: class {node.name} is {size} lines"

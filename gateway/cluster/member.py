@@ -24,12 +24,12 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
+from gateway.base.clock import Clock, Timer
+from gateway.base.tasks import spawn
 from gateway.cluster.replicas import Replicas
 from gateway.cluster.router import Router
-from gateway.runtime.clock import Clock, Timer
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
-from gateway.runtime.tasks import spawn
 from store.port import Fence, LeaseLost, LeaseView, StoreError
 from store.writer import GroupCommitStore
 

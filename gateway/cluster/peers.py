@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import httpx
 
-from gateway.edge.protocol import ControlEffect
 from gateway.errors import BadFrame, GatewayError
 from gateway.runtime.acks import Ack
+from gateway.runtime.effects import ControlEffect
 from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
 from lanes.gate.events import CallOutcome, GateLimits, Refusal, SlotRefused
 from lanes.requests import AgentRequest, Priority

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from gateway.runtime.clock import Clock
+from gateway.base.clock import Clock
+from gateway.base.quarantine import PLAIN, LogReader, log_reader
+from gateway.base.tasks import spawn
 from gateway.runtime.gate import ProviderGate
 from gateway.runtime.snapshots import fold_log
-from gateway.runtime.tasks import spawn
-from gateway.tools.quarantine import PLAIN, LogReader, log_reader
 from lanes import AgentState
 from lanes import replay as fold
 from lanes.evolve import fold as fold_events

@@ -15,12 +15,12 @@ from collections.abc import Coroutine, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from gateway.base.tasks import spawn
 from gateway.cluster.peers import Peers
 from gateway.cluster.replicas import Replicas
 from gateway.errors import GatewayError, NotOwner, UnknownAgent
 from gateway.runtime.acks import Ack
 from gateway.runtime.intake import Batch
-from gateway.runtime.tasks import spawn
 from lanes import AgentRequest, AgentState
 
 if TYPE_CHECKING:

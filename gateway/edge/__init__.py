@@ -1,2 +1,2 @@
 """The network edge: WebSocket sessions, the HTTP API, auth, the wire protocol, the HTTP
-server, intake and pacing of feed work, metrics."""
+server, intake of feed work, metrics."""

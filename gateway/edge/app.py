@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from gateway.edge.auth import Role
+from gateway.base.roles import Role
 from gateway.edge.internal import internal_routes
 from gateway.edge.routes import Api
 from gateway.edge.service import Service

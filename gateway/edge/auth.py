@@ -5,8 +5,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 
+from gateway.base.roles import Role
 from gateway.errors import Forbidden, Unauthorized
 from lanes.requests import AgentRequest, Kind
 from lanes.schedules import MANUAL_SOURCE, SCHEDULE_SOURCE
@@ -17,16 +17,6 @@ def is_schedule_firing(request: AgentRequest) -> bool:
     return (request.request_id.startswith(f"{SCHEDULE_SOURCE}:")
             or (request.dedupe_key or "").startswith(f"{SCHEDULE_SOURCE}:")
             or request.source in (SCHEDULE_SOURCE, MANUAL_SOURCE))
-
-
-class Role(StrEnum):
-    """What a token may do. ``feed`` pushes market data and triggers; ``viewer`` only reads;
-    ``control`` reads and acts on agents; ``admin`` also changes config."""
-
-    FEED = "feed"
-    CONTROL = "control"
-    VIEWER = "viewer"
-    ADMIN = "admin"
 
 
 FEED_KINDS = frozenset({Kind.HOOK_TRIGGER, Kind.SYSTEM_ALERT})

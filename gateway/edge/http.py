@@ -21,10 +21,10 @@ from gateway.edge.protocol import load_json
 from gateway.edge.service import Service
 from gateway.edge.views import agent_summary, gate_waits_of
 from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownProvider
-from gateway.runtime.blotter import BlotterBook
+from gateway.reads.blotter import BlotterBook
+from gateway.reads.replays import Replayed, agent_replays, gate_replays
+from gateway.reads.stories import Stories, call_events
 from gateway.runtime.gate import GateMoved, ProviderGate
-from gateway.runtime.replays import Replayed, agent_replays, gate_replays
-from gateway.runtime.stories import Stories, call_events
 from lanes import InvalidRequest
 from lanes.events import INPUT_TYPES
 from lanes.gate import GateWait

@@ -50,7 +50,7 @@ def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
     from gateway.edge.http import ControlBody
     from gateway.edge.shapes import ANSWERS
-    from gateway.runtime.blotter import BlotterView
+    from gateway.reads.blotter import BlotterView
     from gateway.tools.story import RESPONSES  # the answers of the story routes
 
     schemas: dict[str, Any] = {}

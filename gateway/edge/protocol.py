@@ -14,7 +14,7 @@ from pydantic import Field, TypeAdapter
 
 from gateway.errors import BadFrame
 from gateway.market.events import MarketEvent
-from lanes.events import TradingState
+from gateway.runtime.effects import ControlEffect
 from lanes.requests import MAX_INT, AgentRequest, WireModel
 
 PROTOCOL_VERSION = 1
@@ -143,26 +143,6 @@ class Hello(WireModel):
     heartbeat_ms: int | None = None
     """A subscription hears at least this often (a `Heartbeat` when nothing else is sent);
     None: this gateway sends no heartbeats."""
-
-
-class ControlEffect(WireModel):
-    """What an accepted control did, as committed: the trading state before and after, and
-    what it set off. ``changed`` is false when it did nothing at all (a resume of an ACTIVE
-    agent with nothing held and nothing to start, say)."""
-
-    from_state: TradingState
-    to_state: TradingState
-    changed: bool
-    aborted_run: str | None = None
-    """The run it aborted (an emergency stop of a running agent)."""
-    cancels_requested: int = 0
-    """Open orders it asked the broker to cancel."""
-    unheld: bool = False
-    """It lifted a provider hold (a resume)."""
-    started_run: str | None = None
-    """The run it let start (a resume with work pending)."""
-    calls_cancelled: int = 0
-    """Sub-agent calls of the agent it ended (a stop)."""
 
 
 class AckFrame(WireModel):

@@ -18,11 +18,12 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
+from gateway.base.process import tune_runtime
+from gateway.base.tasks import spawn
 from gateway.cluster.member import Cluster
 from gateway.edge.app import create_app
 from gateway.edge.http import own_origins
 from gateway.edge.service import Service
-from gateway.runtime.process import tune_runtime
 
 log = logging.getLogger("gateway.edge.server")
 
@@ -204,7 +205,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
     async def lifespan(app: Any) -> AsyncIterator[None]:
         tune_runtime()
         if extra is not None:
-            extra_task.append(asyncio.create_task(extra(service)))
+            extra_task.append(spawn(extra(service), "extra"))
         try:
             yield
         finally:

@@ -9,12 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gateway.base.pacing import Pacer
 from gateway.cluster.member import Cluster
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.edge.auth import TokenBook
 from gateway.edge.intake import BUDGET_MS, Intake
-from gateway.edge.pacing import Pacer
 from gateway.errors import Busy
 from gateway.llm.port import LLMClient
 from gateway.market.events import MarketEvent
@@ -145,7 +145,7 @@ class Service:
     intake: Intake = field(init=False)
     pacer: Pacer = field(default_factory=Pacer)
     """The feed's work takes turns on the event loop, so that a control waits for at most
-    one unit of it (`gateway.edge.pacing`)."""
+    one unit of it (`gateway.base.pacing`)."""
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.engine.store, self.intake_budget_ms)

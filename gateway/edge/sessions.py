@@ -15,8 +15,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.base.roles import Role
+from gateway.base.tasks import spawn
 from gateway.edge.answers import ack_frame, error_frame
-from gateway.edge.auth import Principal, Role
+from gateway.edge.auth import Principal
 from gateway.edge.protocol import (
     CLIENT_FRAME,
     CLIENT_TYPES,
@@ -63,7 +65,6 @@ from gateway.errors import HTTP_STATUS, BadFrame, Busy, Forbidden, GatewayError,
 from gateway.market.events import MarketEvent, event_time, from_ms, to_ms
 from gateway.runtime.acks import Ack
 from gateway.runtime.intake import settled
-from gateway.runtime.tasks import spawn
 from lanes import AgentRequest, InvalidRequest
 from lanes.requests import FieldError
 
@@ -244,7 +245,7 @@ class Session:
                 answering = self._control_now(frame)  # decided here, not a loop turn later
             else:
                 answering = self._answer(frame)
-            task = asyncio.create_task(answering)
+            task = spawn(answering, "answer")
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self._done, len(raw)))
 
@@ -479,7 +480,7 @@ class Session:
         # Swap subscriptions with no await in between: one follower per connection, always.
         if self.subscription is not None:
             self.subscription.cancel()
-        self.subscription = asyncio.create_task(self._follow(frame, wanted))
+        self.subscription = spawn(self._follow(frame, wanted), "subscription")
 
     async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
         position = await self.engine.store.last_position()
@@ -530,7 +531,7 @@ class Session:
         while not self.closing and self.subscription is follower:
             quiet = loop.time() - self.last_sent
             if quiet < every:
-                await asyncio.sleep(every - quiet)
+                await self.engine.clock.sleep((every - quiet) * 1000)
                 continue
             committed = await self.engine.store.last_position()
             if self.subscription is not follower:

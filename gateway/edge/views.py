@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 from gateway.edge.auth import Principal
 from gateway.edge.protocol import EVENTS_PER_FRAME
 from gateway.market.events import from_ms, iso
-from gateway.runtime.blocked import blocked_view
+from gateway.reads.blocked import blocked_view
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
 from gateway.runtime.schedules import next_fire_at
@@ -37,7 +37,7 @@ def gate_waits_of(engine: Engine, now: int) -> dict[str, tuple[str, GateWait]]:
 def agent_summary(state: AgentState, now: int,
                   wait: tuple[str, GateWait] | None = None) -> dict[str, Any]:
     """An agent's status as JSON (camelCase, as everything on the wire), with why it is
-    blocked (``blocked``, ``attention``: see `gateway.runtime.blocked`; ``wait`` is its provider and
+    blocked (``blocked``, ``attention``: see `gateway.reads.blocked`; ``wait`` is its provider and
     why its calls wait at that gate, if they do)."""
     view = status(state, now)
     body: dict[str, Any] = _camel(asdict(view))

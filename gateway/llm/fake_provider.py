@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.runtime.clock import SystemClock
+from gateway.base.clock import SystemClock
 
 WINDOW_MS = 60_000
 """The sliding window every per-minute limit is counted over."""

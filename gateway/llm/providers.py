@@ -28,8 +28,8 @@ from openai.types.chat import (
 )
 from openai.types.completion_usage import CompletionUsage
 
+from gateway.base.clock import SystemClock
 from gateway.llm.port import Completion, LLMClient, Message, ProviderCallError, RateHints
-from gateway.runtime.clock import SystemClock
 from lanes.gate.events import CallOutcome
 
 PROVIDER_KINDS = ("anthropic", "openai")

@@ -3,26 +3,54 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
+from gateway.base.clock import Clock
 from gateway.errors import GatewayError
 from gateway.llm.port import Completion, LLMClient, Message, ProviderCallError
-from gateway.runtime.clock import Clock
 from lanes.config import CallResults
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
 from lanes.gate import backoff_ceiling, full_jitter
-from lanes.gate.events import THROTTLED, CallOutcome
+from lanes.gate.events import THROTTLED, CallOutcome, GateLimits
 from lanes.requests import RANK, AgentRequest, Kind, Priority, WireModel
 
-if TYPE_CHECKING:
-    from gateway.runtime.gate import SlotGate
+SlotT = TypeVar("SlotT")
+
+
+class CallGate(Protocol[SlotT]):
+    """What a run's LLM calls need of their provider gate: slots, given back with how the
+    provider answered (`gateway.runtime.gate.SlotGate` is one)."""
+
+    @property
+    def provider(self) -> str:
+        """The provider's name."""
+        ...
+
+    @property
+    def limits(self) -> GateLimits:
+        """The limits in force."""
+        ...
+
+    def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
+              input_tokens: int = 0, output_tokens: int = 0
+              ) -> contextlib.AbstractAsyncContextManager[SlotT]:
+        """A slot that is always given back."""
+        ...
+
+    def release(self, slot: SlotT, outcome: CallOutcome, *, input_tokens: int | None = None,
+                output_tokens: int | None = None, retry_after_ms: int | None = None,
+                remaining_requests: int | None = None, remaining_tokens: int | None = None,
+                reset_at: int | None = None) -> None:
+        """Give a slot back with how the provider answered."""
+        ...
 
 
 class SpendLimitError(GatewayError):
@@ -63,7 +91,7 @@ class RunContext:
         depth: int,
         clock: Clock,
         report_steerable: Callable[[bool], None],
-        gate: SlotGate | None = None,
+        gate: CallGate[Any] | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.run_id = run_id

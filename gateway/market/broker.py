@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gateway.base.clock import Clock
+from gateway.base.tasks import spawn
 from gateway.market.events import Candle, MarketEvent, Tick
-from gateway.runtime.clock import Clock
-from gateway.runtime.tasks import spawn
 from lanes.events import BrokerReport, OrderIntent
 
 log = logging.getLogger("gateway.market.broker")

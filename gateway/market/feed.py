@@ -1,7 +1,7 @@
 """A synthetic market feed for the demo: ticks on a geometric random walk, 1-minute candles.
 
 Seeded, so the same seed and the same sequence of times give the same events. Time comes
-from a `gateway.runtime.clock.Clock`, so tests drive it with a `FakeClock`.
+from a `gateway.base.clock.Clock`, so tests drive it with a `FakeClock`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.base.clock import Clock
 from gateway.market.events import Candle, MarketEvent, Tick, from_ms
-from gateway.runtime.clock import Clock
 
 MINUTE_MS = 60_000
 YEAR_MS = 365 * 24 * 3_600_000

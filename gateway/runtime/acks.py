@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.edge.protocol import ControlEffect
+from gateway.runtime.effects import ControlEffect
 from lanes.events import (
     CallEnded,
     ControlApplied,

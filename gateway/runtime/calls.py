@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from gateway.base.clock import Clock
 from gateway.errors import GatewayError
 from gateway.runtime.acks import Ack
-from gateway.runtime.clock import Clock
 from lanes import AgentRequest
 from lanes.events import (
     AgentCallDispatched,

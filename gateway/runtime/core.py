@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-from gateway.runtime.clock import Clock, Timer
-from gateway.runtime.tasks import spawn
+from gateway.base.clock import Clock, Timer
+from gateway.base.tasks import spawn
 from lanes.codec import Codec
 from store.port import Append, EventStore, Fence, FencedError, NewEvent, RecordedEvent, StoreError
 

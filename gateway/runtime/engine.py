@@ -24,7 +24,10 @@ from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.edge.metrics import LATENCY_BUCKETS, Histogram
+from gateway.base.clock import Clock, SystemClock
+from gateway.base.metrics import LATENCY_BUCKETS, Histogram
+from gateway.base.quarantine import PLAIN, LogReader, log_reader
+from gateway.base.tasks import spawn
 from gateway.errors import (
     AgentUnavailable,
     BadFrame,
@@ -38,7 +41,6 @@ from gateway.llm.reasoner import Reasoner, SimulatedReasoner
 from gateway.runtime.acks import Ack
 from gateway.runtime.agents import Agent, Phase
 from gateway.runtime.calls import Calls
-from gateway.runtime.clock import Clock, SystemClock
 from gateway.runtime.core import EventIds, Outcome, StreamCore
 from gateway.runtime.faults import Faults, StorageFault
 from gateway.runtime.intake import Batch, Intake
@@ -47,8 +49,6 @@ from gateway.runtime.schedules import Scheduler, check_count, manual_request
 from gateway.runtime.schedules import check as check_schedule
 from gateway.runtime.snapshots import fold_log
 from gateway.runtime.snapshotting import SNAPSHOT_EVERY, SnapshotPolicy
-from gateway.runtime.tasks import spawn
-from gateway.tools.quarantine import PLAIN, LogReader, log_reader
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from gateway.base.clock import Clock
 from gateway.errors import storage_fault_kind
-from gateway.runtime.clock import Clock
 from store.port import WriteFailed
 
 log = logging.getLogger("gateway.runtime.engine")

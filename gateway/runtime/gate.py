@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.base.clock import Clock
 from gateway.errors import GatewayError, StorageFailed, Unstorable
-from gateway.runtime.clock import Clock
 from gateway.runtime.core import Commit, EventIds, StreamCore
 from lanes.codec import Unrepeatable
 from lanes.gate import (

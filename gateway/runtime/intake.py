@@ -35,7 +35,7 @@ from lanes.requests import AgentRequest
 from store.port import NewEvent, RecordedEvent
 
 if TYPE_CHECKING:
-    from gateway.edge.pacing import Pacer
+    from gateway.base.pacing import Pacer
     from gateway.runtime.engine import Engine
 
 DECIDE_STEP: Final = 50

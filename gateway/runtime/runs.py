@@ -16,11 +16,11 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
-from gateway.edge.metrics import DURATION_BUCKETS, Histogram
+from gateway.base.clock import Clock
+from gateway.base.metrics import DURATION_BUCKETS, Histogram
 from gateway.errors import Unstorable
 from gateway.llm.reasoner import Reasoner, RunContext, RunResult, SpendLimitError
 from gateway.runtime.agents import Agent
-from gateway.runtime.clock import Clock
 from gateway.runtime.gate import SlotGate
 from lanes.events import (
     Input,

@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from gateway.base.clock import Clock
 from gateway.errors import BadFrame, GatewayError
-from gateway.runtime.clock import Clock
 from lanes.requests import AgentRequest, Kind
 from lanes.schedules import (
     MANUAL_SOURCE,
@@ -164,7 +164,7 @@ def next_fire_at(state: AgentState, schedule_id: str, now: int) -> int | None:
 class Scheduler:
     """Fires the schedules of the agents this process owns, on ``clock``.
 
-    ``states`` gives the owned agents' states (read, never changed here; an agent the engine
+    ``states`` gives the states of the agents the engine holds (read, never changed here; an agent the engine
     cannot write for now is in it too: its firings fail and are tried again, and it keeps
     its place, so nothing it misses meanwhile counts as missed while down); ``fire`` submits
     a firing (through the lanes, committed when it returns); ``adopt`` is called once for

@@ -18,14 +18,14 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.runtime.process import gc_paused
+from gateway.base.process import gc_paused
 from lanes.codec import AGENT_CODEC
 from lanes.replay import LogFold
 from lanes.snapshot import SNAPSHOT_FORMAT, BadSnapshot, load_fold
 from store.port import EventStore, RecordedEvent, Snapshot, SnapshotInfo
 
 if TYPE_CHECKING:
-    from gateway.tools.quarantine import LogReader
+    from gateway.base.quarantine import LogReader
 
 log = logging.getLogger("gateway.runtime.snapshots")
 
@@ -77,7 +77,7 @@ def snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None
 
 
 async def _snapshot_of_log(url: str, position: int, created_at: int) -> Snapshot | None:
-    from gateway.tools.quarantine import log_reader
+    from gateway.base.quarantine import log_reader
     from lanes.snapshot import dump_fold
     from store import open_store
 

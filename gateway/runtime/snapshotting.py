@@ -18,9 +18,9 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Final
 
-from gateway.runtime.clock import Clock
+from gateway.base.clock import Clock
+from gateway.base.tasks import spawn
 from gateway.runtime.snapshots import KEEP, seal, snapshot_of_log
-from gateway.runtime.tasks import spawn
 from lanes.replay import LogFold
 from lanes.snapshot import dump_fold
 from store.port import EventStore, RecordedEvent, StoreError

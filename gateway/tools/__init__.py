@@ -1,2 +1,2 @@
-"""Tools for people: the replay debugger, export and import, quarantine, the demo, timeline
-wording, terminal reports and progress bars."""
+"""Tools for people: the replay debugger, export and import, the demo, timeline wording,
+terminal reports and progress bars."""

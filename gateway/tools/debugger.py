@@ -23,12 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from gateway.base.process import gc_paused
+from gateway.base.quarantine import LogReader, UnreadableEvent, log_reader, set_aside, stand_ins
 from gateway.config import ConfigError, validate_config
-from gateway.runtime.process import gc_paused
 from gateway.runtime.snapshots import load_latest
 from gateway.tools.describe import describe
 from gateway.tools.progress import Progress, summary
-from gateway.tools.quarantine import LogReader, UnreadableEvent, log_reader, set_aside, stand_ins
 from gateway.tools.transfer import BadExport, event_line, header, parse
 from lanes import AgentConfig, AgentState, status
 from lanes.codec import encode
@@ -948,7 +948,7 @@ def read_export(source: Iterable[str]) -> list[RecordedEvent]:
 
 
 async def quarantine_command(db: Log, position: int, reason: str, out: Out) -> int:
-    """Set aside the event at ``position`` of an agent stream (`gateway.tools.quarantine`), so the
+    """Set aside the event at ``position`` of an agent stream (`gateway.base.quarantine`), so the
     log starts, replays and verifies again; refused while a gateway serves the log."""
     try:
         if not isinstance(db, str):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.base.tasks import spawn
 from gateway.llm.reasoner import SimulatedReasoner
 from gateway.runtime.engine import Engine
 from gateway.tools.describe import describe
@@ -40,7 +41,7 @@ async def run_demo(db: Path, pace: float = 1.0, out: Callable[[str], None] = pri
     await engine.start()
     out(f"event log: {db} (SQLite, WAL, synchronous=FULL)\n")
     out(f"{'pos':>5}  {'agent':<13} {'event':<20} detail")
-    follower = asyncio.create_task(_print_log(store, out))
+    follower = spawn(_print_log(store, out), "demo log")
     ids = itertools.count(1)
 
     async def send(agent: str, kind: str = "hook_trigger", **fields: Any) -> None:
@@ -51,7 +52,7 @@ async def run_demo(db: Path, pace: float = 1.0, out: Callable[[str], None] = pri
         await engine.submit(request)
 
     async def pause(seconds: float) -> None:
-        await asyncio.sleep(seconds * pace)
+        await engine.clock.sleep(seconds * pace * 1000)
 
     for n in range(3):  # three triggers inside one debounce window: one run
         await send("agent_btc_5m", dedupeKey=f"two_green:BTCUSD:5m:{n}",

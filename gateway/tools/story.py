@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import Field
 
+from gateway.base.quarantine import LogReader
 from gateway.tools.debugger import JUMP_KINDS, Group
 from gateway.tools.debugger import story as story_of
-from gateway.tools.quarantine import LogReader
 from lanes import AgentState, status
 from lanes.events import INPUT_TYPES, TradingState
 from lanes.gate import (

@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
+from gateway.base.clock import SystemClock
 from gateway.config import GatewayConfig, validate_config
 from gateway.edge.server import Running, serving
 from gateway.market.feed import SyntheticFeed
-from gateway.runtime.clock import SystemClock
 from gateway.wiring import build_service, feed_market
 
 CONTROL = "panel-control-secret"

@@ -16,12 +16,13 @@ import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
+from gateway.base.clock import Clock
+from gateway.base.roles import Role
 from gateway.edge.app import create_app
-from gateway.edge.auth import Principal, Role, TokenBook
+from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.http import own_origins
 from gateway.edge.service import Service
 from gateway.llm.reasoner import Reasoner
-from gateway.runtime.clock import Clock
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig
 from store import EventStore

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.llm.reasoner import RunContext, RunResult, SimulatedCall, SimulatedReasoner
-from gateway.runtime.clock import FakeClock
 from lanes import AgentConfig, Mode, replay, verify
 from lanes.events import (
     CallAnswered,

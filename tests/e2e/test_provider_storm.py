@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from gateway.base.clock import SystemClock
 from gateway.llm.fake_provider import FakeProvider, Fault, FaultKind, create_fake_provider, serving
 from gateway.llm.port import LLMClient
 from gateway.llm.providers import AnthropicClient, OpenAIClient
 from gateway.llm.reasoner import LLMReasoner
-from gateway.runtime.clock import SystemClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, verify

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.runtime.clock import FakeClock
+from gateway.base.clock import FakeClock
 from lanes import AgentConfig, Mode, replay, verify
 from lanes.events import RequestReceived, ScheduleApplied
 from lanes.schedules import Schedule

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.edge.openapi import openapi_document
 from gateway.llm.reasoner import RunContext, RunResult
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.gate import ProviderGate
 from gateway.tools.debugger import clock, timeline_command
 from lanes import AgentConfig, Mode, replay, status

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from gateway.base.clock import SystemClock
 from gateway.errors import StorageFailed, Superseded
-from gateway.runtime.clock import SystemClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
 from gateway.runtime.intake import take_all

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from gateway.base.clock import SystemClock
 from gateway.errors import GatewayError
 from gateway.llm.fake_provider import FakeProvider, Fault, FaultKind, create_fake_provider, serving
 from gateway.llm.providers import AnthropicClient
 from gateway.llm.reasoner import LLMReasoner
 from gateway.runtime.acks import Ack
-from gateway.runtime.clock import SystemClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, verify

@@ -1,4 +1,4 @@
-"""Why an agent is blocked (`gateway.runtime.blocked`, `lanes.gate.gate_waits`): the reasons the
+"""Why an agent is blocked (`gateway.reads.blocked`, `lanes.gate.gate_waits`): the reasons the
 overview and the agent page show, derived from the state alone."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.market.events import from_ms, iso
-from gateway.runtime.blocked import GATE_SLOW_MS, blocked_view
+from gateway.reads.blocked import GATE_SLOW_MS, blocked_view
 from lanes import AgentConfig, Budgets
 from lanes.events import RequestReceived, SpendLimitHit
 from lanes.gate import gate_waits

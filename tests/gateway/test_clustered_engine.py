@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.cluster.member import Cluster
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.errors import NotOwner, StorageFailed
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.core import Commit
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.runtime.clock import FakeClock
+from gateway.base.clock import FakeClock
+from gateway.base.quarantine import PLAIN
 from gateway.runtime.core import (
     READ_RETRY_MS,
     REBUILD_BACKOFF_MAX_MS,
@@ -18,7 +19,6 @@ from gateway.runtime.core import (
     StreamCore,
     rebuild_backoff_ms,
 )
-from gateway.tools.quarantine import PLAIN
 from lanes import AgentState, decide, replay
 from lanes.codec import AGENT_CODEC
 from lanes.events import Decision, Input, RequestQueued, RequestReceived

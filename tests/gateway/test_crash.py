@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.runtime.clock import FakeClock
+from gateway.base.clock import FakeClock
 from gateway.runtime.engine import Engine
 from lanes import replay, request_outcomes, verify
 from lanes.events import (

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.errors import AgentUnavailable, StorageFailed, UnknownAgent
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import take_all
 from lanes import AgentConfig, Budgets, Mode, Priority, replay, request_outcomes, verify
@@ -561,7 +561,7 @@ async def test_a_graceful_stop_records_runs_in_flight_and_the_next_start_reruns_
 async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_order(
     engine: Engine,
 ) -> None:
-    from gateway.edge.pacing import Pacer
+    from gateway.base.pacing import Pacer
     from gateway.runtime.intake import DECIDE_STEP
 
     agent = next(iter(AGENTS))

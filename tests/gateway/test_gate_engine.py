@@ -8,9 +8,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.base.clock import FakeClock
 from gateway.llm.port import Completion, Message, ProviderCallError, RateHints
 from gateway.llm.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig, Mode

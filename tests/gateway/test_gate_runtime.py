@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.errors import StorageFailed
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.gate import ProviderGate, SlotRefusedError
 from lanes.gate import GateState, decode_gate_event, fold_gate
 from lanes.gate.events import CallOutcome, GateLimits

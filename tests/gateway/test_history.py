@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.edge.app import create_app
 from gateway.edge.auth import TokenBook
 from gateway.edge.service import Service
 from gateway.llm.port import Completion
 from gateway.llm.reasoner import LLMReasoner
-from gateway.runtime import history
-from gateway.runtime.clock import FakeClock
+from gateway.reads import history
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
 from lanes import AgentConfig

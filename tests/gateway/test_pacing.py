@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.edge.pacing import Pacer
+from gateway.base.pacing import Pacer
 
 
 async def test_work_that_becomes_ready_runs_between_units_not_after_them() -> None:

@@ -1,4 +1,4 @@
-"""Time travel's replays (`gateway.runtime.replays`): an agent or a provider gate at any log
+"""Time travel's replays (`gateway.reads.replays`): an agent or a provider gate at any log
 position, from checkpoints, is exactly the plain replay of the log up to there."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import random
 import pytest
 
 from bench.replay_speed import T0, make_log
-from gateway.runtime.replays import (
+from gateway.base.quarantine import PLAIN, LogReader
+from gateway.reads.replays import (
     MAX_BYTES,
     MAX_CHECKPOINTS,
     Replays,
     agent_replays,
     gate_replays,
 )
-from gateway.runtime.tails import FOLD_STEP
-from gateway.tools.quarantine import PLAIN, LogReader
+from gateway.reads.tails import FOLD_STEP
 from lanes import AgentState, Entry, replay
 from lanes.codec import encode
 from lanes.evolve import evolve

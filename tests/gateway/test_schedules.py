@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.base.clock import FakeClock
 from gateway.errors import AgentUnavailable, BadFrame
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
 from gateway.runtime.schedules import RETRY_MS, Scheduler, check, next_fire, plan, prev_fire
 from lanes import AgentConfig, AgentRequest, AgentState, Mode, decide, replay, verify

@@ -1,4 +1,4 @@
-"""Time travel's story index (`gateway.runtime.stories`): the groups around a position or
+"""Time travel's story index (`gateway.reads.stories`): the groups around a position or
 between two, and the jumps to stops, drops and suppressions, are the ones a plain scan of the
 whole stream finds."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 
-from gateway.runtime.stories import Stories
+from gateway.base.quarantine import PLAIN
+from gateway.reads.stories import Stories
 from gateway.tools.debugger import JUMP_KINDS, kinds_of
-from gateway.tools.quarantine import PLAIN
 from gateway.tools.story import INPUT_NAMES, told
 from lanes import AgentConfig, AgentState, Budgets, Entry, Mode, decide
 from lanes.config import DropPolicy

@@ -1,4 +1,4 @@
-"""Folds of streams kept up to date (`gateway.runtime.tails.StreamFolds`): each ask folds
+"""Folds of streams kept up to date (`gateway.reads.tails.StreamFolds`): each ask folds
 only what was appended, a record that cannot be folded is not counted in, and the folds kept
 stay within their count and byte budget."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.runtime.tails import StreamFolds
-from gateway.tools.quarantine import PLAIN, LogReader
+from gateway.base.quarantine import PLAIN, LogReader
+from gateway.reads.tails import StreamFolds
 from store import MemoryEventStore, RecordedEvent
 
 

@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.base.clock import FakeClock
 from gateway.llm.reasoner import SimulatedReasoner
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.core import EventIds
 from gateway.runtime.engine import Engine
 from gateway.tools.transfer import event_line, header

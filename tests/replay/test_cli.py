@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.cli import main
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.gate import ProviderGate
 from gateway.tools.progress import Progress
 from lanes.gate.events import CallOutcome, GateLimits

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from gateway.base.quarantine import PLAIN
 from gateway.cli import main
-from gateway.tools.quarantine import PLAIN
 from gateway.tools.transfer import parse
 from lanes import replay, verify
 from lanes.events import Event, RequestDropped, RequestRejected, RequestSummarized, RunsSuppressed

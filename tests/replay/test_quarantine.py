@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.base.quarantine import UnreadableEvent
 from gateway.cli import main
 from gateway.runtime.engine import Engine
-from gateway.tools.quarantine import UnreadableEvent
 from lanes import AgentConfig, Mode, decide
 from lanes.codec import decode, encode
 from lanes.events import ConfigApplied, ConfigChanged, Event, Quarantined, RequestReceived

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.base.clock import FakeClock
 from gateway.runtime import snapshots
-from gateway.runtime.clock import FakeClock
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Budgets, Mode, replay, verify
 from lanes.config import DropPolicy

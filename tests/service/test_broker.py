@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.market.broker import Broker, PaperBroker
 from gateway.market.events import Candle, ConnectorStatus, Tick
-from gateway.runtime.clock import FakeClock
 from lanes.events import BrokerReport, OrderIntent
 
 AT = datetime(2026, 2, 17, 3, 10, tzinfo=UTC)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.base.roles import Role
 from gateway.config import (
     AgentEntry,
     ConfigError,
@@ -17,7 +18,6 @@ from gateway.config import (
     load_config,
     parse_config,
 )
-from gateway.edge.auth import Role
 from gateway.llm.providers import OpenAIClient
 from gateway.llm.reasoner import SimulatedReasoner
 from gateway.wiring import build_service

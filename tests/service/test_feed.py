@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.market.events import Candle, MarketEvent, Tick, to_ms
 from gateway.market.feed import MINUTE_MS, SyntheticFeed
-from gateway.runtime.clock import FakeClock
 
 TIMEOUT = 10.0
 START = 1_771_297_800_000 + 15_000  # 15 s into a minute

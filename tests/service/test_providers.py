@@ -26,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.requests import ClientDisconnect
 
+from gateway.base.clock import FakeClock
 from gateway.llm.fake_provider import (
     FakeProvider,
     FakeProviderConfig,
@@ -51,7 +52,6 @@ from gateway.llm.providers import (
     parse_retry_after_ms,
     parse_rfc3339_ms,
 )
-from gateway.runtime.clock import FakeClock
 from lanes.gate.events import CallOutcome
 
 KEY = "sk-test-0123456789abcdefghijklmnop"

@@ -1,5 +1,5 @@
 // Why an agent is blocked, in words a trader reads at a glance: the `blocked` reasons and the
-// `attention` level of an agent's status (see gateway/runtime/blocked.py), for the overview rows, the
+// `attention` level of an agent's status (see gateway/reads/blocked.py), for the overview rows, the
 // agent page and the halted banner.
 
 import {clock, duration} from "./format.js";

@@ -13,7 +13,7 @@ from gateway.edge.http import Routes, _input_types, _int_param, _json
 from gateway.edge.service import CAUSE_PAGE, MAX_CAUSE_DECISIONS, MAX_CHART_AGENTS, MAX_SEARCH_TEXT
 from gateway.edge.views import agent_summary, event_json, queue_view
 from gateway.errors import BadFrame
-from gateway.runtime.history import (
+from gateway.reads.history import (
     MAX_BUCKETS,
     agent_series,
     event_matcher,
@@ -192,7 +192,7 @@ class LogRoutes(Routes):
             limit=limit, gate=None if gate is None else (gate.stream, gate.state.version)))
 
     async def charts(self, request: Request) -> Response:
-        """Per-agent series from the log (`gateway.runtime.history.SERIES`) over [``from``, ``to``)
+        """Per-agent series from the log (`gateway.reads.history.SERIES`) over [``from``, ``to``)
         (ms since the epoch; default the last hour) in steps of ``step`` ms (default: 120
         points), for the ``agent``s named (comma-separated; default every one in the
         token's scope, at most `MAX_CHART_AGENTS`), with stop, pause, resume and hold

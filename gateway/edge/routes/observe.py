@@ -11,9 +11,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from gateway.base.metrics import family, label
 from gateway.edge.auth import Principal
 from gateway.edge.http import Routes
-from gateway.edge.metrics import family, label
 from gateway.edge.openapi import openapi_document
 from gateway.errors import storage_fault_kind
 from lanes import status

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.edge.http import Routes
-from gateway.runtime.blotter import BlotterQuery, blotter_view, parse_query
+from gateway.reads.blotter import BlotterQuery, blotter_view, parse_query
 
 
 class OrderRoutes(Routes):

@@ -12,8 +12,8 @@ from typing import Literal, TypeVar
 
 from pydantic import ConfigDict, Field
 
+from gateway.base.quarantine import LogReader
 from gateway.errors import BadFrame
-from gateway.tools.quarantine import LogReader
 from lanes.blotter import HISTORY, ORDER_EVENT_TYPES, Blotter, OrderRow
 from lanes.events import INPUT_TYPES
 from lanes.requests import WireModel

@@ -21,8 +21,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from gateway.runtime.tails import steps
-from gateway.tools.quarantine import LogReader
+from gateway.base.quarantine import LogReader
+from gateway.reads.tails import steps
 from lanes.evolve import evolve
 from lanes.gate import GateState, decode_gate_event, evolve_gate
 from lanes.state import AgentState

@@ -1,6 +1,6 @@
 """Reading a stream a step at a time, and folds of streams kept up to date by reading only
 what was appended since: the read models time travel and the agent page ask for again and
-again (`gateway.runtime.replays`, `gateway.runtime.stories`, the call trees). Each is a
+again (`gateway.reads.replays`, `gateway.reads.stories`, the call trees). Each is a
 cache of the log, never the source of truth; each step leaves the event loop free for the
 next emergency stop (reading a long stream in one go held it for seconds).
 """
@@ -14,7 +14,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from gateway.tools.quarantine import LogReader
+from gateway.base.quarantine import LogReader
 from store.port import EventStore, RecordedEvent
 
 READ_PAGE = 1_000

@@ -1,7 +1,7 @@
 """Where time travel's story finds things in an agent's stream (``/story``,
 ``/story/find``): where each group (an input and the decisions it caused) starts, and where
 each stop, drop and suppression is, kept up to date by reading only what was appended
-since (`gateway.runtime.tails`). A story then reads and words only the groups it shows.
+since (`gateway.reads.tails`). A story then reads and words only the groups it shows.
 Also each agent's sub-agent call events, for its call trees.
 """
 
@@ -12,9 +12,9 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from gateway.runtime.tails import StreamFolds
+from gateway.base.quarantine import LogReader
+from gateway.reads.tails import StreamFolds
 from gateway.tools.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
-from gateway.tools.quarantine import LogReader
 from gateway.tools.story import INPUT_NAMES, read_type, told
 from lanes.calltree import CALL_EVENT_TYPES
 from lanes.events import Event
