@@ -308,7 +308,7 @@ class Cluster:
                 gate.load(records, fence, lambda agent_id: agent_id in alive)
             else:  # the calls on their way known first: the agent delivers its own
                 await self.replicas.reach(await self.store.last_position())
-                self.engine.load(stream, records, fence, list(self.replicas.calls.values()),
+                self.engine.holding.load(stream, records, fence, list(self.replicas.calls.values()),
                                  list(self.replicas.answers.values()))
         except StoreError as error:  # its stream could not be read: give the lease back
             log.warning("could not take %s over (%s); giving its lease back", stream, error)
@@ -324,7 +324,7 @@ class Cluster:
         if gate is not None:
             await gate.unload()
         else:
-            await self.engine.unload(stream)
+            await self.engine.holding.unload(stream)
         self.replicas.refresh(stream)
         with contextlib.suppress(StoreError):
             await self.store.release(self.member, [stream])
@@ -335,7 +335,7 @@ class Cluster:
         if gate is not None:
             gate.drop()
         else:
-            self.engine.drop(stream)
+            self.engine.holding.drop(stream)
         self.replicas.refresh(stream)
 
     def _lose_all(self) -> None:

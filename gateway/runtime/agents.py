@@ -19,14 +19,15 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final
+from typing import Final, Protocol
 
 from gateway.llm.reasoner import RunContext
 from gateway.runtime.core import Outcome, StreamCore
+from gateway.runtime.faults import Faults
 from gateway.runtime.held import HeldControls
 from lanes import AgentState
 from lanes.events import Decision, Input
-from store.port import NewEvent
+from store.port import ConcurrencyError, FencedError, NewEvent, RecordedEvent
 
 
 class Phase(Enum):
@@ -102,3 +103,53 @@ class Group:
     decisions: list[Decision] = field(default_factory=list)
     outcome: Outcome[Decision] = field(default_factory=lambda: Outcome([], None))
     closed: bool = False
+
+
+class Host(Protocol):
+    """What an agent's stream tells its engine (`gateway.runtime.engine.Engine`)."""
+
+    faults: Faults
+
+    def _after_commit(self, agent: Agent, decisions: list[Decision],
+                      records: list[RecordedEvent], took: float, urgent: bool) -> None: ...
+    def _lost(self, agent: Agent) -> None: ...
+    def _rebuilt(self, agent: Agent, records: list[RecordedEvent]) -> None: ...
+    def _tick(self, agent: Agent) -> None: ...
+    def _fenced(self, agent: Agent, error: FencedError) -> None: ...
+
+
+class Hooks:
+    """What an agent's `StreamCore` tells the engine (`gateway.runtime.core.Listener`)."""
+
+    __slots__ = ("agent", "engine")
+
+    def __init__(self, engine: Host) -> None:
+        self.engine = engine
+        self.agent: Agent | None = None
+
+    def committed(self, decisions: list[Decision], records: list[RecordedEvent],
+                  seconds: float, urgent: bool) -> None:
+        assert self.agent is not None
+        self.engine._after_commit(self.agent, decisions, records, seconds, urgent)
+
+    def failed(self, decisions: list[Decision], error: BaseException | None) -> None:
+        # A conflict follows an earlier failure; a fenced append is no storage fault.
+        if error is not None and not isinstance(error, ConcurrencyError | FencedError):
+            assert self.agent is not None
+            self.agent.fault = self.engine.faults.failed(error)
+
+    def lost(self) -> None:
+        assert self.agent is not None
+        self.engine._lost(self.agent)
+
+    def rebuilt(self, records: list[RecordedEvent]) -> None:
+        assert self.agent is not None
+        self.engine._rebuilt(self.agent, records)
+
+    def due(self) -> None:
+        assert self.agent is not None
+        self.engine._tick(self.agent)
+
+    def fenced(self, error: FencedError) -> None:
+        assert self.agent is not None
+        self.engine._fenced(self.agent, error)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from enum import Enum
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gateway.base.clock import Clock, SystemClock
 from gateway.base.metrics import LATENCY_BUCKETS, Histogram
@@ -30,23 +30,20 @@ from gateway.base.quarantine import PLAIN, LogReader, log_reader
 from gateway.base.tasks import spawn
 from gateway.errors import (
     AgentUnavailable,
-    BadFrame,
-    GatewayError,
-    NotOwner,
     NotRunning,
-    StorageFailed,
     UnknownAgent,
 )
 from gateway.llm.reasoner import Reasoner, SimulatedReasoner
 from gateway.runtime.acks import Ack
-from gateway.runtime.agents import Agent, Phase
+from gateway.runtime.agenda import Agenda
+from gateway.runtime.agents import Agent, Hooks, Phase
 from gateway.runtime.calls import Calls
 from gateway.runtime.core import EventIds, Outcome, StreamCore
-from gateway.runtime.faults import Faults, StorageFault
+from gateway.runtime.elsewhere import Elsewhere
+from gateway.runtime.faults import Faults, StorageFault, commit_error
+from gateway.runtime.holding import Holding
 from gateway.runtime.intake import Batch, Intake
 from gateway.runtime.runs import Runs
-from gateway.runtime.schedules import Scheduler, check_count, manual_request
-from gateway.runtime.schedules import check as check_schedule
 from gateway.runtime.snapshots import fold_log
 from gateway.runtime.snapshotting import SNAPSHOT_EVERY, SnapshotPolicy
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
@@ -69,20 +66,15 @@ from lanes.events import (
     RequestReceived,
     Restarted,
     RunStarted,
-    ScheduleChanged,
     Stopping,
     TimerElapsed,
 )
 from lanes.replay import LogFold
-from lanes.schedules import FILE_PRINCIPAL, SCHEDULER, Schedule
+from lanes.schedules import Schedule
 from store.port import (
-    ConcurrencyError,
     EventStore,
-    Fence,
     FencedError,
     RecordedEvent,
-    StoreError,
-    WriteFailed,
 )
 
 if TYPE_CHECKING:
@@ -94,29 +86,7 @@ log = logging.getLogger("gateway.runtime.engine")
 __all__ = ["SNAPSHOT_EVERY", "Ack", "Elsewhere", "Engine", "StorageFault"]
 
 
-class Elsewhere(Protocol):
-    """The other processes sharing the log, as the engine sees them (`gateway.cluster`):
-    what to answer for an agent it does not hold, and where its own requests go then."""
 
-    def missing(self, agent_id: str) -> GatewayError:
-        """The error for an agent this engine does not hold (`NotOwner`, `UnknownAgent`)."""
-        ...
-
-    def fenced(self, stream: str) -> None:
-        """An append of ``stream`` was fenced: its lease is another process's."""
-        ...
-
-    def state(self, agent_id: str) -> AgentState | None:
-        """The state of an agent decided elsewhere, as the log says (None: no such agent)."""
-        ...
-
-    def agent_ids(self) -> Iterable[str]:
-        """Every agent decided elsewhere."""
-        ...
-
-    async def forward(self, request: AgentRequest) -> Ack:
-        """Take a request of the gateway's own (a call, an answer) where its agent is."""
-        ...
 
 
 class EnginePhase(Enum):
@@ -125,43 +95,6 @@ class EnginePhase(Enum):
     NEW = "new"
     RUNNING = "running"
     STOPPED = "stopped"
-
-
-class _Hooks:
-    """What an agent's `StreamCore` tells the engine (`gateway.runtime.core.Listener`)."""
-
-    __slots__ = ("agent", "engine")
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.agent: Agent | None = None
-
-    def committed(self, decisions: list[Decision], records: list[RecordedEvent],
-                  seconds: float, urgent: bool) -> None:
-        assert self.agent is not None
-        self.engine._after_commit(self.agent, decisions, records, seconds, urgent)
-
-    def failed(self, decisions: list[Decision], error: BaseException | None) -> None:
-        # A conflict follows an earlier failure; a fenced append is no storage fault.
-        if error is not None and not isinstance(error, ConcurrencyError | FencedError):
-            assert self.agent is not None
-            self.agent.fault = self.engine.faults.failed(error)
-
-    def lost(self) -> None:
-        assert self.agent is not None
-        self.engine._lost(self.agent)
-
-    def rebuilt(self, records: list[RecordedEvent]) -> None:
-        assert self.agent is not None
-        self.engine._rebuilt(self.agent, records)
-
-    def due(self) -> None:
-        assert self.agent is not None
-        self.engine._tick(self.agent)
-
-    def fenced(self, error: FencedError) -> None:
-        assert self.agent is not None
-        self.engine._fenced(self.agent, error)
 
 
 class Engine:
@@ -209,13 +142,9 @@ class Engine:
         self._configs = dict(agents)
         self._file_configs = dict(agents)
         """The configs the engine was built with (its config file's), never changed."""
-        self._file_schedules = {agent: tuple(found) for agent, found in (schedules or {}).items()}
-        for found in self._file_schedules.values():
-            for schedule in found:
-                check_schedule(schedule)
-        self.scheduler = Scheduler(self.clock, self._scheduled_states, self._fire_schedule,
-                                   self._apply_file_schedules)
-        """Fires the schedules of the agents this process holds."""
+        self.schedules = Agenda(self, self.clock, schedules or {}, self._scheduled_states)
+        """The agents' schedules: set, removed, fired by hand and on time."""
+        self.scheduler = self.schedules.scheduler
         if reasoners is None:
             shared = SimulatedReasoner()
             reasoners = lambda _agent_id: shared  # noqa: E731
@@ -238,6 +167,8 @@ class Engine:
         self.calls = Calls(clock=self.clock, submit=self._submit_anywhere,
                            undeliverable=self._undeliverable, spawn=self._spawn)
         self.intake = Intake(self)
+        self.holding = Holding(self)
+        """Agents coming to this process and leaving it (`load`, `unload`, `drop`)."""
         self.commit_latency = Histogram(LATENCY_BUCKETS)
         """Seconds from an append being decided to its commit."""
         self.control_commit_latency = Histogram(LATENCY_BUCKETS)
@@ -296,7 +227,7 @@ class Engine:
             self._place_open_orders(agent)
 
     def _new_agent(self, state: AgentState) -> Agent:
-        hooks = _Hooks(self)
+        hooks = Hooks(self)
         agent_id = state.agent_id
         core: StreamCore[AgentState, Input, Decision] = StreamCore(
             agent_id, state, store=self.store, clock=self.clock, codec=AGENT_CODEC,
@@ -392,97 +323,6 @@ class Engine:
     def loaded(self) -> list[str]:
         """The agents this process decides for."""
         return sorted(self._agents)
-
-    def load(self, agent_id: str, records: list[RecordedEvent], fence: Fence,
-             calls: Iterable[tuple[str, AgentCallDispatched]] = (),
-             answers: Iterable[tuple[str, CallAnswered]] = ()) -> None:
-        """Decide for an agent from now on (this process holds its lease at ``fence``), its
-        state folded from ``records`` (its stream): it goes on as after a restart (a run its
-        previous process was cut off in is recorded aborted, ``restart``, and run again; the
-        config file's entry applied if it changed since it was last applied; timers set; its
-        undelivered sub-agent ``calls`` and ``answers`` and its open orders sent again).
-        Held already: only the fence changes."""
-        agent = self._agents.get(agent_id)
-        if agent is not None:
-            agent.core.fence = fence
-            return
-        agent = self._agents[agent_id] = self._new_agent(self._fold_stream(agent_id, records))
-        agent.core.fence = fence
-        if not self.running:
-            return
-        now = self.clock.now_ms()
-        config = self._file_configs.get(agent_id)
-        if config is not None and config != self._last_file_config(records):
-            self._configs[agent_id] = config
-            self._feed(agent, ConfigChanged(at=now, config=config, principal="config"))
-        else:
-            self._configs[agent_id] = agent.state.config
-        self._feed(agent, Restarted(at=now))  # decides nothing unless a run was cut off
-        self.reschedule(agent)
-        for parent, call in calls:
-            if parent == agent_id:
-                self.calls.call(parent, call)
-        for child, answer in answers:
-            if child == agent_id:
-                self.calls.answer(child, answer)
-        self._place_open_orders(agent)
-
-    def _last_file_config(self, records: list[RecordedEvent]) -> AgentConfig | None:
-        """The config the config file last gave an agent, from its stream."""
-        for record in reversed(records):
-            if record.type == ConfigChanged.__name__:
-                event = self._reader.decode(record)
-                if isinstance(event, ConfigChanged) and event.principal == "config":
-                    return event.config
-        return None
-
-    async def unload(self, agent_id: str) -> None:
-        """Stop deciding for an agent gracefully (its lease goes to another process): a run
-        in flight is recorded aborted (``shutdown``), its requests back at the head of the
-        queue for the next process, and everything decided for it is committed."""
-        agent = self._agents.get(agent_id)
-        if agent is None:
-            return
-        if self.running and agent.live:
-            self._feed(agent, Stopping(at=self.clock.now_ms()))
-        self._gone(agent)
-        # Its own appends settled (those of other agents, and rebuilds that go on while the
-        # log refuses writes, are not waited for).
-        last = agent.core.last_commit
-        if last is not None and not last.done():
-            await asyncio.wait([last])
-
-    def drop(self, agent_id: str) -> None:
-        """Stop deciding for an agent at once: its lease is another process's already, so
-        nothing more is written for it from here."""
-        agent = self._agents.get(agent_id)
-        if agent is not None:
-            self._gone(agent)
-
-    def _gone(self, agent: Agent) -> None:
-        """The agent leaves this process: what is open is appended, its run and timer stop,
-        held controls are said lost."""
-        if agent.open is not None:  # decided while it was this process's: appended now
-            self.intake.close(agent.open)
-        del self._agents[agent.agent_id]
-        agent.move(Phase.GONE)
-        agent.core.fence = None
-        agent.core.cancel_timer()
-        self.runs.cancel(agent)
-        lost = agent.controls.clear()
-        if lost:
-            log.error("controls of %s held during a storage fault were not stored before "
-                      "another process took the agent over: %s; send them again",
-                      agent.agent_id, ", ".join(lost))
-
-    def _fenced(self, agent: Agent, error: FencedError) -> None:
-        """An append of the agent was refused: another process holds its lease now."""
-        if agent.phase is Phase.GONE:
-            return
-        log.warning("%s; agent %s is another process's now", error, agent.agent_id)
-        self._gone(agent)
-        if self.elsewhere is not None:
-            self.elsewhere.fenced(agent.agent_id)
 
     # ---------------------------------------------------------------------- queries
 
@@ -587,60 +427,8 @@ class Engine:
         self._configs[agent_id] = config
         return bool(decisions)
 
-    async def set_schedule(self, agent_id: str, schedule_id: str, schedule: Schedule | None,
-                           principal: str) -> bool:
-        """Define (add, replace, pause, resume) or remove (``schedule`` None) one of an
-        agent's schedules, after its commit; False if nothing changed. `BadFrame` for a
-        schedule that is not one (time zone, cron, too many) or one to remove that is not."""
-        agent = self.agent(agent_id)
-        if schedule is None:
-            self.schedule(agent_id, schedule_id)  # (`BadFrame` if there is none to remove)
-        else:
-            if schedule.id != schedule_id:
-                raise BadFrame("invalid", f"the schedule's id {schedule.id!r} is not "
-                               f"{schedule_id!r}, the one named in the path", field="id")
-            check_schedule(schedule)
-            check_count(agent.state, schedule_id)
-        decisions = await self.report(agent_id, ScheduleChanged(
-            at=self.clock.now_ms(), schedule_id=schedule_id, schedule=schedule,
-            principal=principal))
-        self.scheduler.poke()
-        return bool(decisions)
-
-    def schedule(self, agent_id: str, schedule_id: str) -> Schedule:
-        """One of an agent's schedules (`BadFrame` ``not_found`` if it has none by that id)."""
-        entry = self.state(agent_id).schedules.get(schedule_id)
-        if entry is None:
-            raise BadFrame("not_found", f"agent {agent_id!r} has no schedule {schedule_id!r}; "
-                           f"list them with GET /api/agents/{agent_id}")
-        return entry.schedule
-
-    async def run_schedule(self, agent_id: str, schedule_id: str, principal: str) -> Ack:
-        """Fire a schedule now, by hand (its next automatic firing stays as it was)."""
-        request = manual_request(agent_id, self.schedule(agent_id, schedule_id),
-                                 self.clock.now_ms())
-        return await self.submit(request, principal)
-
     def _scheduled_states(self) -> list[AgentState]:
         return [agent.state for agent in self._agents.values()]
-
-    async def _fire_schedule(self, request: AgentRequest) -> None:
-        await self.submit(request, SCHEDULER)
-
-    async def _apply_file_schedules(self, state: AgentState) -> None:
-        """The config file's schedules of an agent this process holds now: those it changed
-        are applied (a pause made at runtime stays), those it no longer has removed."""
-        agent_id = state.agent_id
-        wanted = {schedule.id: schedule for schedule in self._file_schedules.get(agent_id, ())}
-        for schedule_id, entry in list(state.schedules.items()):
-            if entry.from_file and schedule_id not in wanted:
-                await self.set_schedule(agent_id, schedule_id, None, FILE_PRINCIPAL)
-        for schedule_id, schedule in wanted.items():
-            stored = state.schedules.get(schedule_id)
-            if stored is None or stored.schedule.timing() != schedule.timing():
-                if stored is not None:
-                    schedule = schedule.model_copy(update={"paused": stored.schedule.paused})
-                await self.set_schedule(agent_id, schedule_id, schedule, FILE_PRINCIPAL)
 
     async def report(self, agent_id: str, event: Input) -> list[Decision]:
         """Any other input from outside (a broker report, say), after its commit."""
@@ -695,20 +483,12 @@ class Engine:
 
     def commit_error(self, error: BaseException) -> BaseException:
         """What a failed commit is said to be to whoever waits for it."""
-        if isinstance(error, WriteFailed):
-            return StorageFailed(error.reason)
-        if isinstance(error, FencedError):  # another process holds the agent now: ask it
-            return NotOwner(error.stream, None)
-        if isinstance(error, ConcurrencyError):
-            # Decided on top of an append of its agent that failed: that failure is the cause.
-            agent, fault = self._agents.get(error.stream), self.faults.current
-            reason = self.fault_of(agent) if agent is not None \
-                else None if fault is None else fault.reason
-            return StorageFailed("an earlier append of this agent was not recorded" + (
-                "" if reason is None else f": {reason}"))
-        if isinstance(error, StoreError):
-            return StorageFailed(str(error))
-        return error
+        return commit_error(error, self._fault_of_stream)
+
+    def _fault_of_stream(self, stream: str) -> str | None:
+        agent, fault = self._agents.get(stream), self.faults.current
+        return self.fault_of(agent) if agent is not None \
+            else None if fault is None else fault.reason
 
     def _after_commit(self, agent: Agent, decisions: list[Decision],
                       records: list[RecordedEvent], took: float, urgent: bool) -> None:
@@ -761,6 +541,9 @@ class Engine:
         return task
 
     # ------------------------------------------------------------------------ timers
+
+    def _fenced(self, agent: Agent, error: FencedError) -> None:
+        self.holding.fenced(agent, error)
 
     def reschedule(self, agent: Agent) -> None:
         """Set the agent's timer for its next due time (none once it is gone)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from gateway.base.clock import Clock
-from gateway.errors import storage_fault_kind
-from store.port import WriteFailed
+from gateway.errors import NotOwner, StorageFailed, storage_fault_kind
+from store.port import ConcurrencyError, FencedError, StoreError, WriteFailed
 
 log = logging.getLogger("gateway.runtime.engine")
 
@@ -76,3 +77,20 @@ class Faults:
         log.warning("the event log is written again, %.1f s after the first failed commit "
                     "(%d failed meanwhile)", (self._clock.now_ms() - fault.since) / 1000,
                     fault.failed)
+
+
+def commit_error(error: BaseException, reason_of: Callable[[str], str | None]) -> BaseException:
+    """What a failed commit is said to be to whoever waits for it (``reason_of``: why a
+    stream's earlier append failed, if known)."""
+    if isinstance(error, WriteFailed):
+        return StorageFailed(error.reason)
+    if isinstance(error, FencedError):  # another process holds the agent now: ask it
+        return NotOwner(error.stream, None)
+    if isinstance(error, ConcurrencyError):
+        # Decided on top of an append of its agent that failed: that failure is the cause.
+        reason = reason_of(error.stream)
+        return StorageFailed("an earlier append of this agent was not recorded" + (
+            "" if reason is None else f": {reason}"))
+    if isinstance(error, StoreError):
+        return StorageFailed(str(error))
+    return error

@@ -162,9 +162,9 @@ def next_fire_at(state: AgentState, schedule_id: str, now: int) -> int | None:
 
 
 class Scheduler:
-    """Fires the schedules of the agents this process owns, on ``clock``.
+    """Fires the schedules of the agents the engine holds, on ``clock``.
 
-    ``states`` gives the states of the agents the engine holds (read, never changed here; an agent the engine
+    ``states`` gives those agents' states (read, never changed here; an agent the engine
     cannot write for now is in it too: its firings fail and are tried again, and it keeps
     its place, so nothing it misses meanwhile counts as missed while down); ``fire`` submits
     a firing (through the lanes, committed when it returns); ``adopt`` is called once for

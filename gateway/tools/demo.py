@@ -61,10 +61,10 @@ async def run_demo(db: Path, pace: float = 1.0, out: Callable[[str], None] = pri
     await send("agent_eth_1m", dedupeKey="cross:ETHUSD:3000", payload={"symbol": "ETHUSD"})
     await send("agent_news", "user_control", payload={"message": "watch the CPI print"})
     # A scheduled audit at New York's open on weekdays, and one run of it now, by hand.
-    await engine.set_schedule("agent_news", "open-bell", Schedule(
+    await engine.schedules.set("agent_news", "open-bell", Schedule(
         id="open-bell", cron="30 9 * * 1-5", timezone="America/New_York",
         payload={"scope": "positions"}), "demo")
-    await engine.run_schedule("agent_news", "open-bell", "demo")
+    await engine.schedules.run("agent_news", "open-bell", "demo")
     await pause(0.2)
     await send("agent_news", "user_control", payload={"message": "CPI came in hot"})
     await send("agent_eth_1m", dedupeKey="cross:ETHUSD:3050", payload={"symbol": "ETHUSD"})

@@ -41,7 +41,7 @@ async def clustered(store: Flaky, clock: FakeClock, reasoner: ManualReasoner,
 async def adopted(engine: Engine, store: Flaky, member: str = "m1", agent: str = "a") -> Fence:
     await store.join(member, 600_000)
     fence = Fence(member, (await store.acquire(member, [agent]))[agent])
-    engine.load(agent, await store.read_stream(agent), fence)
+    engine.holding.load(agent, await store.read_stream(agent), fence)
     return fence
 
 
@@ -68,7 +68,7 @@ async def test_an_unload_records_the_run_aborted_and_requeues_its_requests() -> 
         await adopted(engine, store)
         await asyncio.wait_for(engine.submit(request("a")), TIMEOUT)
         await reasoner.started()
-        await asyncio.wait_for(engine.unload("a"), TIMEOUT)
+        await asyncio.wait_for(engine.holding.unload("a"), TIMEOUT)
         assert engine.loaded == []
         entries = engine.reader.entries(await store.read_stream("a"))
         state = fold(entries)["a"]  # what the next process starts from
@@ -90,7 +90,7 @@ async def test_an_unload_ends_while_the_log_refuses_writes_and_nothing_is_writte
         store.refusing = True
         with pytest.raises(StorageFailed):
             await asyncio.wait_for(engine.submit(request("a")), TIMEOUT)
-        await asyncio.wait_for(engine.unload("a"), TIMEOUT)  # no endless rebuilds
+        await asyncio.wait_for(engine.holding.unload("a"), TIMEOUT)  # no endless rebuilds
         written = len(await store.read())
         store.refusing = False
         for _ in range(50):  # a rebuild finishing now must not write for an agent not owned
@@ -127,16 +127,16 @@ async def test_an_unload_waits_for_its_own_agent_only() -> None:
         await store.join("m1", 600_000)
         held = await store.acquire("m1", ["a", "b"])
         for agent in ("a", "b"):
-            engine.load(agent, await store.read_stream(agent), Fence("m1", held[agent]))
+            engine.holding.load(agent, await store.read_stream(agent), Fence("m1", held[agent]))
         stuck = asyncio.ensure_future(engine.submit(request("b")))  # never committed
-        await asyncio.wait_for(engine.unload("a"), TIMEOUT)  # not held up by b's
+        await asyncio.wait_for(engine.holding.unload("a"), TIMEOUT)  # not held up by b's
         assert engine.loaded == ["b"] and not stuck.done()
     finally:
         for future in store.stalled:  # it fails in the end: nothing stays in flight
             future.set_exception(WriteFailed("the batch", "stalled"))
         await asyncio.gather(stuck, return_exceptions=True)
         for agent in engine.loaded:
-            engine.drop(agent)
+            engine.holding.drop(agent)
         await engine.stop()
 
 
@@ -151,7 +151,7 @@ async def test_a_stream_whose_lease_is_held_but_not_owned_is_taken_up_again() ->
         # As if its adoption had failed after the lease was taken (and its release too):
         # the lease says this member holds it, so no other member would ever take it.
         member._fences.pop("a")
-        engine.drop("a")
+        engine.holding.drop("a")
         assert engine.loaded == []
         await member.tick()
         assert member.owned == ["a"] and engine.loaded == ["a"]

@@ -217,24 +217,24 @@ async def test_paused_it_fires_nothing_and_resumed_only_what_comes_after(
     engine = engine_on(tmp_path / "log.db", clock)
     await engine.start()
     try:
-        assert await engine.set_schedule("desk", "audit", audit, "root")
-        assert not await engine.set_schedule("desk", "audit", audit, "root")  # no change
-        await engine.set_schedule("desk", "audit",
+        assert await engine.schedules.set("desk", "audit", audit, "root")
+        assert not await engine.schedules.set("desk", "audit", audit, "root")  # no change
+        await engine.schedules.set("desk", "audit",
                                   audit.model_copy(update={"paused": True}), "root")
         clock.advance(5 * MINUTE)
         await looked(engine)  # (a look after the advance: none has run since)
         assert await firings(engine) == []
-        await engine.set_schedule("desk", "audit", audit, "root")  # resumed at 03:15: what
+        await engine.schedules.set("desk", "audit", audit, "root")  # resumed at 03:15: what
         clock.advance(MINUTE)  # it missed is not caught up; the next time after it is 03:16
         await fired(engine, 1)
         assert await firings(engine) == [T0 + 6 * MINUTE]
-        run = await engine.run_schedule("desk", "audit", "ops")  # by hand
+        run = await engine.schedules.run("desk", "audit", "ops")  # by hand
         assert run.decision == "accepted"
         assert engine.state("desk").schedules["audit"].last_fire == T0 + 6 * MINUTE
-        await engine.set_schedule("desk", "audit", None, "root")
+        await engine.schedules.set("desk", "audit", None, "root")
         assert "audit" not in engine.state("desk").schedules
         with pytest.raises(BadFrame, match="has no schedule 'audit'") as caught:
-            await engine.set_schedule("desk", "audit", None, "root")
+            await engine.schedules.set("desk", "audit", None, "root")
         assert caught.value.code == "not_found"
         applied = [e.event for e in await log_of(engine.store)
                    if isinstance(e.event, ScheduleApplied)]
@@ -253,9 +253,9 @@ async def test_a_schedule_the_file_no_longer_has_goes_and_a_runtime_pause_stays(
     engine = engine_on(tmp_path / "log.db", clock, audit, close)
     await engine.start()
     await looked(engine)
-    await engine.set_schedule("desk", "close", close.model_copy(update={"paused": True}),
+    await engine.schedules.set("desk", "close", close.model_copy(update={"paused": True}),
                               "root")
-    await engine.set_schedule("desk", "mine", Schedule(id="mine", every_ms=MINUTE), "root")
+    await engine.schedules.set("desk", "mine", Schedule(id="mine", every_ms=MINUTE), "root")
     await engine.stop()
     later = close.model_copy(update={"cron": "5 16 * * 1-5"})
     engine = engine_on(tmp_path / "log.db", clock, later)  # no audit; close changed
@@ -277,9 +277,9 @@ async def test_refused_schedules_change_nothing(tmp_path: Path) -> None:
     try:
         before = await engine.store.last_position()
         with pytest.raises(BadFrame, match="not a cron expression"):
-            await engine.set_schedule("desk", "x", Schedule(id="x", cron="99 * * * *"), "root")
+            await engine.schedules.set("desk", "x", Schedule(id="x", cron="99 * * * *"), "root")
         with pytest.raises(BadFrame, match="is not 'y'"):
-            await engine.set_schedule("desk", "y", Schedule(id="x", every_ms=MINUTE), "root")
+            await engine.schedules.set("desk", "y", Schedule(id="x", every_ms=MINUTE), "root")
         assert await engine.store.last_position() == before
         assert engine.state("desk").schedules == {}
     finally:

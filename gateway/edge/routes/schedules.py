@@ -37,14 +37,14 @@ class ScheduleRoutes(Routes):
             schedule = Schedule.model_validate(data)
         except ValidationError as error:
             raise InvalidRequest.from_validation_error(error) from None
-        changed = await self.engine.set_schedule(agent_id, schedule_id, schedule,
+        changed = await self.engine.schedules.set(agent_id, schedule_id, schedule,
                                                  principal.name)
         return self._schedule_answer(agent_id, schedule_id, changed)
 
     async def delete_schedule(self, request: Request) -> Response:
         """Remove a schedule (admin)."""
         agent_id, schedule_id, principal = self._schedule_call(request, admin=True)
-        await self.engine.set_schedule(agent_id, schedule_id, None, principal.name)
+        await self.engine.schedules.set(agent_id, schedule_id, None, principal.name)
         return _json({"removed": schedule_id})
 
     async def pause_schedule(self, request: Request) -> Response:
@@ -58,8 +58,8 @@ class ScheduleRoutes(Routes):
 
     async def _set_paused(self, request: Request, paused: bool) -> Response:
         agent_id, schedule_id, principal = self._schedule_call(request, admin=True)
-        schedule = self.engine.schedule(agent_id, schedule_id)
-        changed = await self.engine.set_schedule(
+        schedule = self.engine.schedules.get(agent_id, schedule_id)
+        changed = await self.engine.schedules.set(
             agent_id, schedule_id, schedule.model_copy(update={"paused": paused}),
             principal.name)
         return self._schedule_answer(agent_id, schedule_id, changed)
@@ -68,7 +68,7 @@ class ScheduleRoutes(Routes):
         """Fire a schedule now (an operator): a ``scheduled_audit`` request like its
         firings, marked ``manual``; its next automatic firing stays as it was."""
         agent_id, schedule_id, principal = self._schedule_call(request, admin=False)
-        return _json(ack_frame(await self.engine.run_schedule(agent_id, schedule_id,
+        return _json(ack_frame(await self.engine.schedules.run(agent_id, schedule_id,
                                                               principal.name)))
 
     def _schedule_call(self, request: Request, *, admin: bool) -> tuple[str, str, Principal]:

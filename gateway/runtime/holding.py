@@ -1,0 +1,126 @@
+"""Agents coming to an engine and leaving it: when several processes share the log,
+`gateway.cluster` loads into the engine the agents this process is given, unloads those it
+hands over and drops those whose lease it lost. An agent loaded goes on as after a restart;
+one leaving has what is open appended, its run and timer stopped, and is GONE."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from gateway.runtime.agents import Agent, Phase
+from lanes import AgentConfig
+from lanes.events import AgentCallDispatched, CallAnswered, ConfigChanged, Restarted, Stopping
+from store.port import Fence, FencedError, RecordedEvent
+
+if TYPE_CHECKING:
+    from gateway.runtime.engine import Engine
+
+log = logging.getLogger("gateway.runtime.engine")
+
+
+class Holding:
+    """Which agents an engine decides for: `load`, `unload`, `drop`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def load(self, agent_id: str, records: list[RecordedEvent], fence: Fence,
+             calls: Iterable[tuple[str, AgentCallDispatched]] = (),
+             answers: Iterable[tuple[str, CallAnswered]] = ()) -> None:
+        """Decide for an agent from now on (this process holds its lease at ``fence``), its
+        state folded from ``records`` (its stream): it goes on as after a restart (a run its
+        previous process was cut off in is recorded aborted, ``restart``, and run again; the
+        config file's entry applied if it changed since it was last applied; timers set; its
+        undelivered sub-agent ``calls`` and ``answers`` and its open orders sent again).
+        Held already: only the fence changes."""
+        engine = self._engine
+        agent = engine._agents.get(agent_id)
+        if agent is not None:
+            agent.core.fence = fence
+            return
+        state = engine._fold_stream(agent_id, records)
+        agent = engine._agents[agent_id] = engine._new_agent(state)
+        agent.core.fence = fence
+        if not engine.running:
+            return
+        now = engine.clock.now_ms()
+        config = engine._file_configs.get(agent_id)
+        if config is not None and config != self._last_file_config(records):
+            engine._configs[agent_id] = config
+            engine._feed(agent, ConfigChanged(at=now, config=config, principal="config"))
+        else:
+            engine._configs[agent_id] = agent.state.config
+        engine._feed(agent, Restarted(at=now))  # decides nothing unless a run was cut off
+        engine.reschedule(agent)
+        for parent, call in calls:
+            if parent == agent_id:
+                engine.calls.call(parent, call)
+        for child, answer in answers:
+            if child == agent_id:
+                engine.calls.answer(child, answer)
+        engine._place_open_orders(agent)
+
+    def _last_file_config(self, records: list[RecordedEvent]) -> AgentConfig | None:
+        """The config the config file last gave an agent, from its stream."""
+        engine = self._engine
+        for record in reversed(records):
+            if record.type == ConfigChanged.__name__:
+                event = engine.reader.decode(record)
+                if isinstance(event, ConfigChanged) and event.principal == "config":
+                    return event.config
+        return None
+
+    async def unload(self, agent_id: str) -> None:
+        """Stop deciding for an agent gracefully (its lease goes to another process): a run
+        in flight is recorded aborted (``shutdown``), its requests back at the head of the
+        queue for the next process, and everything decided for it is committed."""
+        engine = self._engine
+        agent = engine._agents.get(agent_id)
+        if agent is None:
+            return
+        if engine.running and agent.live:
+            engine._feed(agent, Stopping(at=engine.clock.now_ms()))
+        self._gone(agent)
+        # Its own appends settled (those of other agents, and rebuilds that go on while the
+        # log refuses writes, are not waited for).
+        last = agent.core.last_commit
+        if last is not None and not last.done():
+            await asyncio.wait([last])
+
+    def drop(self, agent_id: str) -> None:
+        """Stop deciding for an agent at once: its lease is another process's already, so
+        nothing more is written for it from here."""
+        engine = self._engine
+        agent = engine._agents.get(agent_id)
+        if agent is not None:
+            self._gone(agent)
+
+    def _gone(self, agent: Agent) -> None:
+        """The agent leaves this process: what is open is appended, its run and timer stop,
+        held controls are said lost."""
+        engine = self._engine
+        if agent.open is not None:  # decided while it was this process's: appended now
+            engine.intake.close(agent.open)
+        del engine._agents[agent.agent_id]
+        agent.move(Phase.GONE)
+        agent.core.fence = None
+        agent.core.cancel_timer()
+        engine.runs.cancel(agent)
+        lost = agent.controls.clear()
+        if lost:
+            log.error("controls of %s held during a storage fault were not stored before "
+                      "another process took the agent over: %s; send them again",
+                      agent.agent_id, ", ".join(lost))
+
+    def fenced(self, agent: Agent, error: FencedError) -> None:
+        """An append of the agent was refused: another process holds its lease now."""
+        engine = self._engine
+        if agent.phase is Phase.GONE:
+            return
+        log.warning("%s; agent %s is another process's now", error, agent.agent_id)
+        self._gone(agent)
+        if engine.elsewhere is not None:
+            engine.elsewhere.fenced(agent.agent_id)
