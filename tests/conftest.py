@@ -1,5 +1,10 @@
-"""Fixtures shared across test packages: a throwaway PostgreSQL server for the session and a
-fresh database per test.
+"""Shared across test packages: the fast layer, a lighter hypothesis profile for it, and a
+throwaway PostgreSQL server for the session with a fresh database per test.
+
+The fast layer (marker ``fast``, given here by folder) is the pure and in-process tests:
+``uv run pytest -m fast --hypothesis-profile=fast`` is the quick local loop. A test is left out
+of it if it is slow, needs PostgreSQL, or starts a process or serves on a socket. CI runs
+every test with hypothesis' own profile, whatever the marker.
 
 Tests that need PostgreSQL are skipped where its binaries are missing, unless
 ``POSTGRES_TESTS_REQUIRED`` is set (CI sets it): then they fail.
@@ -11,8 +16,10 @@ import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from store import migrate, pg_server
 
@@ -21,6 +28,56 @@ TEMPLATE = "gateway_template"
 
 NewDatabase = Callable[[], Awaitable[str]]
 _numbers = itertools.count(1)
+
+TESTS = Path(__file__).resolve().parent
+FAST = ("lanes", "store", "gateway", "replay", "service", "test_architecture.py")
+"""Where the fast layer's tests live (folders and files under tests/)."""
+NOT_FAST = (
+    "service/test_providers.py",  # the official SDKs against a fake provider served by uvicorn
+    "replay/test_snapshots.py::test_a_snapshot_folded_by_a_worker_process",  # a worker process
+)
+"""Tests in those places that are not in-process (a prefix of the test's id under tests/)."""
+POSTGRES = {"postgres_binaries", "postgres_server", "new_database", "postgres_url"}
+
+FAST_EXAMPLES = 20
+settings.register_profile("fast", max_examples=FAST_EXAMPLES, deadline=None)
+"""Fewer examples for the quick local loop: ``--hypothesis-profile=fast`` (or the environment
+variable ``HYPOTHESIS_PROFILE=fast``) also caps the tests that name their own ``max_examples``.
+Without either, hypothesis' own profile applies (``default``, or ``ci`` where CI is set)."""
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+
+
+def is_fast(item: pytest.Item) -> bool:
+    """Whether a test belongs to the fast layer: pure or in-process, quick, no PostgreSQL."""
+    if not item.path.is_relative_to(TESTS):
+        return False
+    where = item.path.relative_to(TESTS).as_posix()
+    test_id = f"{where}::{item.nodeid.partition('::')[2]}"
+    return (where.split("/")[0] in FAST
+            and not test_id.startswith(NOT_FAST)
+            and item.get_closest_marker("slow") is None
+            and not POSTGRES & set(getattr(item, "fixturenames", ())))
+
+
+def lighten(item: pytest.Item) -> None:
+    """Caps a hypothesis test's own ``max_examples`` at the fast profile's."""
+    function = getattr(item, "obj", None)
+    test = getattr(function, "__func__", function)
+    # hypothesis reads a test's settings from this attribute when the test runs
+    own = getattr(test, "_hypothesis_internal_use_settings", None)
+    if test is not None and isinstance(own, settings) and own.max_examples > FAST_EXAMPLES:
+        test._hypothesis_internal_use_settings = settings(own, max_examples=FAST_EXAMPLES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the fast layer; under the fast profile, lightens every hypothesis test."""
+    fast_profile = settings.get_current_profile_name() == "fast"
+    for item in items:
+        if is_fast(item):
+            item.add_marker(pytest.mark.fast)
+        if fast_profile:
+            lighten(item)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,7 @@
-"""Smoke test of the peers benchmark: it runs, names every peer and measures each."""
+"""Smoke tests of the benchmarks at tiny sizes, so that they do not rot: each runs, names what
+it measures and checks what it counts (events delivered, peers and variants named). No test
+here asserts a speed: figures are only checked to be there (and positive); how fast is the
+question of ``uv run python -m bench``, never of the suite."""
 
 from __future__ import annotations
 
