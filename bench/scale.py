@@ -1,7 +1,17 @@
-"""Cost per decision with 10 and with 10,000 agents (goal: flat), and memory per agent:
-tracemalloc's count for the pure state, and the resident memory of a live engine process.
+"""Cost per decision with 10 and with 10,000 agents (goal: flat), memory per agent
+(tracemalloc's count for the pure state, and the resident memory of a live engine process),
+and how long the reads of a big desk hold the event loop (`loop_stalls`).
 
-    uv run python -m bench.scale [--requests N] [--agents N]
+    uv run python -m bench.scale [--requests N] [--agents N] [--asks K] [--only_stalls 1]
+
+The loop-stall probe serves a gateway of ``--agents`` agents (SQLite, every agent with a
+finished run) in this process, and asks each read a big desk makes ``K`` times, one at a
+time, from a client in another process (its parsing never runs in the server's loop): a
+WebSocket subscribe's snapshot, ``GET /api/agents``, an agent's story and moment (time
+travel), and ``/metrics``. Meanwhile a task sleeps 1 ms over and over and notes the longest
+the loop ran something else between two of its turns (where an emergency stop's frame
+would wait), in the loop thread's CPU time (so that other processes on a busy machine do
+not count) and in wall-clock lateness.
 """
 
 from __future__ import annotations
@@ -10,15 +20,21 @@ import asyncio
 import gc
 import multiprocessing
 import tempfile
+import time
 import tracemalloc
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from bench.common import Figure, requests, run, timed
 from bench.throughput import Hang
 from gateway.base.process import tune_runtime
+from gateway.config import validate_config
+from gateway.edge.server import serving
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import take_all
+from gateway.wiring import build_service
 from lanes import AgentConfig, AgentState, Mode, decide
 from lanes.events import ConfigChanged, RequestReceived
 from store import MemoryEventStore, SqliteEventStore
@@ -128,8 +144,122 @@ def _live_rss(agents: int) -> tuple[int, int, int]:
     return asyncio.run(live_engine(agents))
 
 
-def measure(count: int = 200_000, agents: int = 10_000) -> list[Figure]:
-    """Per-decision costs at both scales and their ratio; memory per agent."""
+TOKEN = "bench-viewer-token-0123456789"
+READS = ("subscribe snapshot", "agent list", "story", "moment", "metrics")
+"""The reads the loop-stall probe asks, by the names of its figures."""
+STALL_GOAL_MS = 5.0
+
+
+@asynccontextmanager
+async def stall_probe(tick: float = 0.001) -> AsyncIterator[Callable[[], tuple[float, float]]]:
+    """A task that sleeps ``tick`` over and over and notes the longest it woke late (the
+    longest the loop went without a turn); a function that returns that in ms and starts
+    again, twice: the loop thread's CPU time between two wakes (what the loop ran meanwhile:
+    the machine's other load does not count) and the wall-clock lateness."""
+    loop = asyncio.get_running_loop()
+    longest = [0.0, 0.0]
+
+    async def watch() -> None:
+        while True:
+            began, cpu = loop.time(), time.thread_time()
+            await asyncio.sleep(tick)
+            longest[0] = max(longest[0], time.thread_time() - cpu)
+            longest[1] = max(longest[1], loop.time() - began - tick)
+
+    def take() -> tuple[float, float]:
+        held, late = longest
+        longest[:] = [0.0, 0.0]
+        return held * 1000, late * 1000
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(tick * 2)
+    try:
+        yield take
+    finally:
+        task.cancel()
+
+
+def _ask(url: str, read: str, times: int) -> tuple[float, int]:
+    """In the client's process: ``read`` asked ``times`` times one after the other; the
+    slowest answer (ms) and the size of the last (characters)."""
+    import httpx
+    from websockets.sync.client import connect
+
+    agent = "agent0"
+    paths = {"agent list": "/api/agents", "metrics": "/metrics",
+             "story": f"/api/agents/{agent}/story", "moment": f"/api/agents/{agent}/moment"}
+    slowest, size = 0.0, 0
+    with httpx.Client(base_url=url, timeout=600,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        for _ in range(times):
+            began = time.perf_counter()
+            if read == "subscribe snapshot":
+                ws_url = url.replace("http", "ws", 1) + "/ws/control"
+                with connect(ws_url, additional_headers={"Authorization": f"Bearer {TOKEN}"},
+                             max_size=None) as ws:
+                    ws.send('{"type":"subscribe","id":"s"}')
+                    text = ws.recv(timeout=600)
+                    while '"snapshot"' not in str(text)[:40]:
+                        text = ws.recv(timeout=600)
+                    size = len(text)
+            else:
+                answer = http.get(paths[read])
+                answer.raise_for_status()
+                size = len(answer.content)
+            slowest = max(slowest, (time.perf_counter() - began) * 1000)
+    return slowest, size
+
+
+async def loop_stalls(agents: int, asks: int) -> list[Figure]:
+    """The longest event-loop stall while each of `READS` is asked ``asks`` times at
+    ``agents`` agents (see the module)."""
+    names = [f"agent{n}" for n in range(agents)]
+    loop = asyncio.get_running_loop()
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            ProcessPoolExecutor(max_workers=1,
+                                mp_context=multiprocessing.get_context("spawn")) as client:
+        db = Path(tmp, "events.db")
+        config = validate_config({
+            "server": {"host": "127.0.0.1", "port": 0}, "store": {"path": str(db)},
+            "tokens": [{"name": "bench", "token": TOKEN, "role": "viewer"}],
+            "agents": [{"id": name, "mode": "followup",
+                        "reasoner": {"latency_ms": [1, 5], "trade_probability": 0.0}}
+                       for name in names]}, "<bench>")
+        async with serving(build_service(config, db)) as running:
+            engine = running.service.engine
+            for start in range(0, agents, 100):  # one run each, finished
+                await engine.submit_many(requests(names[start:start + 100], 100))
+            for _ in range(6_000):  # their runs take 1 to 5 ms each
+                if not any(engine.state(a).active or engine.state(a).pending for a in names):
+                    break
+                await asyncio.sleep(0.05)
+            gc.collect()
+            gc.freeze()
+            async with stall_probe() as stall:
+                for read in READS:
+                    await loop.run_in_executor(client, _ask, running.url, read, 1)  # warm
+                    stall()
+                    slowest, size = await loop.run_in_executor(
+                        client, _ask, running.url, read, asks)
+                    held, late = stall()
+                    figures += [
+                        Figure(f"{read}: longest event-loop stall (loop thread's CPU)", held,
+                               "ms", f"<= {STALL_GOAL_MS:g} ms"),
+                        Figure(f"{read}: ... wall clock (counts this busy machine's other "
+                               "load)", late, "ms"),
+                        Figure(f"{read}: slowest answer ({size:,} characters)", slowest, "ms")]
+    return figures
+
+
+def measure(count: int = 200_000, agents: int = 10_000, asks: int = 5,
+            only_stalls: int = 0) -> list[Figure]:
+    """Per-decision costs at both scales and their ratio; memory per agent; the loop-stall
+    probe (`loop_stalls`: ``asks`` of each read at ``agents`` agents)."""
+    stalls = [Figure(f"event-loop stall probe, {agents:,} agents, {asks} asks of each read",
+                     agents, "agents"), *asyncio.run(loop_stalls(agents, asks))]
+    if only_stalls:
+        return stalls
     small = pure_decide_us(10, count)
     large = pure_decide_us(10_000, count)
     grouped = pure_decide_us(10_000, count, grouped=True)
@@ -152,8 +282,9 @@ def measure(count: int = 200_000, agents: int = 10_000) -> list[Figure]:
         Figure("... grown from the started engine to that, per agent",
                (live - started) / agents, "KiB"),
         Figure("... peak resident memory of that process", peak / 1024, "MiB"),
+        *stalls,
     ]
 
 
 if __name__ == "__main__":
-    run(measure, requests=200_000, agents=10_000)
+    run(measure, requests=200_000, agents=10_000, asks=5, only_stalls=0)

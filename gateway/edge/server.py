@@ -54,6 +54,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+FRAGMENT_CHARS = 64 * 1024
+"""A text message longer than this goes out in fragments of this many characters, one per
+turn of the event loop: encoding (and compressing, with permessage-deflate) a big desk's
+snapshot at once held the loop for a few hundred ms. A client reassembles the message."""
+
+
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, except that a close is never held up by a client that
     does not read: uvicorn waits for room in the send buffer before it writes a close frame
@@ -65,6 +71,11 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     error."""
 
     async def send(self, message: Any) -> None:
+        text = message.get("text") if message["type"] == "websocket.send" else None
+        if text is not None and len(text) > FRAGMENT_CHARS and self.handshake_complete \
+                and not self.close_sent and self.initial_response is None:
+            await self._send_fragmented(text)
+            return
         if message["type"] != "websocket.close" or not self.handshake_complete \
                 or self.close_sent or self.initial_response is not None:
             await super().send(message)
@@ -80,6 +91,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         code = message.get("code", 1000)
         reason = message.get("reason", "") or ""
         try:
+            if self.conn.expect_continuation_frame:  # a fragmented message was cut short
+                self.conn.send_continuation(b"", fin=True)
             self.conn.send_close(code, reason)
         except InvalidState:  # the client's own close came first
             raise ClientDisconnected() from None
@@ -90,6 +103,28 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = False
             self.transport.resume_reading()
         self.close_timer = self.loop.call_later(self.close_timeout, self._drop)
+
+    async def _send_fragmented(self, text: str) -> None:
+        """``text`` as one message of `FRAGMENT_CHARS` fragments, one per turn of the loop
+        (controls and other connections' frames go out in between)."""
+        for start in range(0, len(text), FRAGMENT_CHARS):
+            await self.writable.wait()  # (the flow control uvicorn's own send does)
+            if self.disconnected:
+                raise ClientDisconnected()
+            if self.close_sent or self.transport.is_closing():
+                return  # closed meanwhile (a slow reader): the close says why
+            data = text[start:start + FRAGMENT_CHARS].encode()
+            fin = start + FRAGMENT_CHARS >= len(text)
+            try:
+                if start:
+                    self.conn.send_continuation(data, fin=fin)
+                else:
+                    self.conn.send_text(data, fin=fin)
+            except InvalidState:
+                raise ClientDisconnected() from None
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            if not fin:
+                await asyncio.sleep(0)
 
     def handle_close(self, event: Any) -> None:
         super().handle_close(event)

@@ -61,8 +61,6 @@ CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""
 MAX_CAUSE_DECISIONS = 1_000
 """Decisions of one input returned with it (a queue clear may make many)."""
-SUMMARIES_PER_STEP = 200
-"""Agent summaries a snapshot builds before it lets other work run."""
 MAX_SEARCH_TEXT = 200
 """Characters of a search of the log (``GET /api/events?q=``)."""
 MAX_CHART_AGENTS = 20

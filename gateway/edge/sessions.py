@@ -35,7 +35,6 @@ from gateway.edge.protocol import (
     MarketAck,
     Ping,
     Pong,
-    Snapshot,
     Submit,
     SubmitMany,
     Subscribe,
@@ -49,7 +48,6 @@ from gateway.edge.service import (
     MAX_IN_FLIGHT_BYTES,
     POLICY_VIOLATION,
     SUBPROTOCOL,
-    SUMMARIES_PER_STEP,
     TOKEN_SUBPROTOCOL,
     TRY_AGAIN_LATER,
     Service,
@@ -59,6 +57,8 @@ from gateway.edge.views import (
     event_frame_text,
     events_frames,
     gate_waits_of,
+    json_list,
+    model_json,
     provider_summary,
 )
 from gateway.errors import HTTP_STATUS, BadFrame, Busy, Forbidden, GatewayError, Unauthorized
@@ -486,16 +486,16 @@ class Session:
         position = await self.engine.store.last_position()
         now = self.engine.clock.now_ms()
         gates = self.engine.gates if frame.providers else {}
-        summaries: list[dict[str, Any]] = []
         waits = gate_waits_of(self.engine, now)
-        for start in range(0, len(wanted), SUMMARIES_PER_STEP):
-            if start:  # a big desk's snapshot does not hold the loop (stops come first)
-                await asyncio.sleep(0)
-            summaries += [agent_summary(self.engine.state(a), now, waits.get(a))
-                          for a in wanted[start:start + SUMMARIES_PER_STEP]]
-        await self._send(Snapshot(id=frame.id, position=position, agents=summaries,
-                                  providers=[provider_summary(n, g, now)
-                                             for n, g in sorted(gates.items())]))
+        # A big desk's snapshot is rendered a step at a time (stops come first) and sent as
+        # the text `Snapshot.model_dump_json` would give.
+        summaries = await json_list(
+            wanted, lambda a: agent_summary(self.engine.state(a), now, waits.get(a)),
+            model_json)
+        providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])
+        head = '{"type":"snapshot"' + ("" if frame.id is None else f',"id":{model_json(frame.id)}')
+        await self._send_text(f'{head},"position":{position},"agents":{summaries},'
+                              f'"providers":{providers}}}')
         agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
         # Lists of a frame's worth: the batch in hand, and its texts, stay small.

@@ -3,12 +3,15 @@ everything on the wire)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic_core
 from pydantic.alias_generators import to_camel
@@ -40,7 +43,7 @@ def agent_summary(state: AgentState, now: int,
     blocked (``blocked``, ``attention``: see `gateway.reads.blocked`; ``wait`` is its provider and
     why its calls wait at that gate, if they do)."""
     view = status(state, now)
-    body: dict[str, Any] = _camel(asdict(view))
+    body: dict[str, Any] = _camel(view)
     body["blocked"], body["attention"] = blocked_view(
         state, now, *(wait if wait is not None else (None, None)))
     body["budgets"] = state.config.budgets.model_dump(mode="json")
@@ -52,13 +55,79 @@ def agent_summary(state: AgentState, now: int,
 
 
 def _camel(value: Any) -> Any:
+    """``value`` as JSON-ready data with camelCase keys: a dataclass as the dict of its
+    fields (as `dataclasses.asdict` gives), dict keys camelCased, tuples as lists, enums as
+    their values."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
     if isinstance(value, dict):
-        return {to_camel(k): _camel(v) for k, v in value.items()}
+        return {_camel_key(k): _camel(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_camel(v) for v in value]
     if isinstance(value, Enum):
         return value.value
+    fields = _fields(kind)
+    if fields is not None:
+        return {camel: _camel(getattr(value, name)) for name, camel in fields}
     return value
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _camel_key(key: str) -> str:
+    return to_camel(key)
+
+
+def _fields(kind: type) -> tuple[tuple[str, str], ...] | None:
+    """A dataclass's field names, each with its camelCase key (None: not a dataclass)."""
+    try:
+        return _FIELDS[kind]
+    except KeyError:
+        fields = None if not dataclasses.is_dataclass(kind) else tuple(
+            (f.name, _camel_key(f.name)) for f in dataclasses.fields(kind))
+        _FIELDS[kind] = fields
+        return fields
+
+
+_FIELDS: dict[type, tuple[tuple[str, str], ...] | None] = {}
+
+
+Item = TypeVar("Item")
+
+JSON_ITEMS_PER_STEP = 50
+"""Items `json_list` renders before it lets other work run (an agent's summary takes 40 to
+100 µs here: a step of a millisecond or a few under load)."""
+
+
+async def json_list(items: Sequence[Item], render: Callable[[Item], Any],
+                    encode: Callable[[list[Any]], str],
+                    step: int = JSON_ITEMS_PER_STEP) -> str:
+    """The JSON text of ``[render(item) for item in items]``, ``step`` items rendered and
+    encoded (``encode``: a list to its JSON text) per turn of the event loop, so that a big
+    desk's list never holds the loop for long (an emergency stop's frame waits at most one
+    step)."""
+    parts: list[str] = []
+    for start in range(0, len(items), step):
+        if start:
+            await asyncio.sleep(0)
+        text = encode([render(item) for item in items[start:start + step]])
+        if len(text) > 2:
+            parts.append(text[1:-1])
+    return "[" + ",".join(parts) + "]"
+
+
+def starlette_json(value: Any) -> str:
+    """``value`` as Starlette's `JSONResponse` encodes it (compact, UTF-8, no NaN)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":"))
+
+
+def model_json(value: Any) -> str:
+    """``value`` as a pydantic model encodes a member of type ``Any`` (`model_dump_json`)."""
+    return pydantic_core.to_json(value).decode()
 
 
 def provider_summary(name: str, gate: ProviderGate, now: int,

@@ -12,7 +12,13 @@ from starlette.responses import Response
 from gateway.edge.answers import ack_frame, error_response
 from gateway.edge.http import ControlBody, Routes, _int_param, _json
 from gateway.edge.protocol import ErrorFrame
-from gateway.edge.views import gate_waits_of, queue_view, schedules_view
+from gateway.edge.views import (
+    gate_waits_of,
+    json_list,
+    queue_view,
+    schedules_view,
+    starlette_json,
+)
 from gateway.errors import HTTP_STATUS, BadFrame, GatewayError
 from lanes import AgentConfig, AgentRequest, parse_request
 from lanes.calltree import CallTrees
@@ -29,8 +35,9 @@ class AgentRoutes(Routes):
         principal.check_read()
         now = self.engine.clock.now_ms()
         waits = gate_waits_of(self.engine, now)
-        return _json([self._summary(a, now, waits) for a in self.engine.agent_ids
-                      if principal.may_see(a)])
+        seen = [a for a in self.engine.agent_ids if principal.may_see(a)]
+        text = await json_list(seen, lambda a: self._summary(a, now, waits), starlette_json)
+        return Response(text, media_type="application/json")
 
     async def agent(self, request: Request) -> Response:
         """One agent: config, trading state and lane status."""

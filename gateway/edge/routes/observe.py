@@ -23,6 +23,12 @@ from store.port import StoreError
 log = logging.getLogger("gateway.edge.routes.observe")
 
 
+STATUSES_PER_STEP = 100
+"""Agents' statuses a scrape computes before it lets other work run."""
+SAMPLES_PER_STEP = 1_000
+"""Per-agent samples a scrape renders before it lets other work run."""
+
+
 class ObserveRoutes(Routes):
     """Health, Prometheus metrics and the OpenAPI document."""
 
@@ -53,47 +59,56 @@ class ObserveRoutes(Routes):
         """Prometheus metrics (viewer or better)."""
         principal = self._principal(request)
         principal.check_read()
-        return PlainTextResponse(self._metrics_text(principal),
+        return PlainTextResponse(await self._metrics_text(principal),
                                  media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document of this API."""
         return JSONResponse(openapi_document())
 
-    def _metrics_text(self, principal: Principal) -> str:
+    async def _metrics_text(self, principal: Principal) -> str:
+        # A big desk's scrape is rendered a step at a time (an emergency stop never waits
+        # behind 10,000 agents' series): statuses, then each family's samples.
         engine = self.engine
         now = engine.clock.now_ms()
-        views = [status(engine.state(a), now) for a in engine.agent_ids
-                 if principal.may_see(a)]
+        seen = [a for a in engine.agent_ids if principal.may_see(a)]
+        views: list[Any] = []
+        for start in range(0, len(seen), STATUSES_PER_STEP):
+            if start:
+                await asyncio.sleep(0)
+            views += [status(engine.state(a), now) for a in seen[start:start + STATUSES_PER_STEP]]
 
-        def per_agent(get: Callable[[Any], float]) -> list[str]:
-            return [f'{{agent="{label(v.agent_id)}"}} {get(v)}' for v in views]
-
-        def gauge(name: str, help_text: str, get: Callable[[Any], float],
-                  kind: str = "gauge") -> list[str]:
-            return family(name, kind, help_text, (name + s for s in per_agent(get)))
+        async def gauge(name: str, help_text: str, get: Callable[[Any], float],
+                        kind: str = "gauge") -> list[str]:
+            samples: list[str] = []
+            for start in range(0, len(views), SAMPLES_PER_STEP):
+                await asyncio.sleep(0)
+                samples += [f'{name}{{agent="{label(v.agent_id)}"}} {get(v)}'
+                            for v in views[start:start + SAMPLES_PER_STEP]]
+            return family(name, kind, help_text, samples)
 
         lines = [
-            *gauge("gateway_pending_requests", "Requests waiting in the reasoning lane.",
+            *await gauge("gateway_pending_requests", "Requests waiting in the reasoning lane.",
                    lambda v: v.pending),
-            *gauge("gateway_oldest_pending_seconds", "Age of the oldest pending request.",
+            *await gauge("gateway_oldest_pending_seconds", "Age of the oldest pending request.",
                    lambda v: (v.oldest_pending_age_ms or 0) / 1000),
-            *gauge("gateway_active_run_seconds", "Duration of the active run (0: idle).",
+            *await gauge("gateway_active_run_seconds", "Duration of the active run (0: idle).",
                    lambda v: v.active_run.duration_ms / 1000 if v.active_run else 0),
-            *gauge("gateway_halted", "1 while the agent is HALTED.",
+            *await gauge("gateway_halted", "1 while the agent is HALTED.",
                    lambda v: int(v.trading.value == "HALTED")),
-            *gauge("gateway_runs_total", "Runs started.", lambda v: v.counters.runs, "counter"),
-            *gauge("gateway_aborts_total", "Runs aborted.", lambda v: v.counters.aborts,
+            *await gauge("gateway_runs_total", "Runs started.", lambda v: v.counters.runs,
+                         "counter"),
+            *await gauge("gateway_aborts_total", "Runs aborted.", lambda v: v.counters.aborts,
                    "counter"),
-            *gauge("gateway_drops_total", "Requests dropped.", lambda v: v.counters.drops,
+            *await gauge("gateway_drops_total", "Requests dropped.", lambda v: v.counters.drops,
                    "counter"),
-            *gauge("gateway_dedupes_total", "Requests deduped.", lambda v: v.counters.dedupes,
+            *await gauge("gateway_dedupes_total", "Requests deduped.", lambda v: v.counters.dedupes,
                    "counter"),
-            *gauge("gateway_budget_suppressions_total", "Times runs were held by a budget.",
+            *await gauge("gateway_budget_suppressions_total", "Times runs were held by a budget.",
                    lambda v: v.counters.suppressions, "counter"),
-            *gauge("gateway_suppressed", "1 while a budget suppresses the agent's runs.",
+            *await gauge("gateway_suppressed", "1 while a budget suppresses the agent's runs.",
                    lambda v: int(v.suppressed_until is not None)),
-            *gauge("gateway_held", "1 while the agent's runs are held until a resume "
+            *await gauge("gateway_held", "1 while the agent's runs are held until a resume "
                    "(the provider refused for spend).", lambda v: int(v.held is not None)),
             *family("gateway_agents", "gauge",
                     "Agents now, by what holds them: HALTED, REDUCING, suppressed by a "
@@ -132,7 +147,7 @@ class ObserveRoutes(Routes):
                         "gateway_control_commit_latency_seconds")),
             *family("gateway_run_duration_seconds", "histogram", "Run durations.",
                     engine.run_durations.lines("gateway_run_duration_seconds")),
-            *gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
+            *await gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
                    lambda v: int(v.held is not None)),
             *self._connection_metrics(),
             *self._cluster_metrics(),
