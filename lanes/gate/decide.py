@@ -41,10 +41,9 @@ from lanes.gate.state import (
     Lease,
     Waiting,
     _exhausted,
-    _held_for,
     blocker,
-    blocking,
     fair_hold,
+    fits,
     next_in_line,
 )
 from lanes.gate.tables import (
@@ -167,7 +166,7 @@ def _grant(state: GateState, now: int, emit: Emit) -> None:
     while state.waiting and not _exhausted(state):
         entry = next_in_line(state)
         assert entry is not None
-        if blocking(state, entry) is not None or _held_for(state, entry) is not None:
+        if not fits(state, entry):
             break
         state.index.cleared = entry  # nothing changes before `_granted` applies it
         emit(
