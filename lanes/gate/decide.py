@@ -40,11 +40,9 @@ from lanes.gate.state import (
     HotLimits,
     Lease,
     Waiting,
-    _exhausted,
-    _held_for,
     blocker,
-    blocking,
     fair_hold,
+    fits,
     next_in_line,
 )
 from lanes.gate.tables import (
@@ -71,7 +69,7 @@ def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
 
     Deterministic; an input that decides nothing leaves ``state`` exactly as it was.
     """
-    decider = DECIDERS.handler(event)
+    decider = DECIDERS.table.get(type(event)) or DECIDERS.handler(event)  # (which raises)
     now, version = state.now, state.version
     if event.at > state.now:  # `evolve_gate(state, event)` inlined: see `_input`
         state.now = event.at
@@ -164,16 +162,17 @@ def _settle(state: GateState, emit: Emit) -> None:
 
 def _grant(state: GateState, now: int, emit: Emit) -> None:
     """Grant whatever fits, in the fair order, until the next in line does not."""
-    while state.waiting and not _exhausted(state):
-        entry = next_in_line(state)
+    index = state.index
+    while state.waiting:  # (`_exhausted` would only say sooner what `fits` says)
+        entry = index.head if index.head_known else next_in_line(state)
         assert entry is not None
-        if blocking(state, entry) is not None or _held_for(state, entry) is not None:
+        if not fits(state, entry):
             break
-        state.index.cleared = entry  # nothing changes before `_granted` applies it
+        index.cleared = entry  # nothing changes before `_granted` applies it
         emit(
             SlotGranted(
                 slot_id=entry.slot_id,
-                lease_deadline=now + state.index.limits.lease_ms,
+                lease_deadline=now + index.limits.lease_ms,
                 probe=state.breaker is HALF_OPEN,
             )
         )
@@ -262,7 +261,9 @@ def _too_large(
 
 def _refuse_hopeless(state: GateState, emit: Emit) -> None:
     deadlines = state.index.deadlines
-    if not deadlines or _hopeless(state, deadlines[0][0]) is None:
+    if not deadlines or (state.breaker is not OPEN and state.not_before <= deadlines[0][0]):
+        return  # (what `_hopeless` checks first, without the call)
+    if _hopeless(state, deadlines[0][0]) is None:
         return  # if the earliest wait bound can be met, every later one can
     for entry in list(state.waiting.values()):
         hopeless = _hopeless(state, entry.deadline)
@@ -278,8 +279,12 @@ def _requested(state: GateState, event: SlotRequested, emit: Emit) -> None:
     refused: tuple[Refusal, str] | None = None
     limits = state.index.limits
     deadline = state.now + limits.max_wait_ms
-    too_large = _too_large(limits, event.input_tokens, event.output_tokens)
-    attempts = state.runs.get(event.run_id)
+    too_large = (
+        None
+        if limits.input_tokens_per_minute is None and limits.output_tokens_per_minute is None
+        else _too_large(limits, event.input_tokens, event.output_tokens)
+    )
+    attempts = state.runs.get(event.run_id) if state.runs else None
     if too_large is not None:
         refused = Refusal.TOO_LARGE, too_large
     elif attempts is not None and attempts.last is SPEND_LIMIT:
@@ -295,7 +300,7 @@ def _requested(state: GateState, event: SlotRequested, emit: Emit) -> None:
                 f"{attempts.last.value}); max_attempts is {limits.max_attempts}: giving up"
             ),
         )
-    else:
+    elif state.breaker is OPEN or state.not_before > deadline:  # (else it is not hopeless)
         refused = _hopeless(state, deadline)
     if refused is not None:
         emit(

@@ -36,7 +36,6 @@ from lanes.gate.state import (
     RunAttempts,
     Share,
     Waiting,
-    _between_calls,
     _sharing,
     blocker,
     count_in,
@@ -98,7 +97,8 @@ def _queued(state: GateState, event: SlotQueued) -> None:
         share.finish = state.vtime  # an agent away for a window banks no credit
     start = share.finish
     share.finish = start + (tokens if tokens > 1 else 1)
-    leave_between(state.index, agent_id)  # (it waits)
+    if agent_id in state.index.between:
+        leave_between(state.index, agent_id)  # (it waits)
     entry = state.waiting[slot_id] = Waiting(  # the fields in order
         slot_id,
         event.agent_id,
@@ -209,9 +209,18 @@ def _granted(state: GateState, event: SlotGranted) -> None:
     share.granted_at = state.now
     share.input_tokens, share.output_tokens = entry.input_tokens, entry.output_tokens
     share.rank = RANK[entry.priority]
-    behind = state.index.behind
-    while behind and not _between_calls(state, behind[0][1]):  # (time has ended it)
-        leave_between(state.index, behind[0][1])
+    index = state.index
+    behind, waiting_of, leases_of = index.behind, index.waiting_of, index.leases_of
+    graced_from = state.now - FAIR_GRACE_MS
+    while behind:  # drop those time has ended (`_between_calls`, inlined: a hot path)
+        agent_id = behind[0][1]
+        if agent_id not in waiting_of:
+            if agent_id in leases_of:
+                break
+            released = state.shares[agent_id].released_at
+            if released is not None and released > graced_from:
+                break
+        leave_between(index, agent_id)
     if entry.tag > state.vtime:
         state.vtime = entry.tag
     if event.probe:

@@ -433,10 +433,17 @@ def unnamed(reason: str) -> str:
 
 def _held_for(state: GateState, entry: Waiting) -> str | None:
     """One agent `fair_hold` holds ``entry`` for (the first found), or None."""
-    index, shares, tag = state.index, state.shares, entry.tag
-    behind = index.behind
-    if not behind or behind[0][0] >= tag:
+    behind = state.index.behind
+    if not behind or behind[0][0] >= entry.tag:
         return None  # nobody between calls comes before it
+    requests, inputs, outputs = window_usage(state, state.now)
+    return _hold(state, entry, requests, inputs, outputs)
+
+
+def _hold(state: GateState, entry: Waiting, requests: int, inputs: int, outputs: int,
+          ) -> str | None:
+    """`_held_for`, given the window's usage at ``state.now``."""
+    index, shares, tag = state.index, state.shares, entry.tag
     limits = index.limits
     rpm, itpm, otpm, cap = (
         limits.requests_per_minute,
@@ -444,36 +451,92 @@ def _held_for(state: GateState, entry: Waiting) -> str | None:
         limits.output_tokens_per_minute,
         limits.max_concurrent,
     )
-    if rpm is None and itpm is None and otpm is None and cap is None:
+    leases_of, graced_from = index.leases_of, state.now - FAIR_GRACE_MS
+    rank = RANK[entry.priority]
+    if itpm is None and otpm is None and cap is None:
+        if rpm is None:
+            return None
+        # Only the requests can run out (the other rooms are endless): the same walk, cheaper.
+        room = rpm - requests - 1
+        for finish, agent_id in index.behind:
+            if finish >= tag:
+                break
+            share = shares[agent_id]
+            if share.rank != rank:
+                continue  # (between classes, priority decides)
+            if agent_id not in leases_of:
+                released = share.released_at
+                if released is None or released <= graced_from:
+                    continue  # no longer between calls
+            size = share.input_tokens + share.output_tokens
+            room -= -(-(tag - finish) // size) if size > 0 else 1  # calls, rounded up
+            if room < 0:
+                return agent_id
         return None
-    requests, inputs, outputs = window_usage(state, state.now)
     room_requests = NEVER if rpm is None else rpm - requests - 1
     room_inputs = NEVER if itpm is None else itpm - inputs - entry.input_tokens
     room_outputs = NEVER if otpm is None else otpm - outputs - entry.output_tokens
     room_slots = NEVER if cap is None else cap - len(state.leases) - 1
-    leases_of, graced_from = index.leases_of, state.now - FAIR_GRACE_MS
-    rank = RANK[entry.priority]
-    for finish, agent_id in behind:
+    for finish, agent_id in index.behind:
         if finish >= tag:
             break
         share = shares[agent_id]
+        if share.rank != rank:
+            continue
         if agent_id not in leases_of:
             released = share.released_at
             if released is None or released <= graced_from:
-                continue  # no longer between calls
-            if share.rank != rank:
-                continue  # (between classes, priority decides)
+                continue
             room_slots -= 1
-        elif share.rank != rank:
-            continue
         size = share.input_tokens + share.output_tokens
-        calls = -(-(tag - finish) // size) if size > 0 else 1  # (rounded up)
+        calls = -(-(tag - finish) // size) if size > 0 else 1
         room_requests -= calls
         room_inputs -= calls * share.input_tokens
         room_outputs -= calls * share.output_tokens
         if room_requests < 0 or room_inputs < 0 or room_outputs < 0 or room_slots < 0:
             return agent_id
     return None
+
+
+def fits(state: GateState, entry: Waiting) -> bool:
+    """Whether ``entry`` can be granted now: neither `blocking` nor `fair_hold` holds it.
+    The grant path's one pass over the limits, building no reason."""
+    now, limits, breaker = state.now, state.index.limits, state.breaker
+    if breaker is not CLOSED and (breaker is OPEN or state.probe is not None):
+        return False
+    if now < state.not_before:
+        return False
+    cap = limits.max_concurrent
+    if cap is not None and len(state.leases) >= cap:
+        return False
+    hint = state.hint
+    if hint is not None and now < hint.reset_at:
+        if hint.remaining_requests is not None and hint.requests_since >= hint.remaining_requests:
+            return False
+        if (
+            hint.remaining_tokens is not None
+            and hint.tokens_since + entry.input_tokens + entry.output_tokens
+            > hint.remaining_tokens
+        ):
+            return False
+    window = state.window
+    if window and window[0].at <= now - WINDOW_MS:  # some grants have left the window
+        requests, inputs, outputs = window_usage(state, now)
+    else:
+        requests, inputs, outputs = state.used_requests, state.used_input, state.used_output
+    rpm = limits.requests_per_minute
+    if rpm is not None and requests + 1 > rpm:
+        return False
+    itpm = limits.input_tokens_per_minute
+    if itpm is not None and inputs + entry.input_tokens > itpm:
+        return False
+    otpm = limits.output_tokens_per_minute
+    if otpm is not None and outputs + entry.output_tokens > otpm:
+        return False
+    behind = state.index.behind
+    if not behind or behind[0][0] >= entry.tag:
+        return True  # nobody between calls comes before it
+    return _hold(state, entry, requests, inputs, outputs) is None
 
 
 def _exhausted(state: GateState) -> bool:
