@@ -3,7 +3,7 @@
 ```toml
 [server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
                     # max_unauthenticated, auth_timeout_s, send_timeout_s,
-                    # request_timeout_s, heartbeat_s
+                    # request_timeout_s, heartbeat_s, event_loop
 [store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
@@ -65,6 +65,7 @@ from gateway.market.hooks import (
     HookRule,
     PriceCrossRule,
 )
+from gateway.runtime.process import EventLoop
 from gateway.runtime.schedules import check as check_schedule
 from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
 from lanes.gate.events import GateLimits, lease_too_short
@@ -138,6 +139,10 @@ class ServerConfig(ConfigModel):
     request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes, else it is dropped."""
+    event_loop: EventLoop = "auto"
+    """The event loop `gateway serve` runs on: ``auto`` (uvloop where it is installed, as on
+    Linux; else asyncio's), ``uvloop``, or ``asyncio`` (to rule uvloop out when chasing a
+    problem). ``--loop`` overrides it."""
 
 
 class StoreConfig(ConfigModel):
