@@ -6,7 +6,7 @@ import argparse
 import itertools
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,14 +42,20 @@ def table(figures: list[Figure]) -> str:
     return "\n".join(lines + [f.row() for f in figures])
 
 
-def run(measure: Callable[..., list[Figure]], **sizes: int) -> None:
-    """Command line of one benchmark: ``--NAME N`` for each size, then the Markdown table."""
+def run(measure: Callable[..., list[Figure]], choices: dict[str, Sequence[str]] | None = None,
+        **sizes: int) -> None:
+    """Command line of one benchmark: ``--NAME N`` for each size (positional arguments of
+    ``measure``) and ``--NAME CHOICE`` for each of ``choices`` (keyword arguments, the first
+    choice by default), then the Markdown table."""
     parser = argparse.ArgumentParser()
     for name, default in sizes.items():
         parser.add_argument(f"--{name}", type=int, default=default)
+    for name, options in (choices or {}).items():
+        parser.add_argument(f"--{name}", choices=options, default=options[0])
     args = vars(parser.parse_args())
     print(f"machine: {machine()}\n")
-    print(table(measure(*(args[name] for name in sizes))))
+    print(table(measure(*(args[name] for name in sizes),
+                        **{name: args[name] for name in choices or {}})))
 
 
 def machine() -> str:

@@ -229,7 +229,7 @@ async def loop_stalls(agents: int, asks: int) -> list[Figure]:
         async with serving(build_service(config, db)) as running:
             engine = running.service.engine
             for start in range(0, agents, 100):  # one run each, finished
-                await engine.submit_many(requests(names[start:start + 100], 100))
+                await take_all(engine, requests(names[start:start + 100], 100))
             for _ in range(6_000):  # their runs take 1 to 5 ms each
                 if not any(engine.state(a).active or engine.state(a).pending for a in names):
                     break

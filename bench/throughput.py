@@ -1,8 +1,9 @@
 """Durable requests per second through the engine (submit -> decision after commit), as a
 ratio to raw ``sqlite3.executemany`` in batches of 1000 writing the very same rows into the
-same schema, measured in the same run.
+same schema, measured in the same run. The engine runs on the event loop ``--loop`` names
+(by default the one `gateway serve` picks: uvloop on Linux).
 
-    uv run python -m bench.throughput [--requests N] [--agents N]
+    uv run python -m bench.throughput [--requests N] [--agents N] [--loop auto|asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Figure, requests, run, timed
-from gateway.base.process import tune_runtime
+from gateway.base.process import EventLoop, run_on, tune_runtime
 from gateway.errors import GatewayError
 from gateway.llm.reasoner import RunContext, RunResult
 from gateway.runtime.acks import Ack
@@ -87,14 +88,15 @@ def raw_run(source: Path, target: Path) -> tuple[float, int]:
     return elapsed[0], len(rows)
 
 
-def measure(count: int = 100_000, agents: int = 100, concurrency: int = 4_000) -> list[Figure]:
-    """Engine vs raw SQLite, same rows, same run."""
+def measure(count: int = 100_000, agents: int = 100, concurrency: int = 4_000,
+            loop: EventLoop = "auto") -> list[Figure]:
+    """Engine (on the event loop ``loop``) vs raw SQLite, same rows, same run."""
     with tempfile.TemporaryDirectory() as tmp:
         engine_db, raw_db = Path(tmp, "engine.db"), Path(tmp, "raw.db")
-        engine_s, rows = asyncio.run(engine_run(engine_db, count, agents, concurrency))
+        engine_s, rows = run_on(engine_run(engine_db, count, agents, concurrency), loop)
         raw_s, raw_rows = raw_run(engine_db, raw_db)
         many_db = Path(tmp, "many.db")
-        many_s, _ = asyncio.run(engine_run(many_db, count, agents, concurrency, batched=True))
+        many_s, _ = run_on(engine_run(many_db, count, agents, concurrency, batched=True), loop)
     per_request = rows / count
     engine_rps = count / engine_s
     many_rps = count / many_s
@@ -111,4 +113,5 @@ def measure(count: int = 100_000, agents: int = 100, concurrency: int = 4_000) -
 
 
 if __name__ == "__main__":
-    run(measure, requests=100_000, agents=100, concurrency=4_000)
+    run(measure, {"loop": ("auto", "asyncio", "uvloop")}, requests=100_000, agents=100,
+        concurrency=4_000)

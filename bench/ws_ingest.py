@@ -8,8 +8,12 @@ sends ``hook_trigger`` submits over one connection, pipelined: (a) one request p
 up to ``window`` frames in flight, (b) 100 per frame (``submit_many``) with up to
 ``window / 10`` frames in flight. The bare server gets the very same frames from the very
 same client code. A last figure runs (a) through `gateway.client` instead of raw frames.
+The gateway is served as `gateway serve` serves it (its uvicorn protocols, on the event loop
+``--loop`` names, by default the one `gateway serve` picks: uvloop on Linux); the bare server
+runs on asyncio's own loop, in every run (the fixed yardstick).
 
     uv run python -m bench.ws_ingest [--requests N] [--batched N] [--agents N] [--window N]
+                                     [--loop auto|asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -33,14 +37,13 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
 from bench.common import CREATED, Figure, run
-from gateway.base.process import tune_runtime
+from gateway.base.process import EventLoop, run_on, tune_runtime
 from gateway.base.roles import Role
 from gateway.client import FeedClient
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
-from gateway.edge.app import create_app
 from gateway.edge.auth import Principal, TokenBook
-from gateway.edge.server import join_cluster
+from gateway.edge.server import join_cluster, uvicorn_config
 from gateway.edge.service import Service
 from gateway.llm.reasoner import Reasoner, RunContext, RunResult
 from gateway.runtime.engine import Engine
@@ -108,9 +111,7 @@ async def gateway(db: Path | str, agents: dict[str, AgentConfig],
             if service.peers is not None:
                 await service.peers.close()
 
-    config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
-                            ws="websockets-sansio", log_level="warning", ws_max_size=4 << 20)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(service, lifespan))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         started = asyncio.create_task(ready.wait())
@@ -262,14 +263,14 @@ async def _through_client(url: str, requests: list[dict[str, Any]], window: int)
 # ------------------------------------------------------------------------------ measure
 
 
+async def _in_child(pool: ProcessPoolExecutor, fn: Callable[[], Load]) -> Load:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn)
+
+
 async def _measure(count: int, batched: int, agents: int, window: int,
                    pool: ProcessPoolExecutor) -> dict[str, Load]:
-    loop = asyncio.get_running_loop()
     runs: dict[str, Load] = {}
-
-    async def child(fn: Callable[[], Load]) -> Load:
-        return await loop.run_in_executor(pool, fn)
-
+    child = partial(_in_child, pool)
     await child(partial(Load, 0.0, 0, 0))  # start the child process before timing anything
     per_agent = (2 * count + batched) // agents + 10
     config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, 2 * per_agent))
@@ -286,16 +287,26 @@ async def _measure(count: int, batched: int, agents: int, window: int,
             runs["gateway client"] = await child(
                 partial(client_library_load, url, "gc-", count, agents, window))
             await engine.flush()
+    return runs
+
+
+async def _measure_bare(count: int, batched: int, agents: int, window: int,
+                        pool: ProcessPoolExecutor) -> dict[str, Load]:
+    runs: dict[str, Load] = {}
+    child = partial(_in_child, pool)
     async with bare_server() as url:
         runs["bare single"] = await child(
             partial(client_load, url, "b1-", count, 1, agents, window))
         runs["bare batched"] = await child(
             partial(client_load, url, "b100-", batched, BATCH, agents, window // 10))
+    return runs
+
+
+def _check(runs: dict[str, Load], count: int, batched: int) -> None:
     for name, load in runs.items():
         expected = count if "single" in name or "client" in name else batched
         if load.accepted != expected:
             raise AssertionError(f"{name}: {load.accepted} of {expected} accepted")
-    return runs
 
 
 def _first(agent: str, n: int) -> AgentRequest:
@@ -303,11 +314,14 @@ def _first(agent: str, n: int) -> AgentRequest:
 
 
 def measure(count: int = 20_000, batched: int = 100_000, agents: int = 100,
-            window: int = 500) -> list[Figure]:
-    """Gateway vs bare websockets server, one connection, same client, same frames."""
+            window: int = 500, loop: EventLoop = "auto") -> list[Figure]:
+    """Gateway (on the event loop ``loop``) vs bare websockets server (on asyncio's), one
+    connection, same client, same frames."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        runs = asyncio.run(_measure(count, batched, agents, window, pool))
+        runs = run_on(_measure(count, batched, agents, window, pool), loop)
+        runs |= asyncio.run(_measure_bare(count, batched, agents, window, pool))
+    _check(runs, count, batched)
 
     def rate(name: str, n: int) -> float:
         return n / runs[name].seconds
@@ -330,4 +344,5 @@ def measure(count: int = 20_000, batched: int = 100_000, agents: int = 100,
 
 
 if __name__ == "__main__":
-    run(measure, requests=20_000, batched=100_000, agents=100, window=500)
+    run(measure, {"loop": ("auto", "asyncio", "uvloop")}, requests=20_000, batched=100_000,
+        agents=100, window=500)

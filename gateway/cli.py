@@ -73,6 +73,7 @@ def _import(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
     from gateway.base.clock import SystemClock
+    from gateway.base.process import loop_factory, run_on
     from gateway.base.quarantine import UnreadableEvent
     from gateway.config import ConfigError, demo_config, load_config
     from gateway.edge.server import Running, serve_forever
@@ -84,6 +85,12 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = demo_config() if args.command == "demo" else load_config(args.config)
     except ConfigError as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2
+    event_loop = args.loop or config.server.event_loop
+    try:
+        loop_factory(event_loop)
+    except RuntimeError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
     host = args.host or config.server.host
@@ -110,8 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
     _end_with_launcher()
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_forever(service, host, port, ready,
-                                      feed if args.command == "demo" else None))
+            run_on(serve_forever(service, host, port, ready,
+                                 feed if args.command == "demo" else None),
+                   event_loop)
     except (LogInUse, LogUnavailable, UnreadableEvent) as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
@@ -152,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--db", type=Path, default=Path("gateway-demo.db"))
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
     serve = commands.add_parser("serve", help="serve the gateway from a config file")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument("--db", help="event log: a SQLite file, or a postgresql:// URL that "
@@ -162,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "(default: the config's cluster.advertise, else where it is bound)")
     serve.add_argument("--host", help="default: the config's server.host (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: the config's server.port")
+    serve.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
     scenario = commands.add_parser(
         "scenario", help="run a short scripted scenario through the engine and print it")
     scenario.add_argument("--db", type=Path, default=Path("gateway-scenario.db"))
@@ -197,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+LOOPS = ("auto", "uvloop", "asyncio")
+LOOP_HELP = ("the event loop: auto (uvloop where installed, as on Linux), uvloop or asyncio "
+             "(default: the config's server.event_loop)")
 LOG_HELP = "the event log: a SQLite file, or a postgresql:// URL"
 
 

@@ -3,7 +3,7 @@
 ```toml
 [server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
                     # max_unauthenticated, auth_timeout_s, send_timeout_s,
-                    # request_timeout_s, heartbeat_s
+                    # request_timeout_s, heartbeat_s, event_loop
 [store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
@@ -47,6 +47,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from gateway.base.process import EventLoop
 from gateway.base.roles import Role
 from gateway.errors import BadFrame
 from gateway.llm.reasoner import (
@@ -138,6 +139,10 @@ class ServerConfig(ConfigModel):
     request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes, else it is dropped."""
+    event_loop: EventLoop = "auto"
+    """The event loop `gateway serve` runs on: ``auto`` (uvloop where it is installed, as on
+    Linux; else asyncio's), ``uvloop``, or ``asyncio`` (to rule uvloop out when chasing a
+    problem). ``--loop`` overrides it."""
 
 
 class StoreConfig(ConfigModel):

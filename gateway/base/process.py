@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+EventLoop = Literal["auto", "uvloop", "asyncio"]
+"""Which event loop a gateway process runs on: ``auto`` is uvloop where it is installed (a
+Linux dependency of the package), else asyncio's own."""
 
 
 def tune_runtime() -> None:
@@ -44,3 +53,25 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def loop_factory(choice: EventLoop = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the event loop of ``choice`` (None: asyncio's default). ``uvloop`` raises
+    `RuntimeError` where it is not installed; ``auto`` falls back to asyncio there."""
+    if choice == "asyncio":
+        return None
+    if importlib.util.find_spec("uvloop") is None:
+        if choice == "uvloop":
+            raise RuntimeError("the uvloop event loop was asked for and uvloop is not "
+                               "installed (it is a dependency on Linux only); use "
+                               "event_loop = \"asyncio\"")
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
+def run_on(main: Coroutine[Any, Any, T], choice: EventLoop = "auto") -> T:
+    """`asyncio.run` on the event loop of ``choice``."""
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+        return runner.run(main)

@@ -9,7 +9,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import h11
 import uvicorn
@@ -60,6 +60,51 @@ turn of the event loop: encoding (and compressing, with permessage-deflate) a bi
 snapshot at once held the loop for a few hundred ms. A client reassembles the message."""
 
 
+class TurnWriter:
+    """A transport whose writes within one turn of the event loop go out together: the first
+    at once (a lone answer, an emergency stop's ack, waits for nothing), the others in one
+    write when the turn ends, instead of one ``send`` system call each (under a flood a
+    commit answers hundreds of frames in one turn). Anything else asked of the transport
+    (close it, pause it, its buffer's size) first writes what is held, so nothing is
+    reordered or lost."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+        self._in_turn = False
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` now if it is the turn's first, else with the rest at its end."""
+        if not self._in_turn:
+            self._in_turn = True
+            self._loop.call_soon(self._end_turn)
+            self.transport.write(data)
+        elif data:
+            self._held.append(data)
+
+    def flush(self) -> None:
+        """Write what is held, now (dropped if the connection is gone meanwhile)."""
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+    def _end_turn(self) -> None:
+        self._in_turn = False
+        self.flush()
+
+    def get_write_buffer_size(self) -> int:
+        """The transport's buffer, with what is held."""
+        self.flush()
+        return self.transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        self.flush()
+        return getattr(self.transport, name)
+
+
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, except that a close is never held up by a client that
     does not read: uvicorn waits for room in the send buffer before it writes a close frame
@@ -68,7 +113,11 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     connection is reset if the closing handshake has not finished after ``close_timeout``
     (10 s), so every close frees the connection in bounded time. A handshake refused with an HTTP
     answer (`starlette.websockets.WebSocket.send_denial_response`) is not logged as an
-    error."""
+    error. The frames sent in one turn of the loop go out in one write (`TurnWriter`)."""
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, TurnWriter(self.transport, self.loop))
 
     async def send(self, message: Any) -> None:
         text = message.get("text") if message["type"] == "websocket.send" else None
@@ -224,6 +273,16 @@ class GatewayServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def uvicorn_config(service: Service, lifespan: Callable[[Any], Any]) -> uvicorn.Config:
+    """How uvicorn serves ``service``: the gateway's HTTP and WebSocket protocols (bounded
+    requests, closes that never wait for a client that does not read, answers written
+    together), graceful stop within 5 s."""
+    return uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
+                          http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
+                          log_level="warning",
+                          ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
+
+
 @contextlib.asynccontextmanager
 async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                   extra: Callable[[Service], Any] | None = None) -> AsyncIterator[Running]:
@@ -261,11 +320,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
-                            http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
-                            log_level="warning",
-                            ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
-    server = GatewayServer(config)
+    server = GatewayServer(uvicorn_config(service, lifespan))
     bound_host, bound_port = sock.getsockname()[:2]
     service.own_origins = own_origins(bound_host, bound_port)
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
