@@ -1,0 +1,195 @@
+"""The inputs of an agent's stream: facts from outside, each carrying its time (``at``, ms
+since the epoch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeGuard
+
+from lanes.config import AgentConfig, CallResults
+from lanes.requests import AgentRequest
+from lanes.schedules import Schedule
+from lanes.vocabulary import CallIntent, OperatorAction, OrderIntent, Outcome, Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceived:
+    """A request arrived for this agent, from ``principal`` (the token's name) if known."""
+
+    at: int
+    request: AgentRequest
+    principal: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerElapsed:
+    """Time reached ``at``: debounce windows, run deadlines and budget windows fall due."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSteerability:
+    """The runner says whether the active run can take a steer now."""
+
+    at: int
+    run_id: str
+    steerable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished:
+    """A run returned a result."""
+
+    at: int
+    run_id: str
+    outcome: Outcome
+    usage: Usage = field(default_factory=Usage)
+    orders: tuple[OrderIntent, ...] = ()
+    calls: tuple[CallIntent, ...] = ()
+    answer: str = ""
+    """What the run answers the agents whose calls it served (written only when set)."""
+    call_results: CallResults | None = None
+    """How its calls' results come back (None: the agent's ``call_results``; written only
+    when set)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunErrored:
+    """A run raised or its reasoner failed."""
+
+    at: int
+    run_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorCommand:
+    """An operator acts on the lane: release it, abort a run, or clear the queue."""
+
+    at: int
+    action: OperatorAction
+    principal: str
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigChanged:
+    """A new config for this agent (applies to requests arriving from now on)."""
+
+    at: int
+    config: AgentConfig
+    principal: str = "config"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleChanged:
+    """A schedule of this agent is defined (added, replaced, paused, resumed: ``schedule``)
+    or removed (``schedule`` is None)."""
+
+    at: int
+    schedule_id: str
+    schedule: Schedule | None
+    principal: str = "config"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerReport:
+    """The broker reports on an order."""
+
+    at: int
+    order_id: str
+    status: Literal["filled", "partially_filled", "cancelled", "rejected"]
+    filled_qty: float = 0.0
+    price: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpendLimitHit:
+    """The LLM provider refused a run's call for spend (quota, credit, usage limit): the run
+    fails and no run starts until an operator resumes the agent."""
+
+    at: int
+    run_id: str
+    provider: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallUndeliverable:
+    """A sub-agent call this agent dispatched could not be delivered to its target."""
+
+    at: int
+    call_id: str
+    run_id: str
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stopping:
+    """The gateway is shutting down: runs in flight stop, their requests wait for the next
+    start at the head of the queue."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restarted:
+    """The gateway started again; whatever was running when it stopped did not finish."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantined:
+    """Stands in for an event of the log that was set aside (``gateway quarantine``): one
+    that cannot be read, or that an operator chose to skip, with its input's decisions.
+    It changes nothing but the stream's version and decides nothing."""
+
+    at: int
+    """When it was recorded (not the state's time: nothing is advanced)."""
+    original_type: str
+    reason: str
+
+
+Input = (
+    RequestReceived
+    | TimerElapsed
+    | RunSteerability
+    | RunFinished
+    | RunErrored
+    | OperatorCommand
+    | ConfigChanged
+    | ScheduleChanged
+    | BrokerReport
+    | SpendLimitHit
+    | CallUndeliverable
+    | Stopping
+    | Restarted
+    | Quarantined
+)
+INPUT_TYPES: tuple[type[Input], ...] = (
+    RequestReceived,
+    TimerElapsed,
+    RunSteerability,
+    RunFinished,
+    RunErrored,
+    OperatorCommand,
+    ConfigChanged,
+    BrokerReport,
+    SpendLimitHit,
+    CallUndeliverable,
+    Stopping,
+    Restarted,
+    Quarantined,
+    ScheduleChanged,
+)
+INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
+"""The input classes, for a quick ``type(event) in INPUTS``."""
+
+
+def is_input(event: object) -> TypeGuard[Input]:
+    """Whether an event is an input (what came in) rather than a decision."""
+    return type(event) in INPUTS

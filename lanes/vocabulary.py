@@ -1,0 +1,140 @@
+"""The values events carry: trading states, outcomes, reasons, usage, order and call intents,
+call results and summaries (the events themselves are in `lanes.inputs` and `lanes.decisions`)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from lanes.config import MAX_MS
+from lanes.requests import JsonObject, Priority, WireModel
+
+
+class TradingState(StrEnum):
+    """Whether the agent may run and trade (see `lanes.tables.TRADING_TRANSITIONS`)."""
+
+    ACTIVE = "ACTIVE"
+    REDUCING = "REDUCING"
+    HALTED = "HALTED"
+
+
+class Outcome(StrEnum):
+    """What a completed run came to."""
+
+    TRADE = "trade"
+    NO_TRADE = "no_trade"
+
+
+class AbortReason(StrEnum):
+    """Why a run was aborted; ``restart`` and ``shutdown`` put its requests back in the queue."""
+
+    INTERRUPT = "interrupt"
+    EMERGENCY_STOP = "emergency_stop"
+    TIMEOUT = "timeout"
+    RELEASE = "release"
+    RESTART = "restart"
+    SHUTDOWN = "shutdown"
+    OPERATOR = "operator"
+    WITHDRAWN = "withdrawn"
+    """Its only request was a call its caller gave up on."""
+
+
+class OperatorAction(StrEnum):
+    """Operator commands on a lane (from the HTTP API), each recorded with its principal."""
+
+    RELEASE = "release"
+    ABORT_RUN = "abort_run"
+    CLEAR_QUEUE = "clear_queue"
+
+
+class Usage(WireModel):
+    """Token usage of one run."""
+
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+
+
+class OrderIntent(WireModel):
+    """An order a run wants placed; the trading gate accepts or rejects it."""
+
+    symbol: str = Field(min_length=1, max_length=32)
+    side: Literal["buy", "sell"]
+    qty: float = Field(gt=0)
+    order_type: Literal["market", "limit"] = "market"
+    limit_price: float | None = Field(default=None, gt=0)
+
+
+class CallIntent(WireModel):
+    """A sub-agent call a run wants made."""
+
+    agent_id: str
+    priority: Priority = Priority.NORMAL
+    payload: JsonObject = Field(default_factory=dict)
+    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_MS)
+    """Ends the call ``timed_out`` if no result came this long after it went out (None: the
+    agent's ``call_timeout_ms``)."""
+
+
+class CallStatus(StrEnum):
+    """How a sub-agent call ended: every call ends in exactly one of these."""
+
+    RETURNED = "returned"
+    """The target ran it and answered."""
+    FAILED = "failed"
+    """The target's run failed or was aborted."""
+    REFUSED = "refused"
+    """Never run: a limit, a full queue, an unknown or unreachable target (``code`` says)."""
+    CANCELLED = "cancelled"
+    """The agent that made it was stopped (or its queue cleared) first."""
+    TIMED_OUT = "timed_out"
+    """No result within its timeout."""
+
+
+class CallResult(WireModel):
+    """The result of one sub-agent call, as the agent that made it receives it."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    target: str = Field(default="", max_length=64)
+    status: CallStatus
+    outcome: Outcome | None = None
+    answer: str = Field(default="", max_length=20_000)
+    usage: Usage = Field(default_factory=Usage)
+    error: str | None = Field(default=None, max_length=1_000)
+    code: str | None = Field(default=None, max_length=64)
+    """Why it did not return, for a program: ``fan_out_limit``, ``depth_limit``,
+    ``queue_full``, ``deduped``, ``undeliverable``, ``run_failed``, ``run_aborted``,
+    ``halted``, ``cleared``, ``timeout`` (docs/calls.md)."""
+
+
+def answer_id(call_id: str) -> str:
+    """The request id of the answer to a call (the ``call_result`` request that carries it)."""
+    return f"{call_id}-a"
+
+
+def withdrawal_id(call_id: str) -> str:
+    """The request id of the ``call_cancel`` request that withdraws a call."""
+    return f"{call_id}-w"
+
+
+class ServedCall(WireModel):
+    """A call this agent serves for another (``parent``), answered when its work is done."""
+
+    call_id: str
+    parent: str
+    target: str = ""
+    """The agent serving it (this one)."""
+
+
+class Summary(WireModel):
+    """Requests folded away by a ``summarize`` cap, handed to the next run."""
+
+    count: int
+    request_ids: tuple[str, ...]
+    """The first `SUMMARY_IDS` ids; ``count`` says how many there were in all."""
+    first_at: int
+    last_at: int
+
+
+SUMMARY_IDS = 50
