@@ -17,7 +17,8 @@ from pathlib import Path
 from bench.common import Figure, run, timed
 from gateway.base.process import gc_paused
 from gateway.runtime.engine import Engine
-from gateway.tools.debugger import replay_command, verify_command
+from gateway.tools.debugger import replay_command
+from gateway.tools.verify import verify_command
 from lanes import AgentConfig, AgentState, Entry, Mode, decide, replay
 from lanes.codec import decode, encode
 from lanes.config import DropPolicy

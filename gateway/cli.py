@@ -16,27 +16,29 @@ from pathlib import Path
 
 
 def _debug(args: argparse.Namespace) -> int:
-    """The replay debugger's commands (`gateway.tools.debugger`); bad input exits 2."""
+    """The replay debugger's commands (`gateway.tools.debugger` and its neighbours); bad input
+    exits 2."""
     from gateway.base.quarantine import UnreadableEvent
-    from gateway.tools import debugger
+    from gateway.tools import debugger, timeline, verify, what_if
+    from gateway.tools.logs import DebugError
 
     try:
         if args.command == "replay":
             return asyncio.run(debugger.replay_command(args.db, args.agent, args.at, print))
         if args.command == "timeline":
-            return asyncio.run(debugger.timeline_command(
+            return asyncio.run(timeline.timeline_command(
                 args.db, args.agent, getattr(args, "from"), args.to, print))
         if args.command == "verify":
-            return asyncio.run(debugger.verify_command(args.db, print, args.jobs))
+            return asyncio.run(verify.verify_command(args.db, print, args.jobs))
         if args.command == "whatif":
-            return debugger.whatif_command(args.db, args.config, print)
+            return what_if.whatif_command(args.db, args.config, print)
         if args.command == "export":
             return _export(args)
         if args.command == "quarantine":
             return asyncio.run(debugger.quarantine_command(args.db, args.position,
                                                            args.reason, print))
         return _import(args)
-    except (debugger.DebugError, UnreadableEvent) as error:
+    except (DebugError, UnreadableEvent) as error:
         print(f"gateway {args.command}: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (| head): stop quietly
@@ -57,7 +59,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from gateway.tools.debugger import DebugError, import_command, read_export
+    from gateway.tools.debugger import import_command, read_export
+    from gateway.tools.logs import DebugError
 
     if str(args.file) == "-":
         records = read_export(sys.stdin)
@@ -214,7 +217,7 @@ LOG_HELP = "the event log: a SQLite file, or a postgresql:// URL"
 
 
 def _log(text: str) -> object:
-    from gateway.tools.debugger import log_location
+    from gateway.tools.logs import log_location
 
     return log_location(text)
 
@@ -225,7 +228,7 @@ POINT_HELP = "a log position (integer) or a time (ISO 8601, UTC unless an offset
 
 
 def _point(text: str) -> object:
-    from gateway.tools.debugger import parse_point
+    from gateway.tools.logs import parse_point
 
     try:
         return parse_point(text)

@@ -14,8 +14,8 @@ from itertools import pairwise
 
 from gateway.base.quarantine import LogReader
 from gateway.reads.tails import StreamFolds
-from gateway.tools.debugger import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from gateway.tools.story import INPUT_NAMES, read_type, told
+from gateway.tools.timeline import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from lanes.calltree import CALL_EVENT_TYPES
 from lanes.events import Event
 from store.port import EventStore, RecordedEvent

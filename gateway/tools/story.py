@@ -1,5 +1,5 @@
 """Time travel as a story, for the panel: an agent's stream grouped by input and worded as
-the CLI timeline words it (`gateway.tools.debugger.story`), the agent's budgets, cooldown, holds
+the CLI timeline words it (`gateway.tools.timeline.story`), the agent's budgets, cooldown, holds
 and provider gate at one position, and what changed between two positions.
 
 Everything here is a view of states replayed from the log (`lanes`); nothing is sampled.
@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import Field
 
 from gateway.base.quarantine import LogReader
-from gateway.tools.debugger import JUMP_KINDS, Group
-from gateway.tools.debugger import story as story_of
+from gateway.tools.timeline import JUMP_KINDS, Group
+from gateway.tools.timeline import story as story_of
 from lanes import AgentState, status
 from lanes.events import INPUT_TYPES, TradingState
 from lanes.gate import (
@@ -285,7 +285,7 @@ def read_type(record: RecordedEvent, reader: LogReader) -> str:
 
 def told(records: Sequence[RecordedEvent], chosen: Iterable[Span],
          reader: LogReader) -> list[Group]:
-    """The groups of these spans, decoded and worded (`gateway.tools.debugger.story`)."""
+    """The groups of these spans, decoded and worded (`gateway.tools.timeline.story`)."""
     return [group for start, end in chosen
             for group in story_of(reader.entries(records[start:end]))]
 

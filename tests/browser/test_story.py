@@ -11,7 +11,7 @@ from typing import Any
 from playwright.async_api import Page, expect
 
 from gateway.edge.server import Running
-from gateway.tools.debugger import timeline_command
+from gateway.tools.timeline import timeline_command
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import VIEWER, agent, http, live_gateway, panel_config, request, submit
 from tests.gateway.support import until

@@ -16,7 +16,8 @@ from gateway.base.clock import FakeClock
 from gateway.edge.openapi import openapi_document
 from gateway.llm.reasoner import RunContext, RunResult
 from gateway.runtime.gate import ProviderGate
-from gateway.tools.debugger import clock, timeline_command
+from gateway.tools.logs import clock
+from gateway.tools.timeline import timeline_command
 from lanes import AgentConfig, Mode, replay, status
 from lanes.config import Budgets
 from lanes.events import OrderIntent

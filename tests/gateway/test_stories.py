@@ -9,8 +9,8 @@ from bisect import bisect_right
 
 from gateway.base.quarantine import PLAIN
 from gateway.reads.stories import Stories
-from gateway.tools.debugger import JUMP_KINDS, kinds_of
 from gateway.tools.story import INPUT_NAMES, told
+from gateway.tools.timeline import JUMP_KINDS, kinds_of
 from lanes import AgentConfig, AgentState, Budgets, Entry, Mode, decide
 from lanes.config import DropPolicy
 from lanes.events import ConfigChanged, Input, Outcome, RequestReceived, RunFinished, Usage

@@ -1,0 +1,238 @@
+"""The timeline of one agent: each input and the decisions it caused, worded for
+people (`story`), and the kinds of decision a person jumps between."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from gateway.base.quarantine import log_reader
+from gateway.tools.describe import describe
+from gateway.tools.logs import DebugError, Log, Out, Point, clock, open_log, resolve, shown
+from lanes.events import (
+    AgentCallDispatched,
+    AgentCallRejected,
+    BrokerReportIgnored,
+    ConfigApplied,
+    ControlApplied,
+    Event,
+    FallbackApplied,
+    OperatorApplied,
+    OperatorRejected,
+    OrderAccepted,
+    OrderCancelRequested,
+    OrderClosed,
+    OrderFilled,
+    OrderRejected,
+    RequestDeduped,
+    RequestDropped,
+    RequestQueued,
+    RequestRejected,
+    RequestRepeated,
+    RequestSummarized,
+    RunAborted,
+    RunCompleted,
+    RunFailed,
+    RunResultIgnored,
+    RunsHeld,
+    RunsResumed,
+    RunsSuppressed,
+    RunStarted,
+    RunSteered,
+    RunsUnheld,
+    SteerabilityChanged,
+    TimerElapsed,
+    TradingState,
+    is_input,
+)
+from lanes.replay import Entry, steps
+from lanes.streams import is_agent_stream
+
+# ------------------------------------------------------------------------------ timeline
+
+
+async def timeline_command(db: Log, agent: str, start: Point | None, end: Point | None,
+                           out: Out) -> int:
+    """Print each input of one agent and the decisions it caused, with their reasons."""
+    store = await open_log(db)
+    try:
+        last = await store.last_position()
+        first = 0 if start is None else await resolve(store, start, last, "--from")
+        upto = last if end is None else await resolve(store, end, last, "--to")
+        records = await store.read_stream(agent)
+        if not records:
+            agents = sorted(s for s in await store.stream_versions() if is_agent_stream(s))
+            raise DebugError(f"no agent {agent!r} in {shown(db)} "
+                             f"(agents: {', '.join(agents) or 'none'})")
+        reader = await log_reader(store)
+    finally:
+        await store.close()
+    entries = reader.entries(records)
+    printed = inputs = 0
+    out(f"timeline of {agent}, positions {first}..{upto} (times are the inputs', UTC)")
+    out(f"{'position':>8}  {'time':<23}  input, then -> each decision")
+    for group in story(entries):
+        if not first <= group.position <= upto:
+            continue
+        inputs += 1
+        printed += 1 + len(group.decisions)
+        out(f"{group.position:>8}  {clock(group.at):<23}  {group.text}")
+        for said in group.decisions:
+            out(f"{said.position:>8}  {'':<23}    -> {said.text}")
+    out(f"\n{inputs} inputs and {printed - inputs} decisions of {agent} "
+        f"({len(entries)} events in its stream)")
+    return 0
+
+
+JUMP_KINDS = ("stop", "drop", "suppression")
+"""The kinds of decision a person jumps between in time travel."""
+JUMP_TYPES: dict[str, frozenset[str]] = {
+    "stop": frozenset({"ControlApplied"}),
+    "drop": frozenset({"RequestDropped", "RequestSummarized"}),
+    "suppression": frozenset({"RunsSuppressed"}),
+}
+"""The event types that can be of each jump kind (`kinds_of` says which are)."""
+
+
+def kinds_of(event: Event) -> tuple[str, ...]:
+    """What a decision is, for markers and jumps: ``stop`` (a control that halts),
+    ``drop`` (a request dropped or folded into a summary), ``suppression`` (runs held back
+    by a budget), ``hold`` (runs held for the provider's spend), ``run``, ``order``,
+    ``error`` (a run failed or aborted, a request or order refused), ``control``; none for
+    the rest."""
+    match event:
+        case ControlApplied(to_state=TradingState.HALTED):
+            return ("stop",)
+        case ControlApplied() | OperatorApplied() | RunsUnheld() | RunsResumed():
+            return ("control",)
+        case RequestDropped() | RequestSummarized():
+            return ("drop",)
+        case RunsSuppressed():
+            return ("suppression",)
+        case RunsHeld():
+            return ("hold",)
+        case RunStarted() | RunCompleted() | RunSteered():
+            return ("run",)
+        case OrderAccepted() | OrderFilled() | OrderClosed() | OrderCancelRequested():
+            return ("order",)
+        case RunFailed() | RunAborted() | RequestRejected() | OrderRejected() \
+                | OperatorRejected() | AgentCallRejected():
+            return ("error",)
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """One decision of a `Group`, worded as the timeline says it (`explain`)."""
+
+    position: int
+    type: str
+    text: str
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One input of an agent's stream and the decisions it caused, worded as the timeline
+    command prints them: the input by `what_came_in`, each decision by `explain`."""
+
+    position: int
+    at: int
+    """The input's time (the agent's clock)."""
+    type: str
+    text: str
+    decisions: tuple[Said, ...]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of its decisions (`kinds_of`), each once, in order."""
+        return tuple(dict.fromkeys(k for said in self.decisions for k in said.kinds))
+
+
+def story(entries: Iterable[Entry]) -> Iterator[Group]:
+    """One agent's stream (in position order) as groups: the story the timeline tells."""
+    for step in steps(entries):
+        event = step.input.event
+        assert is_input(event)  # (a step starts with its input)
+        yield Group(step.input.position, event.at, type(event).__name__, what_came_in(event),
+                    tuple(Said(d.position, type(d.event).__name__, explain(d.event),
+                               kinds_of(d.event)) for d in step.decisions))
+
+
+def what_came_in(event: Event) -> str:
+    """An input, in a few words."""
+    if isinstance(event, TimerElapsed):
+        return "timer"
+    name = type(event).__name__
+    return f"{name} {describe(event)}".rstrip()
+
+
+def explain(event: Event) -> str:
+    """A decision with its reason, as a person would say it."""
+    match event:
+        case RequestQueued(mode=mode):
+            return f"queued ({mode.value})"
+        case RequestDeduped(duplicate_of=original, key=key):
+            return f"deduped: duplicate of {original} ({key})"
+        case RequestRepeated(first_decision=first):
+            return f"repeated requestId: its first decision ({first}) stands"
+        case RequestRejected(reason=reason):
+            return f"rejected: {reason}"
+        case RequestDropped(request_id=rid, reason=reason):
+            return f"dropped {rid}: {reason}"
+        case RequestSummarized(request_id=rid, reason=reason):
+            return f"summarized {rid}: {reason}"
+        case FallbackApplied(reason=reason):
+            return f"fallback: {reason}"
+        case ControlApplied(action=action, from_state=before, to_state=after):
+            return f"control {action.value}: {before.value} -> {after.value}"
+        case RunStarted(run_id=run_id, request_ids=ids, summary=folded):
+            extra = f" and a summary of {folded.count} dropped" if folded else ""
+            return f"run {run_id} started with {', '.join(ids)}{extra}"
+        case RunSteered(run_id=run_id):
+            return f"steered into {run_id}"
+        case SteerabilityChanged(run_id=run_id, steerable=flag):
+            return f"{run_id} {'can' if flag else 'can no longer'} take steers"
+        case RunCompleted(run_id=run_id, outcome=outcome, usage=usage):
+            return (f"run {run_id} completed: {outcome.value} "
+                    f"({usage.input_tokens}+{usage.output_tokens} tokens)")
+        case RunFailed(run_id=run_id, error=error):
+            return f"run {run_id} failed: {error}"
+        case RunAborted(run_id=run_id, reason=reason, requeued=requeued, by=by):
+            who = f" by {by}" if by else ""
+            return f"run {run_id} aborted: {reason.value}{who}{', requests requeued' * requeued}"
+        case RunResultIgnored(reason=reason):
+            return f"result ignored: {reason}"
+        case RunsSuppressed(until=until, detail=detail):
+            return f"suppressed: {detail} (runs resume {clock(until)})"
+        case RunsResumed():
+            return "runs resumed: the budget allows them again"
+        case RunsHeld(provider=provider, reason=reason):
+            return f"runs held until resume: {provider} refused for spend ({reason})"
+        case RunsUnheld(by=by):
+            return f"hold lifted by {by}"
+        case OrderAccepted() | OrderRejected() | OrderCancelRequested(by=_) | OrderFilled() \
+                | OrderClosed() | BrokerReportIgnored():
+            return f"{type(event).__name__} {_order(event)}"
+        case AgentCallDispatched() | AgentCallRejected():
+            return f"{type(event).__name__} {describe(event)}"
+        case ConfigApplied(config=config, principal=who):
+            return f"config applied by {who}: {config.mode.value}, cap {config.cap}"
+        case OperatorApplied(action=action, principal=who, detail=detail):
+            return f"operator {action.value} by {who}{': ' + detail if detail else ''}"
+        case OperatorRejected(action=action, reason=reason):
+            return f"operator {action.value} refused: {reason}"
+    return f"{type(event).__name__} {describe(event)}".rstrip()
+
+
+def _order(event: Event) -> str:
+    match event:
+        case OrderCancelRequested(order_id=oid, by=by):
+            return f"{oid} (cancel asked by {by})"
+        case OrderFilled(order_id=oid, qty=qty, price=price):
+            return f"{oid}: {qty:g} at {price}"
+        case OrderClosed(order_id=oid, status=closed, reason=reason):
+            return f"{oid}: {closed}{' (' + reason + ')' if reason else ''}"
+        case BrokerReportIgnored(reason=reason):
+            return reason
+    return describe(event)
