@@ -197,7 +197,7 @@ OVERSIZE_FILES: dict[str, int] = {
 """Files still over 600 lines, each at most as long as today: to be cut along their seams
 (a file may only shrink; one that drops under the limit leaves this list)."""
 OVERSIZE_CLASSES: dict[str, int] = {
-    "gateway/edge/sessions.py::Session": 459, "gateway/runtime/engine.py::Engine": 498,
+    "gateway/edge/sessions.py::Session": 459,
 }
 """Classes still over 400 lines, likewise."""
 

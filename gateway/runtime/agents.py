@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from gateway.llm.reasoner import RunContext
 from gateway.runtime.core import Outcome, StreamCore
@@ -27,6 +27,11 @@ from gateway.runtime.faults import Faults
 from gateway.runtime.held import HeldControls
 from lanes import AgentState
 from lanes.events import Decision, Input
+
+if TYPE_CHECKING:
+    from gateway.runtime.holding import Holding
+    from gateway.runtime.recovery import Recovery
+
 from store.port import ConcurrencyError, FencedError, NewEvent, RecordedEvent
 
 
@@ -112,10 +117,13 @@ class Host(Protocol):
 
     def _after_commit(self, agent: Agent, decisions: list[Decision],
                       records: list[RecordedEvent], took: float, urgent: bool) -> None: ...
-    def _lost(self, agent: Agent) -> None: ...
-    def _rebuilt(self, agent: Agent, records: list[RecordedEvent]) -> None: ...
     def _tick(self, agent: Agent) -> None: ...
-    def _fenced(self, agent: Agent, error: FencedError) -> None: ...
+
+    @property
+    def recovery(self) -> Recovery: ...
+
+    @property
+    def holding(self) -> Holding: ...
 
 
 class Hooks:
@@ -140,11 +148,11 @@ class Hooks:
 
     def lost(self) -> None:
         assert self.agent is not None
-        self.engine._lost(self.agent)
+        self.engine.recovery.lost(self.agent)
 
     def rebuilt(self, records: list[RecordedEvent]) -> None:
         assert self.agent is not None
-        self.engine._rebuilt(self.agent, records)
+        self.engine.recovery.rebuilt(self.agent, records)
 
     def due(self) -> None:
         assert self.agent is not None
@@ -152,4 +160,4 @@ class Hooks:
 
     def fenced(self, error: FencedError) -> None:
         assert self.agent is not None
-        self.engine._fenced(self.agent, error)
+        self.engine.holding.fenced(self.agent, error)

@@ -43,8 +43,9 @@ from gateway.runtime.elsewhere import Elsewhere
 from gateway.runtime.faults import Faults, StorageFault, commit_error
 from gateway.runtime.holding import Holding
 from gateway.runtime.intake import Batch, Intake
+from gateway.runtime.orders import Orders
+from gateway.runtime.recovery import Recovery
 from gateway.runtime.runs import Runs
-from gateway.runtime.snapshots import fold_log
 from gateway.runtime.snapshotting import SNAPSHOT_EVERY, SnapshotPolicy
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
@@ -63,8 +64,6 @@ from lanes.events import (
     OperatorCommand,
     OrderAccepted,
     OrderCancelRequested,
-    RequestReceived,
-    Restarted,
     RunStarted,
     Stopping,
     TimerElapsed,
@@ -73,13 +72,13 @@ from lanes.replay import LogFold
 from lanes.schedules import Schedule
 from store.port import (
     EventStore,
-    FencedError,
     RecordedEvent,
 )
 
 if TYPE_CHECKING:
     from gateway.market.broker import Broker
     from gateway.runtime.gate import ProviderGate, SlotGate
+from gateway.runtime.gate import GateMap
 
 log = logging.getLogger("gateway.runtime.engine")
 
@@ -130,12 +129,8 @@ class Engine:
         ``schedules`` are the config file's schedules per agent (`gateway.runtime.schedules`):
         applied when the engine first holds the agent, then fired by `scheduler`."""
         self.broker = broker
-        self.gates: dict[str, ProviderGate] = dict(gates or {})
-        self._agent_gates = dict(agent_gates or {})
-        unknown = sorted(set(self._agent_gates.values()) - set(self.gates))
-        if unknown:
-            raise ValueError(f"agents name provider gates that do not exist: {unknown}")
-        self._run_gates: dict[str, SlotGate] = {**self.gates, **(run_gates or {})}
+        self.gate_map = GateMap(gates or {}, agent_gates or {}, run_gates or {})
+        self.gates = self.gate_map.gates
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.elsewhere = elsewhere
@@ -144,7 +139,6 @@ class Engine:
         """The configs the engine was built with (its config file's), never changed."""
         self.schedules = Agenda(self, self.clock, schedules or {}, self._scheduled_states)
         """The agents' schedules: set, removed, fired by hand and on time."""
-        self.scheduler = self.schedules.scheduler
         if reasoners is None:
             shared = SimulatedReasoner()
             reasoners = lambda _agent_id: shared  # noqa: E731
@@ -153,8 +147,6 @@ class Engine:
         self.ids = self._ids if isinstance(self._ids, EventIds) else None
         """The event ids (a cluster member sets their prefix to its own id's)."""
         self.snapshots = SnapshotPolicy(store, self.clock, snapshot_every, snapshot_worker)
-        self.snapshot_loaded: int | None = None
-        """The position of the snapshot the start continued from, if any."""
         self._reader = PLAIN
         """Decodes the log, with the events an operator set aside replaced."""
         self._in_flight: set[asyncio.Future[list[RecordedEvent]]] = set()
@@ -162,11 +154,13 @@ class Engine:
         self._tasks: set[asyncio.Task[None]] = set()
         """Runs and call deliveries: cancelled and awaited on stop."""
         self.faults = Faults(self.clock)
-        self.runs = Runs(clock=self.clock, reasoners=reasoners, gate_of=self.run_gate_of,
+        self.runs = Runs(clock=self.clock, reasoners=reasoners, gate_of=self.gate_map.for_runs,
                          feed=self._feed, live=self._live, spawn=self._spawn)
         self.calls = Calls(clock=self.clock, submit=self._submit_anywhere,
                            undeliverable=self._undeliverable, spawn=self._spawn)
         self.intake = Intake(self)
+        self.orders = Orders(broker, self._spawn)
+        self.recovery = Recovery(self)
         self.holding = Holding(self)
         """Agents coming to this process and leaving it (`load`, `unload`, `drop`)."""
         self.commit_latency = Histogram(LATENCY_BUCKETS)
@@ -190,7 +184,7 @@ class Engine:
                 await gate.start(load=self.elsewhere is None)
             log_fold = stale = None
             if self.elsewhere is None:
-                log_fold, stale = await self._load()
+                log_fold, stale = await self.snapshots.load(self._reader)
         except BaseException:
             for gate in self.gates.values():
                 await gate.stop()
@@ -198,33 +192,9 @@ class Engine:
             raise
         self._phase = EnginePhase.RUNNING
         if log_fold is not None and stale is not None:
-            self._load_all(log_fold, stale, principal)
+            self.holding.load_all(log_fold, stale, principal)
             await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
-        self._spawn(self.scheduler.run(), "scheduler")
-
-    def _load_all(self, log_fold: LogFold, stale: list[int], principal: str) -> None:
-        """Every agent of the log and the configs, as after a restart."""
-        if self.snapshots.due_at_start(stale):
-            self.snapshots.take(log_fold, stale)  # before any input: exactly the log
-        states = log_fold.states
-        # In a fixed order: the Restarted events below land in it, so two starts of one log
-        # (with a snapshot or without, in any process) append the very same events.
-        for agent_id in sorted({*states, *self._configs}):
-            self._agents[agent_id] = self._new_agent(
-                states.get(agent_id) or AgentState(agent_id=agent_id))
-        now = self.clock.now_ms()
-        for agent_id, config in self._configs.items():
-            self._feed(self._agents[agent_id],
-                       ConfigChanged(at=now, config=config, principal=principal))
-        for agent in self._agents.values():
-            self._feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
-            self.reschedule(agent)
-        for parent, call in list(log_fold.calls.values()):
-            self.calls.call(parent, call)
-        for child, answer in list(log_fold.answers.values()):
-            self.calls.answer(child, answer)
-        for agent in self._agents.values():  # orders still open in the log: to the broker
-            self._place_open_orders(agent)
+        self._spawn(self.schedules.scheduler.run(), "scheduler")
 
     def _new_agent(self, state: AgentState) -> Agent:
         hooks = Hooks(self)
@@ -240,19 +210,6 @@ class Engine:
     def _fold_stream(self, agent_id: str, records: list[RecordedEvent]) -> AgentState:
         """An agent's state folded from its stream (a rebuild)."""
         return fold(self._reader.entries(records)).get(agent_id) or AgentState(agent_id=agent_id)
-
-    async def _load(self) -> tuple[LogFold, list[int]]:
-        """The fold of the whole log, and the positions of snapshots ignored (outdated or
-        damaged)."""
-        log_fold, records, loaded = await fold_log(self.store, self._reader)
-        if loaded.snapshot is not None:
-            self.snapshot_loaded = loaded.snapshot.position
-        self.snapshots.since = len(records)
-        if records:
-            self.snapshots.seen(records[-1])
-        elif log_fold.position:
-            self.snapshots.seen((await self.store.read(log_fold.position - 1, 1))[0])
-        return log_fold, list(loaded.ignored)
 
     def _quiet(self) -> bool:
         """Whether the live states are exactly the fold of the log up to the last commit,
@@ -315,6 +272,11 @@ class Engine:
         return agent_id in self._agents
 
     @property
+    def snapshot_loaded(self) -> int | None:
+        """The position of the snapshot the start continued from, if any."""
+        return self.snapshots.loaded_at
+
+    @property
     def configured(self) -> list[str]:
         """The agents of the config file."""
         return sorted(self._file_configs)
@@ -342,16 +304,6 @@ class Engine:
         return self._phase is EnginePhase.RUNNING
 
     @property
-    def storage_fault(self) -> StorageFault | None:
-        """The storage fault in force (from the first failed commit to the next commit)."""
-        return self.faults.current
-
-    @property
-    def run_durations(self) -> Histogram:
-        """Seconds from a run's start to its end, however it ended."""
-        return self.runs.durations
-
-    @property
     def agent_ids(self) -> list[str]:
         """Every agent, configured or found in the log (decided here or elsewhere)."""
         if self.elsewhere is None:
@@ -374,14 +326,7 @@ class Engine:
 
     def gate_of(self, agent_id: str) -> ProviderGate | None:
         """The provider gate an agent's LLM calls go through, if any."""
-        name = self._agent_gates.get(agent_id)
-        return None if name is None else self.gates[name]
-
-    def run_gate_of(self, agent_id: str) -> SlotGate | None:
-        """The gate an agent's runs take their slots from (the way to it, when another
-        process may own it)."""
-        name = self._agent_gates.get(agent_id)
-        return None if name is None else self._run_gates[name]
+        return self.gate_map.of(agent_id)
 
     def status(self, agent_id: str) -> AgentStatus:
         """Observability for one agent, now."""
@@ -512,20 +457,8 @@ class Engine:
                 self.calls.answer(agent_id, decision)
             elif isinstance(decision, CallEnded) and decision.withdraw:
                 self.calls.withdraw(agent_id, decision)
-            elif isinstance(decision, OrderAccepted) and self.broker is not None:
-                self._spawn(self.broker.place(agent_id, decision.order_id, decision.intent),
-                            f"place {decision.order_id}")
-            elif isinstance(decision, OrderCancelRequested) and self.broker is not None:
-                self._spawn(self.broker.cancel(agent_id, decision.order_id),
-                            f"cancel {decision.order_id}")
-
-    def _place_open_orders(self, agent: Agent) -> None:
-        """The agent's orders still open in the log go to the broker (again)."""
-        if self.broker is None:
-            return
-        for order in agent.state.orders.values():
-            self._spawn(self.broker.place(agent.agent_id, order.order_id, order.intent),
-                        f"place {order.order_id}")
+            elif isinstance(decision, OrderAccepted | OrderCancelRequested):
+                self.orders.send(agent_id, decision)
 
     async def _undeliverable(self, parent: str, event: CallUndeliverable) -> None:
         """A call of ``parent`` could not be delivered: recorded at the caller, if it is
@@ -541,9 +474,6 @@ class Engine:
         return task
 
     # ------------------------------------------------------------------------ timers
-
-    def _fenced(self, agent: Agent, error: FencedError) -> None:
-        self.holding.fenced(agent, error)
 
     def reschedule(self, agent: Agent) -> None:
         """Set the agent's timer for its next due time (none once it is gone)."""
@@ -563,36 +493,3 @@ class Engine:
         """Why ``agent`` is being rebuilt: the storage error now, else its own last one."""
         fault = self.faults.current
         return agent.fault if fault is None else fault.reason
-
-    def _lost(self, agent: Agent) -> None:
-        """The agent's state ran ahead of the log and is being rebuilt: its run stops (what
-        it started was not recorded)."""
-        log.debug("an append of %s failed; rebuilding it from the log", agent.agent_id)
-        if agent.phase is Phase.LIVE:
-            agent.move(Phase.REBUILDING)
-        self.runs.cancel(agent)
-
-    def _rebuilt(self, agent: Agent, records: list[RecordedEvent]) -> None:
-        """The agent's state is the fold of its stream again."""
-        agent.fault = None
-        if records:  # a commit reported as failed may have reached the log all the same
-            self.snapshots.seen(records[-1])
-        held = agent.controls.rebuilt(agent.state.seen)
-        if agent.phase is Phase.GONE:  # (handed over meanwhile: the new process goes on)
-            return
-        agent.move(Phase.LIVE)
-        if self.running:
-            # Held stops first: a run cut off by the failure must not start again before them.
-            for received in held:
-                self._feed(agent, RequestReceived(at=self.clock.now_ms(),
-                                                  request=received.request,
-                                                  principal=received.principal))
-            config = self._configs.get(agent.agent_id)
-            if config is not None and agent.state.config != config:
-                # The start's config change was not stored (the log refused it): again.
-                self._feed(agent, ConfigChanged(at=self.clock.now_ms(), config=config,
-                                                principal="config"))
-            if agent.state.active is not None:
-                self._feed(agent, Restarted(at=self.clock.now_ms()))
-        self.reschedule(agent)
-

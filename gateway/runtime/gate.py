@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -428,3 +428,28 @@ class ProviderGate:
 def _count(value: int | None) -> int | None:
     """A count from outside (a provider's header): never negative in the log."""
     return None if value is None else max(0, value)
+
+
+class GateMap:
+    """The provider gates by name, and which one each agent's LLM calls go through
+    (``agent_gates``; none: ungated), and how its runs reach it (``run_gates``: the way to
+    it when another process may own it; default: the gate itself)."""
+
+    def __init__(self, gates: Mapping[str, ProviderGate], agent_gates: Mapping[str, str],
+                 run_gates: Mapping[str, SlotGate]) -> None:
+        self.gates: dict[str, ProviderGate] = dict(gates)
+        self._agent_gates = dict(agent_gates)
+        unknown = sorted(set(self._agent_gates.values()) - set(self.gates))
+        if unknown:
+            raise ValueError(f"agents name provider gates that do not exist: {unknown}")
+        self._run_gates: dict[str, SlotGate] = {**self.gates, **run_gates}
+
+    def of(self, agent_id: str) -> ProviderGate | None:
+        """The provider gate an agent's LLM calls go through, if any."""
+        name = self._agent_gates.get(agent_id)
+        return None if name is None else self.gates[name]
+
+    def for_runs(self, agent_id: str) -> SlotGate | None:
+        """The gate an agent's runs take their slots from."""
+        name = self._agent_gates.get(agent_id)
+        return None if name is None else self._run_gates[name]

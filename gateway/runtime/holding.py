@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from gateway.runtime.agents import Agent, Phase
-from lanes import AgentConfig
+from lanes import AgentConfig, AgentState
 from lanes.events import AgentCallDispatched, CallAnswered, ConfigChanged, Restarted, Stopping
+from lanes.replay import LogFold
 from store.port import Fence, FencedError, RecordedEvent
 
 if TYPE_CHECKING:
@@ -26,6 +27,31 @@ class Holding:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+
+    def load_all(self, log_fold: LogFold, stale: list[int], principal: str) -> None:
+        """Every agent of the log and the configs, as after a restart (alone on the log)."""
+        engine = self._engine
+        if engine.snapshots.due_at_start(stale):
+            engine.snapshots.take(log_fold, stale)  # before any input: exactly the log
+        states = log_fold.states
+        # In a fixed order: the Restarted events below land in it, so two starts of one log
+        # (with a snapshot or without, in any process) append the very same events.
+        for agent_id in sorted({*states, *engine._configs}):
+            engine._agents[agent_id] = engine._new_agent(
+                states.get(agent_id) or AgentState(agent_id=agent_id))
+        now = engine.clock.now_ms()
+        for agent_id, config in engine._configs.items():
+            engine._feed(engine._agents[agent_id],
+                         ConfigChanged(at=now, config=config, principal=principal))
+        for agent in engine._agents.values():
+            engine._feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
+            engine.reschedule(agent)
+        for parent, call in list(log_fold.calls.values()):
+            engine.calls.call(parent, call)
+        for child, answer in list(log_fold.answers.values()):
+            engine.calls.answer(child, answer)
+        for agent in engine._agents.values():  # orders still open in the log: to the broker
+            engine.orders.place_open(agent)
 
     def load(self, agent_id: str, records: list[RecordedEvent], fence: Fence,
              calls: Iterable[tuple[str, AgentCallDispatched]] = (),
@@ -61,7 +87,7 @@ class Holding:
         for child, answer in answers:
             if child == agent_id:
                 engine.calls.answer(child, answer)
-        engine._place_open_orders(agent)
+        engine.orders.place_open(agent)
 
     def _last_file_config(self, records: list[RecordedEvent]) -> AgentConfig | None:
         """The config the config file last gave an agent, from its stream."""

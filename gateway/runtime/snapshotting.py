@@ -19,8 +19,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Final
 
 from gateway.base.clock import Clock
+from gateway.base.quarantine import LogReader
 from gateway.base.tasks import spawn
-from gateway.runtime.snapshots import KEEP, seal, snapshot_of_log
+from gateway.runtime.snapshots import KEEP, fold_log, seal, snapshot_of_log
 from lanes.replay import LogFold
 from lanes.snapshot import dump_fold
 from store.port import EventStore, RecordedEvent, StoreError
@@ -49,9 +50,24 @@ class SnapshotPolicy:
         self._task: asyncio.Task[None] | None = None
         self.since = 0
         """Agent events folded or committed that the newest snapshot does not hold."""
+        self.loaded_at: int | None = None
+        """The position of the snapshot the start continued from, if any."""
         self.position = 0
         self.anchor = ""
         """The last committed agent event seen: its position and id."""
+
+    async def load(self, reader: LogReader) -> tuple[LogFold, list[int]]:
+        """The fold of the whole log, from the newest usable snapshot on, and the positions
+        of snapshots ignored (outdated or damaged): what the start continues from."""
+        log_fold, records, loaded = await fold_log(self._store, reader)
+        if loaded.snapshot is not None:
+            self.loaded_at = loaded.snapshot.position
+        self.since = len(records)
+        if records:
+            self.seen(records[-1])
+        elif log_fold.position:
+            self.seen((await self._store.read(log_fold.position - 1, 1))[0])
+        return log_fold, list(loaded.ignored)
 
     def seen(self, record: RecordedEvent) -> None:
         """A committed agent event reached this process (the log's tip moves on)."""

@@ -28,7 +28,7 @@ async def live() -> AsyncIterator[Live]:
                            "desk": [Schedule(id="open", cron="30 9 * * 1-5",
                                              timezone="America/New_York")]}}) as gateway:
         async def looked() -> bool:
-            return gateway.engine.scheduler.passes > 0
+            return gateway.engine.schedules.scheduler.passes > 0
 
         await until(looked, "the config file's schedules applied")
         yield gateway

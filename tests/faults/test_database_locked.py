@@ -239,8 +239,8 @@ async def test_a_gateway_started_on_a_locked_log_serves_and_catches_up_when_it_i
             # Its first appends (the cut-off run aborted, and started again) cannot be
             # written; it starts all the same, and says why.
             await asyncio.wait_for(engine.start(), TIMEOUT)
-            assert engine.storage_fault is not None
-            assert "locked by another process" in engine.storage_fault.reason
+            assert engine.faults.current is not None
+            assert "locked by another process" in engine.faults.current.reason
             assert engine.state("btc").active is not None  # reads are served
         finally:
             other.execute("ROLLBACK")
@@ -251,7 +251,7 @@ async def test_a_gateway_started_on_a_locked_log_serves_and_catches_up_when_it_i
         assert again.decision == "accepted"
         rerun = await reasoner.started()
         assert rerun.run_id != cut_off.run_id
-        assert engine.storage_fault is None
+        assert engine.faults.current is None
     finally:
         await engine.stop()
     log = await read_log(db)

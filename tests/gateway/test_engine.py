@@ -263,7 +263,7 @@ async def test_an_agent_still_rebuilding_says_which_storage_error_once_others_co
         await engine.flush(rebuilt=False)
     await engine.submit(request("btc"))  # commits: the log is written again
     await engine.flush(rebuilt=False)
-    assert engine.storage_fault is None
+    assert engine.faults.current is None
 
     with pytest.raises(AgentUnavailable, match=r"recovering from a storage error \(database "
                                                r"or disk is full\); nothing was taken"):
@@ -315,7 +315,7 @@ async def test_an_append_made_on_top_of_a_failed_one_names_that_failure_once_oth
     with pytest.raises(StorageFailed, match="database or disk is full"):
         await asyncio.wait_for(first, TIMEOUT)
     await asyncio.wait_for(engine.submit(request("btc")), TIMEOUT)  # the log is written again
-    assert engine.storage_fault is None
+    assert engine.faults.current is None
 
     store.held[1].set_exception(ConcurrencyError("eth", 2, 0))
     with pytest.raises(StorageFailed, match=r"an earlier append of this agent was not "

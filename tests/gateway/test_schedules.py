@@ -136,17 +136,17 @@ async def firings(engine: Engine) -> list[int]:
 
 async def fired(engine: Engine, count: int) -> None:
     async def probe() -> bool:
-        return engine.scheduler.fired >= count
+        return engine.schedules.scheduler.fired >= count
 
     await until(probe, f"{count} firings")
 
 
 async def looked(engine: Engine) -> None:
     """The scheduler has looked at every schedule once more."""
-    target = engine.scheduler.passes + 1
+    target = engine.schedules.scheduler.passes + 1
 
     async def probe() -> bool:
-        return engine.scheduler.passes >= target
+        return engine.schedules.scheduler.passes >= target
 
     await until(probe, "a look at the schedules")
 
@@ -194,7 +194,7 @@ async def test_a_restart_never_fires_a_time_twice_and_catches_up_by_policy(
     engine = engine_on(tmp_path / "log.db", clock, audit)  # at once: nothing due, none again
     await engine.start()
     await looked(engine)
-    assert engine.scheduler.fired == 0
+    assert engine.schedules.scheduler.fired == 0
     await engine.stop()
     clock.advance(10 * MINUTE + 30_000)  # down through ten fire times, back at 03:21:30
     engine = engine_on(tmp_path / "log.db", clock, audit)

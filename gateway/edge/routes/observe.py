@@ -37,7 +37,7 @@ class ObserveRoutes(Routes):
         cannot be written (``storage`` says why; reads go on)."""
         running = self.engine.running
         body: dict[str, Any] = {"status": "ok" if running else "stopping"}
-        fault = self.engine.storage_fault
+        fault = self.engine.faults.current
         try:
             body["position"] = await self.engine.store.last_position()
         except StoreError as error:
@@ -146,7 +146,7 @@ class ObserveRoutes(Routes):
                     engine.control_commit_latency.lines(
                         "gateway_control_commit_latency_seconds")),
             *family("gateway_run_duration_seconds", "histogram", "Run durations.",
-                    engine.run_durations.lines("gateway_run_duration_seconds")),
+                    engine.runs.durations.lines("gateway_run_duration_seconds")),
             *await gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
                    lambda v: int(v.held is not None)),
             *self._connection_metrics(),
