@@ -1,36 +1,15 @@
-"""The gateway's TOML config file, validated by pydantic; every error names its key.
-
-```toml
-[server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
-                    # max_unauthenticated, auth_timeout_s, send_timeout_s,
-                    # request_timeout_s, heartbeat_s, event_loop
-[store]             # path, synchronous, busy_timeout_ms, max_batch
-[[tokens]]          # name, token | token_env, role, agents
-[[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
-                    # base_url, timeout_s, [providers.limits] (a `lanes.gate.events.GateLimits`)
-[[agents]]          # id, every `lanes.config.AgentConfig` field, [agents.reasoner]
-[[hooks]]           # a `gateway.market.hooks` rule: kind = price_cross | green_candles | ...
-```
-
-Keys may be written in snake_case (the TOML custom) or camelCase (the wire's). A problem
-is reported as ``key.path: what is wrong`` with TOML-style paths (``agents[0].debounce_ms``).
-See ``examples/gateway.toml`` for a documented example.
-"""
+"""The config file's pydantic models, one per table (``[server]``, ``[[agents]]``, ...),
+and the validator helpers they share; `gateway.config` loads a file into them."""
 
 from __future__ import annotations
 
-import difflib
-import functools
 import hashlib
 import hmac
 import os
 import re
-import secrets
-import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -50,34 +29,14 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from gateway.base.process import EventLoop
 from gateway.base.roles import Role
 from gateway.errors import BadFrame
-from gateway.llm.reasoner import (
-    SYSTEM_PROMPT,
-    LLMReasoner,
-    Reasoner,
-    SimulatedCall,
-    SimulatedReasoner,
-)
 from gateway.market.events import Symbol
-from gateway.market.hooks import (
-    HOOK_KINDS,
-    AgentId,
-    ConnectorDownRule,
-    GreenCandlesRule,
-    HookRule,
-    PriceCrossRule,
-)
+from gateway.market.hooks import AgentId, HookRule
 from gateway.runtime.schedules import check as check_schedule
-from lanes.config import MAX_MS, AgentConfig, Budgets, CallResults
+from lanes.config import MAX_MS, AgentConfig, CallResults
 from lanes.gate.events import GateLimits, lease_too_short
 from lanes.requests import Priority
 from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
-
-if TYPE_CHECKING:
-    from gateway.base.clock import Clock
-    from gateway.llm.port import LLMClient
-    from gateway.runtime.gate import ProviderGate
-    from store.port import EventStore
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 RESERVED_PRINCIPALS = frozenset({FILE_PRINCIPAL, SCHEDULER})
@@ -546,137 +505,7 @@ class GatewayConfig(ConfigModel):
         return found
 
 
-# ------------------------------------------------------------------------ errors
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigProblem:
-    """One thing wrong with a config: where (``agents[0].debounce_ms``) and what."""
-
-    path: str
-    message: str
-
-
-class ConfigError(ValueError):
-    """The config is not valid; ``problems`` lists each one with its key path."""
-
-    def __init__(self, source: str, problems: Sequence[ConfigProblem]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        lines = "\n".join(f"  {p.path}: {p.message}" for p in self.problems)
-        super().__init__(f"{source}: invalid config\n{lines}")
-
-
-def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Read and validate the TOML config at ``path``; raise `ConfigError` on any problem.
-
-    ``env`` resolves ``token_env`` (default: the process environment).
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise ConfigError(str(path), [ConfigProblem("(file)", f"cannot read: {reason}")]) from None
-    return parse_config(text, str(path), env=env)
-
-
-def parse_config(
-    text: str, source: str = "<config>", *, env: Mapping[str, str] | None = None
-) -> GatewayConfig:
-    """Validate TOML ``text``; raise `ConfigError` naming each problem's key."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(source, [_syntax_problem(str(error))]) from None
-    return validate_config(data, source, env=env)
-
-
-def validate_config(
-    data: Mapping[str, Any], source: str = "<config>", *, env: Mapping[str, str] | None = None
-) -> GatewayConfig:
-    """Validate an already parsed config (a dict shaped like the TOML file)."""
-    context = {"env": os.environ if env is None else env}
-    try:
-        return GatewayConfig.model_validate(data, context=context)
-    except ValidationError as error:
-        # ``from None``: the pydantic error carries input values, which may be secrets.
-        raise ConfigError(source, _problems(error)) from None
-
-
-def _syntax_problem(message: str) -> ConfigProblem:
-    found = re.search(r"\s*\(at line (\d+), column (\d+)\)", message)
-    if found is None:
-        return ConfigProblem("(syntax)", f"TOML syntax error: {message}")
-    what = message[: found.start()] + message[found.end():]
-    return ConfigProblem(
-        f"line {found.group(1)}, column {found.group(2)}", f"TOML syntax error: {what}"
-    )
-
-
-def _problems(error: ValidationError) -> list[ConfigProblem]:
-    problems = []
-    for item in error.errors(include_url=False):
-        loc = item["loc"]
-        kind = item["type"]
-        message = item["msg"].removeprefix("Value error, ")
-        ctx = item.get("ctx") or {}
-        if kind in ("union_tag_invalid", "union_tag_not_found"):
-            tags = REASONER_KINDS if loc[-1:] == ("reasoner",) else HOOK_KINDS
-            expected = ", ".join(sorted(tags))
-            loc = (*loc, "kind")
-            message = (
-                f"unknown kind {ctx.get('tag')!r}; expected one of {expected}"
-                if kind == "union_tag_invalid" else f"missing; expected one of {expected}"
-            )
-        elif kind == "extra_forbidden":
-            message = "unknown key; remove it" + _did_you_mean(str(loc[-1]))
-        elif kind == "missing":
-            message = "missing (required)"
-        elif kind in ("tuple_type", "list_type"):
-            message = "must be a list"
-        elif kind in ("model_type", "model_attributes_type", "dict_type"):
-            message = "must be a table"
-        elif kind in ("enum", "literal_error") and isinstance(item.get("input"), str | int):
-            message = f"{message}; got {item['input']!r}"
-        problems.append(ConfigProblem(_path(loc), message))
-    return problems
-
-
-def _path(loc: tuple[str | int, ...]) -> str:
-    """``('agents', 0, 'config', 'debounce_ms')`` -> ``agents[0].debounce_ms``."""
-    out = ""
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            out += f"[{part}]"
-            continue
-        before = loc[i - 2] if i >= 2 else None
-        in_table = i >= 2 and isinstance(loc[i - 1], int)
-        if (
-            (in_table and before == "hooks" and part in HOOK_KINDS)
-            or (in_table and before == "agents" and part == "config")
-            or (i >= 1 and loc[i - 1] == "reasoner" and part in REASONER_KINDS)
-            or part == "[key]"
-        ):
-            continue  # a union tag or an internal level the file does not have
-        out += f".{part}" if out else part
-    return out or "(top level)"
-
-
-@functools.cache
-def _vocabulary() -> list[str]:
-    models: list[type[BaseModel]] = [
-        ServerConfig, StoreConfig, ClusterConfig, TokenConfig, SimulatedReasonerConfig,
-        LLMReasonerConfig,
-        ProviderConfig, GateLimits, AgentEntry, GatewayConfig, AgentConfig, Budgets,
-        PriceCrossRule, GreenCandlesRule, ConnectorDownRule,
-    ]
-    return sorted({name for model in models for name in model.model_fields})
-
-
-def _did_you_mean(key: str) -> str:
-    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
-    match = difflib.get_close_matches(snake, _vocabulary(), n=1, cutoff=0.75)
-    return f" (did you mean {match[0]!r}?)" if match and match[0] != snake else ""
+# ------------------------------------------------------------- validator helpers
 
 
 def _environ(info: ValidationInfo) -> Mapping[str, str]:
@@ -712,116 +541,3 @@ def _first_of_each(section: str, key: str, label: str, names: Sequence[str],
 
 def _unknown_agent(agent: str) -> str:
     return f"unknown agent {agent!r}; add an [[agents]] table with id = {agent!r}"
-
-
-# ------------------------------------------------------------------------- builders
-
-
-def build_gates(config: GatewayConfig, store: EventStore, clock: Clock) -> dict[str, ProviderGate]:
-    """One provider gate per ``[[providers]]`` table (not started)."""
-    from gateway.runtime.gate import ProviderGate
-
-    return {p.name: ProviderGate(store, p.name, p.limits, clock) for p in config.providers}
-
-
-def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
-    """A client for each anthropic or openai provider (a simulated one needs none)."""
-    real = [p for p in config.providers if p.kind != "simulated"]
-    if not real:
-        return {}  # the LLM SDKs take seconds to import: only when a provider needs them
-    from gateway.llm.providers import build_client
-
-    return {
-        p.name: build_client(p.kind, p.model, api_key=p.secret, base_url=p.base_url,
-                             timeout_s=p.timeout_s, max_tokens_param=p.max_tokens_param)
-        for p in real
-    }
-
-
-def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None) -> Reasoner:
-    """The reasoner an agent's config asks for (``clients`` by provider name)."""
-    config = entry.reasoner
-    if isinstance(config, LLMReasonerConfig):
-        if clients is None or config.provider not in clients:
-            raise ValueError(f"no client for provider {config.provider!r}")
-        return LLMReasoner(clients[config.provider],
-                           system_prompt=config.system_prompt or SYSTEM_PROMPT,
-                           max_tokens=config.max_tokens, max_turns=config.max_turns)
-    return SimulatedReasoner(
-        latency_ms=config.latency_ms,
-        trade_probability=config.trade_probability,
-        steerable=config.steerable,
-        turns=config.turns,
-        seed=config.seed,
-        symbol=config.symbol,
-        calls=[SimulatedCall(call.agent, call.count, call.priority, dict(call.payload),
-                             call.timeout_ms) for call in config.calls],
-        call_below_depth=config.call_below_depth,
-        call_results=config.call_results,
-    )
-
-
-def demo_config() -> GatewayConfig:
-    """The demo's config: three agents in different modes, hooks on BTCUSD and ETHUSD,
-    and one token per role with a fresh random secret."""
-    data: dict[str, Any] = {
-        "server": {"host": "127.0.0.1", "port": 8_000},
-        "store": {"path": "gateway-demo.db"},
-        "tokens": [
-            {"name": f"demo-{role.value}", "token": secrets.token_urlsafe(24), "role": role}
-            for role in Role
-        ],
-        # Every run's turns share one simulated provider's limits, as real LLM calls would.
-        "providers": [
-            {"name": "sim-llm", "kind": "simulated",
-             "limits": {"requests_per_minute": 90, "max_concurrent": 2}},
-        ],
-        "agents": [
-            {
-                "id": "agent_btc_5m", "mode": "collect", "debounce_ms": 2_000, "cap": 20,
-                "budgets": {"max_runs_per_hour": 60},
-                "reasoner": {"latency_ms": [400, 1_500], "trade_probability": 0.4,
-                             "seed": 1, "symbol": "BTCUSD", "provider": "sim-llm"},
-            },
-            {
-                "id": "agent_eth_1m", "mode": "followup",
-                "budgets": {"max_runs_per_hour": 12, "no_trade_cooldown_ms": 10_000},
-                "reasoner": {"latency_ms": [300, 1_200], "trade_probability": 0.3,
-                             "seed": 2, "symbol": "ETHUSD", "provider": "sim-llm"},
-            },
-            {
-                "id": "agent_news", "mode": "steer-backlog",
-                "halt_on_alerts": ["connector_down"],
-                # Each of its runs asks the two market agents (sub-agent calls); their
-                # answers come back to it as one follow-up run (the panel's call tree).
-                "reasoner": {"latency_ms": [800, 3_000], "trade_probability": 0.1,
-                             "steerable": True, "turns": 3, "seed": 3,
-                             "provider": "sim-llm",
-                             "calls": [{"agent": "agent_btc_5m",
-                                        "payload": {"question": "BTC outlook?"}},
-                                       {"agent": "agent_eth_1m",
-                                        "payload": {"question": "ETH outlook?"}}]},
-                # A scheduled audit every five minutes, and one at New York's open.
-                "schedules": [
-                    {"id": "desk-audit", "every_ms": 300_000,
-                     "payload": {"scope": "positions and open orders"}},
-                    {"id": "open-bell", "cron": "30 9 * * 1-5",
-                     "timezone": "America/New_York", "catch_up": "once"},
-                ],
-            },
-        ],
-        "hooks": [
-            {"kind": "green_candles", "name": "btc_two_green", "symbol": "BTCUSD",
-             "interval": "1m", "count": 2, "agents": ["agent_btc_5m"]},
-            {"kind": "price_cross", "name": "btc_64k", "symbol": "BTCUSD", "level": 64_000.0,
-             "direction": "both", "agents": ["agent_btc_5m"]},
-            {"kind": "price_cross", "name": "eth_3090_down", "symbol": "ETHUSD",
-             "level": 3_098.0, "direction": "down", "agents": ["agent_eth_1m"],
-             "priority": "high"},
-            {"kind": "price_cross", "name": "eth_3110_up", "symbol": "ETHUSD",
-             "level": 3_102.0, "direction": "up", "agents": ["agent_eth_1m"]},
-            {"kind": "connector_down", "name": "any_connector_down", "connector": "*",
-             "agents": ["agent_news"]},
-        ],
-    }
-    return validate_config(data, "<demo>")
