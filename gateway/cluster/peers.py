@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import httpx
 
+from gateway.base.tasks import spawn
 from gateway.errors import BadFrame, GatewayError
 from gateway.runtime.acks import Ack
 from gateway.runtime.effects import ControlEffect
@@ -86,7 +87,7 @@ class Peers:
             with contextlib.suppress(GatewayError):
                 await self.post(owner, "/internal/poke", {}, timeout_s=5.0)
 
-        task = asyncio.get_running_loop().create_task(send())
+        task = spawn(send(), f"poke {owner}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -278,6 +279,6 @@ class RoutedGate:
             log.warning("%s of slot %s could not be delivered (the slot's lease frees it)",
                         what, body["slotId"])
 
-        task = asyncio.get_running_loop().create_task(send())
+        task = spawn(send(), f"{what} {body['slotId']}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
