@@ -190,7 +190,7 @@ def test_the_runtime_knows_nothing_of_who_owns_what() -> None:
 
 
 OVERSIZE_FILES: dict[str, int] = {
-    "gateway/config.py": 827, "gateway/llm/fake_provider.py": 630,
+    "gateway/config.py": 827,
     "lanes/gate/state.py": 751,
 }
 """Files still over 600 lines, each at most as long as today: to be cut along their seams
