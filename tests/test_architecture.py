@@ -190,13 +190,11 @@ def test_the_runtime_knows_nothing_of_who_owns_what() -> None:
 
 
 OVERSIZE_FILES: dict[str, int] = {
-    "gateway/edge/sessions.py": 611, "gateway/llm/fake_provider.py": 630,
     "lanes/gate/state.py": 751,
 }
 """Files still over 600 lines, each at most as long as today: to be cut along their seams
 (a file may only shrink; one that drops under the limit leaves this list)."""
 OVERSIZE_CLASSES: dict[str, int] = {
-    "gateway/edge/sessions.py::Session": 459,
 }
 """Classes still over 400 lines, likewise."""
 

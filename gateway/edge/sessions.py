@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -19,17 +19,21 @@ from gateway.base.roles import Role
 from gateway.base.tasks import spawn
 from gateway.edge.answers import ack_frame, error_frame
 from gateway.edge.auth import Principal
+from gateway.edge.frames import (
+    NO_TURN,
+    VALIDATE_STEP,
+    WORK_TYPES,
+    frame_id,
+    guess_id,
+    raw_data,
+    validate_frame,
+)
 from gateway.edge.protocol import (
-    CLIENT_FRAME,
-    CLIENT_TYPES,
-    EVENTS_PER_FRAME,
-    MAX_BATCH,
     AckFrame,
     AcksFrame,
     Auth,
     BusyFrame,
     ErrorFrame,
-    Heartbeat,
     Hello,
     Market,
     MarketAck,
@@ -52,21 +56,12 @@ from gateway.edge.service import (
     TRY_AGAIN_LATER,
     Service,
 )
-from gateway.edge.views import (
-    agent_summary,
-    event_frame_text,
-    events_frames,
-    gate_waits_of,
-    json_list,
-    model_json,
-    provider_summary,
-)
+from gateway.edge.subscriptions import Subscriptions
 from gateway.errors import HTTP_STATUS, BadFrame, Busy, Forbidden, GatewayError, Unauthorized
-from gateway.market.events import MarketEvent, event_time, from_ms, to_ms
+from gateway.market.events import MarketEvent, event_time, to_ms
 from gateway.runtime.acks import Ack
 from gateway.runtime.intake import settled
 from lanes import AgentRequest, InvalidRequest
-from lanes.requests import FieldError
 
 log = logging.getLogger("gateway.edge.sessions")
 
@@ -96,7 +91,7 @@ class Session:
         self.drained = asyncio.Event()
         self.send_lock = asyncio.Lock()
         self.closing = False
-        self.subscription: asyncio.Task[None] | None = None
+        self.subscriptions = Subscriptions(self)
         self.last_sent = 0.0
         """When the last frame went out (the event loop's clock)."""
 
@@ -141,7 +136,8 @@ class Session:
             pass
         finally:
             connections.open[self.endpoint] -= 1
-            for task in [*self.tasks, *([self.subscription] if self.subscription else [])]:
+            self.subscriptions.cancel()
+            for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
@@ -177,7 +173,7 @@ class Session:
                                                  self.service.auth_timeout_s)
                 if message["type"] == "websocket.disconnect":
                     return False
-                frame = await self._validate(load_json(_raw(message)))
+                frame = await self._validate(load_json(raw_data(message)))
                 if not isinstance(frame, Auth):
                     raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
                 principal = tokens.authenticate(frame.token)
@@ -192,7 +188,7 @@ class Session:
             if isinstance(error, TimeoutError):
                 self.service.connections.auth_timeouts += 1
                 error = Unauthorized("no auth frame in time")
-            await self._send(error_frame(error))
+            await self.send(error_frame(error))
             close = error.close_code if isinstance(error, GatewayError) else None
             await self.ws.close(code=close or POLICY_VIOLATION,
                                 reason=getattr(error, "code", "auth"))
@@ -200,8 +196,8 @@ class Session:
         self.principal = principal
         scope = None if principal.agents is None else sorted(principal.agents)
         beat = self.service.heartbeat_s
-        await self._send(Hello(principal=principal.name, role=principal.role.value,
-                               agents=scope, heartbeat_ms=round(beat * 1000) if beat else None))
+        await self.send(Hello(principal=principal.name, role=principal.role.value,
+                              agents=scope, heartbeat_ms=round(beat * 1000) if beat else None))
         return True
 
     async def _serve(self) -> None:
@@ -209,7 +205,7 @@ class Session:
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect" or self.closing:
                 return  # closing: a slow reader; what it sent after that is not taken
-            raw = _raw(message)
+            raw = raw_data(message)
             try:
                 limit = self.service.max_frame_bytes
                 if len(raw) > limit or (isinstance(raw, str) and 4 * len(raw) > limit
@@ -222,15 +218,15 @@ class Session:
                     if isinstance(data, dict) and data.get("type") in WORK_TYPES:
                         retry = self.service.intake.admit(self)
                         if retry is not None:  # nothing taken: the client sends it later
-                            await self._send(BusyFrame(id=_frame_id(data),
-                                                       retry_after_ms=retry))
+                            await self.send(BusyFrame(id=frame_id(data),
+                                                      retry_after_ms=retry))
                             continue
                 else:
                     data = load_json(raw)
                 frame = await self._validate(data)
             except (BadFrame, InvalidRequest) as error:
                 self.bad_frames += 1
-                await self._send(error_frame(error, id=_guess_id(raw)))
+                await self.send(error_frame(error, id=guess_id(raw)))
                 if self.bad_frames >= MAX_BAD_FRAMES:
                     await self.ws.close(code=POLICY_VIOLATION, reason="too many bad frames")
                     return
@@ -257,42 +253,25 @@ class Session:
 
     async def _validate(self, data: Any) -> Any:
         """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`)."""
-        if not isinstance(data, dict):
-            raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
-        kind = data.get("type")
-        if kind not in CLIENT_TYPES:
-            raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
-                           f"{', '.join(CLIENT_TYPES)}", field="type")
-        batch = BATCHES.get(kind)
-        items = data.get(batch[0]) if batch is not None else None
-        if batch is not None and isinstance(items, list) and \
-                VALIDATE_STEP < len(items) <= MAX_BATCH:
-            data = {**data, batch[0]: await _validate_items(batch[0], batch[1], items,
-                                                            self._turn)}
-        try:
-            async with self._turn():
-                return CLIENT_FRAME.validate_python(data)
-        except ValidationError as error:
-            invalid = InvalidRequest.from_validation_error(error)
-            # Drop the frame type pydantic puts first in each location ("submit.request...").
-            raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
-                                  for e in invalid.errors]) from None
+        return await validate_frame(data, self._turn)
 
     def _turn(self) -> contextlib.AbstractAsyncContextManager[None]:
         """A turn of the pacer for a feed connection's work; nothing to wait for otherwise."""
-        return self.service.pacer.turn() if self.endpoint == "feed" else _NO_TURN
+        return self.service.pacer.turn() if self.endpoint == "feed" else NO_TURN
 
-    async def _send(self, frame: BaseModel) -> None:
+    async def send(self, frame: BaseModel) -> None:
+        """Send a frame (nothing once the connection is closing or closed)."""
         # Optional fields that are None are left out; Hello's scope is always sent.
-        await self._send_text(frame.model_dump_json(exclude_none=not isinstance(frame, Hello)))
+        await self.send_text(frame.model_dump_json(exclude_none=not isinstance(frame, Hello)))
 
     async def _send_paced(self, frame: BaseModel) -> None:
-        """`_send`, the encoding in a turn of the pacer (a feed's big answers)."""
+        """`send`, the encoding in a turn of the pacer (a feed's big answers)."""
         async with self._turn():
             text = frame.model_dump_json(exclude_none=True)
-        await self._send_text(text)
+        await self.send_text(text)
 
-    async def _send_text(self, text: str) -> None:
+    async def send_text(self, text: str) -> None:
+        """Send a frame's text (nothing once the connection is closing or closed)."""
         async with self.send_lock:
             if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
                 return
@@ -328,7 +307,7 @@ class Session:
             pending = self.service.way_in.take([request], principal.name)[0]
         except Exception as error:
             pacer.release()
-            return self._send(error_frame(error, id=frame.id, request_id=request.request_id))
+            return self.send(error_frame(error, id=frame.id, request_id=request.request_id))
         return self._acked(frame, pending)
 
     async def _acked(self, frame: Submit, pending: Awaitable[Ack]) -> None:
@@ -339,10 +318,10 @@ class Session:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                await self._send(error_frame(error, id=frame.id,
-                                             request_id=frame.request.request_id))
+                await self.send(error_frame(error, id=frame.id,
+                                            request_id=frame.request.request_id))
             else:
-                await self._send(ack_frame(ack, frame.id))
+                await self.send(ack_frame(ack, frame.id))
         finally:
             self.service.pacer.release()
 
@@ -352,17 +331,17 @@ class Session:
         except asyncio.CancelledError:
             raise
         except Busy as error:
-            await self._send(BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms))
+            await self.send(BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms))
         except Exception as error:
             request_id = frame.request.request_id if isinstance(frame, Submit) else None
-            await self._send(error_frame(error, id=frame.id, request_id=request_id))
+            await self.send(error_frame(error, id=frame.id, request_id=request_id))
 
     async def _handle(self, frame: Any) -> None:
         principal = self.principal
         assert principal is not None
         engine = self.engine
         if isinstance(frame, Ping):
-            await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
+            await self.send(Pong(id=frame.id, position=await engine.store.last_position()))
         elif isinstance(frame, Auth):
             raise BadFrame("invalid", "already authenticated")
         elif isinstance(frame, Submit):
@@ -371,7 +350,7 @@ class Session:
                 self.service.check_capacity()  # the control lane is never refused as busy
             with self._holding(1):
                 ack = await self.service.submit(frame.request, principal.name)
-            await self._send(ack_frame(ack, frame.id))
+            await self.send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
             await self._send_paced(AcksFrame(id=frame.id,
                                              results=await self._submit_all(frame.requests)))
@@ -396,12 +375,10 @@ class Session:
             await self._send_paced(MarketAck(id=frame.id, events=len(frame.events),
                                              triggered=triggered))
         elif isinstance(frame, Subscribe):
-            await self._subscribe(frame)
+            await self.subscriptions.subscribe(frame)
         elif isinstance(frame, Unsubscribe):
-            if self.subscription is not None:
-                self.subscription.cancel()
-                self.subscription = None
-            await self._send(Pong(id=frame.id, position=await engine.store.last_position()))
+            self.subscriptions.cancel()
+            await self.send(Pong(id=frame.id, position=await engine.store.last_position()))
 
     def _check_times(self, events: list[MarketEvent]) -> None:
         """Refuse market events dated in the future (they would stall every hook rule)."""
@@ -458,124 +435,6 @@ class Session:
                            else error_frame(answer, request_id=request.request_id))
         return results
 
-    async def _subscribe(self, frame: Subscribe) -> None:
-        principal = self.principal
-        assert principal is not None
-        principal.check_read()
-        known = self.engine.agent_ids
-        if frame.agents is None:
-            wanted = [a for a in known if principal.may_see(a)]
-        else:
-            wanted = list(dict.fromkeys(frame.agents))  # each once, in the order given
-            if len(wanted) > len(known):
-                raise BadFrame("invalid", f"agents lists {len(wanted)} different ids and this "
-                               f"gateway has {len(known)} agents; leave agents out to follow "
-                               "every agent in scope", field="agents")
-        for agent_id in wanted:
-            principal.check_read(agent_id)
-            self.engine.state(agent_id)
-        if frame.providers and principal.agents is not None:
-            raise Forbidden("a token scoped to some agents cannot follow the provider gates "
-                            "(they serve every agent); subscribe without providers")
-        # Swap subscriptions with no await in between: one follower per connection, always.
-        if self.subscription is not None:
-            self.subscription.cancel()
-        self.subscription = spawn(self._follow(frame, wanted), "subscription")
-
-    async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
-        position = await self.engine.store.last_position()
-        now = self.engine.clock.now_ms()
-        gates = self.engine.gates if frame.providers else {}
-        waits = gate_waits_of(self.engine, now)
-        # A big desk's snapshot is rendered a step at a time (stops come first) and sent as
-        # the text `Snapshot.model_dump_json` would give.
-        summaries = await json_list(
-            wanted, lambda a: agent_summary(self.engine.state(a), now, waits.get(a)),
-            model_json)
-        providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])
-        head = '{"type":"snapshot"' + ("" if frame.id is None else f',"id":{model_json(frame.id)}')
-        await self._send_text(f'{head},"position":{position},"agents":{summaries},'
-                              f'"providers":{providers}}}')
-        agents = set(wanted) | {gate.stream for gate in gates.values()}
-        after = frame.after if frame.after is not None else position
-        # Lists of a frame's worth: the batch in hand, and its texts, stay small.
-        follow = self.engine.store.follow_batches(after, EVENTS_PER_FRAME)
-        beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
-            if self.service.heartbeat_s else None
-        try:
-            async with contextlib.aclosing(follow) as batches:
-                async for batch in batches:
-                    texts = [event_frame_text(r) for r in batch if r.stream in agents]
-                    for text in events_frames(texts) if frame.batch else texts:
-                        if self.closing:
-                            return
-                        await self._send_text(text)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.warning("subscription ended: %r", error)
-            await self._send(ErrorFrame(
-                id=frame.id, code="unavailable",
-                message="the subscription ended (the log could not be read); subscribe "
-                        "again with 'after' set to the last position you received"))
-        finally:
-            if beating is not None:
-                beating.cancel()
-
-    async def _heartbeats(self, follower: asyncio.Task[Any] | None) -> None:
-        """A heartbeat whenever the subscription (its ``follower``) has sent nothing for
-        `Service.heartbeat_s`: a client that hears nothing for longer knows the link or the
-        gateway is stuck. None once the subscription is replaced or ended."""
-        loop = asyncio.get_running_loop()
-        every = self.service.heartbeat_s
-        while not self.closing and self.subscription is follower:
-            quiet = loop.time() - self.last_sent
-            if quiet < every:
-                await self.engine.clock.sleep((every - quiet) * 1000)
-                continue
-            committed = await self.engine.store.last_position()
-            if self.subscription is not follower:
-                return
-            await self._send(Heartbeat(committed=committed,
-                                       at=from_ms(self.engine.clock.now_ms())))
-            self.last_sent = loop.time()  # (also when the send was skipped: no busy loop)
-
-
-_NO_TURN = contextlib.nullcontext()
-WORK_TYPES = frozenset({"submit", "submit_many", "market"})
-"""Frame types that make work for the log (a feed connection's are admitted by the intake)."""
-VALIDATE_STEP = 50
-"""Items of a batch frame validated before other work may run (well under 1 ms of the loop)."""
-BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
-    "submit_many": ("requests", TypeAdapter(AgentRequest)),
-    "market": ("events", TypeAdapter(MarketEvent)),
-}
-"""The list member of each batch frame and the model of its items."""
-
-
-async def _validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any],
-                          turn: Callable[[], contextlib.AbstractAsyncContextManager[None]]
-                          ) -> list[Any]:
-    """The items of a batch frame validated `VALIDATE_STEP` at a time, each step in a
-    ``turn`` (other work runs in between); `InvalidRequest` naming each bad field
-    (``requests.3.kind``) as the frame's own validation would."""
-    checked: list[Any] = []
-    errors: list[FieldError] = []
-    for start in range(0, len(items), VALIDATE_STEP):
-        if start:
-            await asyncio.sleep(0)
-        async with turn():
-            for index in range(start, min(start + VALIDATE_STEP, len(items))):
-                try:
-                    checked.append(adapter.validate_python(items[index]))
-                except ValidationError as error:
-                    errors += [FieldError(f"{name}.{index}" if e.field == "(request)"
-                                          else f"{name}.{index}.{e.field}", e.message)
-                               for e in InvalidRequest.from_validation_error(error).errors]
-    if errors:
-        raise InvalidRequest(errors)
-    return checked
-
 
 def _subprotocol_token(offered: str) -> str:
     """The token in a ``bearer.<base64url>`` subprotocol (`Unauthorized` if it is not one)."""
@@ -585,27 +444,3 @@ def _subprotocol_token(offered: str) -> str:
     except (ValueError, UnicodeDecodeError):
         raise Unauthorized(f"the {TOKEN_SUBPROTOCOL}... subprotocol must hold the token in "
                            "base64url (RFC 4648 section 5)") from None
-
-
-def _raw(message: Any) -> str | bytes:
-    """The data of a WebSocket message: text, or the bytes of a binary frame (read as
-    UTF-8 by `load_json`, which refuses anything else)."""
-    text = message.get("text")
-    if text is not None:
-        return str(text)
-    return bytes(message.get("bytes") or b"")
-
-
-def _guess_id(raw: str | bytes) -> str | None:
-    """The client's frame id, if the frame is JSON enough to have one."""
-    with contextlib.suppress(BadFrame):
-        value = load_json(raw)
-        if isinstance(value, dict):
-            return _frame_id(value)
-    return None
-
-
-def _frame_id(data: dict[str, Any]) -> str | None:
-    """The ``id`` of a frame's JSON object, if it is one a client may give."""
-    found = data.get("id")
-    return found if isinstance(found, str) and len(found) <= 128 else None

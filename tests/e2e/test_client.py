@@ -195,7 +195,7 @@ def drop_on_ack(monkeypatch: pytest.MonkeyPatch) -> dict[str, asyncio.Event]:
     """Request ids whose ack the gateway will not send: it closes that connection instead
     (a real server-side drop at the worst moment: the request is committed, unanswered)."""
     victims: dict[str, asyncio.Event] = {}
-    send = Session._send
+    send = Session.send
 
     async def dropping(self: Session, frame: BaseModel) -> None:
         if isinstance(frame, AckFrame) and frame.request_id in victims:
@@ -207,7 +207,7 @@ def drop_on_ack(monkeypatch: pytest.MonkeyPatch) -> dict[str, asyncio.Event]:
                 return
         await send(self, frame)
 
-    monkeypatch.setattr(Session, "_send", dropping)
+    monkeypatch.setattr(Session, "send", dropping)
     return victims
 
 

@@ -1,0 +1,135 @@
+"""A WebSocket session's subscription: the snapshot, then the events as they commit, and a
+heartbeat whenever it has been quiet (``subscribe`` / ``unsubscribe`` frames)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gateway.base.tasks import spawn
+from gateway.edge.protocol import EVENTS_PER_FRAME, ErrorFrame, Heartbeat, Subscribe
+from gateway.edge.views import (
+    agent_summary,
+    event_frame_text,
+    events_frames,
+    gate_waits_of,
+    json_list,
+    model_json,
+    provider_summary,
+)
+from gateway.errors import BadFrame, Forbidden
+from gateway.market.events import from_ms
+
+if TYPE_CHECKING:
+    from gateway.edge.sessions import Session
+
+log = logging.getLogger("gateway.edge.sessions")
+
+
+class Subscriptions:
+    """The subscription of one session: at most one follower task at a time, replaced by
+    each ``subscribe`` and ended by ``unsubscribe`` or the session's end. Its frames go out
+    through the session's sends."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.task: asyncio.Task[None] | None = None
+        """The follower of the subscription in force, if there is one."""
+
+    def cancel(self) -> None:
+        """End the subscription in force, if there is one."""
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    async def subscribe(self, frame: Subscribe) -> None:
+        """Check the frame against the session's principal and start following (replacing
+        the subscription in force); the snapshot and the events are sent by the follower."""
+        session = self.session
+        engine = session.engine
+        principal = session.principal
+        assert principal is not None
+        principal.check_read()
+        known = engine.agent_ids
+        if frame.agents is None:
+            wanted = [a for a in known if principal.may_see(a)]
+        else:
+            wanted = list(dict.fromkeys(frame.agents))  # each once, in the order given
+            if len(wanted) > len(known):
+                raise BadFrame("invalid", f"agents lists {len(wanted)} different ids and this "
+                               f"gateway has {len(known)} agents; leave agents out to follow "
+                               "every agent in scope", field="agents")
+        for agent_id in wanted:
+            principal.check_read(agent_id)
+            engine.state(agent_id)
+        if frame.providers and principal.agents is not None:
+            raise Forbidden("a token scoped to some agents cannot follow the provider gates "
+                            "(they serve every agent); subscribe without providers")
+        # Swap subscriptions with no await in between: one follower per connection, always.
+        if self.task is not None:
+            self.task.cancel()
+        self.task = spawn(self._follow(frame, wanted), "subscription")
+
+    async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
+        session = self.session
+        engine = session.engine
+        position = await engine.store.last_position()
+        now = engine.clock.now_ms()
+        gates = engine.gates if frame.providers else {}
+        waits = gate_waits_of(engine, now)
+        # A big desk's snapshot is rendered a step at a time (stops come first) and sent as
+        # the text `Snapshot.model_dump_json` would give.
+        summaries = await json_list(
+            wanted, lambda a: agent_summary(engine.state(a), now, waits.get(a)),
+            model_json)
+        providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])
+        head = '{"type":"snapshot"' + ("" if frame.id is None else f',"id":{model_json(frame.id)}')
+        await session.send_text(f'{head},"position":{position},"agents":{summaries},'
+                                f'"providers":{providers}}}')
+        agents = set(wanted) | {gate.stream for gate in gates.values()}
+        after = frame.after if frame.after is not None else position
+        # Lists of a frame's worth: the batch in hand, and its texts, stay small.
+        follow = engine.store.follow_batches(after, EVENTS_PER_FRAME)
+        beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
+            if session.service.heartbeat_s else None
+        try:
+            async with contextlib.aclosing(follow) as batches:
+                async for batch in batches:
+                    texts = [event_frame_text(r) for r in batch if r.stream in agents]
+                    for text in events_frames(texts) if frame.batch else texts:
+                        if session.closing:
+                            return
+                        await session.send_text(text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("subscription ended: %r", error)
+            await session.send(ErrorFrame(
+                id=frame.id, code="unavailable",
+                message="the subscription ended (the log could not be read); subscribe "
+                        "again with 'after' set to the last position you received"))
+        finally:
+            if beating is not None:
+                beating.cancel()
+
+    async def _heartbeats(self, follower: asyncio.Task[Any] | None) -> None:
+        """A heartbeat whenever the subscription (its ``follower``) has sent nothing for
+        `Service.heartbeat_s`: a client that hears nothing for longer knows the link or the
+        gateway is stuck. None once the subscription is replaced or ended."""
+        session = self.session
+        engine = session.engine
+        loop = asyncio.get_running_loop()
+        every = session.service.heartbeat_s
+        while not session.closing and self.task is follower:
+            quiet = loop.time() - session.last_sent
+            if quiet < every:
+                await engine.clock.sleep((every - quiet) * 1000)
+                continue
+            committed = await engine.store.last_position()
+            if self.task is not follower:
+                return
+            await session.send(Heartbeat(committed=committed,
+                                         at=from_ms(engine.clock.now_ms())))
+            session.last_sent = loop.time()  # (also when the send was skipped: no busy loop)
