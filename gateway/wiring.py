@@ -89,7 +89,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         engine=engine,
         tokens=tokens,
         hooks=HookEngine(config.hooks),
-        on_market=on_market,
+        market_observer=on_market,
         allowed_origins=frozenset(config.server.allowed_origins),
         max_frame_bytes=config.server.max_frame_bytes,
         intake_budget_ms=config.server.intake_budget_ms,
@@ -111,16 +111,10 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
 async def feed_market(service: Service, feed: SyntheticFeed, clock: Clock,
                       stop: asyncio.Event | None = None) -> None:
     """Drive the hook rules (and the paper broker's prices) with a synthetic feed."""
-    hooks = service.hooks
     engine = service.engine
 
     async def sink(events: list[MarketEvent]) -> None:
-        requests = []
-        for event in events:
-            if service.on_market is not None:
-                service.on_market(event)
-            if hooks is not None:
-                requests += hooks.on_event(event)
+        requests = service.on_market(events)
         if requests and engine.running:
             for answer in await service.take(requests, "synthetic-feed"):
                 with contextlib.suppress(GatewayError):

@@ -208,7 +208,50 @@ class Leases(Protocol):
         """The leases now."""
 
 
-class EventStore(Protocol):
+class LogReads(Protocol):
+    """What may be read of the log (and of how busy its writer is): the narrow port the
+    edge and the read models use. Every `EventStore` is one."""
+
+    @property
+    def backlog(self) -> int:
+        """Events appended and not committed yet."""
+
+    @property
+    def commit_rate(self) -> float | None:
+        """Events committed per second of the writer's busy time, recently (None before the
+        first commit): with `backlog`, how long new work would wait for its commit."""
+
+    async def read(
+        self, after: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """Events with position > ``after`` in position order, at most ``limit``."""
+
+    async def read_stream(
+        self, stream: str, after_version: int = 0, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """One stream's events with version > ``after_version`` in version order."""
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when empty)."""
+
+    def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
+        """Every committed event after ``after``, then each new one as it commits.
+
+        No gaps and no duplicates, however the backlog and live commits interleave; a slow
+        follower never makes the store buffer without bound (it catches up by reading). It
+        ends once the store is closed and everything committed was yielded; close it (for
+        example with ``contextlib.aclosing``) when done.
+        """
+
+    def follow_batches(
+        self, after: int = 0, limit: int = 2000
+    ) -> AsyncGenerator[list[RecordedEvent], None]:
+        """`follow` in lists: each one holds every event ready when it is taken (at least
+        one, at most ``limit``), in position order, continuing the one before it. Cheaper
+        for a follower that sends what it gets on (one frame per list, not per event)."""
+
+
+class EventStore(LogReads, Protocol):
     """An append-only log of events with a gap-free global position.
 
     Appends are group-committed: ``append`` enqueues synchronously (so appends are ordered
@@ -220,15 +263,6 @@ class EventStore(Protocol):
     @property
     def url(self) -> str | None:
         """Where another process can open this log (None: nowhere, it lives in memory)."""
-
-    @property
-    def backlog(self) -> int:
-        """Events appended and not committed yet."""
-
-    @property
-    def commit_rate(self) -> float | None:
-        """Events committed per second of the writer's busy time, recently (None before the
-        first commit): with `backlog`, how long new work would wait for its commit."""
 
     async def open(self) -> None:
         """Prepare the store (migrations, caches) and start its writer."""
@@ -247,19 +281,6 @@ class EventStore(Protocol):
         self, appends: Sequence[Append]
     ) -> list[asyncio.Future[list[RecordedEvent]]]:
         """Enqueue several appends in order; each succeeds or fails on its own."""
-
-    async def read(
-        self, after: int = 0, limit: int | None = None
-    ) -> list[RecordedEvent]:
-        """Events with position > ``after`` in position order, at most ``limit``."""
-
-    async def read_stream(
-        self, stream: str, after_version: int = 0, limit: int | None = None
-    ) -> list[RecordedEvent]:
-        """One stream's events with version > ``after_version`` in version order."""
-
-    async def last_position(self) -> int:
-        """The position of the last committed event (0 when empty)."""
 
     async def stream_versions(self) -> dict[str, int]:
         """Every stream with its current version."""
@@ -286,18 +307,3 @@ class EventStore(Protocol):
     async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
         """Delete the snapshots at ``positions`` (default: every one); how many there were."""
 
-    def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:
-        """Every committed event after ``after``, then each new one as it commits.
-
-        No gaps and no duplicates, however the backlog and live commits interleave; a slow
-        follower never makes the store buffer without bound (it catches up by reading). It
-        ends once the store is closed and everything committed was yielded; close it (for
-        example with ``contextlib.aclosing``) when done.
-        """
-
-    def follow_batches(
-        self, after: int = 0, limit: int = 2000
-    ) -> AsyncGenerator[list[RecordedEvent], None]:
-        """`follow` in lists: each one holds every event ready when it is taken (at least
-        one, at most ``limit``), in position order, continuing the one before it. Cheaper
-        for a follower that sends what it gets on (one frame per list, not per event)."""

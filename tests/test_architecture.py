@@ -217,3 +217,14 @@ def test_rooms_are_of_human_size(package: str) -> None:
                 bound = OVERSIZE_CLASSES.get(key, 400)
                 assert size <= bound, f"{key} is {size} lines (at most {bound})"
                 assert key not in OVERSIZE_CLASSES or size > 400, f"{key} fits now: unlist it"
+
+
+@pytest.mark.parametrize("package", ["gateway/edge", "gateway/reads"])
+def test_the_edge_reads_the_log_through_its_narrow_port(package: str) -> None:
+    """The edge and the read models read the log through `store.port.LogReads` (the
+    service's ``log``); they never reach the engine's store, which can also write."""
+    for path in python_files(package):
+        text = path.read_text()
+        allowed = 1 if path.name == "service.py" else 0  # (`Service.log` itself)
+        assert text.count("engine.store") == allowed, path
+        assert not re.search(r"\bEventStore\b", text), path

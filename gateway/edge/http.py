@@ -60,6 +60,7 @@ class Routes:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.engine = service.engine
+        self.log = service.log
         self.blotters = BlotterBook()
         self.replays = agent_replays()
         self.gate_replays = gate_replays()
@@ -154,7 +155,7 @@ class Routes:
 
     async def _replayed(self, agent_id: str, position: int) -> Replayed[AgentState]:
         """The agent replayed from its stream up to log ``position``."""
-        return await self.replays.at(self.engine.store, self.engine.reader, agent_id, position)
+        return await self.replays.at(self.log, self.engine.reader, agent_id, position)
 
     def _gate(self, request: Request) -> ProviderGate:
         name = str(request.path_params["name"])

@@ -3,8 +3,8 @@ budget.
 
 Feed work that cannot be committed soon only queues: it delays every commit behind it (an
 emergency stop's included) and is acknowledged late anyway. So before a feed frame is turned
-into work, `Intake.admit` compares what waits for the log (`EventStore.backlog`) with what
-the log commits in ``budget_ms`` (`EventStore.commit_rate`); past it the frame is answered
+into work, `Intake.admit` compares what waits for the log (`LogReads.backlog`) with what
+the log commits in ``budget_ms`` (`LogReads.commit_rate`); past it the frame is answered
 ``busy`` with ``retryAfterMs`` and nothing is taken. Each feed connection may hold at most
 its share of the budget, so one flooding connection cannot crowd the others out. The control
 lane is never refused here.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from store.port import EventStore
+from store.port import LogReads
 
 BUDGET_MS: Final = 50
 """Default latency budget: uncommitted work is kept to what the log commits in this long."""
@@ -28,7 +28,7 @@ MAX_RETRY_MS: Final = 1_000
 class Intake:
     """Admission of feed frames against the log's commit rate, fairly per connection."""
 
-    def __init__(self, store: EventStore, budget_ms: int = BUDGET_MS,
+    def __init__(self, store: LogReads, budget_ms: int = BUDGET_MS,
                  floor_events: int = FLOOR_EVENTS) -> None:
         if budget_ms < 1:
             raise ValueError(f"budget_ms must be >= 1: {budget_ms}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -23,6 +23,7 @@ from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import WayIn, in_steps
 from lanes import AgentRequest
+from store.port import LogReads
 
 log = logging.getLogger("gateway.edge.service")
 
@@ -92,7 +93,7 @@ class Service:
     engine: Engine
     tokens: TokenBook
     hooks: HookEngine | None = None
-    on_market: Callable[[MarketEvent], None] | None = None
+    market_observer: Callable[[MarketEvent], None] | None = None
     """Also told of every market event (the paper broker's prices)."""
     allowed_origins: frozenset[str] = frozenset()
     """Browser origins let in besides the gateway's own (`server.allowed_origins`)."""
@@ -145,8 +146,13 @@ class Service:
     """The feed's work takes turns on the event loop, so that a control waits for at most
     one unit of it (`gateway.base.pacing`)."""
 
+    @property
+    def log(self) -> LogReads:
+        """The event log, to read (the edge's only way to it)."""
+        return self.engine.store
+
     def __post_init__(self) -> None:
-        self.intake = Intake(self.engine.store, self.intake_budget_ms)
+        self.intake = Intake(self.log, self.intake_budget_ms)
 
     @property
     def way_in(self) -> WayIn:
@@ -164,6 +170,17 @@ class Service:
         """One request from outside, awaited to its ack."""
         return await self.way_in.take([request], principal)[0]
 
+    def on_market(self, events: Iterable[MarketEvent]) -> list[AgentRequest]:
+        """Market events, from a feed connection or the synthetic feed: each is shown to the
+        paper broker (its prices) and to the hook rules; the requests they trigger."""
+        requests: list[AgentRequest] = []
+        for event in events:
+            if self.market_observer is not None:
+                self.market_observer(event)
+            if self.hooks is not None:
+                requests += self.hooks.on_event(event)
+        return requests
+
     def origin_allowed(self, origin: str | None) -> bool:
         """Whether a browser ``Origin`` may send WebSocket frames and mutating requests (no
         ``Origin``: not a browser, or the same page's GET)."""
@@ -174,10 +191,13 @@ class Service:
     operator's message, an HTTP submit) is answered ``busy``: a ceiling on memory, not a
     latency budget (the feed's frames are admitted by the intake, long before this)."""
 
-    def check_capacity(self) -> None:
+    def check_capacity(self, request: AgentRequest | None = None) -> None:
         """Refuse reasoning work from outside the feed while the log is far behind (flow
-        control, never unbounded); the control lane is never refused."""
-        backlog = self.engine.store.backlog
+        control, never unbounded): `Busy`. The control lane is never refused: a ``request``
+        that names a control action passes (None: reasoning work, market events say)."""
+        if request is not None and request.action is not None:
+            return
+        backlog = self.log.backlog
         if backlog > self.busy_backlog:
-            rate = self.engine.store.commit_rate or 10_000.0
+            rate = self.log.commit_rate or 10_000.0
             raise Busy(retry_after_ms=int(min(5_000, 50 + backlog * 1000 / rate)))

@@ -339,15 +339,14 @@ class Session:
     async def _handle(self, frame: Any) -> None:
         principal = self.principal
         assert principal is not None
-        engine = self.engine
         if isinstance(frame, Ping):
-            await self.send(Pong(id=frame.id, position=await engine.store.last_position()))
+            await self.send(Pong(id=frame.id, position=await self.service.log.last_position()))
         elif isinstance(frame, Auth):
             raise BadFrame("invalid", "already authenticated")
         elif isinstance(frame, Submit):
             principal.check_submit(frame.request)
-            if frame.request.action is None and self.endpoint != "feed":
-                self.service.check_capacity()  # the control lane is never refused as busy
+            if self.endpoint != "feed":  # (a feed's frames are admitted by the intake)
+                self.service.check_capacity(frame.request)
             with self._holding(1):
                 ack = await self.service.submit(frame.request, principal.name)
             await self.send(ack_frame(ack, frame.id))
@@ -366,11 +365,7 @@ class Session:
             requests: list[AgentRequest] = []
             for start in range(0, len(frame.events), VALIDATE_STEP):
                 async with self._turn():
-                    for event in frame.events[start:start + VALIDATE_STEP]:
-                        if self.service.on_market is not None:
-                            self.service.on_market(event)
-                        if self.service.hooks is not None:
-                            requests += self.service.hooks.on_event(event)
+                    requests += self.service.on_market(frame.events[start:start + VALIDATE_STEP])
             triggered = await self._submit_all(requests) if requests else []
             await self._send_paced(MarketAck(id=frame.id, events=len(frame.events),
                                              triggered=triggered))
@@ -378,7 +373,7 @@ class Session:
             await self.subscriptions.subscribe(frame)
         elif isinstance(frame, Unsubscribe):
             self.subscriptions.cancel()
-            await self.send(Pong(id=frame.id, position=await engine.store.last_position()))
+            await self.send(Pong(id=frame.id, position=await self.service.log.last_position()))
 
     def _check_times(self, events: list[MarketEvent]) -> None:
         """Refuse market events dated in the future (they would stall every hook rule)."""
@@ -405,19 +400,13 @@ class Session:
     async def _submit_all(self, requests: list[AgentRequest]) -> list[AckFrame | ErrorFrame]:
         principal = self.principal
         assert principal is not None
-        saturated: Busy | None = None
-        if self.endpoint != "feed":  # a feed frame was admitted whole by the intake
-            try:
-                self.service.check_capacity()
-            except Busy as busy:
-                saturated = busy
         allowed: list[AgentRequest] = []
         refused: dict[int, ErrorFrame] = {}
         for index, request in enumerate(requests):
             try:
                 principal.check_submit(request)
-                if saturated is not None and request.action is None:
-                    raise saturated  # the control lane is never refused as busy
+                if self.endpoint != "feed":  # a feed frame was admitted whole by the intake
+                    self.service.check_capacity(request)
                 allowed.append(request)
             except GatewayError as error:
                 refused[index] = error_frame(error, request_id=request.request_id)

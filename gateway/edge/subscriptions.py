@@ -75,7 +75,7 @@ class Subscriptions:
     async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
         session = self.session
         engine = session.engine
-        position = await engine.store.last_position()
+        position = await session.service.log.last_position()
         now = engine.clock.now_ms()
         gates = engine.gates if frame.providers else {}
         waits = gate_waits_of(engine, now)
@@ -91,7 +91,7 @@ class Subscriptions:
         agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
         # Lists of a frame's worth: the batch in hand, and its texts, stay small.
-        follow = engine.store.follow_batches(after, EVENTS_PER_FRAME)
+        follow = session.service.log.follow_batches(after, EVENTS_PER_FRAME)
         beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
             if session.service.heartbeat_s else None
         try:
@@ -127,7 +127,7 @@ class Subscriptions:
             if quiet < every:
                 await engine.clock.sleep((every - quiet) * 1000)
                 continue
-            committed = await engine.store.last_position()
+            committed = await session.service.log.last_position()
             if self.task is not follower:
                 return
             await session.send(Heartbeat(committed=committed,

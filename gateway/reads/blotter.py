@@ -17,7 +17,7 @@ from gateway.errors import BadFrame
 from lanes.blotter import HISTORY, ORDER_EVENT_TYPES, Blotter, OrderRow
 from lanes.events import INPUT_TYPES
 from lanes.requests import WireModel
-from store.port import EventStore, RecordedEvent
+from store.port import LogReads, RecordedEvent
 
 READ_PAGE = 5_000
 """Events read from a stream at a time while folding it."""
@@ -184,13 +184,13 @@ class BlotterBook:
         self._folded: dict[str, _Folded] = {}
         self._lock = asyncio.Lock()
 
-    async def blotters(self, store: EventStore, reader: LogReader, agents: Iterable[str]
+    async def blotters(self, store: LogReads, reader: LogReader, agents: Iterable[str]
                        ) -> list[tuple[str, Blotter]]:
         """The blotters of ``agents``, each up to date with what its stream holds now."""
         async with self._lock:  # two folds of the same new events would count them twice
             return [(agent, await self._catch_up(store, reader, agent)) for agent in agents]
 
-    async def _catch_up(self, store: EventStore, reader: LogReader, agent: str) -> Blotter:
+    async def _catch_up(self, store: LogReads, reader: LogReader, agent: str) -> Blotter:
         folded = self._folded.get(agent)
         if folded is None:
             folded = self._folded[agent] = _Folded()

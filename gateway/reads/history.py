@@ -16,7 +16,7 @@ from typing import Any
 
 from lanes.events import INPUT_TYPES
 from lanes.gate.events import GATE_INPUT_TYPES
-from store.port import EventStore, RecordedEvent
+from store.port import LogReads, RecordedEvent
 
 PAGE = 1_000
 """Events read per step."""
@@ -46,7 +46,7 @@ def _data(record: RecordedEvent) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-async def first_version(store: EventStore, stream: str, top: int,
+async def first_version(store: LogReads, stream: str, top: int,
                         reached: Callable[[RecordedEvent], bool]) -> int:
     """The lowest version of ``stream`` (1..``top``) whose event has ``reached`` (a test
     that holds from some version on, such as "position at least P"), or ``top + 1``: a
@@ -177,7 +177,7 @@ def _intent(data: dict[str, Any]) -> dict[str, Any]:
             "limitPrice": intent.get("limitPrice")}
 
 
-async def run_history(store: EventStore, agent_id: str, top: int, *, before: int | None,
+async def run_history(store: LogReads, agent_id: str, top: int, *, before: int | None,
                       limit: int, gate: tuple[str, int] | None) -> dict[str, Any]:
     """The agent's newest ``limit`` runs started below version ``before`` (default: all),
     newest first, each with its outcome, tokens, orders, answer and (through ``gate``: the
@@ -231,7 +231,7 @@ async def run_history(store: EventStore, agent_id: str, top: int, *, before: int
             "before": more}
 
 
-async def _time_at_gate(store: EventStore, agent_id: str, gate: tuple[str, int],
+async def _time_at_gate(store: LogReads, agent_id: str, gate: tuple[str, int],
                         run: _Run) -> bool:
     """Add the run's gate wait and model time from the gate's stream, reading only the
     stretch of it from the run's start until its slots are all freed after its end (found
@@ -279,7 +279,7 @@ async def _time_at_gate(store: EventStore, agent_id: str, gate: tuple[str, int],
 # ----------------------------------------------------------------------------- series
 
 
-async def agent_series(store: EventStore, agent_id: str, top: int, *, start: int, end: int,
+async def agent_series(store: LogReads, agent_id: str, top: int, *, start: int, end: int,
                        step: int) -> dict[str, Any]:
     """One agent's `SERIES` over [``start``, ``end``) in buckets of ``step`` ms, by
     recorded time, and its stop, pause, resume and hold marks (who and when)."""

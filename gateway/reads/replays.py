@@ -26,7 +26,7 @@ from gateway.reads.tails import steps
 from lanes.evolve import evolve
 from lanes.gate import GateState, decode_gate_event, evolve_gate
 from lanes.state import AgentState
-from store.port import EventStore, RecordedEvent
+from store.port import LogReads, RecordedEvent
 
 CHECKPOINT_EVERY = 2_000
 """Events of an agent between two kept states, at first: the most a time-travel ask folds."""
@@ -114,7 +114,7 @@ class Replays(Generic[S]):
         self._streams, self._every = streams, every
         self._most, self._budget = checkpoints, budget
 
-    async def at(self, store: EventStore, reader: LogReader, stream: str, position: int
+    async def at(self, store: LogReads, reader: LogReader, stream: str, position: int
                  ) -> Replayed[S]:
         """``stream``'s state at log ``position``, replayed from the stream (decoded by
         ``reader``, which knows the events set aside)."""
@@ -145,7 +145,7 @@ class Replays(Generic[S]):
                     last = record.position
         return Replayed(state, last)
 
-    async def _catch_up(self, store: EventStore, stream: str, folded: _Folded[S]) -> None:
+    async def _catch_up(self, store: LogReads, stream: str, folded: _Folded[S]) -> None:
         """Fold what the stream gained since the last ask, keeping checkpoints."""
         state, reader = folded.state, folded.reader
         async with aclosing(steps(store, stream, state.version)) as reading:

@@ -18,7 +18,7 @@ from gateway.tools.story import INPUT_NAMES, read_type, told
 from gateway.tools.timeline import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from lanes.calltree import CALL_EVENT_TYPES
 from lanes.events import Event
-from store.port import EventStore, RecordedEvent
+from store.port import LogReads, RecordedEvent
 
 _CANDIDATES = frozenset().union(*JUMP_TYPES.values())
 
@@ -84,11 +84,11 @@ class Stories:
         self._indexes: StreamFolds[StoryIndex] = StreamFolds(
             StoryIndex, lambda index, _reader, record: index.add(record))
 
-    async def index(self, store: EventStore, reader: LogReader, agent_id: str) -> StoryIndex:
+    async def index(self, store: LogReads, reader: LogReader, agent_id: str) -> StoryIndex:
         """The agent's index, up to date with what its stream holds now."""
         return (await self._indexes.get(store, reader, agent_id))[0]
 
-    async def groups(self, store: EventStore, index: StoryIndex, agent_id: str, first: int,
+    async def groups(self, store: LogReads, index: StoryIndex, agent_id: str, first: int,
                      end: int) -> list[Group]:
         """Groups [first, end) of the agent's ``index``, read from the log and worded."""
         if first >= end:

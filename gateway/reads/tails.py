@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from gateway.base.quarantine import LogReader
-from store.port import EventStore, RecordedEvent
+from store.port import LogReads, RecordedEvent
 
 READ_PAGE = 1_000
 """Events read from a stream at a time (making the records of a page holds the loop too)."""
@@ -27,7 +27,7 @@ MAX_STREAMS = 16
 T = TypeVar("T")
 
 
-async def steps(store: EventStore, stream: str, after_version: int
+async def steps(store: LogReads, stream: str, after_version: int
                 ) -> AsyncGenerator[list[RecordedEvent], None]:
     """The stream's records after ``after_version``, `FOLD_STEP` at a time, read `READ_PAGE`
     at a time, the event loop's other work running before each step."""
@@ -63,7 +63,7 @@ class StreamFolds(Generic[T]):
         self._tails: OrderedDict[str, _Tail[T]] = OrderedDict()
         self._streams, self._weigh, self._budget = streams, weigh, budget
 
-    async def get(self, store: EventStore, reader: LogReader, stream: str) -> tuple[T, int]:
+    async def get(self, store: LogReads, reader: LogReader, stream: str) -> tuple[T, int]:
         """``stream``'s fold, up to date with what the stream holds now (decoded by
         ``reader``, which knows the events set aside), and the stream version it is at."""
         tail = self._tails.get(stream)

@@ -54,9 +54,9 @@ async def scene(running: Running) -> None:
     await trade(running, "bravo", "BTCUSD")
     await open_orders(running, "alpha", 2)
     await open_orders(running, "bravo", 1)
-    assert running.service.on_market is not None
-    running.service.on_market(Tick(symbol="BTCUSD", price=FILL_PRICE,  # as the feed socket does
-                                   at=datetime.now(UTC)))
+    assert running.service.market_observer is not None
+    running.service.on_market([Tick(symbol="BTCUSD", price=FILL_PRICE,  # as a feed frame does
+                                    at=datetime.now(UTC))])
     await open_orders(running, "alpha", 1)
     await open_orders(running, "bravo", 0)
     async with http(running) as client:

@@ -65,8 +65,7 @@ class AgentRoutes(Routes):
                            field="agentId")
         principal.check_submit(body)
         try:
-            if body.action is None:  # the control lane is never refused as busy
-                self.service.check_capacity()
+            self.service.check_capacity(body)  # (the control lane is never refused)
             return _json(ack_frame(await self.service.submit(body, principal.name)))
         except GatewayError as error:
             return error_response(error, body.request_id)
@@ -153,7 +152,7 @@ class AgentRoutes(Routes):
         while waiting:
             stream = waiting.pop()
             followed.add(stream)
-            calls, _ = await self.call_events.get(self.engine.store, self.engine.reader, stream)
+            calls, _ = await self.call_events.get(self.log, self.engine.reader, stream)
             trees.add(stream, calls.events)
             waiting = sorted({t for t in trees.targets() - followed
                               if t in known and principal.may_see(t)})

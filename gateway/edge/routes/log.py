@@ -49,7 +49,7 @@ class LogRoutes(Routes):
         found: list[dict[str, Any]] = []
         cursor, scanned = after, 0
         while len(found) < limit and scanned < 20_000:
-            page = await self.engine.store.read(after=cursor, limit=1000)
+            page = await self.log.read(after=cursor, limit=1000)
             if not page:
                 break
             for record in page:
@@ -70,7 +70,7 @@ class LogRoutes(Routes):
         principal.check_read()
         position = int(request.path_params["position"])
         found = [] if position > MAX_INT else \
-            await self.engine.store.read(after=max(0, position - 1), limit=1)
+            await self.log.read(after=max(0, position - 1), limit=1)
         if not found or found[0].position != position or not principal.may_see(found[0].stream):
             raise BadFrame("not_found", f"no event at position {position} that this token "
                            "may see; list events with GET /api/events")
@@ -79,7 +79,7 @@ class LogRoutes(Routes):
         cause: RecordedEvent | None = None
         top = record.version
         while cause is None and top > 0:  # walk back a page at a time
-            page = await self.engine.store.read_stream(
+            page = await self.log.read_stream(
                 record.stream, after_version=max(0, top - CAUSE_PAGE), limit=CAUSE_PAGE)
             for earlier in reversed([r for r in page if r.version <= top]):
                 if earlier.type in inputs:
@@ -88,7 +88,7 @@ class LogRoutes(Routes):
             top -= CAUSE_PAGE
         decisions: list[RecordedEvent] = []
         if cause is not None:
-            after = await self.engine.store.read_stream(
+            after = await self.log.read_stream(
                 record.stream, after_version=cause.version, limit=MAX_CAUSE_DECISIONS + 1)
             for later in after:
                 if later.type in inputs:
@@ -123,7 +123,7 @@ class LogRoutes(Routes):
         before = _int_param(query, "beforeVersion", 0)
         # The state's version may run ahead of the commit, never behind it.
         top = self.engine.state(agent_id).version if before == 0 else before - 1
-        records = [r for r in await self.engine.store.read_stream(
+        records = [r for r in await self.log.read_stream(
             agent_id, after_version=max(0, top - limit), limit=limit) if r.version <= top]
         return _json({"agentId": agent_id, "events": [event_json(r) for r in records],
                       "more": bool(records) and records[0].version > 1})
@@ -139,13 +139,13 @@ class LogRoutes(Routes):
             raise BadFrame("invalid", "agent is required", field="agent")
         principal.check_read(agent_id)
         self.engine.state(agent_id)  # UnknownAgent if it does not exist
-        last = await self.engine.store.last_position()
+        last = await self.log.last_position()
         position = _int_param(query, "position", last)
         around = min(_int_param(query, "around", 10), 200)
         replayed = await self._replayed(agent_id, position)
         state = replayed.state
         first = max(0, state.version - around)  # (its version: the events folded)
-        nearby = await self.engine.store.read_stream(
+        nearby = await self.log.read_stream(
             agent_id, after_version=first, limit=state.version - first + around)
         return _json({
             "agentId": agent_id,
@@ -167,7 +167,7 @@ class LogRoutes(Routes):
         text = query.get("q", "")
         if len(text) > MAX_SEARCH_TEXT:
             raise BadFrame("invalid", f"q is at most {MAX_SEARCH_TEXT} characters", field="q")
-        store = self.engine.store
+        store = self.log
         before = _int_param(query, "before", 0) or await store.last_position() + 1
         matches = event_matcher(text, agent, kind, principal.may_see)
         found, more, scanned = await search_back(
@@ -188,7 +188,7 @@ class LogRoutes(Routes):
         before = _int_param(query, "before", 0) or None
         gate = self.engine.gate_of(agent_id)
         return _json(await run_history(
-            self.engine.store, agent_id, self.engine.state(agent_id).version, before=before,
+            self.log, agent_id, self.engine.state(agent_id).version, before=before,
             limit=limit, gate=None if gate is None else (gate.stream, gate.state.version)))
 
     async def charts(self, request: Request) -> Response:
@@ -220,7 +220,7 @@ class LogRoutes(Routes):
             self.engine.state(agent_id)  # UnknownAgent if it does not exist
         agents = named or [a for a in self.engine.agent_ids if principal.may_see(a)][
             :MAX_CHART_AGENTS]
-        found = [await agent_series(self.engine.store, a, self.engine.state(a).version,
+        found = [await agent_series(self.log, a, self.engine.state(a).version,
                                     start=start, end=end, step=step) for a in agents]
         marks = sorted((m for f in found for m in f.pop("marks")), key=lambda m: m["at"])
         return _json({"from": start, "to": end, "step": step, "agents": found,

@@ -39,7 +39,7 @@ class ObserveRoutes(Routes):
         body: dict[str, Any] = {"status": "ok" if running else "stopping"}
         fault = self.engine.faults.current
         try:
-            body["position"] = await self.engine.store.last_position()
+            body["position"] = await self.log.last_position()
         except StoreError as error:
             log.warning("health check: %s", error)
             body["storage"] = "the event log cannot be read (the server's log says why)"
@@ -126,11 +126,11 @@ class ObserveRoutes(Routes):
                     [f"gateway_commit_backlog {engine.backlog}"]),
             *family("gateway_log_backlog_events", "gauge",
                     "Events appended and not committed yet.",
-                    [f"gateway_log_backlog_events {engine.store.backlog}"]),
+                    [f"gateway_log_backlog_events {self.log.backlog}"]),
             *family("gateway_log_commit_rate_events_per_second", "gauge",
                     "Events the log commits per second of its writer's busy time, lately.",
                     [f"gateway_log_commit_rate_events_per_second "
-                     f"{engine.store.commit_rate or 0:.0f}"]),
+                     f"{self.log.commit_rate or 0:.0f}"]),
             *family("gateway_intake_budget_events", "gauge",
                     "Events the log commits in the intake's latency budget: feed frames past "
                     "it are answered busy.",

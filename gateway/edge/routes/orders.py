@@ -35,6 +35,6 @@ class OrderRoutes(Routes):
                                                            ("symbol", "limit")))
 
     async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
-        blotters = await self.blotters.blotters(self.engine.store, self.engine.reader, agents)
+        blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
         view = blotter_view(blotters, self.engine.clock.now_ms(), query)
         return JSONResponse(view.model_dump(mode="json"))

@@ -28,7 +28,7 @@ class StoryRoutes(Routes):
         """The path's agent (readable by the caller) and the log's last position."""
         agent_id = self._agent_id(request)
         self._principal(request).check_read(agent_id)
-        return agent_id, await self.engine.store.last_position()
+        return agent_id, await self.log.last_position()
 
     async def story(self, request: Request) -> Response:
         """An agent's stream as groups, each an input and the decisions it caused, worded as
@@ -37,12 +37,12 @@ class StoryRoutes(Routes):
         position with ``around`` (<= 100, default 3) groups each side."""
         agent_id, last = await self._story_read(request)
         query = request.query_params
-        index = await self.stories.index(self.engine.store, self.engine.reader, agent_id)
+        index = await self.stories.index(self.log, self.engine.reader, agent_id)
         if query.get("at"):
             at = _position_param(query, "at", last, last)
             count = min(_int_param(query, "around", 3), 100)
             first, end, current = index.around(at, count)
-            groups = await self.stories.groups(self.engine.store, index, agent_id, first, end)
+            groups = await self.stories.groups(self.log, index, agent_id, first, end)
             return _json(answer(StoryJson, {
                 "agentId": agent_id, "at": at, "index": current, "more": False,
                 "groups": [group_json(g) for g in groups]}))
@@ -50,7 +50,7 @@ class StoryRoutes(Routes):
         upto = _position_param(query, "to", last, last)
         limit = min(max(_int_param(query, "limit", 200), 1), 1000)
         first, end, more = index.between(start, upto, limit)
-        groups = await self.stories.groups(self.engine.store, index, agent_id, first, end)
+        groups = await self.stories.groups(self.log, index, agent_id, first, end)
         return _json(answer(StoryJson, {
             "agentId": agent_id, "from": start, "to": upto, "more": more,
             "groups": [group_json(g) for g in groups]}))
@@ -69,7 +69,7 @@ class StoryRoutes(Routes):
                            "one), not both", field="after")
         after = _position_param(query, "after", 0, last) if "after" in query else None
         before = _position_param(query, "before", 0, last + 1) if "before" in query else None
-        index = await self.stories.index(self.engine.store, self.engine.reader, agent_id)
+        index = await self.stories.index(self.log, self.engine.reader, agent_id)
         return _json(answer(FoundJson, {
             "agentId": agent_id, "kind": kind, "position": index.jump(kind, after, before)}))
 
@@ -86,7 +86,7 @@ class StoryRoutes(Routes):
         gate_state = None
         if gate is not None and state.active is not None:  # only a run asks for slots
             gate_state = (await self.gate_replays.at(
-                self.engine.store, self.engine.reader, gate.stream, position)).state
+                self.log, self.engine.reader, gate.stream, position)).state
         view = gate_json(agent_id, None if gate is None else gate.provider, gate_state)
         return _json(answer(MomentJson, moment_json(state, view, position, folded)))
 
