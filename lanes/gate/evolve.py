@@ -259,6 +259,14 @@ def _freed(state: GateState, event: SlotFreed) -> None:
         _unwait(state, slot_id)
         return
     _unlease(state, slot_id)
+    index = state.index
+    if index.held is not None:  # (see `GateIndex.held`)
+        finish = index.between.get(lease.agent_id)
+        if finish is not None and (finish, lease.agent_id) <= index.held_key:
+            if event.by is not RELEASED:
+                index.held = None  # it counted no more at once
+            elif state.now + FAIR_GRACE_MS < index.held_until:
+                index.held_until = state.now + FAIR_GRACE_MS  # it counts until its grace ends
     if event.by is RELEASED:
         state.shares[lease.agent_id].released_at = state.now
         graced = state.index.graced
@@ -369,4 +377,5 @@ def _spend_limit(state: GateState, event: SpendLimitReached) -> None:
 def _limits(state: GateState, event: GateLimitsApplied) -> None:
     state.limits = event.limits
     state.index.limits = HotLimits.of(event.limits)
+    state.index.held = None
     state.index.head_known = False  # the aging may have changed

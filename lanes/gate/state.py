@@ -211,6 +211,15 @@ class GateIndex:
     graced: deque[tuple[int, str]] = field(default_factory=deque)
     """(end of the release's grace, agent id) per release, in time order; an entry is
     current while it is its agent's latest release (`Share.released_at`)."""
+    held: Waiting | None = None
+    """A request the fair hold held under the RPM alone (`_held_rpm`), which stays held
+    while ``held_until`` is later than the clock and no agent at or before ``held_key`` in
+    `behind` has left it (so that `fits` need not walk `behind` again)."""
+    held_until: int = 0
+    """The earliest time the hold may end by itself: a grant leaves the window, or the
+    grace of an agent it counted ends."""
+    held_key: tuple[int, str] = (0, "")
+    """The (finish tag, agent id) in `behind` where the hold was found."""
 
     @classmethod
     def of(cls, state: GateState) -> GateIndex:
@@ -293,8 +302,10 @@ def leave_between(index: GateIndex, agent_id: str) -> None:
     """Count an agent as no longer between calls."""
     finish = index.between.pop(agent_id, None)
     if finish is not None:
-        behind = index.behind
-        del behind[bisect_left(behind, (finish, agent_id))]
+        behind, key = index.behind, (finish, agent_id)
+        del behind[bisect_left(behind, key)]
+        if index.held is not None and key <= index.held_key:
+            index.held = None  # one it counted left: the hold may end
 
 
 def index_waiting(index: GateIndex, entry: Waiting) -> None:
@@ -451,32 +462,45 @@ def _hold(state: GateState, entry: Waiting, requests: int, inputs: int, outputs:
         limits.output_tokens_per_minute,
         limits.max_concurrent,
     )
-    leases_of, graced_from = index.leases_of, state.now - FAIR_GRACE_MS
-    rank = RANK[entry.priority]
-    if itpm is None and otpm is None and cap is None:
-        if rpm is None:
-            return None
-        # Only the requests can run out (the other rooms are endless): the same walk, cheaper.
-        room = rpm - requests - 1
-        for finish, agent_id in index.behind:
-            if finish >= tag:
-                break
-            share = shares[agent_id]
-            if share.rank != rank:
-                continue  # (between classes, priority decides)
-            if agent_id not in leases_of:
-                released = share.released_at
-                if released is None or released <= graced_from:
-                    continue  # no longer between calls
-            size = share.input_tokens + share.output_tokens
-            room -= -(-(tag - finish) // size) if size > 0 else 1  # calls, rounded up
-            if room < 0:
-                return agent_id
+    if rpm is None and itpm is None and otpm is None and cap is None:
         return None
     room_requests = NEVER if rpm is None else rpm - requests - 1
     room_inputs = NEVER if itpm is None else itpm - inputs - entry.input_tokens
     room_outputs = NEVER if otpm is None else otpm - outputs - entry.output_tokens
     room_slots = NEVER if cap is None else cap - len(state.leases) - 1
+    leases_of, graced_from = index.leases_of, state.now - FAIR_GRACE_MS
+    rank = RANK[entry.priority]
+    for finish, agent_id in index.behind:
+        if finish >= tag:
+            break
+        share = shares[agent_id]
+        if share.rank != rank:
+            continue  # (between classes, priority decides)
+        if agent_id not in leases_of:
+            released = share.released_at
+            if released is None or released <= graced_from:
+                continue  # no longer between calls
+            room_slots -= 1
+        size = share.input_tokens + share.output_tokens
+        calls = -(-(tag - finish) // size) if size > 0 else 1  # (rounded up)
+        room_requests -= calls
+        room_inputs -= calls * share.input_tokens
+        room_outputs -= calls * share.output_tokens
+        if room_requests < 0 or room_inputs < 0 or room_outputs < 0 or room_slots < 0:
+            return agent_id
+    return None
+
+
+def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool:
+    """Whether the fair hold holds ``entry`` (`_hold`) on a gate whose only limit is the
+    RPM: the same walk, counting requests alone (the other rooms are endless), and what
+    it found kept in the index (`GateIndex.held`) for as long as it certainly holds."""
+    index, now = state.index, state.now
+    if index.held is entry and now < index.held_until:
+        return True
+    shares, tag, leases_of = state.shares, entry.tag, index.leases_of
+    graced_from, rank = now - FAIR_GRACE_MS, RANK[entry.priority]
+    room, until = rpm - requests - 1, NEVER
     for finish, agent_id in index.behind:
         if finish >= tag:
             break
@@ -487,15 +511,24 @@ def _hold(state: GateState, entry: Waiting, requests: int, inputs: int, outputs:
             released = share.released_at
             if released is None or released <= graced_from:
                 continue
-            room_slots -= 1
+            if released + FAIR_GRACE_MS < until:
+                until = released + FAIR_GRACE_MS  # (when its grace ends, it counts no more)
         size = share.input_tokens + share.output_tokens
-        calls = -(-(tag - finish) // size) if size > 0 else 1
-        room_requests -= calls
-        room_inputs -= calls * share.input_tokens
-        room_outputs -= calls * share.output_tokens
-        if room_requests < 0 or room_inputs < 0 or room_outputs < 0 or room_slots < 0:
-            return agent_id
-    return None
+        room -= -(-(tag - finish) // size) if size > 0 else 1  # calls, rounded up
+        if room < 0:
+            # Held until a grant counted now leaves the window (the room grows), a grace
+            # counted ends, or an agent counted leaves `behind` (`leave_between`) or its
+            # lease (`GateIndex.held` is updated there): nothing else makes the room larger
+            # or what the agents before this one need smaller.
+            horizon = now - WINDOW_MS
+            for charge in state.window:
+                if charge.at > horizon:
+                    if charge.at + WINDOW_MS < until:
+                        until = charge.at + WINDOW_MS
+                    break
+            index.held, index.held_until, index.held_key = entry, until, (finish, agent_id)
+            return True
+    return False
 
 
 def fits(state: GateState, entry: Waiting) -> bool:
@@ -536,6 +569,8 @@ def fits(state: GateState, entry: Waiting) -> bool:
     behind = state.index.behind
     if not behind or behind[0][0] >= entry.tag:
         return True  # nobody between calls comes before it
+    if rpm is not None and itpm is None and otpm is None and cap is None:
+        return not _held_rpm(state, entry, rpm, requests)
     return _hold(state, entry, requests, inputs, outputs) is None
 
 
