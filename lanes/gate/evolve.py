@@ -121,9 +121,12 @@ def _unwait(state: GateState, slot_id: str) -> Waiting:
     entry = waiting.pop(slot_id)
     entry.left = True
     index.head_known = False
-    agent_id = entry.agent_id
-    count_in(index.waiting_of, agent_id, -1)
-    if agent_id not in index.waiting_of:  # it may be between calls from now on
+    agent_id, waiting_of = entry.agent_id, index.waiting_of
+    n = waiting_of[agent_id] - 1  # (`count_in`, inlined)
+    if n:
+        waiting_of[agent_id] = n
+    else:  # it may be between calls from now on
+        del waiting_of[agent_id]
         join_between(index, agent_id, state.shares[agent_id].finish)
     rank = RANK[entry.priority]
     arrivals, fair, deadlines = index.arrivals[rank], index.fair[rank], index.deadlines
@@ -186,7 +189,9 @@ def _granted(state: GateState, event: SlotGranted) -> None:
     if why is not None:
         raise IllegalTransition(f"slot {event.slot_id} granted while {why}")
     _unwait(state, event.slot_id)
-    _prune_window(state)
+    window = state.window
+    if window and window[0].at <= state.now - WINDOW_MS:
+        _prune_window(state)
     charge = Charge(event.slot_id, state.now, entry.input_tokens, entry.output_tokens)
     state.window.append(charge)
     state.charges[event.slot_id] = charge

@@ -293,7 +293,8 @@ def count_in(counts: dict[str, int], agent_id: str, step: int) -> None:
 
 def join_between(index: GateIndex, agent_id: str, finish: int) -> None:
     """Count an agent as between calls, behind ``finish`` in the fair order."""
-    leave_between(index, agent_id)
+    if agent_id in index.between:
+        leave_between(index, agent_id)
     index.between[agent_id] = finish
     insort(index.behind, (finish, agent_id))
 
@@ -311,7 +312,8 @@ def leave_between(index: GateIndex, agent_id: str) -> None:
 def index_waiting(index: GateIndex, entry: Waiting) -> None:
     """Index a request that now waits."""
     index.head_known = False
-    count_in(index.waiting_of, entry.agent_id, 1)
+    waiting_of, agent_id = index.waiting_of, entry.agent_id
+    waiting_of[agent_id] = waiting_of.get(agent_id, 0) + 1  # (`count_in`, inlined)
     rank = RANK[entry.priority]
     index.arrivals[rank].append(entry)
     heappush(index.fair[rank], (entry.tag, entry.seq, entry))
