@@ -19,6 +19,9 @@ FAIR_GRACE_MS = 1_000
 """How long after a release an agent keeps its next call reserved (see `fair_hold`)."""
 NEVER = 1 << 63
 """Later than any time (ms since the epoch)."""
+HOLD_MARGIN = 4
+"""How far short of room `_held_rpm` counts a fair hold before it stops (if it may): the
+hold it keeps lasts until that many grants have left the window."""
 
 
 @dataclass(slots=True)
@@ -502,7 +505,7 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
         return True
     shares, tag, leases_of = state.shares, entry.tag, index.leases_of
     graced_from, rank = now - FAIR_GRACE_MS, RANK[entry.priority]
-    room, until = rpm - requests - 1, NEVER
+    room, until, key = rpm - requests - 1, NEVER, None
     for finish, agent_id in index.behind:
         if finish >= tag:
             break
@@ -518,19 +521,25 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
         size = share.input_tokens + share.output_tokens
         room -= -(-(tag - finish) // size) if size > 0 else 1  # calls, rounded up
         if room < 0:
-            # Held until a grant counted now leaves the window (the room grows), a grace
-            # counted ends, or an agent counted leaves `behind` (`leave_between`) or its
-            # lease (`GateIndex.held` is updated there): nothing else makes the room larger
-            # or what the agents before this one need smaller.
-            horizon = now - WINDOW_MS
-            for charge in state.window:
-                if charge.at > horizon:
-                    if charge.at + WINDOW_MS < until:
-                        until = charge.at + WINDOW_MS
-                    break
-            index.held, index.held_until, index.held_key = entry, until, (finish, agent_id)
-            return True
-    return False
+            key = finish, agent_id
+            if room <= -HOLD_MARGIN:
+                break  # (held: counting on makes the hold last longer, see below)
+    if key is None:
+        return False
+    # Held until as many grants counted now leave the window as the room is short (it
+    # grows by one each), a grace counted ends, or an agent counted leaves `behind`
+    # (`leave_between`) or its lease (`GateIndex.held` is updated there): nothing else
+    # makes the room larger or what the agents up to ``key`` need smaller.
+    horizon, short = now - WINDOW_MS, -room
+    for charge in state.window:
+        if charge.at > horizon:
+            short -= 1
+            if short == 0:
+                if charge.at + WINDOW_MS < until:
+                    until = charge.at + WINDOW_MS
+                break
+    index.held, index.held_until, index.held_key = entry, until, key
+    return True
 
 
 def fits(state: GateState, entry: Waiting) -> bool:
