@@ -25,6 +25,7 @@ from lanes.gate.events import (
     SlotReleaseIgnored,
     SpendLimitReached,
 )
+from lanes.gate.holds import _sharing, blocker
 from lanes.gate.state import (
     FAIR_GRACE_MS,
     RUN_MEMORY_MS,
@@ -36,8 +37,6 @@ from lanes.gate.state import (
     RunAttempts,
     Share,
     Waiting,
-    _sharing,
-    blocker,
     count_in,
     index_waiting,
     join_between,

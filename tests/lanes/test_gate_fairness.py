@@ -37,8 +37,9 @@ from lanes.gate.events import (
     SlotReleased,
     SlotRequested,
 )
+from lanes.gate.holds import _between_calls, _held_for, fits
 from lanes.gate.state import GateState as State
-from lanes.gate.state import Waiting, _between_calls, _held_for, fits
+from lanes.gate.state import Waiting
 from tests.lanes.test_gate import T0, GateBench, granted
 
 BASE_INPUT, BASE_OUTPUT = 1_000, 250

@@ -47,7 +47,7 @@ from lanes.gate.events import (
     SlotReleased,
     SlotRequested,
 )
-from lanes.gate.state import _between_calls, _exhausted, _held_for, fits
+from lanes.gate.holds import _between_calls, _exhausted, _held_for, fits
 from lanes.handlers import IllegalTransition
 from lanes.requests import RANK, Priority
 from tests.lanes.test_gate import T0, GateBench, names
