@@ -37,7 +37,6 @@ from lanes.gate.state import (
     RunAttempts,
     Share,
     Waiting,
-    count_in,
     index_waiting,
     join_between,
     leave_between,
@@ -154,7 +153,12 @@ def _unlease(state: GateState, slot_id: str) -> None:
     leases, heap = state.leases, state.index.leases
     lease = leases.pop(slot_id)
     lease.ended = True
-    count_in(state.index.leases_of, lease.agent_id, -1)
+    leases_of, agent_id = state.index.leases_of, lease.agent_id
+    n = leases_of[agent_id] - 1  # (`count_in`, inlined)
+    if n:
+        leases_of[agent_id] = n
+    else:
+        del leases_of[agent_id]
     if len(heap) > 2 * len(leases) + 64:
         heap[:] = [item for item in heap if not item[2].ended]
         heapify(heap)
@@ -208,7 +212,8 @@ def _granted(state: GateState, event: SlotGranted) -> None:
         event.lease_deadline,
     )
     heappush(state.index.leases, (lease.deadline, entry.seq, lease))
-    count_in(state.index.leases_of, entry.agent_id, 1)
+    leases_of = state.index.leases_of
+    leases_of[entry.agent_id] = leases_of.get(entry.agent_id, 0) + 1  # (`count_in`, inlined)
     share = state.shares[entry.agent_id]
     share.granted_at = state.now
     share.input_tokens, share.output_tokens = entry.input_tokens, entry.output_tokens
