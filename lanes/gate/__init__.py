@@ -65,15 +65,17 @@ The policy, in short:
   and tokens until a reset time) hold grants once what was granted since they were read
   would use them up.
 
-The files, as on the agent side: `events` (inputs and decisions), `state` (the state, what
-is derived from it, the status), `tables` (the breaker's rules), `decide`, `evolve`, and
-`replay` (the codec and `verify_gate`).
+The files, as on the agent side: `events` (inputs and decisions), `state` (the state and
+its index), `holds` (what holds a request: the limits, the fair order, the head of the
+line), `status` (what an operator sees), `tables` (the breaker's rules), `decide`,
+`evolve`, and `replay` (the codec and `verify_gate`).
 """
 
 from __future__ import annotations
 
 from lanes.gate.decide import backoff_ceiling, decide_gate, full_jitter, next_gate_due
 from lanes.gate.evolve import evolve_gate, fold_gate
+from lanes.gate.holds import blocker, blocking, fair_hold, next_in_line, unnamed
 from lanes.gate.replay import (
     GATE_CODEC,
     GATE_EVENT_TYPES,
@@ -87,20 +89,11 @@ from lanes.gate.state import (
     RANKS,
     RUN_MEMORY_MS,
     GateState,
-    GateStatus,
-    GateWait,
     HotLimits,
     Waiting,
-    WaitingAgent,
-    blocker,
-    blocking,
-    fair_hold,
-    gate_status,
-    gate_waits,
-    next_in_line,
-    unnamed,
     window_usage,
 )
+from lanes.gate.status import GateStatus, GateWait, WaitingAgent, gate_status, gate_waits
 from lanes.gate.tables import Breaker
 
 __all__ = [

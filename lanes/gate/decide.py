@@ -33,6 +33,7 @@ from lanes.gate.events import (
     SpendLimitReached,
 )
 from lanes.gate.evolve import EVOLVERS
+from lanes.gate.holds import blocker, fair_hold, fits, next_in_line
 from lanes.gate.state import (
     FAIR_GRACE_MS,
     NEVER,
@@ -40,10 +41,6 @@ from lanes.gate.state import (
     HotLimits,
     Lease,
     Waiting,
-    blocker,
-    fair_hold,
-    fits,
-    next_in_line,
 )
 from lanes.gate.tables import (
     CANCELLED,

@@ -25,6 +25,7 @@ from lanes.gate.events import (
     SlotReleaseIgnored,
     SpendLimitReached,
 )
+from lanes.gate.holds import _sharing, blocker
 from lanes.gate.state import (
     FAIR_GRACE_MS,
     RUN_MEMORY_MS,
@@ -36,9 +37,6 @@ from lanes.gate.state import (
     RunAttempts,
     Share,
     Waiting,
-    _sharing,
-    blocker,
-    count_in,
     index_waiting,
     join_between,
     leave_between,
@@ -121,9 +119,12 @@ def _unwait(state: GateState, slot_id: str) -> Waiting:
     entry = waiting.pop(slot_id)
     entry.left = True
     index.head_known = False
-    agent_id = entry.agent_id
-    count_in(index.waiting_of, agent_id, -1)
-    if agent_id not in index.waiting_of:  # it may be between calls from now on
+    agent_id, waiting_of = entry.agent_id, index.waiting_of
+    n = waiting_of[agent_id] - 1  # (`count_in`, inlined)
+    if n:
+        waiting_of[agent_id] = n
+    else:  # it may be between calls from now on
+        del waiting_of[agent_id]
         join_between(index, agent_id, state.shares[agent_id].finish)
     rank = RANK[entry.priority]
     arrivals, fair, deadlines = index.arrivals[rank], index.fair[rank], index.deadlines
@@ -152,7 +153,12 @@ def _unlease(state: GateState, slot_id: str) -> None:
     leases, heap = state.leases, state.index.leases
     lease = leases.pop(slot_id)
     lease.ended = True
-    count_in(state.index.leases_of, lease.agent_id, -1)
+    leases_of, agent_id = state.index.leases_of, lease.agent_id
+    n = leases_of[agent_id] - 1  # (`count_in`, inlined)
+    if n:
+        leases_of[agent_id] = n
+    else:
+        del leases_of[agent_id]
     if len(heap) > 2 * len(leases) + 64:
         heap[:] = [item for item in heap if not item[2].ended]
         heapify(heap)
@@ -186,7 +192,9 @@ def _granted(state: GateState, event: SlotGranted) -> None:
     if why is not None:
         raise IllegalTransition(f"slot {event.slot_id} granted while {why}")
     _unwait(state, event.slot_id)
-    _prune_window(state)
+    window = state.window
+    if window and window[0].at <= state.now - WINDOW_MS:
+        _prune_window(state)
     charge = Charge(event.slot_id, state.now, entry.input_tokens, entry.output_tokens)
     state.window.append(charge)
     state.charges[event.slot_id] = charge
@@ -204,7 +212,8 @@ def _granted(state: GateState, event: SlotGranted) -> None:
         event.lease_deadline,
     )
     heappush(state.index.leases, (lease.deadline, entry.seq, lease))
-    count_in(state.index.leases_of, entry.agent_id, 1)
+    leases_of = state.index.leases_of
+    leases_of[entry.agent_id] = leases_of.get(entry.agent_id, 0) + 1  # (`count_in`, inlined)
     share = state.shares[entry.agent_id]
     share.granted_at = state.now
     share.input_tokens, share.output_tokens = entry.input_tokens, entry.output_tokens
@@ -259,6 +268,14 @@ def _freed(state: GateState, event: SlotFreed) -> None:
         _unwait(state, slot_id)
         return
     _unlease(state, slot_id)
+    index = state.index
+    if index.held is not None:  # (see `GateIndex.held`)
+        finish = index.between.get(lease.agent_id)
+        if finish is not None and (finish, lease.agent_id) <= index.held_key:
+            if event.by is not RELEASED:
+                index.held = None  # it counted no more at once
+            elif state.now + FAIR_GRACE_MS < index.held_until:
+                index.held_until = state.now + FAIR_GRACE_MS  # it counts until its grace ends
     if event.by is RELEASED:
         state.shares[lease.agent_id].released_at = state.now
         graced = state.index.graced
@@ -369,4 +386,5 @@ def _spend_limit(state: GateState, event: SpendLimitReached) -> None:
 def _limits(state: GateState, event: GateLimitsApplied) -> None:
     state.limits = event.limits
     state.index.limits = HotLimits.of(event.limits)
+    state.index.held = None
     state.index.head_known = False  # the aging may have changed

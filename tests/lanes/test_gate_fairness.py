@@ -5,7 +5,9 @@ grant ever exceeds a limit, and capacity is never left unused for nothing."""
 from __future__ import annotations
 
 import heapq
+import random
 from dataclasses import dataclass, field
+from unittest.mock import patch
 
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -28,13 +30,16 @@ from lanes.gate.events import (
     GateLimits,
     GateLimitsChanged,
     GateTimer,
+    SlotCancelled,
     SlotFreed,
     SlotGranted,
     SlotRefused,
     SlotReleased,
     SlotRequested,
 )
-from lanes.gate.state import _between_calls, _held_for
+from lanes.gate.holds import _between_calls, _held_for, fits
+from lanes.gate.state import GateState as State
+from lanes.gate.state import Waiting
 from tests.lanes.test_gate import T0, GateBench, granted
 
 BASE_INPUT, BASE_OUTPUT = 1_000, 250
@@ -270,6 +275,62 @@ def test_nothing_that_fits_waits_unless_an_agent_with_fewer_tokens_is_between_ca
     latencies = latencies[: len(sizes)]
     sim = Checked(binding_limits(binding, sizes, latencies), sizes, latencies)
     sim.run(minutes=5)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    agents=st.integers(min_value=2, max_value=16),
+    rpm=st.integers(min_value=5, max_value=100),
+    max_wait_ms=st.sampled_from([5_000, 600_000]),
+    seed=st.integers(min_value=0, max_value=2**16),
+    ends=st.lists(st.sampled_from(["release", "cancel", "pause"]), min_size=7, max_size=7),
+)
+def test_the_grant_path_answers_what_the_limits_and_the_fair_hold_say(
+    agents: int, rpm: int, max_wait_ms: int, seed: int, ends: list[str]
+) -> None:
+    """At every request the grant path asks about, under the RPM alone (where it keeps a
+    hold it found instead of walking the agents between calls again, `GateIndex.held`),
+    `fits` says what `blocker` and `_held_for` say: agents whose calls vary in size and
+    length, ending released or cancelled, asking again at once or after their grace, some
+    waiting past their bound."""
+    asked = 0
+    rng = random.Random(seed)
+
+    def checked(state: State, entry: Waiting) -> bool:
+        nonlocal asked
+        asked += 1
+        answer = fits(state, entry)
+        assert answer == (blocker(state, entry) is None and _held_for(state, entry) is None)
+        return answer
+
+    class Varied(Saturated):
+        def ask(self, agent: int) -> None:
+            self.sizes[agent] = rng.choice([1, 2, 3, 4])
+            self.latencies[agent] = rng.randint(500, 3_000)
+            super().ask(agent)
+
+        def release(self, agent: int) -> None:
+            end = ends[self.seq % len(ends)]
+            if end == "release":
+                super().release(agent)
+                return
+            lease = next(lease for lease in self.state.leases.values()
+                         if lease.agent_id == f"agent_{agent}")
+            self.in_flight -= 1
+            if end == "cancel":
+                self.feed(SlotCancelled(at=self.now, slot_id=lease.slot_id))
+                self.ask(agent)
+            else:  # released, and back after its grace
+                self.feed(SlotReleased(at=self.now, slot_id=lease.slot_id,
+                                       outcome=CallOutcome.OK))
+                self.push(self.now + rng.randint(FAIR_GRACE_MS // 2, 3 * FAIR_GRACE_MS),
+                          "ask", agent)
+
+    limits = GateLimits(requests_per_minute=rpm, max_wait_ms=max_wait_ms)
+    sim = Varied(limits, [1] * agents, [1_000] * agents)
+    with patch("lanes.gate.decide.fits", checked):
+        sim.run(minutes=3)
+    assert asked
 
 
 def test_a_hold_for_an_agent_that_does_not_call_again_ends_with_its_grace() -> None:

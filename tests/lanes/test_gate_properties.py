@@ -47,7 +47,7 @@ from lanes.gate.events import (
     SlotReleased,
     SlotRequested,
 )
-from lanes.gate.state import _between_calls, _exhausted
+from lanes.gate.holds import _between_calls, _exhausted, _held_for, fits
 from lanes.handlers import IllegalTransition
 from lanes.requests import RANK, Priority
 from tests.lanes.test_gate import T0, GateBench, names
@@ -407,6 +407,13 @@ def check_index(state: GateState) -> None:
     assert all(lease is state.leases[lease.slot_id] for _, _, lease in leases if not lease.ended)
     assert not leases or (leases[0] == min(leases) and not leases[0][2].ended)
     assert next_in_line(state) is naive_next_in_line(state)
+    held = index.held  # a hold kept in the index is one the walk finds
+    if held is not None and not held.left and state.now < index.held_until:
+        assert _held_for(state, held) is not None
+    head = next_in_line(state)
+    if head is not None:  # the grant path's one pass answers what the reasons say
+        assert fits(state, head) == (blocker(state, head) is None and
+                                     _held_for(state, head) is None)
     if _exhausted(state):  # the shortcut is sound: nothing waiting could be granted
         assert all(blocker(state, entry) is not None for entry in state.waiting.values())
     times = {state.now, state.not_before, state.breaker_until}
