@@ -70,6 +70,14 @@ def lighten(item: pytest.Item) -> None:
         test._hypothesis_internal_use_settings = settings(own, max_examples=FAST_EXAMPLES)
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m fast`` the folders and files outside the layer are not even imported."""
+    if config.getoption("markexpr") != "fast" or collection_path.parent != TESTS:
+        return None
+    outside = collection_path.is_dir() or collection_path.name.startswith("test_")
+    return True if outside and collection_path.name not in FAST else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the fast layer; under the fast profile, lightens every hypothesis test."""
     fast_profile = settings.get_current_profile_name() == "fast"
