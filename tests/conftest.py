@@ -3,7 +3,8 @@ throwaway PostgreSQL server for the session with a fresh database per test.
 
 The fast layer (marker ``fast``, given here by folder) is the pure and in-process tests:
 ``uv run pytest -m fast --hypothesis-profile=fast`` is the quick local loop. A test is left out
-of it if it is slow, needs PostgreSQL, or starts a process or serves on a socket. CI runs
+of it if it is slow, needs PostgreSQL, starts a process or serves on a socket, or takes
+over a second alone. CI runs
 every test with hypothesis' own profile, whatever the marker.
 
 Tests that need PostgreSQL are skipped where its binaries are missing, unless
@@ -33,10 +34,16 @@ TESTS = Path(__file__).resolve().parent
 FAST = ("lanes", "store", "gateway", "replay", "service", "test_architecture.py")
 """Where the fast layer's tests live (folders and files under tests/)."""
 NOT_FAST = (
+    # not in-process
     "service/test_providers.py",  # the official SDKs against a fake provider served by uvicorn
     "replay/test_snapshots.py::test_a_snapshot_folded_by_a_worker_process",  # a worker process
+    # in-process, but over a second each on a quiet machine
+    "lanes/test_gate_fairness.py::test_a_saturated_gate_uses_nearly_all_its_binding_limit",
+    "gateway/test_replays.py::test_an_agent_at_every_position_is_its_plain_replay",
+    "gateway/test_stories.py::test_groups_and_jumps_are_the_ones_a_scan_of_the_whole_stream",
+    "store/test_sqlite.py::test_the_writer_writes_big_and_many_appends_back_to_back",
 )
-"""Tests in those places that are not in-process (a prefix of the test's id under tests/)."""
+"""Tests in those folders that are not in the layer (a prefix of the test's id under tests/)."""
 POSTGRES = {"postgres_binaries", "postgres_server", "new_database", "postgres_url"}
 
 FAST_EXAMPLES = 20
