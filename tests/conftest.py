@@ -3,9 +3,8 @@ throwaway PostgreSQL server for the session with a fresh database per test.
 
 The fast layer (marker ``fast``, given here by folder) is the pure and in-process tests:
 ``uv run pytest -m fast --hypothesis-profile=fast`` is the quick local loop. A test is left out
-of it if it is slow, needs PostgreSQL, starts a process or serves on a socket, or takes
-over a second alone. CI runs
-every test with hypothesis' own profile, whatever the marker.
+of it if it is slow, needs PostgreSQL, starts a process or serves on a socket, or takes over
+a second alone. CI runs every test with hypothesis' own profile, whatever the marker.
 
 Tests that need PostgreSQL are skipped where its binaries are missing, unless
 ``POSTGRES_TESTS_REQUIRED`` is set (CI sets it): then they fail.
