@@ -3,8 +3,8 @@ throwaway PostgreSQL server for the session with a fresh database per test.
 
 The fast layer (marker ``fast``, given here by folder) is the pure and in-process tests:
 ``uv run pytest -m fast --hypothesis-profile=fast`` is the quick local loop. A test is left out
-of it if it is slow, needs PostgreSQL, or starts a process or serves on a socket. CI runs
-every test with hypothesis' own profile, whatever the marker.
+of it if it is slow, needs PostgreSQL, starts a process or serves on a socket, or takes over
+a second alone. CI runs every test with hypothesis' own profile, whatever the marker.
 
 Tests that need PostgreSQL are skipped where its binaries are missing, unless
 ``POSTGRES_TESTS_REQUIRED`` is set (CI sets it): then they fail.
@@ -33,10 +33,16 @@ TESTS = Path(__file__).resolve().parent
 FAST = ("lanes", "store", "gateway", "replay", "service", "test_architecture.py")
 """Where the fast layer's tests live (folders and files under tests/)."""
 NOT_FAST = (
+    # not in-process
     "service/test_providers.py",  # the official SDKs against a fake provider served by uvicorn
     "replay/test_snapshots.py::test_a_snapshot_folded_by_a_worker_process",  # a worker process
+    # in-process, but over a second each on a quiet machine
+    "lanes/test_gate_fairness.py::test_a_saturated_gate_uses_nearly_all_its_binding_limit",
+    "gateway/test_replays.py::test_an_agent_at_every_position_is_its_plain_replay",
+    "gateway/test_stories.py::test_groups_and_jumps_are_the_ones_a_scan_of_the_whole_stream",
+    "store/test_sqlite.py::test_the_writer_writes_big_and_many_appends_back_to_back",
 )
-"""Tests in those places that are not in-process (a prefix of the test's id under tests/)."""
+"""Tests in those folders that are not in the layer (a prefix of the test's id under tests/)."""
 POSTGRES = {"postgres_binaries", "postgres_server", "new_database", "postgres_url"}
 
 FAST_EXAMPLES = 20
@@ -68,6 +74,14 @@ def lighten(item: pytest.Item) -> None:
     own = getattr(test, "_hypothesis_internal_use_settings", None)
     if test is not None and isinstance(own, settings) and own.max_examples > FAST_EXAMPLES:
         test._hypothesis_internal_use_settings = settings(own, max_examples=FAST_EXAMPLES)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m fast`` the folders and files outside the layer are not even imported."""
+    if config.getoption("markexpr") != "fast" or collection_path.parent != TESTS:
+        return None
+    outside = collection_path.is_dir() or collection_path.name.startswith("test_")
+    return True if outside and collection_path.name not in FAST else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
