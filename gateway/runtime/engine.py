@@ -214,9 +214,10 @@ class Engine:
     def _quiet(self) -> bool:
         """Whether the live states are exactly the fold of the log up to the last commit,
         with no sub-agent call on its way: nothing decided is uncommitted, no agent is being
-        rebuilt, no call is being delivered."""
-        return not (self._in_flight or self._rebuilds or self.calls.deliveries
-                    or self.intake.open)
+        rebuilt, no call is being delivered. Never beside other processes: the engine holds
+        only some of the agents then, so its states are not the fold of the log."""
+        return self.elsewhere is None and not (
+            self._in_flight or self._rebuilds or self.calls.deliveries or self.intake.open)
 
     def _live_fold(self) -> LogFold:
         states = {agent_id: agent.state for agent_id, agent in self._agents.items()}
@@ -250,7 +251,7 @@ class Engine:
                 log.error("stopping with controls of %s that could not be stored (the event "
                           "log refused them): %s; send them again after the restart",
                           agent.agent_id, ", ".join(agent.controls.held))
-        final = graceful and not calls_cut_off and self._quiet() and self.elsewhere is None
+        final = graceful and not calls_cut_off and self._quiet()
         await self.snapshots.close(self._live_fold() if final else None)
         await self.store.close()
 

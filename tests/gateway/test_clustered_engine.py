@@ -158,3 +158,23 @@ async def test_a_stream_whose_lease_is_held_but_not_owned_is_taken_up_again() ->
     finally:
         await member.stop()
         await engine.stop()
+
+
+async def test_an_engine_beside_others_never_stores_a_snapshot_of_the_agents_it_holds() -> None:
+    """It holds only some agents: a snapshot of its states would lose the others' at the
+    next start (only a worker process, folding the whole log, may store one then)."""
+    store, clock, reasoner = Flaky(), FakeClock(), ManualReasoner()
+    engine = Engine(store, {"a": AgentConfig(mode=Mode.FOLLOWUP), "b": AgentConfig()},
+                    clock=clock, reasoners=lambda _: reasoner, elsewhere=router(),
+                    snapshot_every=1)
+    await engine.start()
+    try:
+        await store.join("m1", 600_000)
+        fence = Fence("m1", (await store.acquire("m1", ["a"]))["a"])
+        engine.holding.load("a", await store.read_stream("a"), fence)
+        for n in range(3):
+            await asyncio.wait_for(engine.submit(request("a", dedupeKey=f"k{n}")), TIMEOUT)
+        await engine.flush()
+    finally:
+        await engine.stop()
+    assert await store.snapshots() == []
