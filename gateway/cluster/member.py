@@ -189,8 +189,10 @@ class Cluster:
         self._wakeup.set()
 
     def fenced(self, stream: str) -> None:
-        """An append of ``stream`` was fenced: it is someone else's; look again now."""
+        """An append of ``stream`` was fenced: it is someone else's (the engine or the gate
+        dropped it); its replica is read again, and the leases looked at now."""
         self._fences.pop(stream, None)
+        self.replicas.refresh(stream)
         self.poke()
 
     async def _run(self) -> None:

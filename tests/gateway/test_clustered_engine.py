@@ -19,7 +19,7 @@ from lanes import AgentConfig, Mode
 from lanes import replay as fold
 from lanes.events import RunAborted, RunStarted
 from store import Append, Fence, WriteFailed
-from tests.gateway.support import ManualReasoner, request
+from tests.gateway.support import ManualReasoner, request, until
 from tests.gateway.test_core import Flaky
 
 TIMEOUT = 5.0
@@ -178,3 +178,31 @@ async def test_an_engine_beside_others_never_stores_a_snapshot_of_the_agents_it_
     finally:
         await engine.stop()
     assert await store.snapshots() == []
+
+
+async def test_an_agent_whose_append_was_fenced_reads_as_the_log_says() -> None:
+    """Fenced (another member holds its lease now), the agent leaves the engine and its
+    replica is read from the log again: no reader is shown the state it had before it was
+    taken, nor the decisions of the refused append."""
+    store, clock, reasoner = Flaky(), FakeClock(), ManualReasoner()
+    through = router()
+    engine = await clustered(store, clock, reasoner, through)
+    member = Cluster(engine, through, "http://127.0.0.1:1", lease_ms=600_000, clock=clock)
+    await member.start()
+    try:
+        await asyncio.wait_for(engine.submit(request("a")), TIMEOUT)
+        await store.leave(member.member)  # its leases go to another member
+        await store.join("m2", 600_000)
+        assert "a" in await store.acquire("m2", ["a"])
+        with pytest.raises(NotOwner):
+            await asyncio.wait_for(engine.submit(request("a")), TIMEOUT)
+        assert engine.loaded == []
+        version = (await store.read_stream("a"))[-1].version
+
+        async def caught_up() -> bool:
+            return engine.state("a").version == version
+
+        await until(caught_up, "the replica of the fenced agent read from the log")
+    finally:
+        await member.stop()
+        await engine.stop()
