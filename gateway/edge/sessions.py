@@ -214,18 +214,22 @@ class Session:
                                         and len(raw.encode()) > limit):
                     raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
                                    "bytes; split it")
+                frame = None
                 if self.endpoint == "feed":
+                    # One turn of the pacer reads, admits and (most often) validates a frame.
                     async with self.service.pacer.turn():
                         data = load_json(raw)
-                    if isinstance(data, dict) and data.get("type") in WORK_TYPES:
-                        retry = self.service.intake.admit(self)
-                        if retry is not None:  # nothing taken: the client sends it later
-                            await self._send(BusyFrame(id=_frame_id(data),
-                                                       retry_after_ms=retry))
-                            continue
+                        retry = self.service.intake.admit(self) if isinstance(data, dict) \
+                            and data.get("type") in WORK_TYPES else None
+                        if retry is None and not _stepped(data):
+                            frame = _validate_frame(data)
+                    if retry is not None:  # nothing taken: the client sends it later
+                        await self._send(BusyFrame(id=_frame_id(data), retry_after_ms=retry))
+                        continue
                 else:
                     data = load_json(raw)
-                frame = await self._validate(data)
+                if frame is None:
+                    frame = await self._validate(data)
             except (BadFrame, InvalidRequest) as error:
                 self.bad_frames += 1
                 await self._send(error_frame(error, id=_guess_id(raw)))
@@ -254,27 +258,14 @@ class Session:
         self.drained.set()
 
     async def _validate(self, data: Any) -> Any:
-        """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`)."""
-        if not isinstance(data, dict):
-            raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
-        kind = data.get("type")
-        if kind not in CLIENT_TYPES:
-            raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
-                           f"{', '.join(CLIENT_TYPES)}", field="type")
-        batch = BATCHES.get(kind)
-        items = data.get(batch[0]) if batch is not None else None
-        if batch is not None and isinstance(items, list) and \
-                VALIDATE_STEP < len(items) <= MAX_BATCH:
-            data = {**data, batch[0]: await _validate_items(batch[0], batch[1], items,
-                                                            self._turn)}
-        try:
-            async with self._turn():
-                return CLIENT_FRAME.validate_python(data)
-        except ValidationError as error:
-            invalid = InvalidRequest.from_validation_error(error)
-            # Drop the frame type pydantic puts first in each location ("submit.request...").
-            raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
-                                  for e in invalid.errors]) from None
+        """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`); the
+        items of a big batch `VALIDATE_STEP` at a time, each step in a turn."""
+        if _stepped(data):
+            batch = BATCHES[data["type"]]
+            data = {**data, batch[0]: await _validate_items(batch[0], batch[1],
+                                                            data[batch[0]], self._turn)}
+        async with self._turn():
+            return _validate_frame(data)
 
     def _turn(self) -> contextlib.AbstractAsyncContextManager[None]:
         """A turn of the pacer for a feed connection's work; nothing to wait for otherwise."""
@@ -549,6 +540,35 @@ BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
     "market": ("events", TypeAdapter(MarketEvent)),
 }
 """The list member of each batch frame and the model of its items."""
+
+
+def _stepped(data: Any) -> bool:
+    """Whether a frame's JSON value is a batch whose items are validated in steps (more
+    than `VALIDATE_STEP` of them, and not more than a frame may carry)."""
+    if not isinstance(data, dict):
+        return False
+    kind = data.get("type")
+    batch = BATCHES.get(kind) if isinstance(kind, str) else None
+    items = data.get(batch[0]) if batch is not None else None
+    return isinstance(items, list) and VALIDATE_STEP < len(items) <= MAX_BATCH
+
+
+def _validate_frame(data: Any) -> Any:
+    """The client frame of a frame's JSON value, validated at once (`InvalidRequest` /
+    `BadFrame`)."""
+    if not isinstance(data, dict):
+        raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
+    kind = data.get("type")
+    if kind not in CLIENT_TYPES:
+        raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
+                       f"{', '.join(CLIENT_TYPES)}", field="type")
+    try:
+        return CLIENT_FRAME.validate_python(data)
+    except ValidationError as error:
+        invalid = InvalidRequest.from_validation_error(error)
+        # Drop the frame type pydantic puts first in each location ("submit.request...").
+        raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
+                              for e in invalid.errors]) from None
 
 
 async def _validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any],
