@@ -7,13 +7,14 @@ version upcasts it first, and data of a newer version is refused rather than hal
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
 from lanes.config import STORED
 from lanes.events import DECISION_TYPES, INPUT_TYPES, WRITTEN_WHEN_SET, Event
+from lanes.repeatable import reads_back
 from lanes.upcast import AGENT_UPCASTERS, VERSION_KEY, UnknownEventVersion, Upcaster, Upcasters
 
 E = TypeVar("E")
@@ -80,7 +81,11 @@ def first_difference(given: Any, read: Any, path: str = "") -> str | None:
 class Codec(Generic[E]):
     """Encodes and decodes one family of event classes (agents', providers')."""
 
-    def __init__(self, classes: Iterable[type[Any]], upcasters: Iterable[Upcaster] = ()) -> None:
+    def __init__(self, classes: Iterable[type[Any]], upcasters: Iterable[Upcaster] = (),
+                 reads_back: Callable[[Any], bool] | None = None) -> None:
+        """``reads_back`` tells events known to `decode` back equal by construction
+        (`lanes.repeatable`): `encode_checked` spares them the round trip."""
+        self._reads_back = reads_back
         self.types: dict[str, type[Any]] = {cls.__name__: cls for cls in classes}
         self.upcasters = Upcasters(upcasters)
         unknown = sorted(set(self.upcasters.versions) - set(self.types))
@@ -117,7 +122,10 @@ class Codec(Generic[E]):
 
     def encode_checked(self, event: E) -> tuple[str, str]:
         """`encode`, refusing (`Unrepeatable`) an event that would not `decode` back equal:
-        the one rule that keeps every stored event readable, applied before it is stored."""
+        the one rule that keeps every stored event readable, applied before it is stored.
+        An event the codec's ``reads_back`` knows to read back equal is only encoded."""
+        if self._reads_back is not None and self._reads_back(event):
+            return self.encode(event)
         try:
             name, text = self.encode(event)
         except ValueError as error:  # surrogates, say: not encodable at all
@@ -181,7 +189,7 @@ class Codec(Generic[E]):
         return event
 
 
-AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES, AGENT_UPCASTERS)
+AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES, AGENT_UPCASTERS, reads_back)
 EVENT_TYPES = AGENT_CODEC.types
 encode = AGENT_CODEC.encode
 encode_checked = AGENT_CODEC.encode_checked

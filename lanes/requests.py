@@ -172,38 +172,9 @@ class AgentRequest(WireModel):
     @field_validator("payload")
     @classmethod
     def _payload_fits_kind(cls, payload: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        kind = info.data.get("kind")
-        if kind == Kind.USER_CONTROL:
-            action = payload.get("action")
-            if "action" not in payload:
-                if not isinstance(payload.get("message"), str):
-                    raise ValueError(
-                        "a user_control payload needs an 'action' "
-                        f"({', '.join(a.value for a in ControlAction)}) or a 'message' string"
-                    )
-            elif action not in ControlAction.__members__.values():
-                raise ValueError(
-                    f"unknown action {action!r}; expected one of "
-                    f"{', '.join(a.value for a in ControlAction)}"
-                )
-            elif action == ControlAction.CANCEL_ORDER and not isinstance(
-                payload.get("orderId"), str
-            ):
-                raise ValueError("cancel_order needs an 'orderId' string")
-        elif kind == Kind.AGENT_CALL and "depth" in payload:
-            depth = payload["depth"]
-            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-                raise ValueError("'depth' must be an integer >= 1")
-        elif kind == Kind.CALL_RESULT:
-            if not isinstance(payload.get("callId"), str) and not isinstance(
-                    payload.get("results"), list):
-                raise ValueError("a call_result payload needs a 'callId' string (one result) "
-                                 "or a 'results' list")
-            depth = payload.get("depth", 0)
-            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-                raise ValueError("'depth' must be an integer >= 0")
-        elif kind == Kind.CALL_CANCEL and not isinstance(payload.get("callId"), str):
-            raise ValueError("a call_cancel payload needs a 'callId' string")
+        problem = payload_problem(info.data.get("kind"), payload)
+        if problem is not None:
+            raise ValueError(problem)
         return payload
 
     @property
@@ -222,6 +193,37 @@ class AgentRequest(WireModel):
         if self.kind is Kind.CALL_RESULT:
             return int(self.payload.get("depth", 0))
         return 0
+
+
+def payload_problem(kind: Any, payload: dict[str, Any]) -> str | None:
+    """What a payload lacks for a request of ``kind``, if anything."""
+    if kind == Kind.USER_CONTROL:
+        action = payload.get("action")
+        if "action" not in payload:
+            if not isinstance(payload.get("message"), str):
+                return ("a user_control payload needs an 'action' "
+                        f"({', '.join(a.value for a in ControlAction)}) or a 'message' string")
+        elif action not in ControlAction.__members__.values():
+            return (f"unknown action {action!r}; expected one of "
+                    f"{', '.join(a.value for a in ControlAction)}")
+        elif action == ControlAction.CANCEL_ORDER and not isinstance(payload.get("orderId"),
+                                                                     str):
+            return "cancel_order needs an 'orderId' string"
+    elif kind == Kind.AGENT_CALL and "depth" in payload:
+        depth = payload["depth"]
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+            return "'depth' must be an integer >= 1"
+    elif kind == Kind.CALL_RESULT:
+        if not isinstance(payload.get("callId"), str) and not isinstance(
+                payload.get("results"), list):
+            return ("a call_result payload needs a 'callId' string (one result) or a "
+                    "'results' list")
+        depth = payload.get("depth", 0)
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            return "'depth' must be an integer >= 0"
+    elif kind == Kind.CALL_CANCEL and not isinstance(payload.get("callId"), str):
+        return "a call_cancel payload needs a 'callId' string"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,20 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from gateway.base.process import loop_factory
 from store import migrate, pg_server
+
+if os.environ.get("GATEWAY_TEST_LOOP") == "uvloop":
+    def pytest_asyncio_loop_factories(
+            config: pytest.Config, item: pytest.Item
+    ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+        """With ``GATEWAY_TEST_LOOP=uvloop`` the async tests run on uvloop, as `gateway serve`
+        does on Linux (``GATEWAY_TEST_LOOP=uvloop uv run pytest tests/faults``); else on
+        asyncio's loop."""
+        factory = loop_factory("uvloop")
+        assert factory is not None
+        return {"uvloop": factory}
+
 
 TEMPLATE = "gateway_template"
 """A database migrated to head once per session; each test's databases are copies of it."""

@@ -32,28 +32,44 @@ BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
 """The list member of each batch frame and the model of its items."""
 
 
-async def validate_frame(data: Any, turn: Turn) -> Any:
-    """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`); the work is
-    done in ``turn``s."""
+def stepped(data: Any) -> bool:
+    """Whether a frame's JSON value is a batch whose items are validated in steps (more
+    than `VALIDATE_STEP` of them, and not more than a frame may carry)."""
+    if not isinstance(data, dict):
+        return False
+    kind = data.get("type")
+    batch = BATCHES.get(kind) if isinstance(kind, str) else None
+    items = data.get(batch[0]) if batch is not None else None
+    return isinstance(items, list) and VALIDATE_STEP < len(items) <= MAX_BATCH
+
+
+def validate_now(data: Any) -> Any:
+    """The client frame of a frame's JSON value, validated at once (`InvalidRequest` /
+    `BadFrame`)."""
     if not isinstance(data, dict):
         raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
     kind = data.get("type")
     if kind not in CLIENT_TYPES:
         raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
                        f"{', '.join(CLIENT_TYPES)}", field="type")
-    batch = BATCHES.get(kind)
-    items = data.get(batch[0]) if batch is not None else None
-    if batch is not None and isinstance(items, list) and \
-            VALIDATE_STEP < len(items) <= MAX_BATCH:
-        data = {**data, batch[0]: await validate_items(batch[0], batch[1], items, turn)}
     try:
-        async with turn():
-            return CLIENT_FRAME.validate_python(data)
+        return CLIENT_FRAME.validate_python(data)
     except ValidationError as error:
         invalid = InvalidRequest.from_validation_error(error)
         # Drop the frame type pydantic puts first in each location ("submit.request...").
         raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
                               for e in invalid.errors]) from None
+
+
+async def validate_frame(data: Any, turn: Turn) -> Any:
+    """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`); the items
+    of a big batch `VALIDATE_STEP` at a time, each step in a ``turn``."""
+    if stepped(data):
+        batch = BATCHES[data["type"]]
+        data = {**data, batch[0]: await validate_items(batch[0], batch[1], data[batch[0]],
+                                                        turn)}
+    async with turn():
+        return validate_now(data)
 
 
 async def validate_items(name: str, adapter: TypeAdapter[Any], items: list[Any],

@@ -26,7 +26,9 @@ from gateway.edge.frames import (
     frame_id,
     guess_id,
     raw_data,
+    stepped,
     validate_frame,
+    validate_now,
 )
 from gateway.edge.protocol import (
     AckFrame,
@@ -212,18 +214,22 @@ class Session:
                                         and len(raw.encode()) > limit):
                     raise BadFrame("too_large", f"frame over {self.service.max_frame_bytes} "
                                    "bytes; split it")
+                frame = None
                 if self.endpoint == "feed":
+                    # One turn of the pacer reads, admits and (most often) validates a frame.
                     async with self.service.pacer.turn():
                         data = load_json(raw)
-                    if isinstance(data, dict) and data.get("type") in WORK_TYPES:
-                        retry = self.service.intake.admit(self)
-                        if retry is not None:  # nothing taken: the client sends it later
-                            await self.send(BusyFrame(id=frame_id(data),
-                                                      retry_after_ms=retry))
-                            continue
+                        retry = self.service.intake.admit(self) if isinstance(data, dict) \
+                            and data.get("type") in WORK_TYPES else None
+                        if retry is None and not stepped(data):
+                            frame = validate_now(data)
+                    if retry is not None:  # nothing taken: the client sends it later
+                        await self.send(BusyFrame(id=frame_id(data), retry_after_ms=retry))
+                        continue
                 else:
                     data = load_json(raw)
-                frame = await self._validate(data)
+                if frame is None:
+                    frame = await self._validate(data)
             except (BadFrame, InvalidRequest) as error:
                 self.bad_frames += 1
                 await self.send(error_frame(error, id=guess_id(raw)))

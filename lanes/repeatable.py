@@ -1,0 +1,137 @@
+"""Inputs sure to read back from the log exactly as they were given, by construction.
+
+The log takes an input only if what is stored decodes back to the same event
+(`lanes.codec.Codec.encode_checked`). Checking that by encoding, decoding and comparing costs
+about ten times the encoding alone, for every request. A request that validation built from
+JSON text (`AgentRequest`, as the edge parses every frame) holds only values that JSON carries
+exactly: it is known to read back equal from the types of its parts, without the round trip.
+`reads_back` says so for such an input, from its parts alone (their exact types, and the
+wire model's rules checked again: lengths, patterns, what a payload needs for its kind), so
+it holds however the request was built; and says "not known" for anything else (a subclass,
+a value of another type, a string with a lone surrogate, a date-time in a named time zone, a
+request built without validation that breaks a rule...), which is then checked by the round
+trip as before. The property tests in
+``tests/lanes/test_repeatable.py`` hold it to its word: whenever it says yes, the round trip
+gives back an equal event.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from math import isfinite
+from typing import Any, Final
+
+from pydantic_core import TzInfo
+
+from lanes.events import RequestReceived
+from lanes.requests import (
+    _EARLIEST,
+    _LATEST,
+    _SURROGATE,
+    MAX_INT,
+    MAX_JSON_DEPTH,
+    MIN_INT,
+    AgentRequest,
+    Kind,
+    Priority,
+    payload_problem,
+)
+
+_TEXTS: Final = ("request_id", "agent_id", "dedupe_key", "message_id", "source")
+"""The AgentRequest fields that are strings (or None)."""
+KNOWN_FIELDS: Final = frozenset({*_TEXTS, "created_at", "kind", "priority", "payload"})
+"""Every AgentRequest field `request_reads_back` looks at (a test keeps it to the model's)."""
+
+
+def _limits(name: str) -> tuple[int, int | None, re.Pattern[str] | None]:
+    """The shortest and longest value of a string field of the wire model, and its pattern
+    (read from the model, so that the two never disagree)."""
+    low, high, pattern = 0, None, None
+    for rule in AgentRequest.model_fields[name].metadata:
+        low = getattr(rule, "min_length", None) or low
+        high = getattr(rule, "max_length", None) or high
+        given = getattr(rule, "pattern", None)
+        if given is not None:
+            pattern = re.compile(str(given).removeprefix("^").removesuffix("$"))
+    return low, high, pattern
+
+
+_LIMITS: Final = {name: _limits(name) for name in _TEXTS}
+
+
+def _text(value: Any) -> bool:
+    return type(value) is str and (value.isascii() or _SURROGATE.search(value) is None)
+
+
+def _json(value: Any, depth: int) -> bool:
+    """Whether ``value`` is JSON that reads back equal: plain dicts (string keys), lists,
+    strings without lone surrogates, 64-bit integers, finite floats, booleans and None,
+    at most `MAX_JSON_DEPTH` levels deep. Exact types only: a subclass is not known."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _SURROGATE.search(value) is None
+    if kind is int:
+        return bool(MIN_INT <= value <= MAX_INT)
+    if kind is float:
+        return isfinite(value)
+    if value is None or kind is bool:
+        return True
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    if kind is dict:
+        return all(_text(key) and _json(item, depth + 1) for key, item in value.items())
+    if kind is list:
+        return all(_json(item, depth + 1) for item in value)
+    return False
+
+
+def _timestamp(value: Any) -> bool:
+    """A date-time stored as ISO 8601 and parsed back to an equal one: an aware `datetime`
+    (not a subclass) with a fixed offset of whole minutes, from 1970 to 9999 (UTC)."""
+    if type(value) is not datetime or type(value.tzinfo) not in (TzInfo, timezone):
+        return False
+    offset = value.utcoffset()
+    if offset is None or offset.seconds % 60 or offset.microseconds:
+        return False
+    # (a tzinfo's offset is under a day: only the first and last years need the exact test)
+    return 1970 < value.year < 9998 or _EARLIEST <= value < _LATEST
+
+
+def request_reads_back(request: AgentRequest) -> bool:
+    """Whether ``request`` is known to be stored and read back equal (False: not known)."""
+    if type(request) is not AgentRequest:
+        return False
+    fields = request.__dict__
+    if request.__pydantic_extra__ or request.__pydantic_private__:
+        return False
+    for name, (low, high, pattern) in _LIMITS.items():
+        value = fields[name]
+        if value is None:
+            continue
+        if not _text(value) or len(value) < low or (high is not None and len(value) > high) \
+                or (pattern is not None and pattern.fullmatch(value) is None):
+            return False
+    kind, payload = fields["kind"], fields["payload"]
+    # (the payload is checked whole again: it is the one part that is not immutable)
+    return (type(kind) is Kind and type(fields["priority"]) is Priority
+            and _timestamp(fields["created_at"]) and type(payload) is dict
+            and _json(payload, 0) and payload_problem(kind, payload) is None)
+
+
+def received_reads_back(event: RequestReceived) -> bool:
+    """Whether a `RequestReceived` is known to be stored and read back equal."""
+    at, principal = event.at, event.principal
+    return (type(at) is int and MIN_INT <= at <= MAX_INT
+            and (principal is None or _text(principal)) and request_reads_back(event.request))
+
+
+READS_BACK: Final = {RequestReceived: received_reads_back}
+"""The input types whose events may be known to read back, and how to tell."""
+
+
+def reads_back(event: Any) -> bool:
+    """Whether ``event`` is known to be stored and read back equal, from the types of its
+    parts (False: not known; check it by the round trip)."""
+    check = READS_BACK.get(type(event))
+    return check is not None and check(event)
