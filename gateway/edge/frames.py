@@ -32,6 +32,13 @@ BATCHES: dict[str, tuple[str, TypeAdapter[Any]]] = {
 """The list member of each batch frame and the model of its items."""
 
 
+def makes_work(data: Any) -> bool:
+    """Whether a frame's JSON value is a frame that makes work for the log (its ``type``
+    may be any JSON value: a list or an object is no frame type, and no error here)."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    return isinstance(kind, str) and kind in WORK_TYPES
+
+
 def stepped(data: Any) -> bool:
     """Whether a frame's JSON value is a batch whose items are validated in steps (more
     than `VALIDATE_STEP` of them, and not more than a frame may carry)."""

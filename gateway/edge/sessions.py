@@ -22,9 +22,9 @@ from gateway.edge.auth import Principal
 from gateway.edge.frames import (
     NO_TURN,
     VALIDATE_STEP,
-    WORK_TYPES,
     frame_id,
     guess_id,
+    makes_work,
     raw_data,
     stepped,
     validate_frame,
@@ -219,8 +219,7 @@ class Session:
                     # One turn of the pacer reads, admits and (most often) validates a frame.
                     async with self.service.pacer.turn():
                         data = load_json(raw)
-                        retry = self.service.intake.admit(self) if isinstance(data, dict) \
-                            and data.get("type") in WORK_TYPES else None
+                        retry = self.service.intake.admit(self) if makes_work(data) else None
                         if retry is None and not stepped(data):
                             frame = validate_now(data)
                     if retry is not None:  # nothing taken: the client sends it later

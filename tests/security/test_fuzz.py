@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -311,3 +312,61 @@ def test_fuzzed_first_frames_before_auth_are_refused_with_1008(gw: Threaded) -> 
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
     example()
+
+
+frame_shaped = st.fixed_dictionaries(
+    {"type": any_json | st.sampled_from(["submit", "submit_many", "market", "subscribe",
+                                         "unsubscribe", "ping", "auth"])},
+    optional={key: any_json for key in ("id", "request", "requests", "events", "agents",
+                                        "after", "providers", "batch", "token")})
+"""A JSON object with a ``type`` of any JSON value (a list, an object, a number...) and the
+frames' members holding any JSON values."""
+
+
+class _Errors(logging.Handler):
+    """The server's log records at ERROR and above (a traceback is one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("endpoint", ["control", "feed"])
+def test_any_json_value_in_any_position_gets_a_typed_answer_on_a_live_connection(
+    gw: Threaded, acked: set[str], endpoint: str
+) -> None:
+    """Not only mutations of valid frames: every JSON value, as a frame or in a frame's
+    members (its type a list or an object, say), is answered with a typed error or taken,
+    the connection stays open, and the server logs no error for it."""
+    errors = _Errors()
+    logging.getLogger().addHandler(errors)
+    token = "control-secret" if endpoint == "control" else "feed-secret"
+    pings = iter(range(10**9))
+    try:
+        with contextlib.ExitStack() as stack:
+            ws = open_ws(stack, gw, endpoint, token)
+
+            @FUZZ
+            @given(value=frame_shaped | any_json)
+            def example(value: Any) -> None:
+                ws.send(json.dumps(value))
+                alive = f"alive-{next(pings)}"
+                ws.send(json.dumps({"type": "ping", "id": alive}))
+                answers = []
+                while True:
+                    answer = recv(ws)  # (a dropped connection raises here)
+                    if answer["type"] in ("event", "heartbeat", "snapshot"):
+                        continue
+                    if answer["type"] == "pong" and answer.get("id") == alive:
+                        break
+                    _check_answer(answer, acked)
+                    answers.append(answer)
+                assert len(answers) <= 1, answers  # one answer per frame, never more
+
+            example()
+    finally:
+        logging.getLogger().removeHandler(errors)
+    assert [r.getMessage() for r in errors.records] == []
