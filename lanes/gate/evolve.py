@@ -96,7 +96,7 @@ def _queued(state: GateState, event: SlotQueued) -> None:
     start = share.finish
     share.finish = start + (tokens if tokens > 1 else 1)
     if agent_id in state.index.between:
-        leave_between(state.index, agent_id)  # (it waits)
+        leave_between(state.index, agent_id, share, state.now)  # (it waits)
     entry = state.waiting[slot_id] = Waiting(  # the fields in order
         slot_id,
         event.agent_id,
@@ -229,7 +229,7 @@ def _granted(state: GateState, event: SlotGranted) -> None:
             released = state.shares[agent_id].released_at
             if released is not None and released > graced_from:
                 break
-        leave_between(index, agent_id)
+        leave_between(index, agent_id, state.shares[agent_id], state.now)
     if entry.tag > state.vtime:
         state.vtime = entry.tag
     if event.probe:
@@ -274,8 +274,10 @@ def _freed(state: GateState, event: SlotFreed) -> None:
         if finish is not None and (finish, lease.agent_id) <= index.held_key:
             if event.by is not RELEASED:
                 index.held = None  # it counted no more at once
-            elif state.now + FAIR_GRACE_MS < index.held_until:
-                index.held_until = state.now + FAIR_GRACE_MS  # it counts until its grace ends
+            elif state.now + FAIR_GRACE_MS < index.held_grace:  # it counts until its grace
+                index.held_grace = state.now + FAIR_GRACE_MS  # ends
+                if index.held_grace < index.held_until:
+                    index.held_until = index.held_grace
     if event.by is RELEASED:
         state.shares[lease.agent_id].released_at = state.now
         graced = state.index.graced

@@ -212,13 +212,22 @@ class GateIndex:
     current while it is its agent's latest release (`Share.released_at`)."""
     held: Waiting | None = None
     """A request the fair hold held under the RPM alone (`_held_rpm`), which stays held
-    while ``held_until`` is later than the clock and no agent at or before ``held_key`` in
-    `behind` has left it (so that `fits` need not walk `behind` again)."""
+    while ``held_until`` is later than the clock and the calls it counts for the agents up
+    to ``held_key`` in `behind` still outnumber the room (so that `fits` need not walk
+    `behind` again)."""
     held_until: int = 0
     """The earliest time the hold may end by itself: a grant leaves the window, or the
     grace of an agent it counted ends."""
     held_key: tuple[int, str] = (0, "")
     """The (finish tag, agent id) in `behind` where the hold was found."""
+    held_calls: int = 0
+    """The calls the hold counts for the agents up to ``held_key``: those the walk found,
+    less those of each agent counted that has left `behind` since (`leave_between`)."""
+    held_grace: int = 0
+    """The earliest end of a grace the hold counts (part of ``held_until``)."""
+    held_stale: bool = False
+    """``held_calls`` went down since ``held_until`` was found: `_held_rpm` finds again
+    when the window frees enough room."""
 
     @classmethod
     def of(cls, state: GateState) -> GateIndex:
@@ -298,14 +307,27 @@ def join_between(index: GateIndex, agent_id: str, finish: int) -> None:
     insort(index.behind, (finish, agent_id))
 
 
-def leave_between(index: GateIndex, agent_id: str) -> None:
-    """Count an agent as no longer between calls."""
+def leave_between(index: GateIndex, agent_id: str, share: Share | None = None,
+                  now: int = 0) -> None:
+    """Count an agent as no longer between calls (``share``, its share, at ``now``: what
+    `GateIndex.held` counted for it is taken off; without it, the hold is dropped)."""
     finish = index.between.pop(agent_id, None)
     if finish is not None:
         behind, key = index.behind, (finish, agent_id)
         del behind[bisect_left(behind, key)]
-        if index.held is not None and key <= index.held_key:
-            index.held = None  # one it counted left: the hold may end
+        held = index.held
+        if held is not None and key <= index.held_key:
+            if share is None:
+                index.held = None  # one it counted left: the hold may end
+            elif share.rank == RANK[held.priority] and (
+                agent_id in index.leases_of
+                or (share.released_at is not None and now < share.released_at + FAIR_GRACE_MS)
+            ):  # it counts now, so it did when the hold was found (`_held_rpm`)
+                size = share.input_tokens + share.output_tokens
+                index.held_calls -= -(-(held.tag - finish) // size) if size > 0 else 1
+                index.held_stale = True
+            # (Else it does not count now, and if it did then, its grace has ended, and
+            # with it the hold: ``held_until`` is not later.)
 
 
 def index_waiting(index: GateIndex, entry: Waiting) -> None:
