@@ -332,13 +332,20 @@ def leave_between(index: GateIndex, agent_id: str, share: Share | None = None,
 
 def index_waiting(index: GateIndex, entry: Waiting) -> None:
     """Index a request that now waits."""
-    index.head_known = False
     waiting_of, agent_id = index.waiting_of, entry.agent_id
     waiting_of[agent_id] = waiting_of.get(agent_id, 0) + 1  # (`count_in`, inlined)
     rank = RANK[entry.priority]
-    index.arrivals[rank].append(entry)
-    heappush(index.fair[rank], (entry.tag, entry.seq, entry))
+    arrivals, fair = index.arrivals[rank], index.fair[rank]
+    if not arrivals:
+        index.head_known = False  # (its class may come first now)
+    arrivals.append(entry)
+    heappush(fair, (entry.tag, entry.seq, entry))
     heappush(index.deadlines, (entry.deadline, entry.seq, entry))
+    head = index.head
+    if head is not None and index.head_known and RANK[head.priority] == rank:
+        # The class that comes first is the same (its oldest request is): within it, the
+        # head is the first in the fair order, which may be this one.
+        index.head = fair[0][2]
 
 
 def window_usage(state: GateState, now: int) -> tuple[int, int, int]:
