@@ -163,6 +163,8 @@ def _grant(state: GateState, now: int, emit: Emit) -> None:
     while state.waiting:  # (`_exhausted` would only say sooner what `fits` says)
         entry = index.head if index.head_known else next_in_line(state)
         assert entry is not None
+        if entry is index.held and now < index.held_until and not index.held_stale:
+            break  # (the fair hold `fits` would find at once: see `GateIndex.held`)
         if not fits(state, entry):
             break
         index.cleared = entry  # nothing changes before `_granted` applies it
