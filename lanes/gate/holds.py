@@ -5,6 +5,8 @@ pass over all of them."""
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from itertools import islice
 
 from lanes.gate.events import WINDOW_MS
 from lanes.gate.state import (
@@ -179,20 +181,29 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
     """Whether the fair hold holds ``entry`` (`_hold`) on a gate whose only limit is the
     RPM: the same walk, counting requests alone (the other rooms are endless), and what
     it found kept in the index (`GateIndex.held`) for as long as it certainly holds."""
-    index, now = state.index, state.now
-    if index.held is entry and now < index.held_until:
-        if not index.held_stale:
-            return True
-        short = index.held_calls - (rpm - requests - 1)  # (grants to leave the window)
-        if short > 0:
-            index.held_until = _freed_by(state, short, index.held_grace)
-            index.held_stale = False
-            if now < index.held_until:
+    index, now, room = state.index, state.now, rpm - requests - 1
+    start, calls, until = 0, 0, NEVER
+    if index.held is entry:
+        if now < index.held_until:
+            if not index.held_stale:
                 return True
-    shares, tag, leases_of = state.shares, entry.tag, index.leases_of
+            if index.held_calls > room:  # (as many grants have yet to leave the window)
+                index.held_until = _freed_by(state, index.held_calls - room, index.held_grace)
+                index.held_stale = False
+                if now < index.held_until:
+                    return True
+        if index.held_exact and now < index.held_grace:
+            # What the agents up to ``held_key`` count is what a walk would count now:
+            # if it is not over the room, walk on from there.
+            calls, until = index.held_calls, index.held_grace
+            if calls > room:
+                index.held_until, index.held_stale = _freed_by(state, calls - room, until), False
+                return True
+            start = bisect_right(index.behind, index.held_key)
+    shares, tag, leases_of, behind = state.shares, entry.tag, index.leases_of, index.behind
     graced_from, rank = now - FAIR_GRACE_MS, RANK[entry.priority]
-    room, until, key, calls = rpm - requests - 1, NEVER, None, 0
-    for finish, agent_id in index.behind:
+    key = None
+    for finish, agent_id in islice(behind, start, None) if start else behind:
         if finish >= tag:
             break
         share = shares[agent_id]
@@ -218,7 +229,7 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
     # updated there): nothing else makes the room larger or what the agents up to ``key``
     # need smaller.
     index.held, index.held_key, index.held_calls = entry, key, calls
-    index.held_grace, index.held_stale = until, False
+    index.held_grace, index.held_stale, index.held_exact = until, False, True
     index.held_until = _freed_by(state, calls - room, until)
     return True
 

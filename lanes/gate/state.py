@@ -228,6 +228,10 @@ class GateIndex:
     held_stale: bool = False
     """``held_calls`` went down since ``held_until`` was found: `_held_rpm` finds again
     when the window frees enough room."""
+    held_exact: bool = False
+    """No agent has joined `behind` at or before ``held_key`` since the hold was found: while
+    no grace it counts has ended (``held_grace``), ``held_calls`` is what a walk up to
+    ``held_key`` would count (`_held_rpm` walks on from there)."""
 
     @classmethod
     def of(cls, state: GateState) -> GateIndex:
@@ -303,6 +307,8 @@ def join_between(index: GateIndex, agent_id: str, finish: int) -> None:
     """Count an agent as between calls, behind ``finish`` in the fair order."""
     if agent_id in index.between:
         leave_between(index, agent_id)
+    if index.held is not None and (finish, agent_id) <= index.held_key:
+        index.held_exact = False  # (it may count, and ``held_calls`` leaves it out)
     index.between[agent_id] = finish
     insort(index.behind, (finish, agent_id))
 
