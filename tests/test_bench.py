@@ -42,6 +42,11 @@ def test_gate_reports_utilisation_and_the_token_share_under_each_binding_limit()
         if variant.startswith("token sizes"):
             assert f"[{variant}] tokens granted per 4x agent / per 1x agent" in names
             assert f"[{variant}] Jain's index over granted tokens, all agents" in names
+    # The overhead per slot is CPU time, with the wall time of the same runs beside it.
+    overhead = [f for f in figures
+                if f.name.endswith("gate overhead per slot: decide_gate, CPU time")]
+    assert len(overhead) == sum(v.timed for v in gate.VARIANTS.values())
+    assert all(f.value > 0 and f.unit.startswith("us CPU (wall ") for f in overhead)
 
 
 def test_a_whole_count_prints_without_decimals() -> None:

@@ -58,6 +58,7 @@ Emit = Callable[[GateDecision], None]
 In = TypeVar("In")
 DECIDERS: Registry[Callable[[GateState, Any, Emit], None]] = Registry("gate input")
 """Gate input class -> what it decides."""
+_DECIDERS, _EVOLVERS = DECIDERS.table, EVOLVERS.table  # (the tables themselves: a hot path)
 
 
 def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
@@ -66,14 +67,14 @@ def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
 
     Deterministic; an input that decides nothing leaves ``state`` exactly as it was.
     """
-    decider = DECIDERS.table.get(type(event)) or DECIDERS.handler(event)  # (which raises)
+    decider = _DECIDERS.get(type(event)) or DECIDERS.handler(event)  # (which raises)
     now, version = state.now, state.version
     if event.at > state.now:  # `evolve_gate(state, event)` inlined: see `_input`
         state.now = event.at
     state.version += 1
     decisions: list[GateDecision] = []
 
-    evolvers = EVOLVERS.table
+    evolvers = _EVOLVERS
 
     def emit(decision: GateDecision) -> None:
         evolvers[type(decision)](state, decision)  # `evolve_gate`, inlined: a hot path
@@ -163,6 +164,8 @@ def _grant(state: GateState, now: int, emit: Emit) -> None:
     while state.waiting:  # (`_exhausted` would only say sooner what `fits` says)
         entry = index.head if index.head_known else next_in_line(state)
         assert entry is not None
+        if entry is index.held and now < index.held_until and not index.held_stale:
+            break  # (the fair hold `fits` would find at once: see `GateIndex.held`)
         if not fits(state, entry):
             break
         index.cleared = entry  # nothing changes before `_granted` applies it
@@ -396,7 +399,9 @@ def _released(state: GateState, event: SlotReleased, emit: Emit) -> None:
                 until=max(state.not_before, now + wait), attempt=attempt, reason=reason
             )
         )
-    _refuse_hopeless(state, emit)
+    deadlines = state.index.deadlines
+    if deadlines and (state.breaker is OPEN or state.not_before > deadlines[0][0]):
+        _refuse_hopeless(state, emit)  # (what it checks first, without the call)
 
 
 @DECIDERS.on(SlotCancelled)

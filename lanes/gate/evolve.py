@@ -96,7 +96,7 @@ def _queued(state: GateState, event: SlotQueued) -> None:
     start = share.finish
     share.finish = start + (tokens if tokens > 1 else 1)
     if agent_id in state.index.between:
-        leave_between(state.index, agent_id)  # (it waits)
+        leave_between(state.index, agent_id, share, state.now)  # (it waits)
     entry = state.waiting[slot_id] = Waiting(  # the fields in order
         slot_id,
         event.agent_id,
@@ -179,65 +179,65 @@ def _prune_window(state: GateState) -> None:
 
 @EVOLVERS.on(SlotGranted)
 def _granted(state: GateState, event: SlotGranted) -> None:
-    cleared, state.index.cleared = state.index.cleared, None
-    entry = state.waiting.get(event.slot_id)
+    index, slot_id, now = state.index, event.slot_id, state.now
+    cleared, index.cleared = index.cleared, None
+    entry = state.waiting.get(slot_id)
     if entry is None:
-        raise IllegalTransition(f"slot {event.slot_id} granted but it is not waiting")
+        raise IllegalTransition(f"slot {slot_id} granted but it is not waiting")
     if event.probe != (state.breaker is HALF_OPEN):
         raise IllegalTransition(
-            f"slot {event.slot_id} granted with probe={event.probe} while the breaker is "
+            f"slot {slot_id} granted with probe={event.probe} while the breaker is "
             f"{state.breaker.value}"
         )
     why = None if entry is cleared else blocker(state, entry)
     if why is not None:
-        raise IllegalTransition(f"slot {event.slot_id} granted while {why}")
-    _unwait(state, event.slot_id)
+        raise IllegalTransition(f"slot {slot_id} granted while {why}")
+    _unwait(state, slot_id)
     window = state.window
-    if window and window[0].at <= state.now - WINDOW_MS:
+    if window and window[0].at <= now - WINDOW_MS:
         _prune_window(state)
-    charge = Charge(event.slot_id, state.now, entry.input_tokens, entry.output_tokens)
-    state.window.append(charge)
-    state.charges[event.slot_id] = charge
+    agent_id, input_tokens, output_tokens = entry.agent_id, entry.input_tokens, entry.output_tokens
+    window.append(charge := Charge(slot_id, now, input_tokens, output_tokens))
+    state.charges[slot_id] = charge
     state.used_requests += 1
-    state.used_input += entry.input_tokens
-    state.used_output += entry.output_tokens
-    lease = state.leases[event.slot_id] = Lease(  # the fields in order
-        entry.slot_id,
-        entry.agent_id,
+    state.used_input += input_tokens
+    state.used_output += output_tokens
+    lease = state.leases[slot_id] = Lease(  # the fields in order
+        slot_id,
+        agent_id,
         entry.run_id,
         entry.priority,
-        entry.input_tokens,
-        entry.output_tokens,
-        state.now,
+        input_tokens,
+        output_tokens,
+        now,
         event.lease_deadline,
     )
-    heappush(state.index.leases, (lease.deadline, entry.seq, lease))
-    leases_of = state.index.leases_of
-    leases_of[entry.agent_id] = leases_of.get(entry.agent_id, 0) + 1  # (`count_in`, inlined)
-    share = state.shares[entry.agent_id]
-    share.granted_at = state.now
-    share.input_tokens, share.output_tokens = entry.input_tokens, entry.output_tokens
+    heappush(index.leases, (lease.deadline, entry.seq, lease))
+    leases_of, shares = index.leases_of, state.shares
+    leases_of[agent_id] = leases_of.get(agent_id, 0) + 1  # (`count_in`, inlined)
+    share = shares[agent_id]
+    share.granted_at = now
+    share.input_tokens, share.output_tokens = input_tokens, output_tokens
     share.rank = RANK[entry.priority]
-    index = state.index
-    behind, waiting_of, leases_of = index.behind, index.waiting_of, index.leases_of
-    graced_from = state.now - FAIR_GRACE_MS
+    behind, waiting_of = index.behind, index.waiting_of
+    graced_from = now - FAIR_GRACE_MS
     while behind:  # drop those time has ended (`_between_calls`, inlined: a hot path)
-        agent_id = behind[0][1]
-        if agent_id not in waiting_of:
-            if agent_id in leases_of:
+        first = behind[0][1]
+        if first not in waiting_of:
+            if first in leases_of:
                 break
-            released = state.shares[agent_id].released_at
+            released = shares[first].released_at
             if released is not None and released > graced_from:
                 break
-        leave_between(index, agent_id)
+        leave_between(index, first, shares[first], now)
     if entry.tag > state.vtime:
         state.vtime = entry.tag
     if event.probe:
-        state.probe = event.slot_id
+        state.probe = slot_id
     hint = state.hint
-    if hint is not None and state.now < hint.reset_at:
+    if hint is not None and now < hint.reset_at:
         hint.requests_since += 1
-        hint.tokens_since += entry.tokens
+        hint.tokens_since += input_tokens + output_tokens
     state.counters.granted += 1
 
 
@@ -274,8 +274,10 @@ def _freed(state: GateState, event: SlotFreed) -> None:
         if finish is not None and (finish, lease.agent_id) <= index.held_key:
             if event.by is not RELEASED:
                 index.held = None  # it counted no more at once
-            elif state.now + FAIR_GRACE_MS < index.held_until:
-                index.held_until = state.now + FAIR_GRACE_MS  # it counts until its grace ends
+            elif state.now + FAIR_GRACE_MS < index.held_grace:  # it counts until its grace
+                index.held_grace = state.now + FAIR_GRACE_MS  # ends
+                if index.held_grace < index.held_until:
+                    index.held_until = index.held_grace
     if event.by is RELEASED:
         state.shares[lease.agent_id].released_at = state.now
         graced = state.index.graced

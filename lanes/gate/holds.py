@@ -5,6 +5,8 @@ pass over all of them."""
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from itertools import islice
 
 from lanes.gate.events import WINDOW_MS
 from lanes.gate.state import (
@@ -179,13 +181,29 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
     """Whether the fair hold holds ``entry`` (`_hold`) on a gate whose only limit is the
     RPM: the same walk, counting requests alone (the other rooms are endless), and what
     it found kept in the index (`GateIndex.held`) for as long as it certainly holds."""
-    index, now = state.index, state.now
-    if index.held is entry and now < index.held_until:
-        return True
-    shares, tag, leases_of = state.shares, entry.tag, index.leases_of
+    index, now, room = state.index, state.now, rpm - requests - 1
+    start, calls, until = 0, 0, NEVER
+    if index.held is entry:
+        if now < index.held_until:
+            if not index.held_stale:
+                return True
+            if index.held_calls > room:  # (as many grants have yet to leave the window)
+                index.held_until = _freed_by(state, index.held_calls - room, index.held_grace)
+                index.held_stale = False
+                if now < index.held_until:
+                    return True
+        if index.held_exact and now < index.held_grace:
+            # What the agents up to ``held_key`` count is what a walk would count now:
+            # if it is not over the room, walk on from there.
+            calls, until = index.held_calls, index.held_grace
+            if calls > room:
+                index.held_until, index.held_stale = _freed_by(state, calls - room, until), False
+                return True
+            start = bisect_right(index.behind, index.held_key)
+    shares, tag, leases_of, behind = state.shares, entry.tag, index.leases_of, index.behind
     graced_from, rank = now - FAIR_GRACE_MS, RANK[entry.priority]
-    room, until, key = rpm - requests - 1, NEVER, None
-    for finish, agent_id in index.behind:
+    key = None
+    for finish, agent_id in islice(behind, start, None) if start else behind:
         if finish >= tag:
             break
         share = shares[agent_id]
@@ -198,27 +216,34 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
             if released + FAIR_GRACE_MS < until:
                 until = released + FAIR_GRACE_MS  # (when its grace ends, it counts no more)
         size = share.input_tokens + share.output_tokens
-        room -= -(-(tag - finish) // size) if size > 0 else 1  # calls, rounded up
-        if room < 0:
+        calls += -(-(tag - finish) // size) if size > 0 else 1  # rounded up
+        if calls > room:
             key = finish, agent_id
-            if room <= -HOLD_MARGIN:
+            if calls - room >= HOLD_MARGIN:
                 break  # (held: counting on makes the hold last longer, see below)
     if key is None:
         return False
     # Held until as many grants counted now leave the window as the room is short (it
     # grows by one each), a grace counted ends, or an agent counted leaves `behind`
-    # (`leave_between`) or its lease (`GateIndex.held` is updated there): nothing else
-    # makes the room larger or what the agents up to ``key`` need smaller.
-    horizon, short = now - WINDOW_MS, -room
+    # (`leave_between`, which takes its calls off) or its lease (`GateIndex.held` is
+    # updated there): nothing else makes the room larger or what the agents up to ``key``
+    # need smaller.
+    index.held, index.held_key, index.held_calls = entry, key, calls
+    index.held_grace, index.held_stale, index.held_exact = until, False, True
+    index.held_until = _freed_by(state, calls - room, until)
+    return True
+
+
+def _freed_by(state: GateState, short: int, until: int) -> int:
+    """When the window will have freed ``short`` requests counted now (or ``until``, if
+    that is earlier)."""
+    horizon = state.now - WINDOW_MS
     for charge in state.window:
         if charge.at > horizon:
             short -= 1
             if short == 0:
-                if charge.at + WINDOW_MS < until:
-                    until = charge.at + WINDOW_MS
-                break
-    index.held, index.held_until, index.held_key = entry, until, key
-    return True
+                return charge.at + WINDOW_MS if charge.at + WINDOW_MS < until else until
+    return until
 
 
 def fits(state: GateState, entry: Waiting) -> bool:

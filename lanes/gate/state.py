@@ -212,13 +212,26 @@ class GateIndex:
     current while it is its agent's latest release (`Share.released_at`)."""
     held: Waiting | None = None
     """A request the fair hold held under the RPM alone (`_held_rpm`), which stays held
-    while ``held_until`` is later than the clock and no agent at or before ``held_key`` in
-    `behind` has left it (so that `fits` need not walk `behind` again)."""
+    while ``held_until`` is later than the clock and the calls it counts for the agents up
+    to ``held_key`` in `behind` still outnumber the room (so that `fits` need not walk
+    `behind` again)."""
     held_until: int = 0
     """The earliest time the hold may end by itself: a grant leaves the window, or the
     grace of an agent it counted ends."""
     held_key: tuple[int, str] = (0, "")
     """The (finish tag, agent id) in `behind` where the hold was found."""
+    held_calls: int = 0
+    """The calls the hold counts for the agents up to ``held_key``: those the walk found,
+    less those of each agent counted that has left `behind` since (`leave_between`)."""
+    held_grace: int = 0
+    """The earliest end of a grace the hold counts (part of ``held_until``)."""
+    held_stale: bool = False
+    """``held_calls`` went down since ``held_until`` was found: `_held_rpm` finds again
+    when the window frees enough room."""
+    held_exact: bool = False
+    """No agent has joined `behind` at or before ``held_key`` since the hold was found: while
+    no grace it counts has ended (``held_grace``), ``held_calls`` is what a walk up to
+    ``held_key`` would count (`_held_rpm` walks on from there)."""
 
     @classmethod
     def of(cls, state: GateState) -> GateIndex:
@@ -294,29 +307,51 @@ def join_between(index: GateIndex, agent_id: str, finish: int) -> None:
     """Count an agent as between calls, behind ``finish`` in the fair order."""
     if agent_id in index.between:
         leave_between(index, agent_id)
+    if index.held is not None and (finish, agent_id) <= index.held_key:
+        index.held_exact = False  # (it may count, and ``held_calls`` leaves it out)
     index.between[agent_id] = finish
     insort(index.behind, (finish, agent_id))
 
 
-def leave_between(index: GateIndex, agent_id: str) -> None:
-    """Count an agent as no longer between calls."""
+def leave_between(index: GateIndex, agent_id: str, share: Share | None = None,
+                  now: int = 0) -> None:
+    """Count an agent as no longer between calls (``share``, its share, at ``now``: what
+    `GateIndex.held` counted for it is taken off; without it, the hold is dropped)."""
     finish = index.between.pop(agent_id, None)
     if finish is not None:
         behind, key = index.behind, (finish, agent_id)
         del behind[bisect_left(behind, key)]
-        if index.held is not None and key <= index.held_key:
-            index.held = None  # one it counted left: the hold may end
+        held = index.held
+        if held is not None and key <= index.held_key:
+            if share is None:
+                index.held = None  # one it counted left: the hold may end
+            elif share.rank == RANK[held.priority] and (
+                agent_id in index.leases_of
+                or (share.released_at is not None and now < share.released_at + FAIR_GRACE_MS)
+            ):  # it counts now, so it did when the hold was found (`_held_rpm`)
+                size = share.input_tokens + share.output_tokens
+                index.held_calls -= -(-(held.tag - finish) // size) if size > 0 else 1
+                index.held_stale = True
+            # (Else it does not count now, and if it did then, its grace has ended, and
+            # with it the hold: ``held_until`` is not later.)
 
 
 def index_waiting(index: GateIndex, entry: Waiting) -> None:
     """Index a request that now waits."""
-    index.head_known = False
     waiting_of, agent_id = index.waiting_of, entry.agent_id
     waiting_of[agent_id] = waiting_of.get(agent_id, 0) + 1  # (`count_in`, inlined)
     rank = RANK[entry.priority]
-    index.arrivals[rank].append(entry)
-    heappush(index.fair[rank], (entry.tag, entry.seq, entry))
+    arrivals, fair = index.arrivals[rank], index.fair[rank]
+    if not arrivals:
+        index.head_known = False  # (its class may come first now)
+    arrivals.append(entry)
+    heappush(fair, (entry.tag, entry.seq, entry))
     heappush(index.deadlines, (entry.deadline, entry.seq, entry))
+    head = index.head
+    if head is not None and index.head_known and RANK[head.priority] == rank:
+        # The class that comes first is the same (its oldest request is): within it, the
+        # head is the first in the fair order, which may be this one.
+        index.head = fair[0][2]
 
 
 def window_usage(state: GateState, now: int) -> tuple[int, int, int]:
