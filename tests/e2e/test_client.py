@@ -153,7 +153,7 @@ async def test_busy_is_retried_after_retry_after_ms_and_gives_up_when_bounded(
 ) -> None:
     refusals = 0
 
-    def saturated() -> None:
+    def saturated(*_: object) -> None:
         nonlocal refusals
         if refusals < 3:
             refusals += 1
