@@ -99,6 +99,7 @@ class Subscriptions:
         providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])
         pieces.append(f',"providers":{providers}}}')
         await session.send_pieces(pieces)
+        del pieces  # (not kept for the subscription's life)
         agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
         # Lists of a frame's worth: the batch in hand, and its texts, stay small.

@@ -88,13 +88,13 @@ def test_fragments_hold_the_pieces_text_in_bounded_parts(sizes: list[int]) -> No
               for n, size in enumerate(sizes)]
     parts = list(_fragments(pieces, size=4))
     assert "".join(parts) == "".join(pieces)
-    assert all(4 <= len(p) < 8 for p in parts[:-1])
-    assert all(0 < len(p) < 8 for p in parts[-1:])
+    assert all(len(p) == 4 for p in parts[:-1])
+    assert all(0 < len(p) <= 4 for p in parts[-1:])
 
 
 @pytest.mark.parametrize("count", [0, 1, 49, 50, 51, 120])
 async def test_json_pieces_join_to_the_list_encoded_at_once(count: int) -> None:
     items = [{"n": n, "name": f"agent{n}", "ü": [n, None]} for n in range(count)]
-    pieces = [p async for p in json_pieces(items, lambda i: i, model_json)]
+    pieces = [p async for p in json_pieces(items, lambda i: i, model_json, step=50)]
     assert "".join(pieces) == model_json(items)
     assert len(pieces) == -(-count // 50) + 1  # a piece a step, and the end
