@@ -106,6 +106,14 @@ class TurnWriter:
         return getattr(self.transport, name)
 
 
+def _emptied(pieces: list[str]) -> Iterator[str]:
+    """The items of ``pieces``, each taken out of the list as it is given: a big message is
+    freed a piece at a time as it goes out (7 MB freed at once held the loop for 2 ms)."""
+    pieces.reverse()
+    while pieces:
+        yield pieces.pop()
+
+
 def _fragments(pieces: Iterable[str], size: int = FRAGMENT_CHARS) -> Iterator[str]:
     """The text of ``pieces`` in parts of ``size`` characters (the last may be shorter)."""
     held = ""
@@ -149,7 +157,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             if pieces is not None:
                 if self.handshake_complete and not self.close_sent \
                         and self.initial_response is None:
-                    await self._send_fragmented(pieces)
+                    await self._send_fragmented(_emptied(pieces))
                     return
                 message = {"type": "websocket.send", "text": "".join(pieces)}
         if message["type"] != "websocket.close" or not self.handshake_complete \

@@ -63,7 +63,7 @@ TEXT_PIECES = "gateway.text_pieces"
 """An ASGI extension of this gateway's WebSocket server (`gateway.edge.server`), named in a
 connection's ``scope["extensions"]``: a ``websocket.send`` message may carry, under this key
 instead of ``text``, one text message as a list of pieces, which the server sends in
-fragments as it encodes them (never joined into one text)."""
+fragments as it encodes them (never joined into one text), emptying the list as it goes."""
 ENDPOINTS = ("feed", "control")
 CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""

@@ -277,7 +277,8 @@ class Session:
 
     async def send_pieces(self, pieces: list[str]) -> None:
         """Send a frame's text given as pieces (a big desk's snapshot): the server encodes
-        and sends them in fragments where it can (`TEXT_PIECES`), else they are joined."""
+        and sends them in fragments where it can (`TEXT_PIECES`; it empties the list as it
+        goes), else they are joined."""
         if TEXT_PIECES in self.ws.scope.get("extensions", {}):
             await self._send_message({"type": "websocket.send", TEXT_PIECES: pieces})
         else:

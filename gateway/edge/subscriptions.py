@@ -98,7 +98,7 @@ class Subscriptions:
             pieces.append(piece)
         providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])
         pieces.append(f',"providers":{providers}}}')
-        await session.send_pieces(pieces)
+        await session.send_pieces(pieces)  # (the gateway's server empties the list)
         del pieces  # (not kept for the subscription's life)
         agents = set(wanted) | {gate.stream for gate in gates.values()}
         after = frame.after if frame.after is not None else position
