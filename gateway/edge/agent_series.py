@@ -106,16 +106,18 @@ async def agent_series(engine: Engine, agent_ids: Sequence[str], now: int,
             counts["reducing"] += view.trading is TradingState.REDUCING
             counts["suppressed"] += row[SUPPRESSED]
             counts["held"] += row[HELD]
+    await asyncio.sleep(0)
     chosen = pick(attention, [row[PENDING] for row in rows], cap)
     shown = [(agent_ids[i], rows[i]) for i in chosen]
     if len(chosen) == len(rows):
         return AgentSeries(shown, None, counts)
     kept = set(chosen)
-    rest = [row for i, row in enumerate(rows) if i not in kept]
     sums: list[float] = [0] * len(FAMILIES)
-    for start in range(0, len(rest), SAMPLES_PER_STEP):
+    for start in range(0, len(rows), SAMPLES_PER_STEP):
         await asyncio.sleep(0)
-        for j, column in enumerate(zip(*rest[start:start + SAMPLES_PER_STEP], strict=True)):
+        rest = [row for i, row in enumerate(rows[start:start + SAMPLES_PER_STEP], start)
+                if i not in kept]
+        for j, column in enumerate(zip(*rest, strict=True)):
             sums[j] += sum(column)
     return AgentSeries(shown, tuple(sums), counts)
 
