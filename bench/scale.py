@@ -11,18 +11,21 @@ WebSocket subscribe's snapshot, ``GET /api/agents``, an agent's story and moment
 travel), and ``/metrics``. Meanwhile a task sleeps 1 ms over and over and notes the longest
 the loop ran something else between two of its turns (where an emergency stop's frame
 would wait), in the loop thread's CPU time (so that other processes on a busy machine do
-not count) and in wall-clock lateness.
+not count) and in wall-clock lateness; and the heaviest single callback the loop ran
+meanwhile, named by its task's coroutine (a stall may be several callbacks of one turn, and
+not all of them the read's: the schedules' pass over every agent, say).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import multiprocessing
 import tempfile
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -150,6 +153,39 @@ READS = ("subscribe snapshot", "agent list", "story", "moment", "metrics")
 STALL_GOAL_MS = 5.0
 
 
+@contextlib.contextmanager
+def callback_holds() -> Iterator[Callable[[], list[tuple[float, str]]]]:
+    """While in the block, every callback the (asyncio) event loop runs is timed in the
+    loop thread's CPU time; a function returns, since it was last called, the longest
+    callback (ms) of each task (named by its coroutine; a plain callback by itself), the
+    heaviest first, and starts again. A stall is every callback the loop ran in one turn,
+    and not all of them are the read's: this names them."""
+    run = asyncio.events.Handle._run
+    longest: dict[str, float] = {}
+
+    def timed_run(handle: asyncio.events.Handle) -> None:
+        began = time.thread_time()
+        run(handle)
+        held = time.thread_time() - began
+        callback = handle._callback  # type: ignore[attr-defined]
+        owner = getattr(callback, "__self__", None)
+        what = owner.get_coro() if isinstance(owner, asyncio.Task) else callback
+        name = getattr(what, "__qualname__", type(what).__name__)
+        if held > longest.get(name, 0.0):
+            longest[name] = held
+
+    def take() -> list[tuple[float, str]]:
+        found = sorted(((held * 1000, name) for name, held in longest.items()), reverse=True)
+        longest.clear()
+        return found
+
+    asyncio.events.Handle._run = timed_run  # type: ignore[method-assign,assignment]
+    try:
+        yield take
+    finally:
+        asyncio.events.Handle._run = run  # type: ignore[method-assign]
+
+
 @asynccontextmanager
 async def stall_probe(tick: float = 0.001) -> AsyncIterator[Callable[[], tuple[float, float]]]:
     """A task that sleeps ``tick`` over and over and notes the longest it woke late (the
@@ -237,18 +273,24 @@ async def loop_stalls(agents: int, asks: int) -> list[Figure]:
             gc.collect()
             gc.freeze()
             async with stall_probe() as stall:
-                for read in READS:
-                    await loop.run_in_executor(client, _ask, running.url, read, 1)  # warm
-                    stall()
-                    slowest, size = await loop.run_in_executor(
-                        client, _ask, running.url, read, asks)
-                    held, late = stall()
-                    figures += [
-                        Figure(f"{read}: longest event-loop stall (loop thread's CPU)", held,
-                               "ms", f"<= {STALL_GOAL_MS:g} ms"),
-                        Figure(f"{read}: ... wall clock (counts this busy machine's other "
-                               "load)", late, "ms"),
-                        Figure(f"{read}: slowest answer ({size:,} characters)", slowest, "ms")]
+                with callback_holds() as heaviest:
+                    for read in READS:
+                        await loop.run_in_executor(client, _ask, running.url, read, 1)  # warm
+                        stall()
+                        heaviest()
+                        slowest, size = await loop.run_in_executor(
+                            client, _ask, running.url, read, asks)
+                        held, late = stall()
+                        tasks = heaviest()[:3]
+                        figures += [
+                            Figure(f"{read}: longest event-loop stall (loop thread's CPU)",
+                                   held, "ms", f"<= {STALL_GOAL_MS:g} ms"),
+                            Figure(f"{read}: ... wall clock (counts this busy machine's "
+                                   "other load)", late, "ms"),
+                            Figure(f"{read}: ... the heaviest callbacks, by task: " + ", ".join(
+                                f"{name} {ms:.1f} ms" for ms, name in tasks), tasks[0][0], "ms"),
+                            Figure(f"{read}: slowest answer ({size:,} characters)", slowest,
+                                   "ms")]
     return figures
 
 

@@ -100,8 +100,8 @@ def decide(state: AgentState, event: Input) -> list[Decision]:
         decisions.append(decision)
         if served:  # the calls its requests served end with the run
             _answer_run_end(served, decision, emit)
-
     decider(state, event, emit)
+    emit = decisions.append  # type: ignore[assignment]  # (emit refers to itself: cut)
     if not decisions:
         state.now, state.version = now, version
     return decisions

@@ -4,6 +4,7 @@
 [server]            # host, port, allowed_origins, max_frame_bytes, max_connections,
                     # max_unauthenticated, auth_timeout_s, send_timeout_s,
                     # request_timeout_s, heartbeat_s, event_loop
+[metrics]           # max_agents
 [store]             # path, synchronous, busy_timeout_ms, max_batch
 [[tokens]]          # name, token | token_env, role, agents
 [[providers]]       # name, kind = anthropic | openai | simulated, model, api_key(_env),
@@ -46,6 +47,7 @@ from gateway.config.models import (
     ConfigModel,
     GatewayConfig,
     LLMReasonerConfig,
+    MetricsConfig,
     Origin,
     ProviderConfig,
     ReasonerConfig,
@@ -91,6 +93,7 @@ __all__ = [
     "ConfigProblem",
     "GatewayConfig",
     "LLMReasonerConfig",
+    "MetricsConfig",
     "Origin",
     "ProviderConfig",
     "ReasonerConfig",
@@ -228,7 +231,8 @@ def _path(loc: tuple[str | int, ...]) -> str:
 @functools.cache
 def _vocabulary() -> list[str]:
     models: list[type[BaseModel]] = [
-        ServerConfig, StoreConfig, ClusterConfig, TokenConfig, SimulatedReasonerConfig,
+        ServerConfig, MetricsConfig, StoreConfig, ClusterConfig, TokenConfig,
+        SimulatedReasonerConfig,
         LLMReasonerConfig,
         ProviderConfig, GateLimits, AgentEntry, GatewayConfig, AgentConfig, Budgets,
         PriceCrossRule, GreenCandlesRule, ConnectorDownRule,

@@ -104,6 +104,16 @@ class ServerConfig(ConfigModel):
     problem). ``--loop`` overrides it."""
 
 
+class MetricsConfig(ConfigModel):
+    """What ``/metrics`` exposes."""
+
+    max_agents: int = Field(default=200, ge=0, le=1_000_000)
+    """Agents with series of their own (``agent="..."``): those that need attention first
+    (HALTED, held, suppressed by a budget, with a storage fault), then the deepest queues;
+    every other agent's values are summed under ``agent="_other"``. A Prometheus server
+    keeps every series it has seen: 10,000 agents' series would be 120,000."""
+
+
 class StoreConfig(ConfigModel):
     """The SQLite event log: its file (relative to the working directory), durability, and
     how long a commit waits for a lock held by another process before it fails."""
@@ -395,6 +405,7 @@ class GatewayConfig(ConfigModel):
     """The whole config file."""
 
     server: ServerConfig = Field(default_factory=ServerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     tokens: tuple[TokenConfig, ...] = ()

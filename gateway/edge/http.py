@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.cluster.peers import FORWARDED_HEADER
 from gateway.edge.answers import answer_error, error_response
@@ -50,6 +50,21 @@ def _json(model: BaseModel | dict[str, Any] | list[Any], status_code: int = 200)
     body = model.model_dump(mode="json", exclude_none=True) if isinstance(model, BaseModel) \
         else model
     return JSONResponse(body, status_code=status_code)
+
+
+async def streamed(pieces: AsyncIterator[str], media_type: str) -> StreamingResponse:
+    """A response whose body is ``pieces`` (encoded and written one by one as they come,
+    a turn of the event loop between two: a big desk's body is never joined, encoded or
+    written at once). The first piece is made here, so that what fails early (an engine
+    that stops) is answered as an error; one that fails later cuts the connection."""
+    first = await anext(pieces)
+
+    async def body() -> AsyncIterator[str]:
+        yield first
+        async for piece in pieces:
+            yield piece
+
+    return StreamingResponse(body(), media_type=media_type)
 
 
 class Routes:

@@ -57,6 +57,13 @@ HEARTBEAT_S = 2.0
 """Default longest silence of a subscription before a heartbeat frame (`Service.heartbeat_s`)."""
 REQUEST_TIMEOUT_S = 10.0
 """Default time a connection has to send a whole request (`Service.request_timeout_s`)."""
+METRICS_MAX_AGENTS = 200
+"""Default agents with ``/metrics`` series of their own (`Service.metrics_max_agents`)."""
+TEXT_PIECES = "gateway.text_pieces"
+"""An ASGI extension of this gateway's WebSocket server (`gateway.edge.server`), named in a
+connection's ``scope["extensions"]``: a ``websocket.send`` message may carry, under this key
+instead of ``text``, one text message as a list of pieces, which the server sends in
+fragments as it encodes them (never joined into one text), emptying the list as it goes."""
 ENDPOINTS = ("feed", "control")
 CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""
@@ -125,6 +132,9 @@ class Service:
     request_timeout_s: float = REQUEST_TIMEOUT_S
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes (enforced by `gateway.edge.server`)."""
+    metrics_max_agents: int = METRICS_MAX_AGENTS
+    """Agents with ``/metrics`` series of their own; the others are summed under
+    ``agent="_other"`` (`gateway.edge.agent_series`)."""
     connections: Connections = field(default_factory=lambda: Connections())
     cluster_secret: str | None = None
     """Several processes share the log: the secret they call each other's internal API with

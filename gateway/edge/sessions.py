@@ -54,6 +54,7 @@ from gateway.edge.service import (
     MAX_IN_FLIGHT_BYTES,
     POLICY_VIOLATION,
     SUBPROTOCOL,
+    TEXT_PIECES,
     TOKEN_SUBPROTOCOL,
     TRY_AGAIN_LATER,
     Service,
@@ -277,6 +278,18 @@ class Session:
 
     async def send_text(self, text: str) -> None:
         """Send a frame's text (nothing once the connection is closing or closed)."""
+        await self._send_message({"type": "websocket.send", "text": text})
+
+    async def send_pieces(self, pieces: list[str]) -> None:
+        """Send a frame's text given as pieces (a big desk's snapshot): the server encodes
+        and sends them in fragments where it can (`TEXT_PIECES`; it empties the list as it
+        goes), else they are joined."""
+        if TEXT_PIECES in self.ws.scope.get("extensions", {}):
+            await self._send_message({"type": "websocket.send", TEXT_PIECES: pieces})
+        else:
+            await self.send_text("".join(pieces))
+
+    async def _send_message(self, message: dict[str, Any]) -> None:
         async with self.send_lock:
             if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
                 return
@@ -284,7 +297,7 @@ class Session:
                 # (asyncio.timeout, not wait_for: that runs the send as a task of its own,
                 # a turn of the loop later, several ms under a flood for every answer)
                 async with asyncio.timeout(self.service.send_timeout_s):
-                    await self.ws.send_text(text)
+                    await self.ws.send(message)
                 self.last_sent = asyncio.get_running_loop().time()
             except (RuntimeError, WebSocketDisconnect):
                 return

@@ -97,10 +97,11 @@ async def receive_until(ws: ClientConnection, done: Callable[[dict[str, Any]], b
 @contextlib.asynccontextmanager
 async def running(store: EventStore, agents: dict[str, AgentConfig],
                   reasoners: Callable[[str], Reasoner], clock: Clock | None = None, *,
-                  engine_options: dict[str, Any] | None = None, **service: Any
-                  ) -> AsyncIterator[Live]:
+                  engine_options: dict[str, Any] | None = None,
+                  ws: Any = "websockets-sansio", **service: Any) -> AsyncIterator[Live]:
     """Start a gateway (engine + uvicorn on 127.0.0.1, ephemeral port); stop it after.
-    ``engine_options`` go to the `Engine` (schedules, say)."""
+    ``engine_options`` go to the `Engine` (schedules, say); ``ws`` is uvicorn's WebSocket
+    protocol (`gateway.edge.server.WebSocketProtocol`: the gateway's own)."""
     engine = Engine(store, agents, reasoners=reasoners, clock=clock, **(engine_options or {}))
     book = TokenBook(TOKENS.items())
     svc = Service(engine=engine, tokens=book, **service)
@@ -120,7 +121,7 @@ async def running(store: EventStore, agents: dict[str, AgentConfig],
     sock.listen(128)
     port = sock.getsockname()[1]
     svc.own_origins = own_origins("127.0.0.1", port)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio",
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws=ws,
                             ws_max_size=4 << 20)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

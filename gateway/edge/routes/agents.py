@@ -10,11 +10,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.edge.answers import ack_frame, error_response
-from gateway.edge.http import ControlBody, Routes, _int_param, _json
+from gateway.edge.http import ControlBody, Routes, _int_param, _json, streamed
 from gateway.edge.protocol import ErrorFrame
 from gateway.edge.views import (
     gate_waits_of,
-    json_list,
+    json_pieces,
     queue_view,
     schedules_view,
     starlette_json,
@@ -36,8 +36,9 @@ class AgentRoutes(Routes):
         now = self.engine.clock.now_ms()
         waits = gate_waits_of(self.engine, now)
         seen = [a for a in self.engine.agent_ids if principal.may_see(a)]
-        text = await json_list(seen, lambda a: self._summary(a, now, waits), starlette_json)
-        return Response(text, media_type="application/json")
+        return await streamed(
+            json_pieces(seen, lambda a: self._summary(a, now, waits), starlette_json),
+            "application/json")
 
     async def agent(self, request: Request) -> Response:
         """One agent: config, trading state and lane status."""

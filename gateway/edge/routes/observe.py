@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from gateway.base.metrics import family, label
+from gateway.edge.agent_series import FAMILIES, agent_series, family_pieces, series_pieces
 from gateway.edge.auth import Principal
-from gateway.edge.http import Routes
+from gateway.edge.http import Routes, streamed
 from gateway.edge.openapi import openapi_document
 from gateway.errors import storage_fault_kind
-from lanes import status
 from lanes.gate import GateStatus
 from store.port import StoreError
 
 log = logging.getLogger("gateway.edge.routes.observe")
-
-
-STATUSES_PER_STEP = 100
-"""Agents' statuses a scrape computes before it lets other work run."""
-SAMPLES_PER_STEP = 1_000
-"""Per-agent samples a scrape renders before it lets other work run."""
 
 
 class ObserveRoutes(Routes):
@@ -56,69 +50,32 @@ class ObserveRoutes(Routes):
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     async def metrics(self, request: Request) -> Response:
-        """Prometheus metrics (viewer or better)."""
+        """Prometheus metrics (viewer or better). Per-agent series for at most
+        `Service.metrics_max_agents` agents (`gateway.edge.agent_series`); the body is
+        written a piece at a time as it is rendered."""
         principal = self._principal(request)
         principal.check_read()
-        return PlainTextResponse(await self._metrics_text(principal),
-                                 media_type="text/plain; version=0.0.4")
+        return await streamed(self._metrics_pieces(principal),
+                              "text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document of this API."""
         return JSONResponse(openapi_document())
 
-    async def _metrics_text(self, principal: Principal) -> str:
-        # A big desk's scrape is rendered a step at a time (an emergency stop never waits
-        # behind 10,000 agents' series): statuses, then each family's samples.
+    async def _metrics_pieces(self, principal: Principal) -> AsyncIterator[str]:
         engine = self.engine
         now = engine.clock.now_ms()
         seen = [a for a in engine.agent_ids if principal.may_see(a)]
-        views: list[Any] = []
-        for start in range(0, len(seen), STATUSES_PER_STEP):
-            if start:
-                await asyncio.sleep(0)
-            views += [status(engine.state(a), now) for a in seen[start:start + STATUSES_PER_STEP]]
-
-        async def gauge(name: str, help_text: str, get: Callable[[Any], float],
-                        kind: str = "gauge") -> list[str]:
-            samples: list[str] = []
-            for start in range(0, len(views), SAMPLES_PER_STEP):
-                await asyncio.sleep(0)
-                samples += [f'{name}{{agent="{label(v.agent_id)}"}} {get(v)}'
-                            for v in views[start:start + SAMPLES_PER_STEP]]
-            return family(name, kind, help_text, samples)
-
+        series = await agent_series(engine, seen, now, self.service.metrics_max_agents)
+        async for piece in series_pieces(series):
+            yield piece
         lines = [
-            *await gauge("gateway_pending_requests", "Requests waiting in the reasoning lane.",
-                   lambda v: v.pending),
-            *await gauge("gateway_oldest_pending_seconds", "Age of the oldest pending request.",
-                   lambda v: (v.oldest_pending_age_ms or 0) / 1000),
-            *await gauge("gateway_active_run_seconds", "Duration of the active run (0: idle).",
-                   lambda v: v.active_run.duration_ms / 1000 if v.active_run else 0),
-            *await gauge("gateway_halted", "1 while the agent is HALTED.",
-                   lambda v: int(v.trading.value == "HALTED")),
-            *await gauge("gateway_runs_total", "Runs started.", lambda v: v.counters.runs,
-                         "counter"),
-            *await gauge("gateway_aborts_total", "Runs aborted.", lambda v: v.counters.aborts,
-                   "counter"),
-            *await gauge("gateway_drops_total", "Requests dropped.", lambda v: v.counters.drops,
-                   "counter"),
-            *await gauge("gateway_dedupes_total", "Requests deduped.", lambda v: v.counters.dedupes,
-                   "counter"),
-            *await gauge("gateway_budget_suppressions_total", "Times runs were held by a budget.",
-                   lambda v: v.counters.suppressions, "counter"),
-            *await gauge("gateway_suppressed", "1 while a budget suppresses the agent's runs.",
-                   lambda v: int(v.suppressed_until is not None)),
-            *await gauge("gateway_held", "1 while the agent's runs are held until a resume "
-                   "(the provider refused for spend).", lambda v: int(v.held is not None)),
             *family("gateway_agents", "gauge",
                     "Agents now, by what holds them: HALTED, REDUCING, suppressed by a "
                     "budget, held until a resume (an alert on any of them needs no other "
                     "series).",
-                    [f'gateway_agents{{state="{name}"}} {count}' for name, count in (
-                        ("halted", sum(v.trading.value == "HALTED" for v in views)),
-                        ("reducing", sum(v.trading.value == "REDUCING" for v in views)),
-                        ("suppressed", sum(v.suppressed_until is not None for v in views)),
-                        ("held", sum(v.held is not None for v in views)))]),
+                    [f'gateway_agents{{state="{name}"}} {count}'
+                     for name, count in series.counts.items()]),
             *family("gateway_requests_received_total", "counter",
                     "Requests received (its rate is the ingest rate).",
                     [f"gateway_requests_received_total {engine.requests_received}"]),
@@ -147,13 +104,13 @@ class ObserveRoutes(Routes):
                         "gateway_control_commit_latency_seconds")),
             *family("gateway_run_duration_seconds", "histogram", "Run durations.",
                     engine.runs.durations.lines("gateway_run_duration_seconds")),
-            *await gauge("gateway_runs_held", "1 while runs are held after a provider spend limit.",
-                   lambda v: int(v.held is not None)),
-            *self._connection_metrics(),
-            *self._cluster_metrics(),
-            *self._gate_metrics(now),
         ]
-        return "\n".join(lines) + "\n"
+        yield "\n".join(lines) + "\n"
+        async for piece in family_pieces(series, len(FAMILIES) - 1, FAMILIES[-1]):
+            yield piece
+        lines = [*self._connection_metrics(), *self._cluster_metrics(),
+                 *self._gate_metrics(now)]
+        yield "\n".join(lines) + "\n"
 
     def _connection_metrics(self) -> list[str]:
         connections = self.service.connections

@@ -1,0 +1,161 @@
+"""A scrape's per-agent series, bounded (Prometheus keeps every series it has seen): the
+agents that need attention first, then the deepest queues, up to a cap; every other agent's
+values summed under ``agent="_other"``. Rendered a step at a time, so that a big desk's
+scrape never holds the event loop for long (an emergency stop waits at most one step)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.base.metrics import family, label
+from gateway.runtime.engine import Engine
+from lanes import AgentStatus, status
+from lanes.vocabulary import TradingState
+
+OTHER = "_other"
+"""The label value of the agents past the cap: each of their values summed."""
+STATUSES_PER_STEP = 40
+"""Agents' statuses a scrape computes before it lets other work run (100 a step held the
+loop for 3 to 5 ms)."""
+SAMPLES_PER_STEP = 1_000
+"""Samples a scrape renders (or rows it sums) before it lets other work run."""
+
+Value = Callable[[AgentStatus], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A per-agent metric family: one sample per agent."""
+
+    name: str
+    kind: str
+    help: str
+    value: Value
+
+
+FAMILIES = (
+    Family("gateway_pending_requests", "gauge", "Requests waiting in the reasoning lane.",
+           lambda v: v.pending),
+    Family("gateway_oldest_pending_seconds", "gauge", "Age of the oldest pending request.",
+           lambda v: (v.oldest_pending_age_ms or 0) / 1000),
+    Family("gateway_active_run_seconds", "gauge", "Duration of the active run (0: idle).",
+           lambda v: v.active_run.duration_ms / 1000 if v.active_run else 0),
+    Family("gateway_halted", "gauge", "1 while the agent is HALTED.",
+           lambda v: int(v.trading is TradingState.HALTED)),
+    Family("gateway_runs_total", "counter", "Runs started.", lambda v: v.counters.runs),
+    Family("gateway_aborts_total", "counter", "Runs aborted.", lambda v: v.counters.aborts),
+    Family("gateway_drops_total", "counter", "Requests dropped.", lambda v: v.counters.drops),
+    Family("gateway_dedupes_total", "counter", "Requests deduped.",
+           lambda v: v.counters.dedupes),
+    Family("gateway_budget_suppressions_total", "counter", "Times runs were held by a budget.",
+           lambda v: v.counters.suppressions),
+    Family("gateway_suppressed", "gauge", "1 while a budget suppresses the agent's runs.",
+           lambda v: int(v.suppressed_until is not None)),
+    Family("gateway_held", "gauge", "1 while the agent's runs are held until a resume "
+           "(the provider refused for spend).", lambda v: int(v.held is not None)),
+    Family("gateway_runs_held", "gauge", "1 while runs are held after a provider spend limit.",
+           lambda v: int(v.held is not None)),
+)
+"""Every per-agent family, in the order of a row's values."""
+HALTED, SUPPRESSED, HELD = (
+    [f.name for f in FAMILIES].index(n)
+    for n in ("gateway_halted", "gateway_suppressed", "gateway_held"))
+PENDING = 0
+
+Row = tuple[Any, ...]
+"""An agent's values, in the order of `FAMILIES` (numbers only: the collector leaves such
+tuples alone)."""
+
+
+@dataclass(slots=True)
+class AgentSeries:
+    """The per-agent part of a scrape: the agents shown and their rows, the others' sums."""
+
+    shown: list[tuple[str, Row]]
+    """Agents with series of their own (in the engine's order) and their values."""
+    other: Row | None
+    """Each value summed over the other agents (None: there are none)."""
+    counts: dict[str, int]
+    """Agents by what holds them (``halted``, ``reducing``, ``suppressed``, ``held``), over
+    every agent."""
+
+
+async def agent_series(engine: Engine, agent_ids: Sequence[str], now: int,
+                       cap: int) -> AgentSeries:
+    """The values of ``agent_ids`` at ``now``: the first ``cap`` by attention (HALTED, held,
+    suppressed by a budget, with a storage fault), then by queue depth (deepest first),
+    then in the engine's order; the rest summed. A turn of the loop every
+    `STATUSES_PER_STEP` agents."""
+    rows: list[Row] = []
+    attention: list[bool] = []
+    counts = dict.fromkeys(("halted", "reducing", "suppressed", "held"), 0)
+    for start in range(0, len(agent_ids), STATUSES_PER_STEP):
+        if start:
+            await asyncio.sleep(0)
+        for agent_id in agent_ids[start:start + STATUSES_PER_STEP]:
+            view = status(engine.state(agent_id), now)
+            row: Row = tuple(f.value(view) for f in FAMILIES)
+            rows.append(row)
+            present = engine.present(agent_id)
+            attention.append(bool(row[HALTED] or row[HELD] or row[SUPPRESSED])
+                             or (present is not None and present.fault is not None))
+            counts["halted"] += row[HALTED]
+            counts["reducing"] += view.trading is TradingState.REDUCING
+            counts["suppressed"] += row[SUPPRESSED]
+            counts["held"] += row[HELD]
+    await asyncio.sleep(0)
+    chosen = pick(attention, [row[PENDING] for row in rows], cap)
+    shown = [(agent_ids[i], rows[i]) for i in chosen]
+    if len(chosen) == len(rows):
+        return AgentSeries(shown, None, counts)
+    kept = set(chosen)
+    sums: list[float] = [0] * len(FAMILIES)
+    for start in range(0, len(rows), SAMPLES_PER_STEP):
+        await asyncio.sleep(0)
+        rest = [row for i, row in enumerate(rows[start:start + SAMPLES_PER_STEP], start)
+                if i not in kept]
+        for j, column in enumerate(zip(*rest, strict=True)):
+            sums[j] += sum(column)
+    return AgentSeries(shown, tuple(sums), counts)
+
+
+def pick(attention: Sequence[bool], depth: Sequence[int], cap: int) -> list[int]:
+    """The indexes of the ``cap`` items to show, in order: those with ``attention`` first,
+    then the deepest; ties go to the earlier."""
+    if len(depth) <= cap:
+        return list(range(len(depth)))
+    first = [i for i, flag in enumerate(attention) if flag]
+    others = [i for i, flag in enumerate(attention) if not flag]
+    deepest = depth.__getitem__
+    # (Python's sort is stable, reversed too: equal depths keep their order.)
+    chosen = sorted(first, key=deepest, reverse=True)[:cap]
+    chosen += sorted(others, key=deepest, reverse=True)[:cap - len(chosen)]
+    return sorted(chosen)
+
+
+async def series_pieces(series: AgentSeries) -> AsyncIterator[str]:
+    """The text of each per-agent family except the last (`gateway_runs_held`, which a
+    scrape has always put after the histograms), `SAMPLES_PER_STEP` samples a piece, a turn
+    of the loop between two pieces; each piece ends with a newline."""
+    for j, fam in enumerate(FAMILIES[:-1]):
+        async for piece in family_pieces(series, j, fam):
+            yield piece
+
+
+async def family_pieces(series: AgentSeries, j: int, fam: Family) -> AsyncIterator[str]:
+    """The text of per-agent family ``fam`` (the ``j``-th value of a row)."""
+    lines = family(fam.name, fam.kind, fam.help, ())
+    shown = series.shown
+    for start in range(0, len(shown), SAMPLES_PER_STEP):
+        await asyncio.sleep(0)
+        lines += [f'{fam.name}{{agent="{label(agent_id)}"}} {row[j]}'
+                  for agent_id, row in shown[start:start + SAMPLES_PER_STEP]]
+        yield "\n".join(lines) + "\n"
+        lines = []
+    if series.other is not None:
+        lines.append(f'{fam.name}{{agent="{OTHER}"}} {series.other[j]}')
+    if lines:
+        yield "\n".join(lines) + "\n"
