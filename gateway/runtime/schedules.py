@@ -41,8 +41,11 @@ log = logging.getLogger("gateway.runtime.schedules")
 _TOKENS = re.compile(r"[,/#\-]")
 
 RESCAN_MS = 1_000
-"""The scheduler looks at the agents it owns at least this often (schedules changed, agents
-taken over) even when nothing is due."""
+"""The scheduler looks at the agents the engine holds at least this often (schedules
+changed, agents taken over) even when nothing is due."""
+SCAN_STEP = 500
+"""Agents looked at in one turn of the event loop during a pass (a pass over a big desk
+takes turns: about 0.3 ms each)."""
 RETRY_MS = 1_000
 """A firing the engine could not take (the log refused it, say) is tried again after this."""
 
@@ -216,7 +219,9 @@ class Scheduler:
         floors: dict[tuple[str, str], int] = {}
         plans: dict[tuple[str, str], tuple[object, int, int, int]] = {}
         states = list(self._states())
-        for state in states:
+        for index, state in enumerate(states):
+            if index and not index % SCAN_STEP:
+                await asyncio.sleep(0)  # a big desk's pass takes turns (a stop comes first)
             if state.agent_id not in self._seen:
                 self._seen.add(state.agent_id)
                 if self._adopt is not None:
@@ -226,7 +231,11 @@ class Scheduler:
                         self._seen.discard(state.agent_id)
                         log.warning("schedules of %s not applied yet: %s", state.agent_id,
                                     error)
-        for state in states:
+        for index, state in enumerate(states):
+            if index and not index % SCAN_STEP:
+                await asyncio.sleep(0)
+            if not state.schedules:
+                continue
             for schedule_id, entry in list(state.schedules.items()):
                 key = (state.agent_id, schedule_id)
                 floor = floors[key] = self._floors.get(key, now)
