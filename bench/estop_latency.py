@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import tempfile
 import threading
 import time
@@ -118,8 +119,11 @@ class Flood:
 
 
 def flood(url: str, agents: int, rate: int, seconds: float, start_ns: int,
-          window: int) -> Flood:
-    """In a child process: ``rate`` requests/s over ``CONNECTIONS`` feed connections."""
+          window: int, nice: int = 0) -> Flood:
+    """In a child process: ``rate`` requests/s over ``CONNECTIONS`` feed connections (at
+    ``nice``: the pool's worker keeps it for its later tasks)."""
+    if nice > os.nice(0):
+        os.nice(nice - os.nice(0))
     return asyncio.run(_flood(f"{url}/ws/feed", agent_names(agents), rate, seconds, start_ns,
                               window))
 
@@ -289,7 +293,8 @@ def _ready(barrier: threading.Barrier) -> None:
 
 async def _measure(stops: int, rate: int, seconds: float, agents: int, window: int,
                    pool: ProcessPoolExecutor, max_batch: int, postgres: str | None = None,
-                   probe: bool = False) -> Outcome:
+                   probe: bool = False, nice: int = 0,
+                   flood_pool: ProcessPoolExecutor | None = None) -> Outcome:
     loop = asyncio.get_running_loop()
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(2)
@@ -317,7 +322,7 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
             watching: set[asyncio.Task[None]] = set()
             unwatch = estop_probe.start(watching) if probe else None
             flooding = loop.run_in_executor(
-                pool, partial(flood, url, agents, rate, seconds, start, window))
+                flood_pool or pool, partial(flood, url, agents, rate, seconds, start, window, nice))
             stopping = loop.run_in_executor(
                 pool, partial(control, url, agents, stops, first, last))
             done, the_flood = await asyncio.gather(stopping, flooding)
@@ -406,30 +411,38 @@ def _figures(out: Outcome, rate: int, agents: int, max_batch: int,
 
 def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int = 100,
             window: int = 50, calm: int = 5_000, small_batch: int = 500,
-            postgres: int = 1, idle: int = 1, probe: int = 0) -> list[Figure]:
+            postgres: int = 1, idle: int = 1, probe: int = 0, flood_nice: int = 0
+            ) -> list[Figure]:
     """Emergency-stop latency with no flood at all (``idle``; 0: skip): the same stops, the
     same client, the feed connections open and silent; then under a feed flood of ``rate``
     requests/s, and the flood rate achieved, and the ratio of the two ack p99s; then the
     same under a flood of ``calm`` requests/s (0: skip), one the gateway keeps up with, to
     tell queueing from the control path itself; then the first flood again with commits of
     at most ``small_batch`` events (``[store] max_batch``; 0: skip), to show what smaller
-    commits trade. ``probe`` (1: on) adds where each stop waited (`bench.estop_probe`)."""
+    commits trade. ``probe`` (1: on) adds where each stop waited (`bench.estop_probe`).
+    ``flood_nice`` runs the flood's process at that niceness (as if the flood came from
+    another machine: on a small one, the load generator takes a core from the gateway)."""
     if probe:
         estop_probe.install()
     context = multiprocessing.get_context("spawn")
     figures: list[Figure] = []
-    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+    # A niced flood runs in a pool of its own (a worker cannot be made less nice again).
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool, \
+            ProcessPoolExecutor(max_workers=1, mp_context=context) as flood_pool:
+        niced = flood_pool if flood_nice else None
         idle_p99 = float("nan")
         if idle:
             out = asyncio.run(_measure(stops, 0, seconds, agents, window, pool,
-                                       DEFAULT_MAX_BATCH, probe=bool(probe)))
+                                       DEFAULT_MAX_BATCH, probe=bool(probe), nice=flood_nice,
+                                       flood_pool=niced))
             figures += _figures(out, 0, agents, DEFAULT_MAX_BATCH)[4:]  # no flood figures
             idle_p99 = _percentile(_ack_ms(out), 0.99)
         for offered, batch in ((rate, DEFAULT_MAX_BATCH), (calm, DEFAULT_MAX_BATCH),
                                (rate, small_batch)):
             if offered > 0 and batch > 0:
                 out = asyncio.run(_measure(stops, offered, seconds, agents, window, pool,
-                                           batch, probe=bool(probe)))
+                                           batch, probe=bool(probe), nice=flood_nice,
+                                           flood_pool=niced))
                 figures += _figures(out, offered, agents, batch)
                 if idle and offered == rate and batch == DEFAULT_MAX_BATCH:
                     figures.append(Figure(
@@ -451,4 +464,4 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
 
 if __name__ == "__main__":
     run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000,
-        small_batch=500, postgres=1, idle=1, probe=0)
+        small_batch=500, postgres=1, idle=1, probe=0, flood_nice=0)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -58,6 +60,15 @@ class Probe:
     """The pacer's units, ns each."""
     lags: list[int] = field(default_factory=list)
     """A 1 ms timer's lateness, ns each."""
+    turn_cpu: list[int] = field(default_factory=list)
+    """The pacer's units, ns of this thread's CPU each."""
+    settles: list[tuple[int, int, int]] = field(default_factory=list)
+    """(appends, ns resolving their futures, ns until the loop ran what that made ready)
+    of each commit's settling on the gateway's loop."""
+    beat: int = 0
+    """When the lag watch last ran (the loop is stalled while it is old)."""
+    stalls: dict[str, int] = field(default_factory=dict)
+    """Where the loop's thread was, sampled each ms while the loop was stalled over 3 ms."""
 
     def mark(self, stage: str, stream: str) -> None:
         """Note ``stream`` reaching ``stage`` now."""
@@ -67,8 +78,10 @@ class Probe:
         """Forget everything (a new variant starts)."""
         for records in (self.read, self.marks, self.sent):
             records.clear()
-        for series in (self.commits, self.turns, self.lags):
+        for series in (self.commits, self.turns, self.lags, self.turn_cpu):
             series.clear()
+        self.stalls.clear()
+        self.settles.clear()
 
 
 PROBE = Probe()
@@ -126,7 +139,14 @@ def install() -> Probe:
     settle = BatchWriter._settle
 
     def _settle(self: BatchWriter, batch: list[Pending], *args: Any) -> None:
+        started = now_ns()
         settle(self, batch, *args)
+        resolved = now_ns() - started
+
+        def after() -> None:  # behind the callbacks the resolved futures scheduled
+            probe.settles.append((len(batch), resolved, now_ns() - started))
+
+        asyncio.get_running_loop().call_soon(after)
         for pending in batch:
             if pending.append.urgent:
                 probe.mark("settled", pending.append.stream)
@@ -136,11 +156,12 @@ def install() -> Probe:
     @contextlib.asynccontextmanager
     async def _turn(self: Pacer) -> AsyncIterator[None]:
         async with turn(self):
-            started = now_ns()
+            started, cpu = now_ns(), time.thread_time_ns()
             try:
                 yield
             finally:
                 probe.turns.append(now_ns() - started)
+                probe.turn_cpu.append(time.thread_time_ns() - cpu)
 
     patches: list[tuple[type, str, object]] = [
         (Session, "_control_now", _control_now), (Session, "_acked", _acked),
@@ -154,10 +175,36 @@ def install() -> Probe:
 
 async def watch_lag(probe: Probe) -> None:
     """Until cancelled: how late a 1 ms timer fires on this loop, each time."""
-    while True:
-        due = now_ns() + 1_000_000
-        await asyncio.sleep(0.001)
-        probe.lags.append(max(0, now_ns() - due))
+    main = threading.get_ident()
+    done = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(probe, main, done), daemon=True)
+    sampler.start()
+    try:
+        while True:
+            probe.beat = due = now_ns() + 1_000_000
+            await asyncio.sleep(0.001)
+            probe.lags.append(max(0, now_ns() - due))
+    finally:
+        done.set()
+
+
+def _sample(probe: Probe, main: int, done: threading.Event) -> None:
+    """Each ms: if the loop's thread has not come back to the lag watch for 3 ms, note where
+    it is (its innermost frames in the project's code)."""
+    while not done.wait(0.001):
+        if now_ns() - probe.beat < 3_000_000:
+            continue
+        frame = sys._current_frames().get(main)
+        chain: list[str] = []
+        while frame is not None and len(chain) < 3:
+            name = frame.f_code.co_filename
+            if any(part in name for part in ("/gateway/", "/store/", "/lanes/")) \
+                    or not chain:
+                short = name.rsplit("/", 2)
+                chain.append(f"{'/'.join(short[-2:])}:{frame.f_code.co_name}")
+            frame = frame.f_back
+        key = " < ".join(chain)
+        probe.stalls[key] = probe.stalls.get(key, 0) + 1
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -206,14 +253,29 @@ def figures(probe: Probe, tag: str, stops: list[tuple[str, int, int]],
                f"ms / {_pct(took, 0.99):.2f} ms (max {max(took, default=0):.2f})"),
     ]
     turns = [t / 1e6 for t in probe.turns]
+    cpu = [t / 1e6 for t in probe.turn_cpu]
     lags = [t / 1e6 for t in probe.lags]
     out += [
         Figure(f"{tag} probe: pacer unit p50 / p99", _pct(turns, 0.5),
                f"ms / {_pct(turns, 0.99):.2f} ms (max {max(turns, default=0):.2f}, "
                f"{len(turns)} units)"),
+        Figure(f"{tag} probe: pacer unit CPU p50 / p99", _pct(cpu, 0.5),
+               f"ms / {_pct(cpu, 0.99):.2f} ms (max {max(cpu, default=0):.2f})"),
         Figure(f"{tag} probe: loop lag (1 ms timer late) p50 / p99", _pct(lags, 0.5),
                f"ms / {_pct(lags, 0.99):.2f} ms (max {max(lags, default=0):.2f})"),
     ]
+    for low, high in ((1, 10), (10, 100), (100, 400), (400, 10**9)):
+        some = [x for x in probe.settles if low <= x[0] < high]
+        if some:
+            out.append(Figure(
+                f"{tag} probe: settling commits of {low}-{high} appends: resolve p99 / "
+                f"through its callbacks p50 / p99", _pct([x[1] / 1e6 for x in some], 0.99),
+                f"ms / {_pct([x[2] / 1e6 for x in some], 0.5):.2f} / "
+                f"{_pct([x[2] / 1e6 for x in some], 0.99):.2f} ms ({len(some)})"))
+    total = sum(probe.stalls.values())
+    for key, count in sorted(probe.stalls.items(), key=lambda kv: -kv[1])[:12]:
+        out.append(Figure(f"{tag} probe: stalled loop at {key}", 100 * count / total,
+                          f"% of {total} samples"))
     return out
 
 
