@@ -17,6 +17,10 @@ sent -> the run's task cancelled (the reasoner records the moment it sees the ca
 both sides read ``CLOCK_MONOTONIC``, one clock for every process on the machine).
 
     uv run python -m bench.estop_latency [--stops N] [--rate N] [--seconds N] [--agents N]
+        [--idle 0|1] [--calm N] [--small_batch N] [--postgres 0|1]
+
+With ``--idle 1`` (the default) the same stops are first measured with no flood at all, and
+the figure "stop ack p99 under the flood / idle p99" compares the two in the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import tempfile
 import threading
 import time
@@ -37,7 +42,9 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
+from bench import estop_probe
 from bench.common import Figure, run
+from bench.estop_probe import Probe
 from bench.ws_ingest import (
     BATCH,
     CONTROL_TOKEN,
@@ -112,8 +119,11 @@ class Flood:
 
 
 def flood(url: str, agents: int, rate: int, seconds: float, start_ns: int,
-          window: int) -> Flood:
-    """In a child process: ``rate`` requests/s over ``CONNECTIONS`` feed connections."""
+          window: int, nice: int = 0) -> Flood:
+    """In a child process: ``rate`` requests/s over ``CONNECTIONS`` feed connections (at
+    ``nice``: the pool's worker keeps it for its later tasks)."""
+    if nice > os.nice(0):
+        os.nice(nice - os.nice(0))
     return asyncio.run(_flood(f"{url}/ws/feed", agent_names(agents), rate, seconds, start_ns,
                               window))
 
@@ -171,6 +181,8 @@ async def _flood(url: str, names: list[str], rate: int, seconds: float, start_ns
                                    f'"requests":[{items}]}}')
                 await ws.send(texts[frame_id])
                 totals["sent"] += BATCH
+            if not frames:
+                await sleep_until(stop_ns)  # idle: connected and silent as long as a flood
             done = True
             ended[0] = max(ended[0], now_ns())
             if texts:
@@ -192,6 +204,7 @@ class Stop:
 
     agent: str
     run_id: str
+    request_id: str
     sent_ns: int
     acked_ns: int
     decision: str
@@ -223,7 +236,7 @@ async def _control(url: str, names: list[str], stops: int, first_ns: int,
             sent = now_ns()
             ack = await client.submit(stop)
             acked = now_ns()
-            done.append(Stop(agent, run_id, sent, acked, ack.decision))
+            done.append(Stop(agent, run_id, stop["requestId"], sent, acked, ack.decision))
             await client.submit(_control_request(agent, "resume", n))
 
         # Stops go out on schedule; each waits for its own ack (one connection, pipelined).
@@ -270,6 +283,8 @@ class Outcome:
     """The share of those committed within 5 ms of their decision."""
     commit_p99_ms: float
     """The bucket bound (ms) under which 99 % of the flood's decisions were committed."""
+    probe: Probe | None = None
+    """What `bench.estop_probe` recorded (with ``--probe 1``)."""
 
 
 def _ready(barrier: threading.Barrier) -> None:
@@ -277,20 +292,26 @@ def _ready(barrier: threading.Barrier) -> None:
 
 
 async def _measure(stops: int, rate: int, seconds: float, agents: int, window: int,
-                   pool: ProcessPoolExecutor, max_batch: int, postgres: str | None = None
-                   ) -> Outcome:
+                   pool: ProcessPoolExecutor, max_batch: int, postgres: str | None = None,
+                   probe: bool = False, nice: int = 0,
+                   flood_pool: ProcessPoolExecutor | None = None) -> Outcome:
     loop = asyncio.get_running_loop()
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(2)
         await asyncio.gather(*(loop.run_in_executor(pool, _ready, barrier) for _ in range(2)))
     blocker = Blocker(agents)
     names = agent_names(agents)
-    config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + 100))
+    config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + stops + 100))
     with tempfile.TemporaryDirectory() as tmp:
         async with gateway(postgres or Path(tmp, "estop.db"), dict.fromkeys(names, config),
                            lambda _: blocker, max_batch) as (url, engine):
             for n, name in enumerate(names):
                 await engine.submit(parse_request(json.loads(request_json("first-", n, name))))
+            # One more request queued per stop an agent takes, so that each resume starts a
+            # run for the next stop even with no flood (under one the flood queues plenty).
+            for n in range(stops):
+                name = names[n % len(names)]
+                await engine.submit(parse_request(json.loads(request_json("next-", n, name))))
             await asyncio.wait_for(blocker.all_running.wait(), TIMEOUT)
             start = now_ns() + int(LEAD_S * 1e9)
             first = start + int(WARMUP_S * 1e9)
@@ -298,11 +319,15 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
             histogram, controls = engine.commit_latency, engine.control_commit_latency
             before = (histogram.total, histogram.count, list(histogram.counts))
             controls_before = (controls.total, controls.count, list(controls.counts))
+            watching: set[asyncio.Task[None]] = set()
+            unwatch = estop_probe.start(watching) if probe else None
             flooding = loop.run_in_executor(
-                pool, partial(flood, url, agents, rate, seconds, start, window))
+                flood_pool or pool, partial(flood, url, agents, rate, seconds, start, window, nice))
             stopping = loop.run_in_executor(
                 pool, partial(control, url, agents, stops, first, last))
             done, the_flood = await asyncio.gather(stopping, flooding)
+            if unwatch is not None:
+                unwatch()
             await engine.flush()
             commits = histogram.count - before[1]
             commit_ms = 1000 * (histogram.total - before[0]) / max(1, commits)
@@ -312,7 +337,8 @@ async def _measure(stops: int, rate: int, seconds: float, agents: int, window: i
             within = sum(controls.counts[:fast]) - sum(controls_before[2][:fast])
             spread = [now - then for now, then in zip(histogram.counts, before[2], strict=True)]
     return Outcome(done, the_flood, dict(blocker.cancelled), stops, commit_ms, control_ms,
-                   within / max(1, control_commits), _bucket_p99(spread))
+                   within / max(1, control_commits), _bucket_p99(spread),
+                   estop_probe.PROBE if probe else None)
 
 
 def _bucket_p99(counts: list[int]) -> float:
@@ -333,13 +359,24 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _during(out: Outcome) -> list[Stop]:
+    """The stops sent while the flood (or the idle stretch) lasted."""
+    return [s for s in out.stops if s.sent_ns <= out.flood.ended_ns]
+
+
+def _ack_ms(out: Outcome) -> list[float]:
+    """Frame sent -> ack received (ms) of each stop sent during the flood."""
+    return [(s.acked_ns - s.sent_ns) / 1e6 for s in _during(out)]
+
+
 def _figures(out: Outcome, rate: int, agents: int, max_batch: int,
              engine: str = "") -> list[Figure]:
     flood_ = out.flood
-    tag = f"[{engine}{rate:,}/s offered]" if max_batch == DEFAULT_MAX_BATCH else (
-        f"[{engine}{rate:,}/s offered, max_batch {max_batch:,}]")
-    during = [s for s in out.stops if s.sent_ns <= flood_.ended_ns]
-    ack_ms = [(s.acked_ns - s.sent_ns) / 1e6 for s in during]
+    offered = f"{rate:,}/s offered" if rate else "idle, no flood"
+    tag = f"[{engine}{offered}]" if max_batch == DEFAULT_MAX_BATCH else (
+        f"[{engine}{offered}, max_batch {max_batch:,}]")
+    during = _during(out)
+    ack_ms = _ack_ms(out)
     abort_ms = [(out.cancelled[s.run_id] - s.sent_ns) / 1e6 for s in during
                 if s.run_id in out.cancelled]
     aborted = sum(s.run_id in out.cancelled for s in out.stops)
@@ -367,26 +404,51 @@ def _figures(out: Outcome, rate: int, agents: int, max_batch: int,
                "<= 5 ms"),
         Figure(f"{tag} stop: frame sent -> ack received, max",
                max(ack_ms, default=float("nan")), "ms"),
-    ]
+    ] + ([] if out.probe is None else estop_probe.figures(
+        out.probe, tag, [(s.request_id, s.sent_ns, s.acked_ns) for s in during],
+        (flood_.started_ns, flood_.ended_ns)))
 
 
 def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int = 100,
             window: int = 50, calm: int = 5_000, small_batch: int = 500,
-            postgres: int = 1) -> list[Figure]:
-    """Emergency-stop latency under a feed flood of ``rate`` requests/s, and the flood rate
-    achieved; then the same under a flood of ``calm`` requests/s (0: skip), one the
-    gateway keeps up with, to tell queueing from the control path itself; then the first
-    flood again with commits of at most ``small_batch`` events (``[store] max_batch``; 0:
-    skip), to show what smaller commits trade."""
+            postgres: int = 1, idle: int = 1, probe: int = 0, flood_nice: int = 0
+            ) -> list[Figure]:
+    """Emergency-stop latency with no flood at all (``idle``; 0: skip): the same stops, the
+    same client, the feed connections open and silent; then under a feed flood of ``rate``
+    requests/s, and the flood rate achieved, and the ratio of the two ack p99s; then the
+    same under a flood of ``calm`` requests/s (0: skip), one the gateway keeps up with, to
+    tell queueing from the control path itself; then the first flood again with commits of
+    at most ``small_batch`` events (``[store] max_batch``; 0: skip), to show what smaller
+    commits trade. ``probe`` (1: on) adds where each stop waited (`bench.estop_probe`).
+    ``flood_nice`` runs the flood's process at that niceness (as if the flood came from
+    another machine: on a small one, the load generator takes a core from the gateway)."""
+    if probe:
+        estop_probe.install()
     context = multiprocessing.get_context("spawn")
     figures: list[Figure] = []
-    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+    # A niced flood runs in a pool of its own (a worker cannot be made less nice again).
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool, \
+            ProcessPoolExecutor(max_workers=1, mp_context=context) as flood_pool:
+        niced = flood_pool if flood_nice else None
+        idle_p99 = float("nan")
+        if idle:
+            out = asyncio.run(_measure(stops, 0, seconds, agents, window, pool,
+                                       DEFAULT_MAX_BATCH, probe=bool(probe), nice=flood_nice,
+                                       flood_pool=niced))
+            figures += _figures(out, 0, agents, DEFAULT_MAX_BATCH)[4:]  # no flood figures
+            idle_p99 = _percentile(_ack_ms(out), 0.99)
         for offered, batch in ((rate, DEFAULT_MAX_BATCH), (calm, DEFAULT_MAX_BATCH),
                                (rate, small_batch)):
             if offered > 0 and batch > 0:
                 out = asyncio.run(_measure(stops, offered, seconds, agents, window, pool,
-                                           batch))
+                                           batch, probe=bool(probe), nice=flood_nice,
+                                           flood_pool=niced))
                 figures += _figures(out, offered, agents, batch)
+                if idle and offered == rate and batch == DEFAULT_MAX_BATCH:
+                    figures.append(Figure(
+                        f"[{rate:,}/s offered] stop ack p99 under the flood / idle p99 "
+                        "(same run)", _percentile(_ack_ms(out), 0.99) / idle_p99, "x",
+                        "<= 2x"))
         if postgres and pg_server.find_binaries() is not None:
             # The same floods on PostgreSQL (a throwaway server, fsync on; one member).
             with pg_server.throwaway(durable=True) as server:
@@ -402,4 +464,4 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
 
 if __name__ == "__main__":
     run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000,
-        small_batch=500, postgres=1)
+        small_batch=500, postgres=1, idle=1, probe=0, flood_nice=0)
