@@ -374,7 +374,7 @@ class Engine:
         return bool(decisions)
 
     def _scheduled_states(self) -> list[AgentState]:
-        return [agent.state for agent in self._agents.values()]
+        return [agent.core.state for agent in self._agents.values()]
 
     async def report(self, agent_id: str, event: Input) -> list[Decision]:
         """Any other input from outside (a broker report, say), after its commit."""

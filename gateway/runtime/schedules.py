@@ -43,9 +43,9 @@ _TOKENS = re.compile(r"[,/#\-]")
 RESCAN_MS = 1_000
 """The scheduler looks at the agents the engine holds at least this often (schedules
 changed, agents taken over) even when nothing is due."""
-SCAN_STEP = 500
+SCAN_STEP = 200
 """Agents looked at in one turn of the event loop during a pass (a pass over a big desk
-takes turns: about 0.3 ms each)."""
+takes turns)."""
 RETRY_MS = 1_000
 """A firing the engine could not take (the log refused it, say) is tried again after this."""
 
@@ -219,9 +219,11 @@ class Scheduler:
         floors: dict[tuple[str, str], int] = {}
         plans: dict[tuple[str, str], tuple[object, int, int, int]] = {}
         states = list(self._states())
+        present: set[str] = set()
         for index, state in enumerate(states):
             if index and not index % SCAN_STEP:
                 await asyncio.sleep(0)  # a big desk's pass takes turns (a stop comes first)
+            present.add(state.agent_id)
             if state.agent_id not in self._seen:
                 self._seen.add(state.agent_id)
                 if self._adopt is not None:
@@ -265,6 +267,6 @@ class Scheduler:
                 wake = min(wake, step.wake)
         self._floors = floors  # (an agent handed over and back is taken up afresh)
         self._plans = plans
-        self._seen &= {state.agent_id for state in states}
+        self._seen &= present
         self.passes += 1
         return wake
