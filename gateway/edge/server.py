@@ -175,8 +175,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         code = message.get("code", 1000)
         reason = message.get("reason", "") or ""
         try:
-            if self.conn.expect_continuation_frame:  # a fragmented message was cut short
-                self.conn.send_continuation(b"", fin=True)
+            # A message cut short in its fragments stays unfinished: a close may come between
+            # them (RFC 6455, 5.4) and the client drops what it had of the message. Ending it
+            # with an empty fragment would hand the client a truncated text.
             self.conn.send_close(code, reason)
         except InvalidState:  # the client's own close came first
             raise ClientDisconnected() from None

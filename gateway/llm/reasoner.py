@@ -27,7 +27,7 @@ SlotT = TypeVar("SlotT")
 
 class CallGate(Protocol[SlotT]):
     """What a run's LLM calls need of their provider gate: slots, given back with how the
-    provider answered (`gateway.runtime.gate.SlotGate` is one)."""
+    provider answered (`gateway.runtime.gate.SlotGate` is it, for the gate's slots)."""
 
     @property
     def provider(self) -> str:

@@ -13,10 +13,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.base.clock import Clock
 from gateway.errors import GatewayError, StorageFailed, Unstorable
+from gateway.llm.reasoner import CallGate
 from gateway.runtime.core import Commit, EventIds, StreamCore
 from lanes.codec import Unrepeatable
 from lanes.gate import (
@@ -97,33 +98,9 @@ class Slot:
     probe: bool
 
 
-class SlotGate(Protocol):
-    """What a run needs of its provider gate: slots, given back with how the provider
-    answered (`ProviderGate`, or `gateway.cluster.peers.RoutedGate` when another process owns
-    it)."""
-
-    @property
-    def provider(self) -> str:
-        """The provider's name."""
-        ...
-
-    @property
-    def limits(self) -> GateLimits:
-        """The limits in force."""
-        ...
-
-    def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-              input_tokens: int = 0, output_tokens: int = 0
-              ) -> contextlib.AbstractAsyncContextManager[Slot]:
-        """A slot that is always given back."""
-        ...
-
-    def release(self, slot: Slot, outcome: CallOutcome, *, input_tokens: int | None = None,
-                output_tokens: int | None = None, retry_after_ms: int | None = None,
-                remaining_requests: int | None = None, remaining_tokens: int | None = None,
-                reset_at: int | None = None) -> None:
-        """Give a slot back with how the provider answered."""
-        ...
+SlotGate = CallGate[Slot]
+"""What a run needs of its provider gate: slots, given back with how the provider answered
+(`ProviderGate`, or `gateway.cluster.peers.RoutedGate` when another process owns it)."""
 
 
 class ProviderGate:
