@@ -169,9 +169,7 @@ async def test_an_engine_beside_others_never_stores_a_snapshot_of_the_agents_it_
                     snapshot_every=1)
     await engine.start()
     try:
-        await store.join("m1", 600_000)
-        fence = Fence("m1", (await store.acquire("m1", ["a"]))["a"])
-        engine.holding.load("a", await store.read_stream("a"), fence)
+        await adopted(engine, store)
         for n in range(3):
             await asyncio.wait_for(engine.submit(request("a", dedupeKey=f"k{n}")), TIMEOUT)
         await engine.flush()
