@@ -87,8 +87,10 @@ class Router:
             raise RuntimeError("the router is not attached to a member yet")
         loop = asyncio.get_running_loop()
         answers: list[asyncio.Future[Ack]] = [loop.create_future() for _ in requests]
-        here = [i for i, r in enumerate(requests) if engine.holds(r.agent_id)]
-        away = [i for i, r in enumerate(requests) if not engine.holds(r.agent_id)]
+        here: list[int] = []
+        away: list[int] = []
+        for index, request in enumerate(requests):
+            (here if engine.holds(request.agent_id) else away).append(index)
         if here:
             taken = engine.take([requests[i] for i in here], principal, batch)
             for index, future in zip(here, taken, strict=True):

@@ -52,7 +52,6 @@ class _Placed:
     offset: int
     """Of its input's event among the group's."""
     decisions: list[Decision]
-    agent: Agent
 
 
 @dataclass(slots=True)
@@ -143,9 +142,9 @@ class Intake:
         for group, waiting in batch.placed.items():
             commit = group.outcome.commit
             if commit is None:
-                self._settle(waiting, None)
+                self._settle(group, waiting, None)
             else:
-                commit.add_done_callback(partial(self._settle, waiting))
+                commit.add_done_callback(partial(self._settle, group, waiting))
         batch.groups.clear()
         batch.placed.clear()
 
@@ -181,11 +180,11 @@ class Intake:
                 future.set_exception(error)
                 continue
             batch.placed.setdefault(group, []).append(
-                _Placed(future, received, len(group.events), decisions, agent))
+                _Placed(future, received, len(group.events), decisions))
             group.events += events
             group.decisions += decisions
 
-    def _settle(self, waiting: list[_Placed],
+    def _settle(self, group: Group, waiting: list[_Placed],
                 commit: asyncio.Future[list[RecordedEvent]] | None) -> None:
         """Answer the requests of a group once its append settled."""
         if commit is not None and commit.cancelled():
@@ -204,7 +203,7 @@ class Intake:
                 future.set_exception(self._refused(item.received, error)
                                      if isinstance(error, GatewayError) else error)
                 continue
-            item.agent.controls.stored(request_id)
+            group.agent.controls.stored(request_id)
             try:
                 future.set_result(ack_of(request_id, item.decisions, records[item.offset:]))
             except AssertionError as bug:  # (no decision for it: a bug, said to its caller)
