@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.base.clock import FakeClock
-from gateway.llm.port import Completion, Message, ProviderCallError, RateHints
+from gateway.llm.port import Completion, Message, ProviderCallError, RateHints, ToolSpec
 from gateway.llm.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
@@ -41,7 +41,7 @@ class ScriptedLLM:
         self.called = asyncio.Event()
 
     async def complete(self, *, system: str, messages: Sequence[Message],
-                       max_tokens: int) -> Completion:
+                       max_tokens: int, tools: Sequence[ToolSpec] = ()) -> Completion:
         self.calls.append(list(messages))
         self.called.set()
         step = self.steps.pop(0)
