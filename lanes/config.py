@@ -26,6 +26,8 @@ MAX_MS = 3_650 * DAY_MS
 """The longest duration a config takes (ten years): time arithmetic on it never overflows."""
 MAX_COUNT = 1_000_000_000
 """The largest count a config takes."""
+MAX_GATE_WEIGHT = 1_000
+"""The largest weight an agent takes at its provider gate."""
 STORED = "stored"
 """Serialization context key: the dump is for the event log (`lanes.codec`)."""
 
@@ -115,6 +117,9 @@ class AgentConfig(WireModel):
     call_results: CallResults = CallResults.ALL
     """How call results come back, unless the run that made the calls says."""
     run_timeout_ms: int = Field(default=120_000, ge=1, le=MAX_MS)
+    gate_weight: int = Field(default=1, ge=1, le=MAX_GATE_WEIGHT)
+    """The agent's weight at its provider gate: under contention, agents get tokens in
+    proportion to their weights (`lanes.gate`)."""
     halt_on_alerts: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), max_length=1_000)
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
@@ -156,4 +161,5 @@ class AgentConfig(WireModel):
 
 _WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
     (name, AgentConfig.model_fields[name].default)
-    for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results"))
+    for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results",
+                 "gate_weight"))

@@ -158,14 +158,15 @@ class RoutedGate:
         return self.gate.state.limits or self.gate.limits
 
     async def acquire(self, agent_id: str, run_id: str, priority: Priority,
-                      input_tokens: int, output_tokens: int) -> Slot:
+                      input_tokens: int, output_tokens: int, weight: int = 1) -> Slot:
         """Wait for a slot wherever the gate is owned (`SlotRefusedError` if refused)."""
         while True:
             slot_id = f"{run_id}/{self.gate.ids()}"  # a new one each time: never reused
             if self.gate.loaded:
                 try:
                     slot = await self.gate.acquire(agent_id, run_id, priority, input_tokens,
-                                                   output_tokens, slot_id=slot_id)
+                                                   output_tokens, slot_id=slot_id,
+                                                   weight=weight)
                 except GateMoved:
                     continue
                 self._held[slot.slot_id] = None
@@ -176,7 +177,7 @@ class RoutedGate:
                 continue
             body = {"agentId": agent_id, "runId": run_id, "priority": priority.value,
                     "inputTokens": input_tokens, "outputTokens": output_tokens,
-                    "slotId": slot_id}
+                    "slotId": slot_id, "weight": weight}
             try:
                 answer = await self._asking(owner, body)
             except SlotRefusedError:
@@ -238,9 +239,11 @@ class RoutedGate:
 
     @contextlib.asynccontextmanager
     async def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-                    input_tokens: int = 0, output_tokens: int = 0) -> AsyncIterator[Slot]:
+                    input_tokens: int = 0, output_tokens: int = 0, weight: int = 1
+                    ) -> AsyncIterator[Slot]:
         """A slot that is always given back (as `ProviderGate.using`)."""
-        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens)
+        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens,
+                                  weight)
         try:
             yield slot
         finally:

@@ -40,9 +40,9 @@ class CallGate(Protocol[SlotT]):
         ...
 
     def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-              input_tokens: int = 0, output_tokens: int = 0
+              input_tokens: int = 0, output_tokens: int = 0, weight: int = 1
               ) -> contextlib.AbstractAsyncContextManager[SlotT]:
-        """A slot that is always given back."""
+        """A slot that is always given back (``weight``: the agent's gate weight)."""
         ...
 
     def release(self, slot: SlotT, outcome: CallOutcome, *, input_tokens: int | None = None,
@@ -92,6 +92,7 @@ class RunContext:
         clock: Clock,
         report_steerable: Callable[[bool], None],
         gate: CallGate[Any] | None = None,
+        gate_weight: int = 1,
     ) -> None:
         self.agent_id = agent_id
         self.run_id = run_id
@@ -101,6 +102,8 @@ class RunContext:
         self.clock = clock
         self.gate = gate
         """The provider gate every LLM call of this run goes through (None: ungated)."""
+        self.gate_weight = gate_weight
+        """The agent's weight at the gate (`lanes.config.AgentConfig.gate_weight`)."""
         self._report_steerable = report_steerable
         self._steers: asyncio.Queue[AgentRequest] = asyncio.Queue()
 
@@ -128,7 +131,7 @@ class RunContext:
         while True:
             failed: ProviderCallError | None = None
             async with gate.using(self.agent_id, self.run_id, self.priority, input_tokens,
-                                  output_tokens) as slot:
+                                  output_tokens, self.gate_weight) as slot:
                 try:
                     completion = await make()
                 except ProviderCallError as error:

@@ -70,6 +70,7 @@ class Runs:
             clock=self._clock,
             report_steerable=partial(self._steerable, agent, run.run_id),
             gate=self._gate_of(agent.agent_id),
+            gate_weight=agent.state.config.gate_weight,
         )
         agent.context = context
         agent.run_started[run.run_id] = time.perf_counter()

@@ -99,6 +99,31 @@ async def test_a_run_calls_the_model_under_a_slot_and_releases_it_with_the_real_
     await engine.stop()
 
 
+async def test_an_agents_gate_weight_goes_with_its_slot_requests_and_a_weight_of_1_is_not_stored(
+) -> None:
+    client = ScriptedLLM(answer("no_trade"), answer("no_trade"))
+    engine, store, _ = await engine_with(client, agents=("heavy",),
+                                         config=AgentConfig(gate_weight=3))
+    await engine.submit(request("heavy"))
+    await next_event(store, "RunCompleted")
+    gate = engine.gates["claude"]
+    await gate.flush()
+    asked = [json.loads(r.data) for r in await store.read_stream("provider:claude")
+             if r.type in ("SlotRequested", "SlotQueued")]
+    assert [a["weight"] for a in asked] == [3, 3]
+    assert gate.state.shares["heavy"].weight == 3
+    await engine.stop()
+
+    light, light_store, _ = await engine_with(ScriptedLLM(answer("no_trade")))
+    await light.submit(request("btc"))
+    await next_event(light_store, "RunCompleted")
+    await light.gates["claude"].flush()
+    stored = [json.loads(r.data) for r in await light_store.read_stream("provider:claude")
+              if r.type in ("SlotRequested", "SlotQueued")]
+    assert len(stored) == 2 and all("weight" not in data for data in stored)
+    await light.stop()
+
+
 async def test_one_concurrent_call_makes_the_second_agent_wait_its_turn() -> None:
     first: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
     client = ScriptedLLM(first, answer())
