@@ -113,6 +113,8 @@ TOOLS: Final[Mapping[str, Tool]] = {tool.name: tool for tool in (
 """Every built-in tool, by name."""
 
 TOOL_NAMES: Final = tuple(TOOLS)
+OFFERED: Final = tuple(name for name, tool in TOOLS.items() if tool.kind is not ToolKind.CALLS)
+"""The tools an agent may be given today (the sub-agent tools are defined, not run yet)."""
 
 
 class ToolArgumentError(ValueError):

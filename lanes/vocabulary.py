@@ -79,6 +79,28 @@ class CallIntent(WireModel):
     agent's ``call_timeout_ms``)."""
 
 
+STEP_TEXT_LIMIT = 4_000
+"""Characters of a model's text, a tool result or a call's malformed arguments kept in the
+log; a longer one is cut there, with the whole's size and SHA-256 (docs/agents.md)."""
+
+
+class ToolCallMade(WireModel):
+    """A tool call the model asked for in one step of a run: its id (the provider's), the
+    tool's name, and its arguments (or, when they were not a JSON object, what was sent)."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    arguments: JsonObject = Field(default_factory=dict)
+    malformed: str | None = Field(default=None, max_length=STEP_TEXT_LIMIT)
+
+
+class ToolRefusal(WireModel):
+    """A tool call the agent's rules refused: the error the model is answered with."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    error: str = Field(max_length=2_000)
+
+
 class CallStatus(StrEnum):
     """How a sub-agent call ended: every call ends in exactly one of these."""
 
