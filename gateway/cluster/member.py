@@ -150,6 +150,13 @@ class Cluster:
             found = self.owner_of(stream)
         return found
 
+    async def relocate(self, stream: str) -> str | None:
+        """`owner_of` after reading the leases again now (the owner last read went silent:
+        a lease whose member expired is free in the new read)."""
+        with contextlib.suppress(StoreError):
+            self.view = await self.store.leases()
+        return self.owner_of(stream)
+
     async def start(self) -> None:
         """Join, take this member's share of the streams, and keep it up in the
         background."""

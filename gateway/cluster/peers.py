@@ -44,6 +44,24 @@ class PeerError(GatewayError):
     code = "unavailable"
 
 
+class PeerUnreachable(PeerError):
+    """Another gateway process could not be reached, or hung up before it answered."""
+
+
+class Unanswered(GatewayError):
+    """A forwarded request's owner did not answer within the lease (paused, cut off, gone)
+    and no other process has taken its agent over yet."""
+
+    code = "unavailable"
+
+    def __init__(self, agent_id: str, owners: list[str], lease_ms: int) -> None:
+        super().__init__(
+            f"agent {agent_id!r}: its gateway process ({', '.join(owners)}) did not answer "
+            f"within the lease ({lease_ms} ms) and no other process has taken the agent over "
+            "yet; nothing is known to be taken: retry with the same requestId")
+        self.agent_id = agent_id
+
+
 class Peers:
     """HTTP clients to the other processes of the cluster, one connection pool for all."""
 
@@ -69,7 +87,7 @@ class Peers:
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s)
             answer = response.json()
         except (httpx.HTTPError, ValueError) as error:
-            raise PeerError(f"the gateway process at {owner} did not answer ({error!r}); "
+            raise PeerUnreachable(f"the gateway process at {owner} did not answer ({error!r}); "
                             "nothing is known to be taken: retry with the same "
                             "requestId") from None
         if response.status_code == 404:  # what a member with another secret answers

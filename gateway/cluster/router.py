@@ -3,7 +3,10 @@
 `Router.take` gives the engine only the requests of agents this process decides for; the
 others go to their owners (`Peers.submit_many`, one call per owner, all at once). A request
 the engine refused because its agent left this process meanwhile (`NotOwner`) is sent on to
-the current owner. The router is also what the engine is told of the others (its
+the current owner. A forward waits about the lease at most: an owner silent that long
+(paused, cut off) is passed over for whoever owns the agent by then, as the leases are read
+again, and failing that the request is answered ``unavailable`` (`Unanswered`). The router
+is also what the engine is told of the others (its
 `gateway.runtime.engine.Elsewhere`): reads of their agents come from the replicas.
 """
 
@@ -16,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gateway.base.tasks import spawn
-from gateway.cluster.peers import Peers
+from gateway.cluster.peers import CALL_TIMEOUT_S, Peers, PeerUnreachable, Unanswered
 from gateway.cluster.replicas import Replicas
 from gateway.errors import GatewayError, NotOwner, UnknownAgent
 from gateway.runtime.acks import Ack
@@ -121,21 +124,37 @@ class Router:
             answer.set_result(done.result())
 
     async def _forward(self, items: list[tuple[int, AgentRequest]], principal: str | None,
-                       answers: list[asyncio.Future[Ack]]) -> None:
-        """Send requests to their owners (one call per owner, all at once)."""
+                       answers: list[asyncio.Future[Ack]],
+                       silent: frozenset[str] = frozenset()) -> None:
+        """Send requests to their owners (one call per owner, all at once). An owner that
+        does not answer within the lease (paused, cut off, gone) is passed over: its
+        requests go once to whoever owns their agents then (``silent``: the owners passed
+        over), else they are answered `unavailable`."""
         owners: dict[str, list[tuple[int, AgentRequest]]] = {}
         for index, request in items:
             error = self.missing(request.agent_id)
-            owner = await self._locate(request.agent_id) if isinstance(error, NotOwner) \
-                else None
+            if not isinstance(error, NotOwner):
+                answers[index].set_exception(error)
+                continue
+            owner = await (self._relocate(request.agent_id, silent) if silent
+                           else self._locate(request.agent_id))
             if owner is None:
-                answers[index].set_exception(error if not isinstance(error, NotOwner)
-                                             else NotOwner(request.agent_id, None))
+                answers[index].set_exception(
+                    Unanswered(request.agent_id, sorted(silent), self._lease_ms()) if silent
+                    else NotOwner(request.agent_id, None))
                 continue
             owners.setdefault(owner, []).append((index, request))
 
         async def send(owner: str, part: list[tuple[int, AgentRequest]]) -> None:
-            results = await self.peers.submit_many(owner, [r for _, r in part], principal)
+            results = await self._submit(owner, [r for _, r in part], principal)
+            if results is None:  # silent: once more, wherever the agents are now
+                if silent:
+                    for index, request in part:
+                        answers[index].set_exception(Unanswered(
+                            request.agent_id, sorted(silent | {owner}), self._lease_ms()))
+                else:
+                    await self._forward(part, principal, answers, silent | {owner})
+                return
             for (index, _), result in zip(part, results, strict=True):
                 if isinstance(result, GatewayError):
                     answers[index].set_exception(result)
@@ -143,6 +162,42 @@ class Router:
                     answers[index].set_result(result)
 
         await asyncio.gather(*(send(owner, part) for owner, part in owners.items()))
+
+    async def _submit(self, owner: str, requests: list[AgentRequest], principal: str | None
+                      ) -> list[Ack | GatewayError] | None:
+        """`Peers.submit_many` at ``owner``, waiting about the lease at most (None: it did
+        not answer in time, or could not be reached)."""
+        try:
+            async with asyncio.timeout(self._lease_ms() / 1000):
+                results = await self.peers.submit_many(owner, requests, principal)
+        except TimeoutError:
+            log.info("the owner at %s did not answer within the lease (%d ms); asking where "
+                     "its agents are now", owner, self._lease_ms())
+            return None
+        if results and all(isinstance(r, PeerUnreachable) for r in results):
+            log.info("the owner at %s could not be reached; asking where its agents are "
+                     "now", owner)
+            return None
+        return results
+
+    async def _relocate(self, agent_id: str, silent: frozenset[str]) -> str | None:
+        """The owner of an agent whose owner went ``silent``, as the leases say afresh:
+        read every period until another member holds it, for a lease at most."""
+        member = self._member
+        if member is None:
+            return None
+        deadline = asyncio.get_running_loop().time() + member.lease_ms / 1000
+        while True:
+            owner = await member.relocate(agent_id)
+            if owner is not None and owner not in silent:
+                return owner
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(left, member.period_ms / 1000))  # (waiting on I/O)
+
+    def _lease_ms(self) -> int:
+        return round(CALL_TIMEOUT_S * 1000) if self._member is None else self._member.lease_ms
 
     async def _locate(self, agent_id: str) -> str | None:
         return None if self._member is None else await self._member.locate(agent_id)
