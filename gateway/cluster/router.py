@@ -100,7 +100,8 @@ class Router:
                 future.add_done_callback(partial(self._taken, requests[index], principal,
                                                  answers[index]))
         if away:
-            self._spawn(self._forward([(i, requests[i]) for i in away], principal, answers))
+            self._spawn(self._forward([(i, requests[i]) for i in away], principal, answers),
+                        [answers[i] for i in away])
         return answers
 
     def finish(self, batch: Batch) -> None:
@@ -117,11 +118,9 @@ class Router:
             return
         error = done.exception()
         if isinstance(error, NotOwner):
-            self._spawn(self._forward([(0, request)], principal, [answer]))
-        elif error is not None:
-            answer.set_exception(error)
+            self._spawn(self._forward([(0, request)], principal, [answer]), [answer])
         else:
-            answer.set_result(done.result())
+            _settle(answer, error or done.result())
 
     async def _forward(self, items: list[tuple[int, AgentRequest]], principal: str | None,
                        answers: list[asyncio.Future[Ack]],
@@ -134,12 +133,12 @@ class Router:
         for index, request in items:
             error = self.missing(request.agent_id)
             if not isinstance(error, NotOwner):
-                answers[index].set_exception(error)
+                _settle(answers[index], error)
                 continue
             owner = await (self._relocate(request.agent_id, silent) if silent
                            else self._locate(request.agent_id))
             if owner is None:
-                answers[index].set_exception(
+                _settle(answers[index],
                     Unanswered(request.agent_id, sorted(silent), self._lease_ms()) if silent
                     else NotOwner(request.agent_id, None))
                 continue
@@ -150,35 +149,49 @@ class Router:
             if results is None:  # silent: once more, wherever the agents are now
                 if silent:
                     for index, request in part:
-                        answers[index].set_exception(Unanswered(
+                        _settle(answers[index], Unanswered(
                             request.agent_id, sorted(silent | {owner}), self._lease_ms()))
                 else:
                     await self._forward(part, principal, answers, silent | {owner})
                 return
             for (index, _), result in zip(part, results, strict=True):
-                if isinstance(result, GatewayError):
-                    answers[index].set_exception(result)
-                else:
-                    answers[index].set_result(result)
+                _settle(answers[index], result)
 
         await asyncio.gather(*(send(owner, part) for owner, part in owners.items()))
 
     async def _submit(self, owner: str, requests: list[AgentRequest], principal: str | None
                       ) -> list[Ack | GatewayError] | None:
-        """`Peers.submit_many` at ``owner``, waiting about the lease at most (None: it did
-        not answer in time, or could not be reached)."""
+        """`Peers.submit_many` at ``owner``; None if it could not be reached, or went silent:
+        no answer within a lease and its member lease not renewed since (paused, cut off).
+        An owner still renewing its lease is only slow: it is waited for (up to the peers'
+        own timeout)."""
+        sending = asyncio.ensure_future(self.peers.submit_many(owner, requests, principal))
         try:
-            async with asyncio.timeout(self._lease_ms() / 1000):
-                results = await self.peers.submit_many(owner, requests, principal)
-        except TimeoutError:
-            log.info("the owner at %s did not answer within the lease (%d ms); asking where "
-                     "its agents are now", owner, self._lease_ms())
-            return None
+            while True:
+                done, _ = await asyncio.wait([sending], timeout=self._lease_ms() / 1000)
+                if done or await self._alive(owner):
+                    if done:
+                        break
+                    continue
+                log.info("the owner at %s did not answer within the lease (%d ms) and its "
+                         "lease was not renewed; asking where its agents are now", owner,
+                         self._lease_ms())
+                return None
+        finally:
+            sending.cancel()  # (nothing, if it is done)
+        results = sending.result()
         if results and all(isinstance(r, PeerUnreachable) for r in results):
             log.info("the owner at %s could not be reached; asking where its agents are "
                      "now", owner)
             return None
         return results
+
+    async def _alive(self, owner: str) -> bool:
+        """Whether the member serving at ``owner`` renewed its lease, as read afresh."""
+        member = self._member
+        if member is None:
+            return True
+        return await member.serving(owner)
 
     async def _relocate(self, agent_id: str, silent: frozenset[str]) -> str | None:
         """The owner of an agent whose owner went ``silent``, as the leases say afresh:
@@ -202,7 +215,27 @@ class Router:
     async def _locate(self, agent_id: str) -> str | None:
         return None if self._member is None else await self._member.locate(agent_id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def close(self) -> None:
+        """Stop the forwards under way (their requests are answered as cancelled)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], answers: list[asyncio.Future[Ack]]
+               ) -> None:
+        """Forward in the background; the ``answers`` it leaves unanswered (it was cancelled:
+        the router closed) are cancelled."""
         task = spawn(coro, "forward")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: [a.cancel() for a in answers if not a.done()])
+
+def _settle(answer: asyncio.Future[Ack], outcome: Ack | BaseException) -> None:
+    """Answer a request (unless its asker gave up on it meanwhile)."""
+    if answer.done():
+        return
+    if isinstance(outcome, BaseException):
+        answer.set_exception(outcome)
+    else:
+        answer.set_result(outcome)

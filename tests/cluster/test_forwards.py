@@ -5,8 +5,10 @@ stand-ins for the engine, the replicas and the member, and the peers' HTTP in me
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
+import warnings
 from typing import Any, cast
 
 import httpx
@@ -53,6 +55,9 @@ class _Member:
         self.reread = True
         return self.owner_of(stream)
 
+    async def serving(self, url: str) -> bool:
+        return url != PAUSED  # (its lease expired: it did not renew it)
+
 
 def _router(member: _Member, asked: list[str]) -> Router:
     async def answer(http: httpx.Request) -> httpx.Response:
@@ -80,7 +85,24 @@ async def test_a_forward_to_a_paused_owner_goes_to_the_member_that_took_its_agen
     ack = await asyncio.wait_for(answer, 5 * LEASE_MS / 1000)
     assert ack.decision == "accepted" and asked == [PAUSED, TAKER]
     assert time.monotonic() - started < 3 * LEASE_MS / 1000
+    await router.close()
     await router.peers.close()
+
+
+async def test_a_forward_to_a_slow_owner_that_renews_its_lease_is_waited_for() -> None:
+    member = _Member(after=TAKER)
+    member.serving = lambda url: _true()  # type: ignore[method-assign]
+    router = _router(member, [])
+    [answer] = router.take([request("a")], None)
+    done, _ = await asyncio.wait([answer], timeout=3 * LEASE_MS / 1000)
+    assert not done  # still waiting for the owner, alive though slow
+    await router.close()
+    assert answer.cancelled()
+    await router.peers.close()
+
+
+async def _true() -> bool:
+    return True
 
 
 async def test_a_forward_to_a_paused_owner_nobody_took_over_is_answered_unavailable() -> None:
@@ -93,3 +115,24 @@ async def test_a_forward_to_a_paused_owner_nobody_took_over_is_answered_unavaila
     message = str(raised.value)
     assert PAUSED in message and "within the lease" in message and "requestId" in message
     await router.peers.close()
+
+
+def test_a_router_closed_with_forwards_under_way_cancels_them_cleanly() -> None:
+    # A forward spawned and never run (the loop ends first) must not leave its coroutine
+    # unawaited ("coroutine ... was never awaited" at shutdown).
+    loop = asyncio.new_event_loop()
+
+    async def main() -> list[asyncio.Future[Any]]:
+        router = _router(_Member(after=TAKER), [])
+        answers = router.take([request("a")], None)  # (the forward is not started yet)
+        await router.close()
+        await router.peers.close()
+        return list(answers)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answers = loop.run_until_complete(main())
+        loop.close()
+        gc.collect()
+    assert answers[0].cancelled()
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
