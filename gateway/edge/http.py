@@ -87,7 +87,9 @@ class Routes:
         becomes its answer (an unexpected one is answered 500 ``internal`` and re-raised by
         Starlette for the server's log)."""
         return {NotOwner: self._passed_on, GateMoved: self._passed_on, GatewayError: answer_error,
-                InvalidRequest: answer_error, StoreError: answer_error, Exception: answer_error}
+                InvalidRequest: answer_error, StoreError: answer_error,
+                ClientDisconnect: answer_error,  # (a hang-up: answered, logged in a line)
+                Exception: answer_error}
 
     async def _passed_on(self, request: Request, error: Exception) -> Response:
         assert isinstance(error, NotOwner | GateMoved)
