@@ -71,9 +71,9 @@ class Router:
         """Every agent of the log or the config."""
         return () if self._replicas is None else self._replicas.agent_ids()
 
-    async def forward(self, request: AgentRequest) -> Ack:
+    async def forward(self, request: AgentRequest, principal: str | None = None) -> Ack:
         """One request of the gateway's own, wherever its agent is decided."""
-        return await self.take([request], None)[0]
+        return await self.take([request], principal)[0]
 
     def owner_of(self, stream: str) -> str | None:
         """The URL of the process deciding for ``stream`` now (as last read)."""
