@@ -161,14 +161,15 @@ class Routes:
     def _summary(self, agent_id: str, now: int,
                  waits: dict[str, tuple[str, GateWait]] | None = None) -> dict[str, Any]:
         """`agent_summary`, and in a cluster which process serves the agent (``servedBy``:
-        its URL; null while it moves)."""
+        its URL; null while it moves) and whether this read of it may be stale (``behind``,
+        `Service.said_behind`)."""
         if waits is None:
             waits = gate_waits_of(self.engine, now)
         body = agent_summary(self.engine.state(agent_id), now, waits.get(agent_id))
         cluster = self.service.cluster
         if cluster is not None:
             body["servedBy"] = cluster.owner_of(agent_id)
-        return body
+        return self.service.said_behind(agent_id, body)
 
     async def _replayed(self, agent_id: str, position: int) -> Replayed[AgentState]:
         """The agent replayed from its stream up to log ``position``."""
