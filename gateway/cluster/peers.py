@@ -49,17 +49,19 @@ class PeerUnreachable(PeerError):
 
 
 class Unanswered(GatewayError):
-    """A forwarded request's owner did not answer within the lease (paused, cut off, gone)
-    and no other process has taken its agent over yet."""
+    """A forwarded request's owner (of an agent or a gate: ``stream``) did not answer within
+    the lease (paused, cut off, gone), nor did another process take the stream over."""
 
     code = "unavailable"
 
-    def __init__(self, agent_id: str, owners: list[str], lease_ms: int) -> None:
+    def __init__(self, stream: str, owners: list[str], lease_ms: int,
+                 looked_again: bool = True) -> None:
+        again = " and no other process has taken it over yet" if looked_again else ""
         super().__init__(
-            f"agent {agent_id!r}: its gateway process ({', '.join(owners)}) did not answer "
-            f"within the lease ({lease_ms} ms) and no other process has taken the agent over "
-            "yet; nothing is known to be taken: retry with the same requestId")
-        self.agent_id = agent_id
+            f"{stream!r}: its gateway process ({', '.join(owners)}) did not answer within the "
+            f"lease ({lease_ms} ms){again}; nothing is known to be taken: retry (with the "
+            "same requestId)")
+        self.stream = stream
 
 
 class Peers:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.base.tasks import spawn
 from gateway.cluster.peers import CALL_TIMEOUT_S, Peers, PeerUnreachable, Unanswered
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.runtime.engine import Engine
 
 log = logging.getLogger("gateway.cluster.router")
+T = TypeVar("T")
 
 
 class Router:
@@ -139,7 +140,7 @@ class Router:
                            else self._locate(request.agent_id))
             if owner is None:
                 _settle(answers[index],
-                    Unanswered(request.agent_id, sorted(silent), self._lease_ms()) if silent
+                    Unanswered(request.agent_id, sorted(silent), self.lease_ms) if silent
                     else NotOwner(request.agent_id, None))
                 continue
             owners.setdefault(owner, []).append((index, request))
@@ -150,7 +151,7 @@ class Router:
                 if silent:
                     for index, request in part:
                         _settle(answers[index], Unanswered(
-                            request.agent_id, sorted(silent | {owner}), self._lease_ms()))
+                            request.agent_id, sorted(silent | {owner}), self.lease_ms))
                 else:
                     await self._forward(part, principal, answers, silent | {owner})
                 return
@@ -161,30 +162,33 @@ class Router:
 
     async def _submit(self, owner: str, requests: list[AgentRequest], principal: str | None
                       ) -> list[Ack | GatewayError] | None:
-        """`Peers.submit_many` at ``owner``; None if it could not be reached, or went silent:
-        no answer within a lease and its member lease not renewed since (paused, cut off).
-        An owner still renewing its lease is only slow: it is waited for (up to the peers'
-        own timeout)."""
-        sending = asyncio.ensure_future(self.peers.submit_many(owner, requests, principal))
-        try:
-            while True:
-                done, _ = await asyncio.wait([sending], timeout=self._lease_ms() / 1000)
-                if done or await self._alive(owner):
-                    if done:
-                        break
-                    continue
-                log.info("the owner at %s did not answer within the lease (%d ms) and its "
-                         "lease was not renewed; asking where its agents are now", owner,
-                         self._lease_ms())
-                return None
-        finally:
-            sending.cancel()  # (nothing, if it is done)
-        results = sending.result()
-        if results and all(isinstance(r, PeerUnreachable) for r in results):
+        """`Peers.submit_many` at ``owner``; None if it could not be reached, or went silent
+        (`within_lease`)."""
+        results = await self.within_lease(
+            owner, self.peers.submit_many(owner, requests, principal))
+        if results is not None and results and \
+                all(isinstance(r, PeerUnreachable) for r in results):
             log.info("the owner at %s could not be reached; asking where its agents are "
                      "now", owner)
             return None
         return results
+
+    async def within_lease(self, owner: str, call: Awaitable[T]) -> T | None:
+        """``call`` to the member at ``owner``, or None (the call cancelled) if it went
+        silent: no answer within a lease and its member lease not renewed since (paused,
+        cut off). An owner still renewing its lease is only slow: it is waited for."""
+        sending = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait([sending], timeout=self.lease_ms / 1000)
+                if done:
+                    return sending.result()
+                if not await self._alive(owner):
+                    log.info("the member at %s did not answer within the lease (%d ms) and "
+                             "did not renew its lease", owner, self.lease_ms)
+                    return None
+        finally:
+            sending.cancel()  # (nothing, if it is done)
 
     async def _alive(self, owner: str) -> bool:
         """Whether the member serving at ``owner`` renewed its lease, as read afresh."""
@@ -209,7 +213,9 @@ class Router:
                 return None
             await asyncio.sleep(min(left, member.period_ms / 1000))  # (waiting on I/O)
 
-    def _lease_ms(self) -> int:
+    @property
+    def lease_ms(self) -> int:
+        """The members' lease: how long a call to a silent member is waited for."""
         return round(CALL_TIMEOUT_S * 1000) if self._member is None else self._member.lease_ms
 
     async def _locate(self, agent_id: str) -> str | None:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.cluster.peers import FORWARDED_HEADER
+from gateway.cluster.peers import FORWARDED_HEADER, Unanswered
 from gateway.edge.answers import answer_error, error_response
 from gateway.edge.auth import Principal
 from gateway.edge.protocol import load_json
@@ -111,12 +111,17 @@ class Routes:
         for name in ("authorization", "content-type"):
             if name in request.headers:
                 headers[name] = request.headers[name]
-        try:
-            answer = await peers.request(request.method, owner + request.url.path,
-                                         params=request.query_params,
-                                         content=await request.body(), headers=headers)
+        passing = peers.request(request.method, owner + request.url.path,
+                                params=request.query_params, content=await request.body(),
+                                headers=headers)
+        router = self.service.router
+        try:  # (an owner gone silent is given up after about a lease)
+            answer = await (passing if router is None else router.within_lease(owner, passing))
         except GatewayError as failed:
             return error_response(failed)
+        if answer is None:
+            lease_ms = 0 if router is None else router.lease_ms
+            return error_response(Unanswered(stream, [owner], lease_ms, looked_again=False))
         passed = {k: v for k, v in answer.headers.items()
                   if k.lower() in ("content-type", "retry-after", "www-authenticate")}
         return Response(answer.content, status_code=answer.status_code, headers=passed)
