@@ -174,6 +174,14 @@ class Holding:
                 try:
                     await engine.elsewhere.forward(request, received.principal)
                     break
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or task.cancelling():
+                        raise
+                    log.error("control %s of %s, held during a storage fault, was not passed "
+                              "on to its next process (this one is stopping); send it again",
+                              request.request_id, agent_id)  # (the forward was cut off)
+                    break
                 except GatewayError as error:
                     if isinstance(error, StorageFailed) and error.held:
                         break  # held there now: that process stores it
