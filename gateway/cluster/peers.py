@@ -44,6 +44,26 @@ class PeerError(GatewayError):
     code = "unavailable"
 
 
+class PeerUnreachable(PeerError):
+    """Another gateway process could not be reached, or hung up before it answered."""
+
+
+class Unanswered(GatewayError):
+    """A forwarded request's owner (of an agent or a gate: ``stream``) did not answer within
+    the lease (paused, cut off, gone), nor did another process take the stream over."""
+
+    code = "unavailable"
+
+    def __init__(self, stream: str, owners: list[str], lease_ms: int,
+                 looked_again: bool = True) -> None:
+        again = " and no other process has taken it over yet" if looked_again else ""
+        super().__init__(
+            f"{stream!r}: its gateway process ({', '.join(owners)}) did not answer within the "
+            f"lease ({lease_ms} ms){again}; nothing is known to be taken: retry (with the "
+            "same requestId)")
+        self.stream = stream
+
+
 class Peers:
     """HTTP clients to the other processes of the cluster, one connection pool for all."""
 
@@ -69,7 +89,7 @@ class Peers:
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s)
             answer = response.json()
         except (httpx.HTTPError, ValueError) as error:
-            raise PeerError(f"the gateway process at {owner} did not answer ({error!r}); "
+            raise PeerUnreachable(f"the gateway process at {owner} did not answer ({error!r}); "
                             "nothing is known to be taken: retry with the same "
                             "requestId") from None
         if response.status_code == 404:  # what a member with another secret answers
