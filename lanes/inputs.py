@@ -75,6 +75,9 @@ class ModelCalled:
     stop_reason: str | None = None
     text: str = ""
     tool_calls: tuple[ToolCallMade, ...] = ()
+    steered: tuple[str, ...] = ()
+    """The requests steered into the run that this call was the first to see (delivered
+    after the previous step's tool results)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

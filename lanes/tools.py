@@ -51,7 +51,7 @@ class CandlesArguments(WireModel):
     """A symbol, the candle interval and how many of the latest candles."""
 
     symbol: str = Field(min_length=1, max_length=32, description="The symbol, e.g. BTCUSD.")
-    interval: Literal["1m", "5m", "15m", "1h", "4h", "1d"] = Field(
+    interval: Literal["1m", "5m", "15m", "1h"] = Field(
         description="The length of one candle.")
     count: int = Field(default=50, ge=1, le=MAX_CANDLES,
                        description="How many of the latest candles, oldest first.")
