@@ -9,6 +9,7 @@ import asyncio
 import json
 
 from gateway.llm.port import Completion, ToolCall
+from gateway.tools.timeline import story
 from lanes import AgentConfig, Mode, verify
 from tests.gateway.support import log_of, next_event, request
 from tests.gateway.test_gate_engine import ScriptedLLM, answer, engine_with
@@ -67,5 +68,12 @@ async def test_refused_arguments_come_back_as_a_tool_error_and_the_run_goes_on()
     results = client.calls[1][2].tool_results
     assert [(r.call_id, r.is_error) for r in results] == [("t1", True), ("t2", True)]
     assert "all" in results[0].content and "not a JSON object" in results[1].content
-    assert verify(await log_of(store)) is None
+    log = await log_of(store)
+    assert verify(log) is None
+    # the timeline says each step in words
+    groups = list(story(e for e in log if e.stream == "btc"))
+    said = [g.text for g in groups] + [d.text for g in groups for d in g.decisions]
+    assert any("step 1: asked for positions (t1), open_orders (t2)" in t for t in said)
+    assert any("step 1: 0 tool calls go ahead; t1 refused: positions: " in t for t in said)
+    assert any("step 2: answered" in t for t in said)
     await engine.stop()
