@@ -290,6 +290,8 @@ def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = 
                              call.timeout_ms) for call in config.calls],
         call_below_depth=config.call_below_depth,
         call_results=config.call_results,
+        tool_steps=[[(call.tool, dict(call.arguments)) for call in step]
+                    for step in config.tool_steps],
     )
 
 
@@ -312,8 +314,20 @@ def demo_config() -> GatewayConfig:
             {
                 "id": "agent_btc_5m", "mode": "collect", "debounce_ms": 2_000, "cap": 20,
                 "budgets": {"max_runs_per_hour": 60},
+                # Its runs are tool loops: a look at the market and its book, then an
+                # order, which waits for a human above 5,000 of notional (the panel's
+                # approvals; or POST /api/agents/agent_btc_5m/control).
+                "tools": ["market_snapshot", "positions", "open_orders", "place_order"],
+                "approval": {"above_notional": 5_000},
                 "reasoner": {"latency_ms": [400, 1_500], "trade_probability": 0.4,
-                             "seed": 1, "symbol": "BTCUSD", "provider": "sim-llm"},
+                             "seed": 1, "symbol": "BTCUSD", "provider": "sim-llm",
+                             "tool_steps": [
+                                 [{"tool": "market_snapshot",
+                                   "arguments": {"symbol": "$symbol"}},
+                                  {"tool": "positions"}],
+                                 [{"tool": "place_order",
+                                   "arguments": {"symbol": "$symbol", "side": "buy",
+                                                 "qty": 0.1}}]]},
             },
             {
                 "id": "agent_eth_1m", "mode": "followup",

@@ -249,6 +249,13 @@ class SimulatedCallConfig(ConfigModel):
     timeout_ms: int | None = Field(default=None, ge=1, le=MAX_MS)
 
 
+class SimulatedToolCall(ConfigModel):
+    """A tool call a simulated step makes (a string argument ``$symbol``: the run's)."""
+
+    tool: str = Field(min_length=1, max_length=128)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class SimulatedReasonerConfig(ConfigModel):
     """The simulated reasoner (see `gateway.llm.reasoner.SimulatedReasoner`)."""
 
@@ -271,6 +278,9 @@ class SimulatedReasonerConfig(ConfigModel):
     messages and audits, not those serving another agent's call)."""
     call_results: CallResults | None = None
     """How the calls' results come back (None: the agent's ``call_results``)."""
+    tool_steps: tuple[tuple[SimulatedToolCall, ...], ...] = Field(default=(), max_length=50)
+    """For an agent with ``tools``: each step's tool calls, then a final answer (each
+    step one simulated model call through the gate, recorded as a real model's)."""
 
     @field_validator("latency_ms")
     @classmethod

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -20,6 +20,7 @@ from gateway.llm.port import (
     LLMClient,
     Message,
     ProviderCallError,
+    ToolCall,
     ToolResult,
     ToolSpec,
 )
@@ -248,7 +249,11 @@ class SimulatedReasoner:
         calls: Sequence[SimulatedCall] = (),
         call_below_depth: int = 1,
         call_results: CallResults | None = None,
+        tool_steps: Sequence[Sequence[tuple[str, Mapping[str, Any]]]] = (),
     ) -> None:
+        self.tool_steps = tuple(tuple(step) for step in tool_steps)
+        """For an agent with tools: the tool calls (name, arguments) of each step, then a
+        final answer; a string argument ``$symbol`` is the run's symbol."""
         self.calls = tuple(calls)
         self.call_below_depth = call_below_depth
         self.call_results = call_results
@@ -261,7 +266,10 @@ class SimulatedReasoner:
 
     async def run(self, ctx: RunContext) -> RunResult:
         """Spend the latency in turns (each one LLM call through the gate, if the agent has
-        one), take steers between them, then decide."""
+        one), take steers between them, then decide; for an agent with tools and
+        ``tool_steps``, a loop of those steps (`run_tools`)."""
+        if ctx.tools is not None and ctx.tools.specs and self.tool_steps:
+            return await self.run_tools(ctx, ctx.tools)
         latency = self._random.uniform(*self.latency_ms)
         prompts = list(ctx.requests)
 
@@ -293,6 +301,38 @@ class SimulatedReasoner:
             outcome, orders = Outcome.TRADE, (OrderIntent(symbol=symbol, side=side, qty=qty),)
         return RunResult(outcome=outcome, usage=usage, orders=orders, calls=calls, answer=answer,
                          call_results=self.call_results if calls else None)
+
+    async def run_tools(self, ctx: RunContext, tools: ToolSession) -> RunResult:
+        """The scripted steps, each one simulated model call through the gate asking for
+        its tools (recorded, run and answered as a real model's), then a final answer."""
+        symbol = str(ctx.requests[0].payload.get("symbol", self.symbol))
+        steps = self.tool_steps[:tools.max_steps - 1]
+        pause = self._random.uniform(*self.latency_ms) / (len(steps) + 1)
+        input_tokens = output_tokens = 0
+        for number, step in enumerate([*steps, ()], start=1):
+            calls = tuple(ToolCall(f"sim-{ctx.run_id}-{number}-{k}", name,
+                                   {key: symbol if value == "$symbol" else value
+                                    for key, value in arguments.items()})
+                          for k, (name, arguments) in enumerate(step, start=1))
+            text = "" if calls else json.dumps({"decision": "no_trade",
+                                                "reason": "simulated: looked, placed by tools"})
+
+            async def think(calls: tuple[ToolCall, ...] = calls, text: str = text,
+                            number: int = number) -> Completion:
+                await ctx.clock.sleep(pause)
+                return Completion(text=text, input_tokens=400 + 150 * number,
+                                  output_tokens=60 + 30 * len(calls),
+                                  stop_reason="tool_use" if calls else "end_turn",
+                                  tool_calls=calls)
+
+            completion = await ctx.call(think, input_tokens=400 + 150 * number,
+                                        output_tokens=60 + 30 * len(calls))
+            input_tokens += completion.input_tokens
+            output_tokens += completion.output_tokens
+            await tools.step(number, completion, [r.request_id for r in ctx.take_steers()])
+        return RunResult(outcome=Outcome.NO_TRADE,
+                         usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+                         answer=_simulated_answer(list(ctx.requests)))
 
     def _calls_for(self, ctx: RunContext, prompts: Sequence[AgentRequest]
                    ) -> tuple[CallIntent, ...]:
