@@ -137,6 +137,11 @@ class Cluster:
         """The streams this member owns now."""
         return sorted(self._fences)
 
+    @property
+    def adopting(self) -> list[str]:
+        """The streams whose lease this member holds and that it is still loading."""
+        return list(self._adopting)
+
     def owner_of(self, stream: str) -> str | None:
         """The URL of the member owning ``stream`` now (as last read), if any."""
         if stream in self._fences:

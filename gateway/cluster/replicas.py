@@ -86,6 +86,11 @@ class Replicas:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._task = None
 
+    def behind_reason(self) -> str | None:
+        """Why reads of the streams decided elsewhere are behind the log now (None: they
+        are not)."""
+        return self.behind
+
     def state(self, agent_id: str) -> AgentState | None:
         """An agent's state as the log says (None: no such agent)."""
         return self.states.get(agent_id)

@@ -142,6 +142,8 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
             assert one.cluster is not None
             assert health["cluster"] == {"member": one.cluster.member,
                                          "owns": len(owned(one)), "members": 2}
+            ready = await http.get("/readyz")  # its agents loaded, its replicas following
+            assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
             metrics = (await http.get("/metrics")).text
             assert f"gateway_cluster_owned_streams {len(owned(one))}" in metrics
             cleared = await http.post(f"/api/agents/{theirs}/queue/clear")
