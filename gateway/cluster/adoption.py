@@ -2,8 +2,9 @@
 
 A member adopting an agent starts from the agent's replica (`gateway.cluster.replicas`: the
 fold of the log from the newest snapshot on, kept up as the log commits, so a fold of a
-prefix of the stream), copied, and folds only the tail of the stream the replica has not
-seen, a chunk at a time, giving the loop back between chunks. The config the config file
+prefix of the stream, which it stops following while the agent is adopted), copied in a
+thread, and folds only the tail of the stream the replica has not seen, a chunk at a time,
+giving the loop back between chunks. The config the config file
 last gave the agent is looked for in the tail, and further back (a chunk at a time too)
 only when the file's config differs from the agent's.
 """
@@ -21,7 +22,7 @@ from lanes.events import ConfigChanged
 from lanes.evolve import fold
 from store.port import EventStore, RecordedEvent
 
-CHUNK: Final = 500
+CHUNK: Final = 200
 """Events read and folded at a time: a few milliseconds of the loop at most."""
 
 
@@ -35,9 +36,8 @@ class Adopted:
 
 
 def copy_state(state: AgentState) -> AgentState:
-    """An independent copy of a state (the replica goes on folding its own; it may be cut
-    between an input and its decisions, so not through a snapshot image, which needs a
-    state at rest)."""
+    """An independent copy of a state (it may be cut between an input and its decisions, so
+    not through a snapshot image, which needs a state at rest)."""
     return copy.deepcopy(state)
 
 
@@ -46,8 +46,11 @@ async def catch_up(store: EventStore, reader: LogReader, agent_id: str,
     """``base`` (a fold of the first ``base.version`` events of the agent's stream, or
     None: from the start) copied and folded through the rest of the stream, a chunk at a
     time; and whether ``file_config`` (the config file's entry, if any) differs from the
-    config the file last gave the agent (one the agent has already counts as given)."""
-    state = copy_state(base) if base is not None else AgentState(agent_id=agent_id)
+    config the file last gave the agent (one the agent has already counts as given). The
+    copy is made in a thread (a big state takes some 10 ms; the loop gets its turns
+    meanwhile), so ``base`` must not change until the copy is made."""
+    state = await asyncio.to_thread(copy_state, base) if base is not None \
+        else AgentState(agent_id=agent_id)
     found: AgentConfig | None = None
     while True:
         records = await store.read_stream(agent_id, state.version, CHUNK)

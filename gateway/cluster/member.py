@@ -358,6 +358,10 @@ class Cluster:
             self._adopter = spawn(self._adopt_all(), "cluster adoption")
 
     def _holds(self, stream: str) -> bool:
+        """Whether this member decides for ``stream``, or is adopting it: then its replica
+        is left as it is (the adoption copies it, and reads the rest from the log)."""
+        if stream in self._adopting:
+            return True
         gate = self._gate(stream)
         return gate.loaded if gate is not None else self.engine.holds(stream)
 

@@ -76,6 +76,7 @@ async def test_the_lease_is_renewed_while_an_adoption_is_slow() -> None:
                 not t.done() for t in ([member._adopter] if member._adopter else []))
 
         await until(adopting, "the adoption of a under way")
+        assert member.replicas._holds("a")  # its replica stays as it is: copied, not folded
         # Three lease times go by: every period the lease is renewed all the same.
         for _ in range(3 * 1_000 // member.period_ms):
             before = store.renewals
