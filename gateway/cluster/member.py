@@ -374,6 +374,11 @@ class Cluster:
             stream, (fence, alive) = next(iter(self._adopting.items()))
             try:
                 await self._adopt(stream, fence, alive)
+            except Exception:  # never let adoption die; the next rebalance tries again
+                if self._adopting_at(stream, fence):
+                    log.exception("adopting %s failed; giving its lease back", stream)
+                    with contextlib.suppress(StoreError):
+                        await self.store.release(self.member, [stream])
             finally:
                 if self._adopting.get(stream, (None,))[0] is fence:
                     del self._adopting[stream]

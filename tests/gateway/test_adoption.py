@@ -33,6 +33,8 @@ class Stalling(Flaky):
     that counts renewals and stream reads."""
 
     stall: asyncio.Event | None = None
+    broken = 0
+    """Stream reads that fail with an unexpected error (not a `StoreError`)."""
     renewals = 0
     reads: list[tuple[str, int, int | None]]
 
@@ -40,6 +42,9 @@ class Stalling(Flaky):
                           limit: int | None = None) -> list[RecordedEvent]:
         if self.stall is not None:
             await self.stall.wait()
+        if self.broken:
+            self.broken -= 1
+            raise RuntimeError("a bug somewhere below")
         self.reads.append((stream, after_version, limit))
         return await super().read_stream(stream, after_version, limit)
 
@@ -98,6 +103,24 @@ async def test_the_lease_is_renewed_while_an_adoption_is_slow() -> None:
     finally:
         if store.stall is not None:
             store.stall.set()
+        await member.stop()
+        await engine.stop()
+
+
+async def test_an_adoption_that_fails_unexpectedly_gives_the_lease_back_and_is_retried(
+) -> None:
+    store, clock, reasoner = Stalling(), FakeClock(), ManualReasoner()
+    store.reads = []
+    engine, member = await member_of(store, clock, reasoner, lease_ms=600_000)
+    try:
+        member._fences.pop("a")  # as if it had been lost and is taken up again
+        engine.holding.drop("a")
+        store.broken = 1
+        await asyncio.wait_for(member.tick(), TIMEOUT)
+        assert member.owned == [] and "a" not in (await store.leases()).holders
+        await asyncio.wait_for(member.tick(), TIMEOUT)  # the next round takes it up
+        assert member.owned == ["a"] and engine.loaded == ["a"]
+    finally:
         await member.stop()
         await engine.stop()
 
