@@ -96,6 +96,8 @@ class Agent:
     output_tokens: tuple[int, int] = (400, 1_000)
     group: str = "all"
     """Agents of one group are equal: Jain's index is taken within a group."""
+    weight: int = 1
+    """Its gate weight: its share of tokens under contention is in proportion to it."""
 
 
 @dataclass(slots=True)
@@ -169,6 +171,7 @@ def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 
             priority=agent.priority,
             input_tokens=rng.randint(*agent.input_tokens),
             output_tokens=rng.randint(*agent.output_tokens),
+            weight=agent.weight,
         )
         asked[request.slot_id] = now, request
         feed(request)
@@ -276,6 +279,13 @@ def mixed_priorities(n: int) -> list[Agent]:
     return [Agent(f"a{i}", priority=p, group=p.value) for i, p in enumerate(ranks)]
 
 
+def weighted(n: int) -> list[Agent]:
+    """Equal agents of weights 1, 2 and 4: two fifths weigh 1, two fifths 2, a fifth 4."""
+    ones, twos = n * 2 // 5, n * 2 // 5
+    weights = [1] * ones + [2] * twos + [4] * (n - ones - twos)
+    return [Agent(f"a{i}", group=f"weight {w}", weight=w) for i, w in enumerate(weights)]
+
+
 @dataclass(frozen=True, slots=True)
 class Variant:
     """Who shares the gate, and under which limits besides the RPM."""
@@ -301,6 +311,7 @@ VARIANTS: dict[str, Variant] = {
         two_sizes, output_tokens_per_minute=150_000, timed=False
     ),
     "token sizes, concurrency binding": Variant(two_sizes, timed=False, max_concurrent=10),
+    "weights": Variant(weighted),
 }
 
 
@@ -355,6 +366,16 @@ def measure(agents: int = 100, rpm: int = 600, minutes: int = 10) -> list[Figure
                        100 * jain(list(sim.tokens.values())), "%", ">= 99 %"),
                 Figure(f"{tag} tokens granted per 4x agent / per 1x agent",
                        tokens["4x"] / tokens["1x"], "x", "1 +- 0.1 (4 would be by requests)"),
+            ]
+        if variant.agents is weighted:
+            per_weight = [sim.tokens[a.name] / a.weight for a in sim.agents]
+            middle = mean(per_weight)
+            figures += [
+                Figure(f"{tag} tokens granted per unit of weight, farthest agent from the mean",
+                       100 * max(abs(x - middle) for x in per_weight) / middle, "%",
+                       "<= 10 %"),
+                Figure(f"{tag} Jain's index over tokens per unit of weight, all agents",
+                       100 * jain([round(x) for x in per_weight]), "%", ">= 99 %"),
             ]
         if sim.refused:
             figures.append(Figure(f"{tag} requests refused", sim.refused, "requests"))

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig, build_clients, build_gates, build_reas
 from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.service import Service
 from gateway.errors import GatewayError, NotOwner
+from gateway.market.book import MarketBook
 from gateway.market.broker import PaperBroker
 from gateway.market.events import MarketEvent
 from gateway.market.feed import SyntheticFeed
@@ -71,7 +72,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         router = Router(peers)
         run_gates = {name: RoutedGate(gate, peers, router.owner_of)
                      for name, gate in gates.items()}
-    engine = Engine(store, config.agent_configs(), clock=clock,
+    market = MarketBook()
+    engine = Engine(store, config.agent_configs(), clock=clock, market=market,
                     reasoners=reasoners.__getitem__, broker=broker, gates=gates,
                     agent_gates=config.agent_gates(), run_gates=run_gates,
                     snapshot_worker=True, elsewhere=router,
@@ -83,6 +85,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     )
 
     def on_market(event: MarketEvent) -> None:
+        market.observe(event)
         broker.observe(event)
 
     return Service(

@@ -7,7 +7,7 @@ version upcasts it first, and data of a newer version is refused rather than hal
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
@@ -82,10 +82,16 @@ class Codec(Generic[E]):
     """Encodes and decodes one family of event classes (agents', providers')."""
 
     def __init__(self, classes: Iterable[type[Any]], upcasters: Iterable[Upcaster] = (),
-                 reads_back: Callable[[Any], bool] | None = None) -> None:
+                 reads_back: Callable[[Any], bool] | None = None,
+                 written_when_set: Mapping[type[Any], tuple[tuple[str, Any], ...]]
+                 | None = None) -> None:
         """``reads_back`` tells events known to `decode` back equal by construction
-        (`lanes.repeatable`): `encode_checked` spares them the round trip."""
+        (`lanes.repeatable`): `encode_checked` spares them the round trip.
+        ``written_when_set``: per class, fields added after logs were written with it, left
+        out of the stored data while they hold their default (the agents' codec:
+        `lanes.events.WRITTEN_WHEN_SET`)."""
         self._reads_back = reads_back
+        self._written_when_set = dict(written_when_set or {})
         self.types: dict[str, type[Any]] = {cls.__name__: cls for cls in classes}
         self.upcasters = Upcasters(upcasters)
         unknown = sorted(set(self.upcasters.versions) - set(self.types))
@@ -108,7 +114,7 @@ class Codec(Generic[E]):
     def encode(self, event: E) -> tuple[str, str]:
         """The type name and JSON text of an event (at its type's current version)."""
         cls = type(event)
-        optional = WRITTEN_WHEN_SET.get(cls)
+        optional = self._written_when_set.get(cls)
         if optional is None:
             text = self._by_class[cls].dump_json(event, by_alias=True, context=_STORED).decode()
         else:
@@ -189,7 +195,8 @@ class Codec(Generic[E]):
         return event
 
 
-AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES, AGENT_UPCASTERS, reads_back)
+AGENT_CODEC: Codec[Event] = Codec(INPUT_TYPES + DECISION_TYPES, AGENT_UPCASTERS, reads_back,
+                                  WRITTEN_WHEN_SET)
 EVENT_TYPES = AGENT_CODEC.types
 encode = AGENT_CODEC.encode
 encode_checked = AGENT_CODEC.encode_checked

@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -26,6 +27,8 @@ MAX_MS = 3_650 * DAY_MS
 """The longest duration a config takes (ten years): time arithmetic on it never overflows."""
 MAX_COUNT = 1_000_000_000
 """The largest count a config takes."""
+MAX_GATE_WEIGHT = 1_000
+"""The largest weight an agent takes at its provider gate."""
 STORED = "stored"
 """Serialization context key: the dump is for the event log (`lanes.codec`)."""
 
@@ -115,6 +118,14 @@ class AgentConfig(WireModel):
     call_results: CallResults = CallResults.ALL
     """How call results come back, unless the run that made the calls says."""
     run_timeout_ms: int = Field(default=120_000, ge=1, le=MAX_MS)
+    gate_weight: int = Field(default=1, ge=1, le=MAX_GATE_WEIGHT)
+    """The agent's weight at its provider gate: under contention, agents get tokens in
+    proportion to their weights (`lanes.gate`)."""
+    tools: tuple[str, ...] = Field(default=(), max_length=100)
+    """The built-in tools its model is offered (`lanes.tools`); with none, a run is one
+    answer as before. With some, a run is a loop of model calls and tool steps."""
+    max_steps: int = Field(default=8, ge=1, le=100)
+    """The most model calls one run makes; past it, the run fails with the budget named."""
     halt_on_alerts: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), max_length=1_000)
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
@@ -139,6 +150,22 @@ class AgentConfig(WireModel):
                     dedupe.pop(kind.value, None)
         return data
 
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, tools: tuple[str, ...]) -> tuple[str, ...]:
+        from lanes.tools import OFFERED, TOOLS  # (lanes.tools builds on this module)
+
+        for name in tools:
+            if name not in TOOLS:
+                raise ValueError(f"unknown tool {name!r}; the built-in tools are: "
+                                 f"{', '.join(OFFERED)}")
+            if name not in OFFERED:
+                raise ValueError(f"the tool {name!r} cannot be offered yet (the tools that "
+                                 f"can: {', '.join(OFFERED)})")
+        if len(set(tools)) != len(tools):
+            raise ValueError("each tool may be named once")
+        return tools
+
     @model_validator(mode="after")
     def _complete_dedupe(self) -> AgentConfig:
         missing = {k: v for k, v in DEFAULT_DEDUPE.items() if k not in self.dedupe}
@@ -156,4 +183,5 @@ class AgentConfig(WireModel):
 
 _WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
     (name, AgentConfig.model_fields[name].default)
-    for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results"))
+    for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results",
+                 "gate_weight", "tools", "max_steps"))

@@ -38,7 +38,6 @@ from lanes.events import (
     OrderCancelRequested,
     OrderClosed,
     OrderFilled,
-    OrderIntent,
     OrderRejected,
     Quarantined,
     RequestDeduped,
@@ -73,10 +72,17 @@ from lanes.events import (
 from lanes.evolve import evolve, held_ids
 from lanes.handlers import Registry
 from lanes.requests import AgentRequest, ControlAction, Kind, Priority
-from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key, fingerprint
+from lanes.rules import (
+    batch_size,
+    budget_block,
+    cap_victim,
+    dedupe_key,
+    fingerprint,
+    order_refusal,
+)
 from lanes.schedules import MAX_SCHEDULES
 from lanes.state import AgentState
-from lanes.tables import MODES, ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
+from lanes.tables import MODES, TRADING_TRANSITIONS, refusal
 
 Emit = Callable[[Decision], None]
 _CALL_RESULT = Kind.CALL_RESULT  # (compared by identity on every request)
@@ -403,7 +409,7 @@ def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
     served = _served(state, run.requests)  # (before the run ends: its results carry some)
     emit(RunCompleted(run_id=run.run_id, outcome=event.outcome, usage=event.usage))
     for number, intent in enumerate(event.orders, start=1):
-        reason = _order_refusal(state, intent)
+        reason = order_refusal(state, intent)
         if reason is None:
             emit(
                 OrderAccepted(order_id=f"{run.run_id}-o{number}", run_id=run.run_id, intent=intent)
@@ -412,32 +418,6 @@ def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
             emit(OrderRejected(run_id=run.run_id, intent=intent, reason=reason))
     _make_calls(state, run.run_id, run.depth, event, served, emit)
     _start_next(state, emit)
-
-
-def _order_refusal(state: AgentState, intent: OrderIntent) -> str | None:
-    """Why the trading gate refuses this intent now, or None to accept it."""
-    rule = ORDER_REFUSALS[state.trading]
-    if rule != "reduce-only":
-        return rule
-    position = state.positions.get(intent.symbol, 0.0)
-    reducing_side = "sell" if position > 0 else "buy"
-    if position == 0 or intent.side != reducing_side:
-        return (
-            f"agent is REDUCING: only orders that reduce the {intent.symbol} position "
-            f"({position:g}) are allowed"
-        )
-    reserved = sum(
-        o.intent.qty - o.filled_qty
-        for o in state.orders.values()
-        if o.intent.symbol == intent.symbol and o.intent.side == reducing_side
-    )
-    available = abs(position) - reserved
-    if intent.qty > available:
-        return (
-            f"agent is REDUCING: {intent.side} {intent.qty:g} {intent.symbol} would exceed the "
-            f"reducible position ({available:g} left after open orders)"
-        )
-    return None
 
 
 @DECIDERS.on(RunErrored)
@@ -585,6 +565,7 @@ def _broker(state: AgentState, event: BrokerReport, emit: Emit) -> None:
 
 
 # The sub-agent calls (imported last: they use the reasoning lane and the run engine above).
+import lanes.decide_steps  # noqa: E402, F401  (registers the steps' deciders)
 from lanes.decide_calls import (  # noqa: E402
     _SERVING_KINDS,
     _answer,

@@ -17,6 +17,7 @@ from lanes.vocabulary import (
     Outcome,
     ServedCall,
     Summary,
+    ToolRefusal,
     TradingState,
     Usage,
 )
@@ -119,6 +120,28 @@ class SteerabilityChanged:
 
     run_id: str
     steerable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepDecided:
+    """A model call of the active run was taken as its step ``step``: the tool calls that
+    may go ahead (``allowed``, in the model's order), and those refused, with the error
+    the model is answered with."""
+
+    run_id: str
+    step: int
+    allowed: tuple[str, ...] = ()
+    refused: tuple[ToolRefusal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResultTaken:
+    """A tool call's result (or error) was taken into the active run."""
+
+    run_id: str
+    step: int
+    call_id: str
+    ok: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -384,6 +407,8 @@ Decision = (
     | RunStarted
     | RunSteered
     | SteerabilityChanged
+    | StepDecided
+    | ToolResultTaken
     | RunCompleted
     | RunFailed
     | RunAborted
@@ -423,6 +448,8 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     RunStarted,
     RunSteered,
     SteerabilityChanged,
+    StepDecided,
+    ToolResultTaken,
     RunCompleted,
     RunFailed,
     RunAborted,

@@ -547,4 +547,5 @@ def _report_ignored(state: AgentState, event: BrokerReportIgnored) -> None:
 
 
 # The evolvers of calls, config and operator (imported last: they register in EVOLVERS above).
-import lanes.evolve_calls  # noqa: E402, F401
+import lanes.evolve_calls  # noqa: E402
+import lanes.evolve_steps  # noqa: E402, F401

@@ -9,7 +9,14 @@ from typing import Any, Literal, TypeGuard
 from lanes.config import AgentConfig, CallResults
 from lanes.requests import AgentRequest
 from lanes.schedules import Schedule
-from lanes.vocabulary import CallIntent, OperatorAction, OrderIntent, Outcome, Usage
+from lanes.vocabulary import (
+    CallIntent,
+    OperatorAction,
+    OrderIntent,
+    Outcome,
+    ToolCallMade,
+    Usage,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +59,42 @@ class RunFinished:
     call_results: CallResults | None = None
     """How its calls' results come back (None: the agent's ``call_results``; written only
     when set)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCalled:
+    """One model call of a run that is a loop of steps: step ``step`` (from 1), what it
+    used, why it stopped, its text (cut at `STEP_TEXT_LIMIT`) and the tools it asked for
+    (none: its final answer follows as `RunFinished`)."""
+
+    at: int
+    run_id: str
+    step: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    stop_reason: str | None = None
+    text: str = ""
+    tool_calls: tuple[ToolCallMade, ...] = ()
+    steered: tuple[str, ...] = ()
+    """The requests steered into the run that this call was the first to see (delivered
+    after the previous step's tool results)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolReturned:
+    """A tool call of the run's step ``step`` returned (``ok``) or failed: its result or
+    error as the model is told it, cut at `STEP_TEXT_LIMIT` (``size`` is the whole's length
+    in characters, ``digest`` its SHA-256 when it was cut)."""
+
+    at: int
+    run_id: str
+    step: int
+    call_id: str
+    name: str
+    ok: bool
+    content: str = ""
+    size: int = 0
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +203,8 @@ Input = (
     | RunSteerability
     | RunFinished
     | RunErrored
+    | ModelCalled
+    | ToolReturned
     | OperatorCommand
     | ConfigChanged
     | ScheduleChanged
@@ -185,6 +230,8 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     Restarted,
     Quarantined,
     ScheduleChanged,
+    ModelCalled,
+    ToolReturned,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""

@@ -39,6 +39,8 @@ class ActiveRun:
     summary: Summary | None = None
     steerable: bool = False
     steers: int = 0
+    steps: int = 0
+    """Model calls taken as its steps so far (a run with tools: `lanes.decide_steps`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,8 @@ LANE_TRANSITIONS: dict[tuple[LaneState, str], LaneState] = {
     (LaneState.IDLE, "RunStarted"): LaneState.RUNNING,
     (LaneState.RUNNING, "RunSteered"): LaneState.RUNNING,
     (LaneState.RUNNING, "SteerabilityChanged"): LaneState.RUNNING,
+    (LaneState.RUNNING, "StepDecided"): LaneState.RUNNING,
+    (LaneState.RUNNING, "ToolResultTaken"): LaneState.RUNNING,
     (LaneState.RUNNING, "RunCompleted"): LaneState.IDLE,
     (LaneState.RUNNING, "RunFailed"): LaneState.IDLE,
     (LaneState.RUNNING, "RunAborted"): LaneState.IDLE,

@@ -59,22 +59,46 @@ class Usage(WireModel):
 class OrderIntent(WireModel):
     """An order a run wants placed; the trading gate accepts or rejects it."""
 
-    symbol: str = Field(min_length=1, max_length=32)
+    symbol: str = Field(min_length=1, max_length=32, description="The symbol, e.g. BTCUSD.")
     side: Literal["buy", "sell"]
-    qty: float = Field(gt=0)
+    qty: float = Field(gt=0, description="How much to buy or sell.")
     order_type: Literal["market", "limit"] = "market"
-    limit_price: float | None = Field(default=None, gt=0)
+    limit_price: float | None = Field(default=None, gt=0,
+                                      description="The limit price (a limit order only).")
 
 
 class CallIntent(WireModel):
     """A sub-agent call a run wants made."""
 
-    agent_id: str
+    agent_id: str = Field(description="The agent to call.")
     priority: Priority = Priority.NORMAL
-    payload: JsonObject = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict,
+                                description="What the called agent gets (e.g. a message).")
     timeout_ms: int | None = Field(default=None, ge=1, le=MAX_MS)
     """Ends the call ``timed_out`` if no result came this long after it went out (None: the
     agent's ``call_timeout_ms``)."""
+
+
+STEP_TEXT_LIMIT = 4_000
+"""Characters of a model's text, a tool result or a call's malformed arguments kept in the
+log; a longer one is cut there, with the whole's size and SHA-256 (docs/agents.md)."""
+
+
+class ToolCallMade(WireModel):
+    """A tool call the model asked for in one step of a run: its id (the provider's), the
+    tool's name, and its arguments (or, when they were not a JSON object, what was sent)."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    arguments: JsonObject = Field(default_factory=dict)
+    malformed: str | None = Field(default=None, max_length=STEP_TEXT_LIMIT)
+
+
+class ToolRefusal(WireModel):
+    """A tool call the agent's rules refused: the error the model is answered with."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    error: str = Field(max_length=2_000)
 
 
 class CallStatus(StrEnum):

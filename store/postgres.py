@@ -39,6 +39,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from .batch import LeaseRow
 from .engine import BUSY_TIMEOUT_MS, check_busy_timeout, create_engine, database_url, is_postgres
 from .migration import upgrade_engine
+from .pg_connections import CONNECTION_ERRORS, reason, refused, rolled_back
 from .port import (
     LogUnavailable,
     RecordedEvent,
@@ -149,28 +150,6 @@ _SWAP_LEASE: Final = (
 _DELETE_LEASES: Final = "DELETE FROM leases WHERE resource = ANY($1::varchar[])"
 
 
-_CONNECTION_ERRORS: Final = (
-    OSError, asyncpg.InterfaceError, asyncpg.InternalClientError,
-    asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError)
-"""What a lost or broken connection raises (the driver's state errors included)."""
-
-
-def _reason(exc: BaseException) -> str:
-    """What went wrong, in words a person can act on, with the server's message (no SQL)."""
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, asyncpg.LockNotAvailableError):
-        return f"the event log is locked by another process (PostgreSQL: {text})"
-    if isinstance(exc, asyncpg.DiskFullError):
-        return f"the disk holding the event log is full (PostgreSQL: {text})"
-    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
-        return f"the event log is read-only (PostgreSQL: {text})"
-    if isinstance(exc, asyncpg.InsufficientResourcesError | asyncpg.PostgresIOError):
-        return f"the PostgreSQL server is out of resources (PostgreSQL: {text})"
-    if isinstance(exc, _CONNECTION_ERRORS):
-        return f"the connection to PostgreSQL failed ({text})"
-    return text
-
-
 def _deleted(status: str) -> int:
     """The row count of a ``DELETE n`` command status."""
     return int(status.rsplit(" ", 1)[-1])
@@ -232,12 +211,12 @@ class PostgresEventStore(GroupCommitStore):
     async def _start(self) -> int:
         try:
             return await self._connect()
-        except (OSError, asyncpg.PostgresError, *_CONNECTION_ERRORS, SQLAlchemyError) as exc:
+        except (OSError, asyncpg.PostgresError, *CONNECTION_ERRORS, SQLAlchemyError) as exc:
             shown = self._url.set(drivername="postgresql").render_as_string(
                 hide_password=True)
             orig = getattr(exc, "orig", None) or exc
             raise LogUnavailable(f"cannot open the event log at {shown}: "
-                                 f"{_reason(orig)}") from None
+                                 f"{reason(orig)}") from None
 
     async def _connect(self) -> int:
         engine = create_engine(self._url)
@@ -292,24 +271,43 @@ class PostgresEventStore(GroupCommitStore):
     async def _transaction(self) -> AsyncIterator[WriteTransaction]:
         if self._pool is None:
             raise StoreClosedError("the store is not open")
-        conn = self._writer_conn
-        if conn is None or conn.is_closed():
-            conn = await self._connect_writer()  # the last one broke: a failed write said so
+        conn = await self._begin()
         txn = _PostgresTransaction(conn)
         try:
-            await conn.execute(_LOCK)
             yield txn
             if txn.last is not None:
                 await conn.execute(f"NOTIFY {CHANNEL}, '{txn.last}'; COMMIT")
             else:
                 await conn.execute("COMMIT")
-        except BaseException:
-            if not conn.is_closed():
-                try:
-                    await conn.execute("ROLLBACK")
-                except Exception:
-                    conn.terminate()  # the next write connects again
+        except BaseException as exc:
+            if not await rolled_back(conn, exc):
+                self._discard(conn)  # cut off or broken: the next write connects again
             raise
+
+    async def _begin(self) -> asyncpg.Connection[Any]:
+        """The writer's connection in a transaction holding the position lock. One found
+        broken at this first statement (closed by the server, or left mid-operation by an
+        operation cut off) is replaced, and the statement made again on the new one."""
+        for attempt in (1, 2):
+            conn = self._writer_conn
+            if conn is None or conn.is_closed():
+                conn = await self._connect_writer()
+            try:
+                await conn.execute(_LOCK)
+                return conn
+            except BaseException as exc:
+                if not await rolled_back(conn, exc):
+                    self._discard(conn)
+                if attempt == 2 or not isinstance(exc, CONNECTION_ERRORS):
+                    raise
+                log.info("the writer's connection broke (%s); connecting again", reason(exc))
+        raise AssertionError("unreachable")
+
+    def _discard(self, conn: asyncpg.Connection[Any]) -> None:
+        """Never use a writer's connection again."""
+        conn.terminate()
+        if self._writer_conn is conn:
+            self._writer_conn = None
 
     async def _lease_transaction(
             self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
@@ -320,9 +318,15 @@ class PostgresEventStore(GroupCommitStore):
         pool = self._pool
         if pool is None:
             raise StoreClosedError("the store is not open")
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
-            return await work(_PostgresTransaction(conn))  # type: ignore[arg-type]
+        async with pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
+                    return await work(_PostgresTransaction(conn))  # type: ignore[arg-type]
+            except BaseException as exc:
+                if not refused(exc):  # cut off mid-operation, or broken: never reused
+                    conn.terminate()
+                raise
 
     @property
     def url(self) -> str | None:
@@ -330,7 +334,7 @@ class PostgresEventStore(GroupCommitStore):
         return self._url.render_as_string(hide_password=False)
 
     def _describe(self, exc: BaseException) -> str:
-        return _reason(exc)
+        return reason(exc)
 
     # ----------------------------------------------------------------- reads
 
@@ -342,10 +346,10 @@ class PostgresEventStore(GroupCommitStore):
         try:
             async with pool.acquire() as conn:
                 yield conn
-        except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
+        except (asyncpg.PostgresError, *CONNECTION_ERRORS) as exc:
             if self._pool is None:
                 raise StoreClosedError("the store was closed during the read") from exc
-            raise StoreError(f"could not read the event log: {_reason(exc)}") from exc
+            raise StoreError(f"could not read the event log: {reason(exc)}") from exc
 
     async def read(self, after: int = 0, limit: int | None = None) -> list[RecordedEvent]:
         """Events with position > ``after`` in position order, at most ``limit``."""
@@ -457,7 +461,7 @@ class PostgresEventStore(GroupCommitStore):
             except StoreClosedError:
                 return
             except Exception as exc:  # the followers find out by reading themselves
-                log.warning("reading commits of other processes failed: %s", _reason(exc))
+                log.warning("reading commits of other processes failed: %s", reason(exc))
                 self._held.clear()
                 self._followers.fall_behind()
 
@@ -509,9 +513,9 @@ class PostgresEventStore(GroupCommitStore):
                 try:
                     await self._listen()
                     return
-                except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
+                except (asyncpg.PostgresError, *CONNECTION_ERRORS) as exc:
                     log.warning("reconnecting the listening connection failed: %s",
-                                _reason(exc))
+                                reason(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_S[1])
         finally:
@@ -556,7 +560,7 @@ class _PostgresTransaction:
         try:
             await self._conn.executemany(_INSERT, rows)
         except asyncpg.UniqueViolationError as exc:
-            raise KeyConflict(_reason(exc)) from exc
+            raise KeyConflict(reason(exc)) from exc
         if rows:
             self.last = rows[-1].position
 

@@ -169,6 +169,19 @@ class Cluster:
             found = self.owner_of(stream)
         return found
 
+    async def relocate(self, stream: str) -> str | None:
+        """`owner_of` after reading the leases again now (the owner last read went silent:
+        a lease whose member expired is free in the new read)."""
+        with contextlib.suppress(StoreError):
+            self.view = await self.store.leases()
+        return self.owner_of(stream)
+
+    async def serving(self, url: str) -> bool:
+        """Whether a live member serves at ``url``, as the leases say read again now."""
+        with contextlib.suppress(StoreError):
+            self.view = await self.store.leases()
+        return any(url_of(member) == url for member in self.view.members)
+
     async def start(self) -> None:
         """Join, take this member's share of the streams, and keep it up in the
         background."""
@@ -205,6 +218,7 @@ class Cluster:
             self.on_handed_over(url_of(member))
         if self._watchdog is not None:
             self._watchdog.cancel()
+        await self.router.close()
         await self.replicas.stop()
 
     def poke(self) -> None:

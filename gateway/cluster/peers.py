@@ -44,6 +44,26 @@ class PeerError(GatewayError):
     code = "unavailable"
 
 
+class PeerUnreachable(PeerError):
+    """Another gateway process could not be reached, or hung up before it answered."""
+
+
+class Unanswered(GatewayError):
+    """A forwarded request's owner (of an agent or a gate: ``stream``) did not answer within
+    the lease (paused, cut off, gone), nor did another process take the stream over."""
+
+    code = "unavailable"
+
+    def __init__(self, stream: str, owners: list[str], lease_ms: int,
+                 looked_again: bool = True) -> None:
+        again = " and no other process has taken it over yet" if looked_again else ""
+        super().__init__(
+            f"{stream!r}: its gateway process ({', '.join(owners)}) did not answer within the "
+            f"lease ({lease_ms} ms){again}; nothing is known to be taken: retry (with the "
+            "same requestId)")
+        self.stream = stream
+
+
 class Peers:
     """HTTP clients to the other processes of the cluster, one connection pool for all."""
 
@@ -69,7 +89,7 @@ class Peers:
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s)
             answer = response.json()
         except (httpx.HTTPError, ValueError) as error:
-            raise PeerError(f"the gateway process at {owner} did not answer ({error!r}); "
+            raise PeerUnreachable(f"the gateway process at {owner} did not answer ({error!r}); "
                             "nothing is known to be taken: retry with the same "
                             "requestId") from None
         if response.status_code == 404:  # what a member with another secret answers
@@ -158,14 +178,15 @@ class RoutedGate:
         return self.gate.state.limits or self.gate.limits
 
     async def acquire(self, agent_id: str, run_id: str, priority: Priority,
-                      input_tokens: int, output_tokens: int) -> Slot:
+                      input_tokens: int, output_tokens: int, weight: int = 1) -> Slot:
         """Wait for a slot wherever the gate is owned (`SlotRefusedError` if refused)."""
         while True:
             slot_id = f"{run_id}/{self.gate.ids()}"  # a new one each time: never reused
             if self.gate.loaded:
                 try:
                     slot = await self.gate.acquire(agent_id, run_id, priority, input_tokens,
-                                                   output_tokens, slot_id=slot_id)
+                                                   output_tokens, slot_id=slot_id,
+                                                   weight=weight)
                 except GateMoved:
                     continue
                 self._held[slot.slot_id] = None
@@ -176,7 +197,7 @@ class RoutedGate:
                 continue
             body = {"agentId": agent_id, "runId": run_id, "priority": priority.value,
                     "inputTokens": input_tokens, "outputTokens": output_tokens,
-                    "slotId": slot_id}
+                    "slotId": slot_id, "weight": weight}
             try:
                 answer = await self._asking(owner, body)
             except SlotRefusedError:
@@ -238,9 +259,11 @@ class RoutedGate:
 
     @contextlib.asynccontextmanager
     async def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-                    input_tokens: int = 0, output_tokens: int = 0) -> AsyncIterator[Slot]:
+                    input_tokens: int = 0, output_tokens: int = 0, weight: int = 1
+                    ) -> AsyncIterator[Slot]:
         """A slot that is always given back (as `ProviderGate.using`)."""
-        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens)
+        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens,
+                                  weight)
         try:
             yield slot
         finally:

@@ -4,8 +4,9 @@ Every process of a cluster serves reads of every agent and gate. The ones it doe
 for are folded here from the log as it commits (`Replicas`): agents' states, the gates' states
 (shown through `ProviderGate.mirror`), and the sub-agent calls and answers on their way (a
 process that takes an agent over delivers its own). The follower is supervised: if it fails
-it is started again from where it was, and while it is behind (`Replicas.behind`) reads say
-so.
+it is started again from where it was, and while it is behind (`Replicas.behind`) reads of
+the streams it folds say so (`Replicas.behind_of`: a ``behind`` field in the HTTP and
+WebSocket answers) and so may a readiness probe (`Replicas.behind_reason`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from gateway.base.clock import Clock
 from gateway.base.quarantine import PLAIN, LogReader, log_reader
@@ -60,6 +61,8 @@ class Replicas:
         """The last position followed."""
         self.behind: str | None = None
         """Why the follower is not following the log now (None: it is)."""
+        self.behind_since: int | None = None
+        """Since when (the clock's ms) it is not (None: it is)."""
         self._reader: LogReader = PLAIN
         self._followed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -87,9 +90,18 @@ class Replicas:
         self._task = None
 
     def behind_reason(self) -> str | None:
-        """Why reads of the streams decided elsewhere are behind the log now (None: they
-        are not)."""
+        """Why reads of the streams decided elsewhere may be stale now (the follower of the
+        log failed and is starting again), or None while they follow the log: for a
+        readiness probe (``/readyz``) to report."""
         return self.behind
+
+    def behind_of(self, stream: str) -> dict[str, Any] | None:
+        """What a read of ``stream`` says of its staleness: ``{"since": ms, "reason": ...}``
+        while the follower is behind and the stream is read from it (decided elsewhere),
+        else None (it is exactly as committed, or decided here)."""
+        if self.behind is None or self._holds(stream):
+            return None
+        return {"since": self.behind_since, "reason": self.behind}
 
     def state(self, agent_id: str) -> AgentState | None:
         """An agent's state as the log says (None: no such agent)."""
@@ -151,15 +163,27 @@ class Replicas:
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # never stop following: say so, and go on
-                self.behind = f"following the log failed ({error!r}); starting again"
-                log.warning("replicas: %s", self.behind)
+                self._fell_behind(f"following the log failed ({error!r}); starting again")
                 await self._clock.sleep(RESTART_MS)
+
+    def _fell_behind(self, reason: str) -> None:
+        if self.behind_since is None:
+            self.behind_since = self._clock.now_ms()
+        self.behind = reason
+        log.warning("replicas: %s", reason)
+
+    def _caught_up(self) -> None:
+        if self.behind is not None:
+            log.info("replicas: following the log again (behind since %s)", self.behind_since)
+        self.behind = self.behind_since = None
 
     async def _follow(self) -> None:
         follow = self._store.follow_batches(self.position)
+        if self.behind is not None and self.position >= await self._store.last_position():
+            self._caught_up()  # (started again on a quiet log: nothing to read yet)
         async with contextlib.aclosing(follow) as batches:
             async for batch in batches:
-                self.behind = None
+                self._caught_up()
                 for record in batch:
                     self._replicate(record)
                     self.position = max(self.position, record.position)

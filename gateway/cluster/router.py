@@ -3,7 +3,10 @@
 `Router.take` gives the engine only the requests of agents this process decides for; the
 others go to their owners (`Peers.submit_many`, one call per owner, all at once). A request
 the engine refused because its agent left this process meanwhile (`NotOwner`) is sent on to
-the current owner. The router is also what the engine is told of the others (its
+the current owner. A forward waits about the lease at most: an owner silent that long
+(paused, cut off) is passed over for whoever owns the agent by then, as the leases are read
+again, and failing that the request is answered ``unavailable`` (`Unanswered`). The router
+is also what the engine is told of the others (its
 `gateway.runtime.engine.Elsewhere`): reads of their agents come from the replicas.
 """
 
@@ -11,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.base.tasks import spawn
-from gateway.cluster.peers import Peers
+from gateway.cluster.peers import CALL_TIMEOUT_S, Peers, PeerUnreachable, Unanswered
 from gateway.cluster.replicas import Replicas
 from gateway.errors import GatewayError, NotOwner, UnknownAgent
 from gateway.runtime.acks import Ack
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.runtime.engine import Engine
 
 log = logging.getLogger("gateway.cluster.router")
+T = TypeVar("T")
 
 
 class Router:
@@ -68,9 +72,9 @@ class Router:
         """Every agent of the log or the config."""
         return () if self._replicas is None else self._replicas.agent_ids()
 
-    async def forward(self, request: AgentRequest) -> Ack:
+    async def forward(self, request: AgentRequest, principal: str | None = None) -> Ack:
         """One request of the gateway's own, wherever its agent is decided."""
-        return await self.take([request], None)[0]
+        return await self.take([request], principal)[0]
 
     def owner_of(self, stream: str) -> str | None:
         """The URL of the process deciding for ``stream`` now (as last read)."""
@@ -97,7 +101,8 @@ class Router:
                 future.add_done_callback(partial(self._taken, requests[index], principal,
                                                  answers[index]))
         if away:
-            self._spawn(self._forward([(i, requests[i]) for i in away], principal, answers))
+            self._spawn(self._forward([(i, requests[i]) for i in away], principal, answers),
+                        [answers[i] for i in away])
         return answers
 
     def finish(self, batch: Batch) -> None:
@@ -114,40 +119,129 @@ class Router:
             return
         error = done.exception()
         if isinstance(error, NotOwner):
-            self._spawn(self._forward([(0, request)], principal, [answer]))
-        elif error is not None:
-            answer.set_exception(error)
+            self._spawn(self._forward([(0, request)], principal, [answer]), [answer])
         else:
-            answer.set_result(done.result())
+            _settle(answer, error or done.result())
 
     async def _forward(self, items: list[tuple[int, AgentRequest]], principal: str | None,
-                       answers: list[asyncio.Future[Ack]]) -> None:
-        """Send requests to their owners (one call per owner, all at once)."""
+                       answers: list[asyncio.Future[Ack]],
+                       silent: frozenset[str] = frozenset()) -> None:
+        """Send requests to their owners (one call per owner, all at once). An owner that
+        does not answer within the lease (paused, cut off, gone) is passed over: its
+        requests go once to whoever owns their agents then (``silent``: the owners passed
+        over), else they are answered `unavailable`."""
         owners: dict[str, list[tuple[int, AgentRequest]]] = {}
         for index, request in items:
             error = self.missing(request.agent_id)
-            owner = await self._locate(request.agent_id) if isinstance(error, NotOwner) \
-                else None
+            if not isinstance(error, NotOwner):
+                _settle(answers[index], error)
+                continue
+            owner = await (self._relocate(request.agent_id, silent) if silent
+                           else self._locate(request.agent_id))
             if owner is None:
-                answers[index].set_exception(error if not isinstance(error, NotOwner)
-                                             else NotOwner(request.agent_id, None))
+                _settle(answers[index],
+                    Unanswered(request.agent_id, sorted(silent), self.lease_ms) if silent
+                    else NotOwner(request.agent_id, None))
                 continue
             owners.setdefault(owner, []).append((index, request))
 
         async def send(owner: str, part: list[tuple[int, AgentRequest]]) -> None:
-            results = await self.peers.submit_many(owner, [r for _, r in part], principal)
-            for (index, _), result in zip(part, results, strict=True):
-                if isinstance(result, GatewayError):
-                    answers[index].set_exception(result)
+            results = await self._submit(owner, [r for _, r in part], principal)
+            if results is None:  # silent: once more, wherever the agents are now
+                if silent:
+                    for index, request in part:
+                        _settle(answers[index], Unanswered(
+                            request.agent_id, sorted(silent | {owner}), self.lease_ms))
                 else:
-                    answers[index].set_result(result)
+                    await self._forward(part, principal, answers, silent | {owner})
+                return
+            for (index, _), result in zip(part, results, strict=True):
+                _settle(answers[index], result)
 
         await asyncio.gather(*(send(owner, part) for owner, part in owners.items()))
+
+    async def _submit(self, owner: str, requests: list[AgentRequest], principal: str | None
+                      ) -> list[Ack | GatewayError] | None:
+        """`Peers.submit_many` at ``owner``; None if it could not be reached, or went silent
+        (`within_lease`)."""
+        results = await self.within_lease(
+            owner, self.peers.submit_many(owner, requests, principal))
+        if results is not None and results and \
+                all(isinstance(r, PeerUnreachable) for r in results):
+            log.info("the owner at %s could not be reached; asking where its agents are "
+                     "now", owner)
+            return None
+        return results
+
+    async def within_lease(self, owner: str, call: Awaitable[T]) -> T | None:
+        """``call`` to the member at ``owner``, or None (the call cancelled) if it went
+        silent: no answer within a lease and its member lease not renewed since (paused,
+        cut off). An owner still renewing its lease is only slow: it is waited for."""
+        sending = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait([sending], timeout=self.lease_ms / 1000)
+                if done:
+                    return sending.result()
+                if not await self._alive(owner):
+                    log.info("the member at %s did not answer within the lease (%d ms) and "
+                             "did not renew its lease", owner, self.lease_ms)
+                    return None
+        finally:
+            sending.cancel()  # (nothing, if it is done)
+
+    async def _alive(self, owner: str) -> bool:
+        """Whether the member serving at ``owner`` renewed its lease, as read afresh."""
+        member = self._member
+        if member is None:
+            return True
+        return await member.serving(owner)
+
+    async def _relocate(self, agent_id: str, silent: frozenset[str]) -> str | None:
+        """The owner of an agent whose owner went ``silent``, as the leases say afresh:
+        read every period until another member holds it, for a lease at most."""
+        member = self._member
+        if member is None:
+            return None
+        deadline = asyncio.get_running_loop().time() + member.lease_ms / 1000
+        while True:
+            owner = await member.relocate(agent_id)
+            if owner is not None and owner not in silent:
+                return owner
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(left, member.period_ms / 1000))  # (waiting on I/O)
+
+    @property
+    def lease_ms(self) -> int:
+        """The members' lease: how long a call to a silent member is waited for."""
+        return round(CALL_TIMEOUT_S * 1000) if self._member is None else self._member.lease_ms
 
     async def _locate(self, agent_id: str) -> str | None:
         return None if self._member is None else await self._member.locate(agent_id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def close(self) -> None:
+        """Stop the forwards under way (their requests are answered as cancelled)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], answers: list[asyncio.Future[Ack]]
+               ) -> None:
+        """Forward in the background; the ``answers`` it leaves unanswered (it was cancelled:
+        the router closed) are cancelled."""
         task = spawn(coro, "forward")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: [a.cancel() for a in answers if not a.done()])
+
+def _settle(answer: asyncio.Future[Ack], outcome: Ack | BaseException) -> None:
+    """Answer a request (unless its asker gave up on it meanwhile)."""
+    if answer.done():
+        return
+    if isinstance(outcome, BaseException):
+        answer.set_exception(outcome)
+    else:
+        answer.set_result(outcome)

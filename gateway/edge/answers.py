@@ -5,9 +5,11 @@ make every route answer that way."""
 from __future__ import annotations
 
 import logging
+from typing import Final
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
+from uvicorn.protocols.utils import ClientDisconnected
 
 from gateway.edge.protocol import AckFrame, ErrorFrame
 from gateway.errors import CODES, BadFrame, Busy, GatewayError, StorageUnreadable, Unauthorized
@@ -16,6 +18,10 @@ from lanes import InvalidRequest
 from store.port import StoreError
 
 log = logging.getLogger("gateway.edge.answers")
+
+HANG_UPS: Final = (ClientDisconnect, ClientDisconnected, ConnectionError)
+"""What a client that hung up raises (its request body cut short, its connection gone): no
+failure of the gateway's, logged in one line."""
 
 
 async def answer_error(request: Request, error: Exception) -> Response:
@@ -58,6 +64,10 @@ def error_frame(error: Exception, id: str | None = None, request_id: str | None 
         error = StorageUnreadable(str(error))
     if isinstance(error, GatewayError):
         return ErrorFrame(id=id, code=error.code, message=str(error), request_id=request_id)
+    if isinstance(error, HANG_UPS):
+        log.info("the client hung up before its answer (%s)", type(error).__name__)
+        return ErrorFrame(id=id, code="invalid", request_id=request_id,
+                          message="the client hung up before its request was whole")
     if not logged:
         log.exception("unexpected error", exc_info=error)
     return ErrorFrame(id=id, code="internal", request_id=request_id,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.cluster.peers import FORWARDED_HEADER
+from gateway.cluster.peers import FORWARDED_HEADER, Unanswered
 from gateway.edge.answers import answer_error, error_response
 from gateway.edge.auth import Principal
 from gateway.edge.protocol import load_json
@@ -87,7 +87,9 @@ class Routes:
         becomes its answer (an unexpected one is answered 500 ``internal`` and re-raised by
         Starlette for the server's log)."""
         return {NotOwner: self._passed_on, GateMoved: self._passed_on, GatewayError: answer_error,
-                InvalidRequest: answer_error, StoreError: answer_error, Exception: answer_error}
+                InvalidRequest: answer_error, StoreError: answer_error,
+                ClientDisconnect: answer_error,  # (a hang-up: answered, logged in a line)
+                Exception: answer_error}
 
     async def _passed_on(self, request: Request, error: Exception) -> Response:
         assert isinstance(error, NotOwner | GateMoved)
@@ -109,12 +111,17 @@ class Routes:
         for name in ("authorization", "content-type"):
             if name in request.headers:
                 headers[name] = request.headers[name]
-        try:
-            answer = await peers.request(request.method, owner + request.url.path,
-                                         params=request.query_params,
-                                         content=await request.body(), headers=headers)
+        passing = peers.request(request.method, owner + request.url.path,
+                                params=request.query_params, content=await request.body(),
+                                headers=headers)
+        router = self.service.router
+        try:  # (an owner gone silent is given up after about a lease)
+            answer = await (passing if router is None else router.within_lease(owner, passing))
         except GatewayError as failed:
             return error_response(failed)
+        if answer is None:
+            lease_ms = 0 if router is None else router.lease_ms
+            return error_response(Unanswered(stream, [owner], lease_ms, looked_again=False))
         passed = {k: v for k, v in answer.headers.items()
                   if k.lower() in ("content-type", "retry-after", "www-authenticate")}
         return Response(answer.content, status_code=answer.status_code, headers=passed)
@@ -159,14 +166,15 @@ class Routes:
     def _summary(self, agent_id: str, now: int,
                  waits: dict[str, tuple[str, GateWait]] | None = None) -> dict[str, Any]:
         """`agent_summary`, and in a cluster which process serves the agent (``servedBy``:
-        its URL; null while it moves)."""
+        its URL; null while it moves) and whether this read of it may be stale (``behind``,
+        `Service.said_behind`)."""
         if waits is None:
             waits = gate_waits_of(self.engine, now)
         body = agent_summary(self.engine.state(agent_id), now, waits.get(agent_id))
         cluster = self.service.cluster
         if cluster is not None:
             body["servedBy"] = cluster.owner_of(agent_id)
-        return body
+        return self.service.said_behind(agent_id, body)
 
     async def _replayed(self, agent_id: str, position: int) -> Replayed[AgentState]:
         """The agent replayed from its stream up to log ``position``."""

@@ -108,7 +108,7 @@ class _Internal:
         waiting = asyncio.ensure_future(gate.acquire(
             str(body["agentId"]), str(body["runId"]), Priority(body.get("priority", "normal")),
             int(body.get("inputTokens", 0)), int(body.get("outputTokens", 0)),
-            slot_id=str(body["slotId"])))
+            slot_id=str(body["slotId"]), weight=int(body.get("weight", 1))))
         hung_up = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait([waiting, hung_up], return_when=asyncio.FIRST_COMPLETED)

@@ -16,6 +16,7 @@ from gateway.errors import BadFrame
 from gateway.market.events import MarketEvent
 from gateway.runtime.effects import ControlEffect
 from lanes.requests import MAX_INT, AgentRequest, WireModel
+from lanes.tools import tool_schemas
 
 PROTOCOL_VERSION = 1
 MAX_BATCH = 1_000
@@ -256,4 +257,5 @@ def json_schemas() -> dict[str, Any]:
         "protocol": PROTOCOL_VERSION,
         "client": TypeAdapter(ClientFrame).json_schema(by_alias=True),
         "server": TypeAdapter(ServerFrame).json_schema(by_alias=True),
+        "tools": tool_schemas(),
     }

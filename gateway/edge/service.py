@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from gateway.base.pacing import Pacer
 from gateway.cluster.member import Cluster
@@ -179,6 +180,17 @@ class Service:
     async def submit(self, request: AgentRequest, principal: str | None) -> Ack:
         """One request from outside, awaited to its ack."""
         return await self.way_in.take([request], principal)[0]
+
+    def said_behind(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``body``, a read of an agent, with ``behind`` (``{"since": ms, "reason": ...}``)
+        if it comes from this member's replica of the log while that is behind (another
+        member decides for the agent, and this one's follower of the log failed): the read
+        may be stale."""
+        if self.cluster is not None:
+            behind = self.cluster.replicas.behind_of(agent_id)
+            if behind is not None:
+                body["behind"] = behind
+        return body
 
     def on_market(self, events: Iterable[MarketEvent]) -> list[AgentRequest]:
         """Market events, from a feed connection or the synthetic feed: each is shown to the

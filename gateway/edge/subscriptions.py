@@ -81,8 +81,8 @@ class Subscriptions:
 
     async def _follow(self, frame: Subscribe, wanted: list[str]) -> None:
         session = self.session
-        engine = session.engine
-        position = await session.service.log.last_position()
+        engine, service = session.engine, session.service
+        position = await service.log.last_position()
         now = engine.clock.now_ms()
         gates = engine.gates if frame.providers else {}
         waits = gate_waits_of(engine, now)
@@ -93,7 +93,8 @@ class Subscriptions:
         head = '{"type":"snapshot"' + ("" if frame.id is None else f',"id":{model_json(frame.id)}')
         pieces = [f'{head},"position":{position},"agents":']
         async for piece in json_pieces(
-                wanted, lambda a: agent_summary(engine.state(a), now, waits.get(a)),
+                wanted, lambda a: service.said_behind(
+                    a, agent_summary(engine.state(a), now, waits.get(a))),
                 model_json):
             pieces.append(piece)
         providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
-Api = Literal["anthropic", "openai"]
-"""The two APIs the fake speaks."""
+from gateway.llm.fake_tools import Api as Api  # (its home: fake_formats' callers use it)
+from gateway.llm.fake_tools import block_text, call_text
 
 
 class FaultKind(StrEnum):
@@ -137,17 +137,18 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(block.get("text", "")) for block in content
-                       if isinstance(block, dict))
+        return "".join(block_text(block) for block in content if isinstance(block, dict))
     return ""
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """The text of a request's system prompt and messages (what its input tokens count)."""
+    """The text of a request's system prompt and messages, tool calls and results included
+    (what its input tokens count)."""
     messages = body.get("messages")
     turns = messages if isinstance(messages, list) else []
     return _text_of(body.get("system")) + "".join(
-        _text_of(turn.get("content")) for turn in turns if isinstance(turn, dict))
+        _text_of(turn.get("content")) + call_text(turn) for turn in turns
+        if isinstance(turn, dict))
 
 
 def sse(event: str | None, data: Mapping[str, Any] | str) -> bytes:
@@ -173,6 +174,8 @@ class Call:
     text: str = ""
     output_tokens: int = 0
     truncated: bool = False
+    tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    """The tools the answer calls: (id, name, arguments as JSON text) each."""
 
 
 IN_STREAM = frozenset({FaultKind.MID_STREAM_ERROR, FaultKind.STALL_MID_STREAM})
@@ -206,22 +209,31 @@ def error_shape(call: Call, fault: Fault) -> ErrorShape:
 def stop_reason(call: Call) -> str:
     """Why the answer ended, in the call's API's words."""
     if call.api == "anthropic":
-        return "max_tokens" if call.truncated else "end_turn"
-    return "length" if call.truncated else "stop"
+        return "max_tokens" if call.truncated else "tool_use" if call.tool_calls else "end_turn"
+    return "length" if call.truncated else "tool_calls" if call.tool_calls else "stop"
 
 
 def whole(call: Call) -> dict[str, Any]:
     """The body of a non-streamed answer."""
     if call.api == "anthropic":
+        content: list[dict[str, Any]] = [{"type": "text", "text": call.text}] if (
+            call.text or not call.tool_calls) else []
+        content += [{"type": "tool_use", "id": call_id, "name": name, "input": json.loads(args)}
+                    for call_id, name, args in call.tool_calls]
         return {"id": f"msg_fake_{call.number}", "type": "message", "role": "assistant",
-                "model": call.model, "content": [{"type": "text", "text": call.text}],
+                "model": call.model, "content": content,
                 "stop_reason": stop_reason(call), "stop_sequence": None,
                 "usage": {"input_tokens": call.input_tokens,
                           "output_tokens": call.output_tokens}}
+    message: dict[str, Any] = {"role": "assistant", "content": call.text}
+    if call.tool_calls:
+        message["content"] = call.text or None
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            for call_id, name, args in call.tool_calls]
     return {"id": f"chatcmpl-fake-{call.number}", "object": "chat.completion",
             "created": call.at_ms // 1000, "model": call.model,
-            "choices": [{"index": 0, "finish_reason": stop_reason(call),
-                         "message": {"role": "assistant", "content": call.text}}],
+            "choices": [{"index": 0, "finish_reason": stop_reason(call), "message": message}],
             "usage": openai_usage(call)}
 
 
@@ -251,13 +263,26 @@ def anthropic_events(call: Call, chunk_chars: int) -> Iterator[bytes]:
         "model": call.model, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": call.input_tokens, "output_tokens": 1}}
     yield sse("message_start", {"type": "message_start", "message": message})
-    yield sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                      "content_block": {"type": "text", "text": ""}})
-    yield sse("ping", {"type": "ping"})
-    for piece in pieces(call.text, chunk_chars):
-        yield sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "text_delta", "text": piece}})
-    yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+    index = 0
+    if call.text or not call.tool_calls:
+        yield sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}})
+        yield sse("ping", {"type": "ping"})
+        for piece in pieces(call.text, chunk_chars):
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                              "delta": {"type": "text_delta", "text": piece}})
+        yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+        index = 1
+    for call_id, name, args in call.tool_calls:
+        yield sse("content_block_start", {
+            "type": "content_block_start", "index": index,
+            "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}})
+        for piece in pieces(args, chunk_chars):
+            yield sse("content_block_delta", {
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": piece}})
+        yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        index += 1
     yield sse("message_delta", {
         "type": "message_delta",
         "delta": {"stop_reason": stop_reason(call), "stop_sequence": None},
@@ -276,6 +301,11 @@ def openai_events(call: Call, chunk_chars: int) -> Iterator[bytes]:
     yield chunk({"role": "assistant", "content": ""})
     for piece in pieces(call.text, chunk_chars):
         yield chunk({"content": piece})
+    for index, (call_id, name, args) in enumerate(call.tool_calls):
+        yield chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                     "function": {"name": name, "arguments": ""}}]})
+        for piece in pieces(args, chunk_chars):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     yield chunk({}, stop_reason(call))
     options = call.body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):

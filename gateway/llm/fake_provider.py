@@ -56,18 +56,20 @@ from gateway.llm.fake_formats import (
     stream_error,
     whole,
 )
+from gateway.llm.fake_tools import ToolUse, pairing_problem, scripted
 
 __all__ = [
     "WINDOW_MS", "Api", "CallRecord", "FakeProvider", "FakeProviderConfig", "Fault",
-    "FaultKind", "Limit", "Reply", "create_fake_provider", "default_reply", "estimate_tokens",
-    "format_duration", "format_rfc3339", "serving",
+    "FaultKind", "Limit", "Reply", "ToolUse", "create_fake_provider", "default_reply",
+    "estimate_tokens", "format_duration", "format_rfc3339", "scripted", "serving",
 ]
 
 WINDOW_MS = 60_000
 """The sliding window every per-minute limit is counted over."""
 
-Reply = Callable[[Mapping[str, Any]], str]
-"""What the model answers to a request body."""
+Reply = Callable[[Mapping[str, Any]], "str | ToolUse"]
+"""What the model answers to a request body: text, or tool calls (`ToolUse`; see
+`gateway.llm.fake_tools.scripted`)."""
 Limit = Literal["requests", "tokens", "concurrency"]
 """Which of the fake's limits refused a call."""
 
@@ -198,6 +200,8 @@ class FakeProvider:
             fault = Fault(FaultKind.UNAUTHORIZED)
         elif not isinstance(body.get("messages"), list) or not body.get("model"):
             fault = Fault(FaultKind.INVALID_REQUEST)
+        elif (problem := pairing_problem(api, body)) is not None:
+            fault = Fault(FaultKind.INVALID_REQUEST, message=problem)
         if fault is not None and (fault.kind is FaultKind.HANG or (
                 fault.kind is FaultKind.STALL_MID_STREAM and not call.stream)):
             await self._wait(fault.seconds)  # then answer as if nothing had happened
@@ -220,11 +224,17 @@ class FakeProvider:
     def _price(self, call: Call) -> None:
         """What the call will use: its prompt, and the reply cut to ``max_tokens``."""
         call.input_tokens = estimate_tokens(prompt_text(call.body))
-        text = self.config.reply(call.body)
+        reply = self.config.reply(call.body)
+        text, arguments = reply if isinstance(reply, str) else reply.text, ""
+        if isinstance(reply, ToolUse):
+            prefix = "toolu_fake" if call.api == "anthropic" else "call_fake"
+            call.tool_calls = [(f"{prefix}_{call.number}_{n}", name, json.dumps(dict(args)))
+                               for n, (name, args) in enumerate(reply.calls)]
+            arguments = "".join(args for _, _, args in call.tool_calls)
         limit = call.body.get("max_tokens") or call.body.get("max_completion_tokens")
         if isinstance(limit, int) and estimate_tokens(text) > limit:
             text, call.truncated = text[: limit * 4], True
-        call.text, call.output_tokens = text, estimate_tokens(text)
+        call.text, call.output_tokens = text, estimate_tokens(text + arguments)
 
     async def _wait(self, seconds: float) -> None:
         released = self._released  # a reset replaces it: waits begun before end with it

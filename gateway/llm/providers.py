@@ -20,16 +20,26 @@ from typing import Literal
 import anthropic
 import httpx2
 import openai
-from anthropic.types import AssistantMessageParam, MessageParam, UserMessageParam
-from openai.types.chat import (
-    ChatCompletionAssistantMessageParam,
-    ChatCompletionMessageParam,
-    ChatCompletionUserMessageParam,
-)
 from openai.types.completion_usage import CompletionUsage
 
 from gateway.base.clock import SystemClock
-from gateway.llm.port import Completion, LLMClient, Message, ProviderCallError, RateHints
+from gateway.llm.port import (
+    Completion,
+    LLMClient,
+    Message,
+    ProviderCallError,
+    RateHints,
+    ToolSpec,
+)
+from gateway.llm.turns import (
+    OpenAIToolCalls,
+    anthropic_tool_calls,
+    anthropic_tools,
+    anthropic_turns,
+    openai_tools,
+    openai_turns,
+    tool_text,
+)
 from lanes.gate.events import CallOutcome
 
 PROVIDER_KINDS = ("anthropic", "openai")
@@ -290,13 +300,15 @@ class AnthropicClient:
             raise ValueError("no Anthropic API key: pass api_key or set ANTHROPIC_API_KEY")
 
     async def complete(self, *, system: str, messages: Sequence[Message],
-                       max_tokens: int) -> Completion:
-        """Stream one message; a failure raises `ProviderCallError`, classified."""
-        turns = [_anthropic_turn(m) for m in messages]
+                       max_tokens: int, tools: Sequence[ToolSpec] = ()) -> Completion:
+        """Stream one message, offering ``tools``; a failure raises `ProviderCallError`,
+        classified."""
+        turns = anthropic_turns(messages)
         try:
             async with asyncio.timeout(self.timeout_s), self._sdk.messages.stream(
                 model=self.model, max_tokens=max_tokens, messages=turns,
                 system=system if system else anthropic.omit,
+                tools=anthropic_tools(tools) if tools else anthropic.omit,
             ) as stream:
                 hints = anthropic_hints(stream.response.headers, self._clock_ms())
                 parts = [text async for text in stream.text_stream]
@@ -313,7 +325,7 @@ class AnthropicClient:
                         + (usage.cache_read_input_tokens or 0))
         return Completion(text="".join(parts), input_tokens=input_tokens,
                           output_tokens=usage.output_tokens, stop_reason=final.stop_reason,
-                          hints=hints)
+                          hints=hints, tool_calls=anthropic_tool_calls(final.content))
 
     def _failure(self, err: BaseException) -> ProviderCallError:
         secret = self._sdk.api_key or self._sdk.auth_token
@@ -357,14 +369,13 @@ class OpenAIClient:
             raise ValueError("no OpenAI API key: pass api_key or set OPENAI_API_KEY") from None
 
     async def complete(self, *, system: str, messages: Sequence[Message],
-                       max_tokens: int) -> Completion:
-        """Stream one chat completion; a failure raises `ProviderCallError`, classified."""
-        chat: list[ChatCompletionMessageParam] = []
-        if system:
-            chat.append({"role": "system", "content": system})
-        chat.extend(_chat_turn(m) for m in messages)
+                       max_tokens: int, tools: Sequence[ToolSpec] = ()) -> Completion:
+        """Stream one chat completion, offering ``tools``; a failure raises
+        `ProviderCallError`, classified."""
+        chat = openai_turns(system, messages)
         limit = self.max_tokens_param
         parts: list[str] = []
+        calls = OpenAIToolCalls()
         usage: CompletionUsage | None = None
         stop_reason: str | None = None
         try:
@@ -375,6 +386,7 @@ class OpenAIClient:
                     max_completion_tokens=max_tokens if limit == "max_completion_tokens"
                     else openai.omit,
                     max_tokens=max_tokens if limit == "max_tokens" else openai.omit,
+                    tools=openai_tools(tools) if tools else openai.omit,
                 )
                 async with stream:
                     hints = openai_hints(stream.response.headers, self._clock_ms())
@@ -385,6 +397,7 @@ class OpenAIClient:
                                 continue
                             if choice.delta.content:
                                 parts.append(choice.delta.content)
+                            calls.add(choice.delta.tool_calls)
                             stop_reason = choice.finish_reason or stop_reason
         except (openai.OpenAIError, httpx2.HTTPError, TimeoutError) as err:
             raise self._failure(err) from None
@@ -394,13 +407,14 @@ class OpenAIClient:
             raise ProviderCallError(CallOutcome.SERVER_ERROR,
                                     f"malformed answer: {type(err).__name__}") from None
         text = "".join(parts)
+        tool_calls = calls.calls()
         if usage is None:  # a server that ignores include_usage: estimate rather than say 0
             input_tokens = _estimate_tokens(system, *(m.content for m in messages))
-            output_tokens = _estimate_tokens(text)
+            output_tokens = _estimate_tokens(text, *(tool_text(c.arguments) for c in tool_calls))
         else:
             input_tokens, output_tokens = usage.prompt_tokens, usage.completion_tokens
         return Completion(text=text, input_tokens=input_tokens, output_tokens=output_tokens,
-                          stop_reason=stop_reason, hints=hints)
+                          stop_reason=stop_reason, hints=hints, tool_calls=tool_calls)
 
     def _failure(self, err: BaseException) -> ProviderCallError:
         secret = self._sdk.api_key or None
@@ -418,18 +432,6 @@ class OpenAIClient:
     async def close(self) -> None:
         """Close the SDK client and its connections."""
         await self._sdk.close()
-
-
-def _anthropic_turn(message: Message) -> MessageParam:
-    if message.role == "assistant":
-        return AssistantMessageParam(role="assistant", content=message.content)
-    return UserMessageParam(role="user", content=message.content)
-
-
-def _chat_turn(message: Message) -> ChatCompletionMessageParam:
-    if message.role == "assistant":
-        return ChatCompletionAssistantMessageParam(role="assistant", content=message.content)
-    return ChatCompletionUserMessageParam(role="user", content=message.content)
 
 
 def _estimate_tokens(*texts: str) -> int:

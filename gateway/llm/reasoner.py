@@ -15,7 +15,14 @@ from pydantic.alias_generators import to_camel
 
 from gateway.base.clock import Clock
 from gateway.errors import GatewayError
-from gateway.llm.port import Completion, LLMClient, Message, ProviderCallError
+from gateway.llm.port import (
+    Completion,
+    LLMClient,
+    Message,
+    ProviderCallError,
+    ToolResult,
+    ToolSpec,
+)
 from lanes.config import CallResults
 from lanes.events import CallIntent, OrderIntent, Outcome, Summary, Usage
 from lanes.gate import backoff_ceiling, full_jitter
@@ -40,9 +47,9 @@ class CallGate(Protocol[SlotT]):
         ...
 
     def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-              input_tokens: int = 0, output_tokens: int = 0
+              input_tokens: int = 0, output_tokens: int = 0, weight: int = 1
               ) -> contextlib.AbstractAsyncContextManager[SlotT]:
-        """A slot that is always given back."""
+        """A slot that is always given back (``weight``: the agent's gate weight)."""
         ...
 
     def release(self, slot: SlotT, outcome: CallOutcome, *, input_tokens: int | None = None,
@@ -50,6 +57,21 @@ class CallGate(Protocol[SlotT]):
                 remaining_requests: int | None = None, remaining_tokens: int | None = None,
                 reset_at: int | None = None) -> None:
         """Give a slot back with how the provider answered."""
+        ...
+
+
+class ToolSession(Protocol):
+    """A run's tools (`gateway.runtime.toolbox.RunTools`): what the model is offered, the
+    step budget, and each step recorded with its tools run."""
+
+    specs: Sequence[ToolSpec]
+    max_steps: int
+
+    async def step(self, step: int, completion: Completion, steered: Sequence[str] = ()
+                   ) -> list[ToolResult]:
+        """Record model call ``step`` (which first saw the ``steered`` requests), run the
+        tool calls it may make and record their results: one result per call, in order
+        (a refused call's is its error)."""
         ...
 
 
@@ -92,6 +114,8 @@ class RunContext:
         clock: Clock,
         report_steerable: Callable[[bool], None],
         gate: CallGate[Any] | None = None,
+        gate_weight: int = 1,
+        tools: ToolSession | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.run_id = run_id
@@ -101,6 +125,10 @@ class RunContext:
         self.clock = clock
         self.gate = gate
         """The provider gate every LLM call of this run goes through (None: ungated)."""
+        self.gate_weight = gate_weight
+        """The agent's weight at the gate (`lanes.config.AgentConfig.gate_weight`)."""
+        self.tools = tools
+        """The run's tools, if its agent has any: then a run is a loop of steps."""
         self._report_steerable = report_steerable
         self._steers: asyncio.Queue[AgentRequest] = asyncio.Queue()
 
@@ -128,7 +156,7 @@ class RunContext:
         while True:
             failed: ProviderCallError | None = None
             async with gate.using(self.agent_id, self.run_id, self.priority, input_tokens,
-                                  output_tokens) as slot:
+                                  output_tokens, self.gate_weight) as slot:
                 try:
                     completion = await make()
                 except ProviderCallError as error:
@@ -318,8 +346,22 @@ When a request of kind "agent_call" asks you something, put what you answer the 
 answering one, the caller gets your answer after you have seen your calls' results."""
 
 
+TOOLS_NOTE = """
+
+You have tools: use them to look at the market, your positions and open orders, other \
+agents, and to place or cancel orders (an order you place with place_order is placed at \
+once; do not repeat it in your answer). When you are done, answer without calling a tool, \
+with the JSON object above. Requests that arrive while you work come in the next message, \
+after your tools' results."""
+"""Added to the system prompt of an agent that has tools."""
+
+
 class AnswerError(ValueError):
     """The model's answer is not a decision the gateway can act on."""
+
+
+class StepBudgetSpent(RuntimeError):
+    """A run with tools spent its model calls (``max_steps``) without a final answer."""
 
 
 class _Answer(WireModel):
@@ -366,7 +408,10 @@ def parse_answer(text: str) -> _Answer:
 def estimate_tokens(system: str, messages: Sequence[Message]) -> int:
     """A cheap input-token estimate for the gate (about 4 characters a token, rounded up),
     corrected by the real usage when the call is released."""
-    chars = len(system) + sum(len(m.content) + 8 for m in messages)
+    chars = len(system) + sum(
+        len(m.content) + 8 + sum(len(r.content) + 8 for r in m.tool_results)
+        + sum(len(c.name) + len(json.dumps(dict(c.arguments))) + 8 for c in m.tool_calls)
+        for m in messages)
     return chars // 4 + 16
 
 
@@ -388,7 +433,10 @@ class LLMReasoner:
         self.max_turns = max(1, max_turns)
 
     async def run(self, ctx: RunContext) -> RunResult:
-        """Converse until no steer is waiting (or the turns are spent), then decide."""
+        """Converse until no steer is waiting (or the turns are spent), then decide; with
+        tools, a loop of steps (`run_tools`)."""
+        if ctx.tools is not None and ctx.tools.specs:
+            return await self.run_tools(ctx, ctx.tools)
         messages = [Message("user", render_requests(ctx.requests, ctx.summary))]
         input_tokens = output_tokens = 0
         steerable = self.max_turns > 1
@@ -411,19 +459,68 @@ class LLMReasoner:
             if turn + 1 < self.max_turns:
                 ctx.set_steerable(True)
                 steerable = True
-        answer = parse_answer(completion.text)
-        usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
-        orders = answer.orders if answer.decision is Outcome.TRADE else ()
-        return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls,
-                         answer=(answer.answer or answer.reason)[:20_000],
-                         call_results=answer.call_results if answer.calls else None)
+        return _decided(completion.text, Usage(input_tokens=input_tokens,
+                                               output_tokens=output_tokens))
 
-    async def _call(self, ctx: RunContext, messages: list[Message]) -> Completion:
+    async def run_tools(self, ctx: RunContext, tools: ToolSession) -> RunResult:
+        """A run as a loop of steps: a model call offering the tools, the tool calls it
+        asks for and their results (each recorded by ``tools``), the next call, until an
+        answer without tool calls (then decided as `parse_answer` says) or the step budget.
+        Steers decided for the run while it works reach the model at the next step, after
+        the tool results; one that came during a final answer gets a step of its own."""
+        system = self.system_prompt + TOOLS_NOTE
+        messages = [Message("user", render_requests(ctx.requests, ctx.summary))]
+        input_tokens = output_tokens = 0
+        steerable = tools.max_steps > 1
+        if steerable:
+            ctx.set_steerable(True)
+        steered: list[str] = []
+        for step in range(1, tools.max_steps + 1):
+            if steerable and step == tools.max_steps:  # no step left to deliver one to
+                ctx.set_steerable(False)
+                steerable = False
+            completion = await self._call(ctx, messages, system, tools.specs)
+            input_tokens += completion.input_tokens
+            output_tokens += completion.output_tokens
+            results = await tools.step(step, completion, steered)
+            if not completion.tool_calls and steerable:
+                ctx.set_steerable(False)  # (then no steer is decided for us after these)
+                steerable = False
+            steers = ctx.take_steers()
+            steered = [request.request_id for request in steers]
+            if not completion.tool_calls and (not steers or step == tools.max_steps):
+                return _decided(completion.text, Usage(input_tokens=input_tokens,
+                                                       output_tokens=output_tokens))
+            if completion.tool_calls:
+                messages.append(Message("assistant", completion.text,
+                                        tool_calls=completion.tool_calls))
+            else:
+                messages.append(Message("assistant", completion.text))
+            messages.append(Message("user", render_requests(steers) if steers else "",
+                                    tool_results=tuple(results)))
+            if not steerable and step + 1 < tools.max_steps:
+                ctx.set_steerable(True)
+                steerable = True
+        raise StepBudgetSpent(f"the step budget ({tools.max_steps} model calls) was spent "
+                              "before a final answer")
+
+    async def _call(self, ctx: RunContext, messages: list[Message], system: str | None = None,
+                    tools: Sequence[ToolSpec] = ()) -> Completion:
         snapshot = tuple(messages)
+        prompt = self.system_prompt if system is None else system
 
         def make() -> Awaitable[Completion]:
-            return self.client.complete(system=self.system_prompt, messages=snapshot,
-                                        max_tokens=self.max_tokens)
+            return self.client.complete(system=prompt, messages=snapshot,
+                                        max_tokens=self.max_tokens, tools=tools)
 
-        return await ctx.call(make, input_tokens=estimate_tokens(self.system_prompt, snapshot),
+        return await ctx.call(make, input_tokens=estimate_tokens(prompt, snapshot),
                               output_tokens=self.max_tokens)
+
+
+def _decided(text: str, usage: Usage) -> RunResult:
+    """The run's result from the model's final answer (`parse_answer`)."""
+    answer = parse_answer(text)
+    orders = answer.orders if answer.decision is Outcome.TRADE else ()
+    return RunResult(outcome=answer.decision, usage=usage, orders=orders, calls=answer.calls,
+                     answer=(answer.answer or answer.reason)[:20_000],
+                     call_results=answer.call_results if answer.calls else None)

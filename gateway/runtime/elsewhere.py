@@ -30,6 +30,7 @@ class Elsewhere(Protocol):
         """Every agent decided elsewhere."""
         ...
 
-    async def forward(self, request: AgentRequest) -> Ack:
-        """Take a request of the gateway's own (a call, an answer) where its agent is."""
+    async def forward(self, request: AgentRequest, principal: str | None = None) -> Ack:
+        """Take a request of the gateway's own (a call, an answer, a control held here for
+        an agent that left) where its agent is."""
         ...

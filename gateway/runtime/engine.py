@@ -47,6 +47,7 @@ from gateway.runtime.orders import Orders
 from gateway.runtime.recovery import Recovery
 from gateway.runtime.runs import Runs
 from gateway.runtime.snapshotting import SNAPSHOT_EVERY, SnapshotPolicy
+from gateway.runtime.toolbox import Toolbox
 from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, next_due
 from lanes import replay as fold
 from lanes import status as agent_status
@@ -76,6 +77,7 @@ from store.port import (
 )
 
 if TYPE_CHECKING:
+    from gateway.market.book import MarketBook
     from gateway.market.broker import Broker
     from gateway.runtime.gate import ProviderGate, SlotGate
 from gateway.runtime.gate import GateMap
@@ -115,6 +117,7 @@ class Engine:
         ids: Callable[[], str] | None = None,
         elsewhere: Elsewhere | None = None,
         schedules: Mapping[str, Sequence[Schedule]] | None = None,
+        market: MarketBook | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
         orders accepted by the trading gate go to ``broker`` (none: they stay open).
@@ -126,8 +129,8 @@ class Engine:
         ``snapshot_worker`` a worker process folds the periodic ones from the log.
         ``ids`` makes event ids (default: `EventIds`). With ``elsewhere`` (other processes
         share the log) the engine starts holding no agent, until `load`.
-        ``schedules`` are the config file's schedules per agent (`gateway.runtime.schedules`):
-        applied when the engine first holds the agent, then fired by `scheduler`."""
+        ``schedules``: the config's, per agent, applied when the engine first holds it,
+        then fired by `scheduler`. The runs' tools read ``market`` (`runtime.toolbox`)."""
         self.broker = broker
         self.gate_map = GateMap(gates or {}, agent_gates or {}, run_gates or {})
         self.gates = self.gate_map.gates
@@ -155,7 +158,8 @@ class Engine:
         """Runs and call deliveries: cancelled and awaited on stop."""
         self.faults = Faults(self.clock)
         self.runs = Runs(clock=self.clock, reasoners=reasoners, gate_of=self.gate_map.for_runs,
-                         feed=self._feed, live=self._live, spawn=self._spawn)
+                         feed=self._feed, live=self._live, spawn=self._spawn,
+                         toolbox=Toolbox(market, self.state, self.clock))
         self.calls = Calls(clock=self.clock, submit=self._submit_anywhere,
                            undeliverable=self._undeliverable, spawn=self._spawn)
         self.intake = Intake(self)

@@ -266,7 +266,7 @@ class ProviderGate:
 
     async def acquire(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
                       input_tokens: int = 0, output_tokens: int = 0,
-                      slot_id: str | None = None) -> Slot:
+                      slot_id: str | None = None, weight: int = 1) -> Slot:
         """Wait for a slot (fairly, within the limits); `SlotRefusedError` if refused,
         `GateMoved` if the gate is (or goes) to another process meanwhile.
 
@@ -279,7 +279,7 @@ class ProviderGate:
         self._waiters[slot_id] = future
         self._feed(SlotRequested(at=self.clock.now_ms(), slot_id=slot_id, agent_id=agent_id,
                                  run_id=run_id, priority=priority, input_tokens=input_tokens,
-                                 output_tokens=output_tokens))
+                                 output_tokens=output_tokens, weight=weight))
         try:
             return await future
         except BaseException:
@@ -306,13 +306,15 @@ class ProviderGate:
 
     @contextlib.asynccontextmanager
     async def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
-                    input_tokens: int = 0, output_tokens: int = 0) -> AsyncIterator[Slot]:
+                    input_tokens: int = 0, output_tokens: int = 0, weight: int = 1
+                    ) -> AsyncIterator[Slot]:
         """``async with gate.using(...) as slot:`` — a slot that is always given back.
 
         Release it inside with the outcome; leaving by an exception (an abort, a crash)
-        cancels it if it was not released.
+        cancels it if it was not released. ``weight``: the agent's gate weight.
         """
-        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens)
+        slot = await self.acquire(agent_id, run_id, priority, input_tokens, output_tokens,
+                                  weight=weight)
         try:
             yield slot
         finally:

@@ -13,6 +13,10 @@ What happens to a control that cannot be stored, by what went wrong:
 | held action, held already | answered "held" | answered "held" |
 | held action, not held | stored meanwhile: the error as it is | held (up to `MAX_HELD`) |
 | other action | refused, remembered | refused, remembered |
+
+When the agent leaves this process (another one of a cluster takes it over) with controls
+still held, they go to its new owner, in the order they came (`gateway.runtime.holding`),
+which stores them as any request (a control stored meanwhile is found there by its id).
 """
 
 from __future__ import annotations
@@ -101,14 +105,14 @@ class HeldControls:
         self.held = {rid: held for rid, held in self.held.items() if rid not in seen}
         return [received for received, _ in self.held.values()]
 
-    def clear(self) -> list[str]:
-        """Forget everything (the agent leaves this process); the ids of the controls that
-        were still held."""
-        lost = list(self.held)
+    def clear(self) -> list[RequestReceived]:
+        """Forget everything (the agent leaves this process); the controls that were still
+        held, in the order they came (for the agent's next process to store)."""
+        left = [received for received, _ in self.held.values()]
         self.held.clear()
         self.refused.clear()
         self.superseded.clear()
-        return lost
+        return left
 
     def _supersede(self) -> None:
         if self.refused:  # a stop after a refused resume: that resume must not follow

@@ -1,18 +1,27 @@
 """Agents coming to an engine and leaving it: when several processes share the log,
 `gateway.cluster` loads into the engine the agents this process is given, unloads those it
 hands over and drops those whose lease it lost. An agent loaded goes on as after a restart;
-one leaving has what is open appended, its run and timer stopped, and is GONE."""
+one leaving has what is open appended, its run and timer stopped, and is GONE; controls
+held for it during a storage fault go to its next process."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+from gateway.errors import GatewayError, StorageFailed
 from gateway.runtime.agents import Agent, Phase
 from lanes import AgentConfig, AgentState
-from lanes.events import AgentCallDispatched, CallAnswered, ConfigChanged, Restarted, Stopping
+from lanes.events import (
+    AgentCallDispatched,
+    CallAnswered,
+    ConfigChanged,
+    RequestReceived,
+    Restarted,
+    Stopping,
+)
 from lanes.replay import LogFold
 from store.port import Fence, FencedError, RecordedEvent
 
@@ -20,6 +29,11 @@ if TYPE_CHECKING:
     from gateway.runtime.engine import Engine
 
 log = logging.getLogger("gateway.runtime.engine")
+
+PASS_ON_MS: Final = 60_000
+"""How long controls held for an agent that left are offered to its next process."""
+PASS_ON_RETRY_MS: Final = 200
+"""The wait before offering them again while no process has the agent."""
 
 
 class Holding:
@@ -155,11 +169,48 @@ class Holding:
         agent.core.fence = None
         agent.core.cancel_timer()
         engine.runs.cancel(agent)
-        lost = agent.controls.clear()
-        if lost:
-            log.error("controls of %s held during a storage fault were not stored before "
-                      "another process took the agent over: %s; send them again",
-                      agent.agent_id, ", ".join(lost))
+        held = agent.controls.clear()
+        if not held:
+            return
+        ids = ", ".join(received.request.request_id for received in held)
+        if engine.elsewhere is None or not engine.running:
+            log.error("controls of %s held during a storage fault were not stored before it "
+                      "left this process: %s; send them again", agent.agent_id, ids)
+            return
+        log.warning("controls of %s held during a storage fault go to its next process: %s",
+                    agent.agent_id, ids)
+        engine._spawn(self._pass_on(agent.agent_id, held), f"held controls of {agent.agent_id}")
+
+    async def _pass_on(self, agent_id: str, held: list[RequestReceived]) -> None:
+        """Controls held here for an agent that left, sent to its next process to store, in
+        the order they came; while no process has it (a failover), asked again, for
+        `PASS_ON_MS` at most."""
+        engine = self._engine
+        assert engine.elsewhere is not None
+        deadline = engine.clock.now_ms() + PASS_ON_MS
+        for received in held:
+            request = received.request
+            while True:
+                try:
+                    await engine.elsewhere.forward(request, received.principal)
+                    break
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or task.cancelling():
+                        raise
+                    log.error("control %s of %s, held during a storage fault, was not passed "
+                              "on to its next process (this one is stopping); send it again",
+                              request.request_id, agent_id)  # (the forward was cut off)
+                    break
+                except GatewayError as error:
+                    if isinstance(error, StorageFailed) and error.held:
+                        break  # held there now: that process stores it
+                    if error.code != "unavailable" or engine.clock.now_ms() > deadline:
+                        log.error("control %s of %s, held during a storage fault, could not "
+                                  "be passed on to its next process (%s); send it again",
+                                  request.request_id, agent_id, error)
+                        break
+                await engine.clock.sleep(PASS_ON_RETRY_MS)
 
     def fenced(self, agent: Agent, error: FencedError) -> None:
         """An append of the agent was refused: another process holds its lease now."""

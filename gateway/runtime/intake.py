@@ -253,7 +253,9 @@ class Intake:
         if not decisions:
             return decisions, []
         if isinstance(event, RequestReceived):
-            agent.controls.decided(event, version)
+            # (held up to the version its decision reaches: the commit of what was decided
+            # before it, reaching ``version``, does not store it)
+            agent.controls.decided(event, version + len(events))
         runs = engine.runs
         for decision in decisions:
             if isinstance(decision, RunAborted | RunCompleted | RunFailed):

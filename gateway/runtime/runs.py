@@ -21,8 +21,11 @@ from gateway.base.metrics import DURATION_BUCKETS, Histogram
 from gateway.errors import Unstorable
 from gateway.llm.reasoner import Reasoner, RunContext, RunResult, SpendLimitError
 from gateway.runtime.agents import Agent
+from gateway.runtime.core import Outcome
 from gateway.runtime.gate import SlotGate
+from gateway.runtime.toolbox import RunGone, RunTools, Toolbox
 from lanes.events import (
+    Decision,
     Input,
     RunErrored,
     RunFinished,
@@ -44,10 +47,13 @@ class Runs:
 
     def __init__(self, *, clock: Clock, reasoners: Callable[[str], Reasoner],
                  gate_of: Callable[[str], SlotGate | None],
-                 feed: Callable[[Agent, Input], object],
+                 feed: Callable[[Agent, Input], Outcome[Decision]],
                  live: Callable[[Agent], bool],
-                 spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
+                 toolbox: Toolbox) -> None:
         self._clock = clock
+        self.toolbox = toolbox
+        """What the runs' read tools read (`gateway.runtime.toolbox`)."""
         self._reasoners = reasoners
         self._gate_of = gate_of
         self._feed = feed
@@ -70,6 +76,9 @@ class Runs:
             clock=self._clock,
             report_steerable=partial(self._steerable, agent, run.run_id),
             gate=self._gate_of(agent.agent_id),
+            gate_weight=agent.state.config.gate_weight,
+            tools=RunTools(lambda: agent.state, run.run_id, partial(self._record, agent),
+                           self.toolbox, self._clock) if agent.state.config.tools else None,
         )
         agent.context = context
         agent.run_started[run.run_id] = time.perf_counter()
@@ -139,6 +148,16 @@ class Runs:
                 log.warning("run %s: %s", run.run_id, error)
                 self._feed(agent, RunErrored(at=event.at, run_id=run.run_id,
                                              error=describe(error)))
+
+    async def _record(self, agent: Agent, event: Input) -> list[Decision]:
+        """A step of a run: decided, and its decisions once committed (`RunGone` if its
+        agent no longer decides here)."""
+        if not self._live(agent):
+            raise RunGone(f"agent {agent.agent_id} no longer decides here")
+        outcome = self._feed(agent, event)
+        if outcome.commit is not None:
+            await outcome.commit
+        return outcome.decisions
 
     def _steerable(self, agent: Agent, run_id: str, steerable: bool) -> None:
         if self._live(agent):

@@ -17,6 +17,7 @@ from lanes.events import (
     ControlApplied,
     Event,
     FallbackApplied,
+    ModelCalled,
     OperatorApplied,
     OperatorRejected,
     OrderAccepted,
@@ -41,7 +42,10 @@ from lanes.events import (
     RunSteered,
     RunsUnheld,
     SteerabilityChanged,
+    StepDecided,
     TimerElapsed,
+    ToolResultTaken,
+    ToolReturned,
     TradingState,
     is_input,
 )
@@ -111,8 +115,10 @@ def kinds_of(event: Event) -> tuple[str, ...]:
             return ("suppression",)
         case RunsHeld():
             return ("hold",)
-        case RunStarted() | RunCompleted() | RunSteered():
+        case RunStarted() | RunCompleted() | RunSteered() | ToolResultTaken():
             return ("run",)
+        case StepDecided(refused=refused):
+            return ("run", "error") if refused else ("run",)
         case OrderAccepted() | OrderFilled() | OrderClosed() | OrderCancelRequested():
             return ("order",)
         case RunFailed() | RunAborted() | RequestRejected() | OrderRejected() \
@@ -163,6 +169,17 @@ def what_came_in(event: Event) -> str:
     """An input, in a few words."""
     if isinstance(event, TimerElapsed):
         return "timer"
+    if isinstance(event, ModelCalled):
+        asked = ", ".join(f"{c.name} ({c.call_id})" for c in event.tool_calls)
+        seen = f"; saw steers {', '.join(event.steered)}" if event.steered else ""
+        what = f"asked for {asked}" if asked else "answered"
+        return (f"ModelCalled {event.run_id} step {event.step}: {what} "
+                f"({event.input_tokens}+{event.output_tokens} tokens{seen})")
+    if isinstance(event, ToolReturned):
+        cut = f", cut from {event.size} characters" if event.digest else ""
+        how = "returned" if event.ok else "failed"
+        return (f"ToolReturned {event.run_id} step {event.step}: {event.name} "
+                f"({event.call_id}) {how}{cut}: {event.content[:120]}")
     name = type(event).__name__
     return f"{name} {describe(event)}".rstrip()
 
@@ -193,6 +210,12 @@ def explain(event: Event) -> str:
             return f"steered into {run_id}"
         case SteerabilityChanged(run_id=run_id, steerable=flag):
             return f"{run_id} {'can' if flag else 'can no longer'} take steers"
+        case StepDecided(run_id=run_id, step=step, allowed=allowed, refused=refused):
+            parts = [f"{len(allowed)} tool call{'s' * (len(allowed) != 1)} go ahead"]
+            parts += [f"{r.call_id} refused: {r.error}" for r in refused]
+            return f"{run_id} step {step}: {'; '.join(parts)}"
+        case ToolResultTaken(run_id=run_id, call_id=call_id, ok=ok):
+            return f"{run_id}: {'result' if ok else 'tool error'} of {call_id} taken"
         case RunCompleted(run_id=run_id, outcome=outcome, usage=usage):
             return (f"run {run_id} completed: {outcome.value} "
                     f"({usage.input_tokens}+{usage.output_tokens} tokens)")

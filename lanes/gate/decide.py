@@ -322,6 +322,7 @@ def _requested(state: GateState, event: SlotRequested, emit: Emit) -> None:
             input_tokens=event.input_tokens,
             output_tokens=event.output_tokens,
             wait_deadline=deadline,
+            weight=event.weight,
         )
     )
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, NonNegativeInt, model_validator
 
-from lanes.config import MAX_COUNT, MAX_MS
+from lanes.config import MAX_COUNT, MAX_GATE_WEIGHT, MAX_MS
 from lanes.requests import Priority, WireModel
 
 WINDOW_MS = 60_000
@@ -123,6 +124,9 @@ class SlotRequested:
     priority: Priority = Priority.NORMAL
     input_tokens: NonNegativeInt = 0
     output_tokens: NonNegativeInt = 0
+    weight: Annotated[int, Field(ge=1, le=MAX_GATE_WEIGHT)] = 1
+    """The agent's weight (`lanes.config.AgentConfig.gate_weight`): its share of tokens
+    under contention is in proportion to it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +193,7 @@ class SlotQueued:
     input_tokens: int
     output_tokens: int
     wait_deadline: int
+    weight: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -93,10 +93,14 @@ def _queued(state: GateState, event: SlotQueued) -> None:
         share = state.shares[agent_id] = Share(state.vtime)
     if share.finish < state.vtime and not _sharing(state, agent_id, share):
         share.finish = state.vtime  # an agent away for a window banks no credit
-    start = share.finish
+    start, weight = share.finish, event.weight
+    if weight != 1:  # (a weight of 1, the usual, costs nothing here)
+        tokens = -(-tokens // weight)
     share.finish = start + (tokens if tokens > 1 else 1)
     if agent_id in state.index.between:
         leave_between(state.index, agent_id, share, state.now)  # (it waits)
+    if share.weight != weight:  # (after: what a hold counted for it, it counted so)
+        share.weight = weight
     entry = state.waiting[slot_id] = Waiting(  # the fields in order
         slot_id,
         event.agent_id,

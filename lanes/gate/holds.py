@@ -168,6 +168,8 @@ def _hold(state: GateState, entry: Waiting, requests: int, inputs: int, outputs:
                 continue  # no longer between calls
             room_slots -= 1
         size = share.input_tokens + share.output_tokens
+        if share.weight != 1:  # (its tag moves by its tokens / its weight a call)
+            size = -(-size // share.weight)
         calls = -(-(tag - finish) // size) if size > 0 else 1  # (rounded up)
         room_requests -= calls
         room_inputs -= calls * share.input_tokens
@@ -216,6 +218,8 @@ def _held_rpm(state: GateState, entry: Waiting, rpm: int, requests: int) -> bool
             if released + FAIR_GRACE_MS < until:
                 until = released + FAIR_GRACE_MS  # (when its grace ends, it counts no more)
         size = share.input_tokens + share.output_tokens
+        if share.weight != 1:
+            size = -(-size // share.weight)
         calls += -(-(tag - finish) // size) if size > 0 else 1  # rounded up
         if calls > room:
             key = finish, agent_id

@@ -9,10 +9,20 @@ from dataclasses import dataclass
 
 from lanes.codec import Codec
 from lanes.gate.decide import decide_gate
-from lanes.gate.events import GATE_DECISION_TYPES, GATE_INPUT_TYPES, GateDecision, GateEvent
+from lanes.gate.events import (
+    GATE_DECISION_TYPES,
+    GATE_INPUT_TYPES,
+    GateDecision,
+    GateEvent,
+    SlotQueued,
+    SlotRequested,
+)
 from lanes.gate.state import GateState
 
-GATE_CODEC: Codec[GateEvent] = Codec(GATE_INPUT_TYPES + GATE_DECISION_TYPES)
+GATE_CODEC: Codec[GateEvent] = Codec(GATE_INPUT_TYPES + GATE_DECISION_TYPES, written_when_set={
+    SlotRequested: (("weight", 1),), SlotQueued: (("weight", 1),)})
+"""The gate's codec; an agent's weight is stored only when it is not 1 (logs written before
+weights existed read and re-record as they were)."""
 GATE_EVENT_TYPES = GATE_CODEC.types
 encode_gate_event = GATE_CODEC.encode
 decode_gate_event = GATE_CODEC.decode

@@ -86,6 +86,9 @@ class Share:
     output_tokens: int = 0
     rank: int = 0
     """The priority rank of its last granted request (what its next one is expected to be)."""
+    weight: int = 1
+    """Its weight, as its latest request said: each request moves its finish tag by its
+    tokens divided by the weight (rounded up), so a heavier agent is served more tokens."""
 
 
 @dataclass(slots=True)
@@ -330,6 +333,8 @@ def leave_between(index: GateIndex, agent_id: str, share: Share | None = None,
                 or (share.released_at is not None and now < share.released_at + FAIR_GRACE_MS)
             ):  # it counts now, so it did when the hold was found (`_held_rpm`)
                 size = share.input_tokens + share.output_tokens
+                if share.weight != 1:
+                    size = -(-size // share.weight)
                 index.held_calls -= -(-(held.tag - finish) // size) if size > 0 else 1
                 index.held_stale = True
             # (Else it does not count now, and if it did then, its grace has ended, and

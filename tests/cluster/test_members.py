@@ -273,3 +273,49 @@ async def test_a_member_with_another_secret_is_refused_and_the_error_says_why(
                 if r.type == RequestReceived.__name__]
     assert not [e for e in received if isinstance(e, RequestReceived)
                 and e.request.request_id == "t1"]  # nothing was taken
+
+
+async def test_reads_from_a_replica_that_fell_behind_say_so_until_it_follows_again(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with member(postgres_url) as one, member(postgres_url) as two:
+        await spread([one, two])
+        assert one.cluster is not None
+        replicas = one.cluster.replicas
+        theirs, mine = sorted(owned(two))[0], sorted(owned(one))[0]
+        assert replicas.behind_reason() is None
+
+        def broken(record: Any) -> None:
+            raise RuntimeError("the replica cannot fold this")
+
+        monkeypatch.setattr(replicas, "_replicate", broken)
+        async with ControlClient(two.url, CONTROL_TOKEN, reconnect=False) as client:
+            ack = await client.submit(request(900, theirs))  # (one's follower fails on it)
+
+        async def behind() -> bool:
+            return replicas.behind_reason() is not None
+
+        await until(behind, "the replica follower to fail")
+        reason = replicas.behind_reason()
+        assert reason is not None and "cannot fold" in reason
+        headers = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
+        async with httpx.AsyncClient(base_url=one.url, headers=headers,
+                                     timeout=TIMEOUT) as http:
+            agent = (await http.get(f"/api/agents/{theirs}")).json()
+            assert agent["behind"]["reason"] == reason and agent["behind"]["since"] > 0
+            assert "behind" in (await http.get(f"/api/agents/{theirs}/queue")).json()
+            listed = {a["agentId"]: a for a in (await http.get("/api/agents")).json()}
+            assert "behind" in listed[theirs] and "behind" not in listed[mine]  # (its own)
+            async with (ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client,
+                        client.subscribe([theirs, mine]) as subscription):
+                snapshot = await subscription.start()
+            shown = {a["agentId"]: a for a in snapshot.agents}
+            assert shown[theirs]["behind"]["reason"] == reason and "behind" not in shown[mine]
+            monkeypatch.undo()  # the follower, started again, follows the log again
+
+            async def following() -> bool:
+                return replicas.behind_reason() is None
+
+            await until(following, "the replica follower to follow the log again")
+            assert "behind" not in (await http.get(f"/api/agents/{theirs}")).json()
+            assert replicas.position >= ack.position

@@ -111,6 +111,25 @@ async def refuse_a_resume(engine: Engine, store: Refusing,
     return resume, refused.value
 
 
+async def test_a_stop_decided_while_an_earlier_commit_is_under_way_is_held(
+    running: tuple[Engine, Refusing, ManualReasoner],
+) -> None:
+    # The earlier commit lands after the stop was decided: it does not store the stop.
+    engine, store, _ = running
+    [earlier] = engine.take([request("btc")])
+    store.refusing = True  # (the earlier append is in the store already)
+    stop = control("btc", "emergency_stop")
+    with pytest.raises(StorageFailed, match="holds it") as refused:
+        await engine.submit(stop)
+    assert refused.value.held
+    assert (await earlier).decision == "accepted"
+    before = await store.inner.last_position()
+    store.refusing = False  # held still: stored by the gateway itself now
+    applied = await next_event(store.inner, "ControlApplied", after=before)
+    assert json.loads(applied.data)["request_id"] == stop.request_id
+    await engine.stop()
+
+
 async def test_a_resume_that_could_not_be_stored_is_not_held(
     running: tuple[Engine, Refusing, ManualReasoner],
 ) -> None:

@@ -13,13 +13,14 @@ from gateway.cluster.member import Cluster
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.errors import NotOwner, StorageFailed
+from gateway.runtime.acks import Ack
 from gateway.runtime.core import Commit
 from gateway.runtime.engine import Engine
-from lanes import AgentConfig, Mode
+from lanes import AgentConfig, AgentRequest, Mode
 from lanes import replay as fold
 from lanes.events import RunAborted, RunStarted
 from store import Append, Fence, WriteFailed
-from tests.gateway.support import ManualReasoner, request, until
+from tests.gateway.support import ManualReasoner, control, request, until
 from tests.gateway.test_core import Flaky
 
 TIMEOUT = 5.0
@@ -203,4 +204,41 @@ async def test_an_agent_whose_append_was_fenced_reads_as_the_log_says() -> None:
         await until(caught_up, "the replica of the fenced agent read from the log")
     finally:
         await member.stop()
+        await engine.stop()
+
+
+class Passing(Router):
+    """A router that takes what the engine sends on to another process, and says so."""
+
+    def __init__(self) -> None:
+        super().__init__(Peers("test-secret"))
+        self.passed: asyncio.Queue[tuple[AgentRequest, str | None]] = asyncio.Queue()
+
+    async def forward(self, request: AgentRequest, principal: str | None = None) -> Ack:
+        await self.passed.put((request, principal))
+        return Ack(request.request_id, "accepted", 1)
+
+
+@pytest.mark.parametrize("leaving", ["unload", "drop"])
+async def test_controls_held_when_the_agent_leaves_go_to_its_next_process(
+    leaving: str,
+) -> None:
+    store, clock, reasoner = Flaky(), FakeClock(), ManualReasoner()
+    through = Passing()
+    engine = await clustered(store, clock, reasoner, through)
+    try:
+        await adopted(engine, store)
+        store.refusing = True
+        stop = control("a", "emergency_stop")
+        with pytest.raises(StorageFailed) as answered:
+            await engine.submit(stop, "alice")  # (the store fails it a loop turn later)
+        agent = engine.present("a")
+        assert answered.value.held and agent is not None and agent.controls
+        if leaving == "unload":
+            await asyncio.wait_for(engine.holding.unload("a"), TIMEOUT)
+        else:
+            engine.holding.drop("a")
+        passed = await asyncio.wait_for(through.passed.get(), TIMEOUT)
+        assert passed == (stop, "alice")  # with its principal, for the next process to store
+    finally:
         await engine.stop()

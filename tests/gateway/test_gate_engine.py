@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.base.clock import FakeClock
-from gateway.llm.port import Completion, Message, ProviderCallError, RateHints
+from gateway.llm.port import Completion, Message, ProviderCallError, RateHints, ToolSpec
 from gateway.llm.reasoner import SYSTEM_PROMPT, LLMReasoner, SimulatedReasoner
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
@@ -41,7 +41,7 @@ class ScriptedLLM:
         self.called = asyncio.Event()
 
     async def complete(self, *, system: str, messages: Sequence[Message],
-                       max_tokens: int) -> Completion:
+                       max_tokens: int, tools: Sequence[ToolSpec] = ()) -> Completion:
         self.calls.append(list(messages))
         self.called.set()
         step = self.steps.pop(0)
@@ -97,6 +97,31 @@ async def test_a_run_calls_the_model_under_a_slot_and_releases_it_with_the_real_
     assert (status.in_flight, status.window_requests, status.window_input_tokens) == (0, 1, 500)
     assert status.remaining_requests == 40
     await engine.stop()
+
+
+async def test_an_agents_gate_weight_goes_with_its_slot_requests_and_a_weight_of_1_is_not_stored(
+) -> None:
+    client = ScriptedLLM(answer("no_trade"), answer("no_trade"))
+    engine, store, _ = await engine_with(client, agents=("heavy",),
+                                         config=AgentConfig(gate_weight=3))
+    await engine.submit(request("heavy"))
+    await next_event(store, "RunCompleted")
+    gate = engine.gates["claude"]
+    await gate.flush()
+    asked = [json.loads(r.data) for r in await store.read_stream("provider:claude")
+             if r.type in ("SlotRequested", "SlotQueued")]
+    assert [a["weight"] for a in asked] == [3, 3]
+    assert gate.state.shares["heavy"].weight == 3
+    await engine.stop()
+
+    light, light_store, _ = await engine_with(ScriptedLLM(answer("no_trade")))
+    await light.submit(request("btc"))
+    await next_event(light_store, "RunCompleted")
+    await light.gates["claude"].flush()
+    stored = [json.loads(r.data) for r in await light_store.read_stream("provider:claude")
+              if r.type in ("SlotRequested", "SlotQueued")]
+    assert len(stored) == 2 and all("weight" not in data for data in stored)
+    await light.stop()
 
 
 async def test_one_concurrent_call_makes_the_second_agent_wait_its_turn() -> None:

@@ -55,6 +55,8 @@ class Saturated:
     limits: GateLimits
     sizes: list[int]
     latencies: list[int]
+    weights: list[int] | None = None
+    """Per agent: its weight at the gate (None: all 1)."""
     state: GateState = field(default_factory=lambda: GateState(provider="sim"))
     tokens: list[int] = field(default_factory=list)
     """Per agent: the tokens (estimates, input + output) of its requests granted."""
@@ -148,6 +150,7 @@ class Saturated:
                 run_id=f"run_{self.seq}",
                 input_tokens=size * BASE_INPUT,
                 output_tokens=size * BASE_OUTPUT,
+                weight=self.weights[agent] if self.weights else 1,
             )
         )
 
@@ -160,14 +163,18 @@ class Saturated:
         self.ask(agent)
 
 
-def binding_limits(binding: str, sizes: list[int], latencies: list[int]) -> GateLimits:
+def binding_limits(binding: str, sizes: list[int], latencies: list[int],
+                   weights: list[int] | None = None) -> GateLimits:
     """Limits under which ``binding`` runs out long before anything else, and each agent
     (of ``sizes[i]`` and a call lasting ``latencies[i]``) could alone take at least three
-    times its fair share (the same tokens for each)."""
+    times its fair share (the same tokens for each; with ``weights``, in proportion)."""
     call = BASE_INPUT + BASE_OUTPUT
     agents = list(zip(sizes, latencies, strict=True))
-    # The fair share, in tokens per minute: a third of what the slowest taker could take.
-    share = min(WINDOW_MS // latency * size * call for size, latency in agents) // 3
+    scale = [1.0] * len(sizes) if weights is None else [
+        w * len(weights) / sum(weights) for w in weights]  # (its share / the mean share)
+    # The mean share, in tokens per minute: what keeps every taker at least 3x its share.
+    share = int(min(WINDOW_MS // latency * size * call / k
+                    for (size, latency), k in zip(agents, scale, strict=True)) // 3)
     wait = {"max_wait_ms": 600_000}
     if binding == "requests":
         calls = sum(share / (size * call) for size in sizes)
@@ -180,10 +187,13 @@ def binding_limits(binding: str, sizes: list[int], latencies: list[int]) -> Gate
     return GateLimits(max_concurrent=max(1, int(busy / WINDOW_MS)), **wait)
 
 
-def saturated(binding: str, sizes: list[int], latencies: list[int]) -> Saturated:
+def saturated(binding: str, sizes: list[int], latencies: list[int],
+              weights: list[int] | None = None) -> Saturated:
     """``Saturated`` agents under limits where ``binding`` binds."""
     latencies = latencies[: len(sizes)]
-    return Saturated(binding_limits(binding, sizes, latencies), sizes, latencies)
+    weights = None if weights is None else weights[: len(sizes)]
+    return Saturated(binding_limits(binding, sizes, latencies, weights), sizes, latencies,
+                     weights)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,6 +217,26 @@ def test_backlogged_agents_of_different_sizes_get_the_same_tokens_under_any_limi
         sim.tokens,
         sim.refused,
     )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    binding=st.sampled_from(BINDING),
+    sizes=st.lists(st.sampled_from([1, 2, 4]), min_size=2, max_size=5),
+    weights=st.lists(st.sampled_from([1, 2, 3, 5]), min_size=5, max_size=5),
+    latencies=st.lists(st.integers(min_value=500, max_value=4_000), min_size=5, max_size=5),
+)
+def test_weighted_agents_get_tokens_in_proportion_to_their_weights_under_any_limit(
+    binding: str, sizes: list[int], weights: list[int], latencies: list[int]
+) -> None:
+    """Over 20 minutes, each agent's tokens per unit of weight are within 10 % of the
+    mean, whatever their sizes, weights and call lengths."""
+    sim = saturated(binding, sizes, latencies, weights)
+    sim.run(minutes=20)
+
+    per_weight = [tokens / w for tokens, w in zip(sim.tokens, weights, strict=False)]
+    mean = sum(per_weight) / len(per_weight)
+    assert all(abs(x - mean) <= 0.1 * mean for x in per_weight), (sim.tokens, weights[:len(sizes)])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -322,6 +322,47 @@ async def test_a_lost_writer_connection_is_made_again(postgres_url: str) -> None
         assert_gap_free(await store.read())
 
 
+async def test_a_writer_connection_left_mid_operation_is_replaced(postgres_url: str) -> None:
+    # An operation cut off on the writer's connection leaves its driver busy ("another
+    # operation is in progress"): the next write connects again rather than fail on it.
+    async with opened(postgres_url) as store:
+        await wait(store.append(app("s")))
+        old = store._writer_conn
+        assert old is not None
+        stuck = asyncio.ensure_future(old.execute("SELECT pg_sleep(30)"))
+        await until(lambda: _sql_busy(postgres_url, store._writer_pid),
+                    "the writer's connection to be busy")
+        [record] = await wait(store.append(app("s", expected=1)))
+        assert record.version == 2 and store._writer_conn is not old and old.is_closed()
+        await asyncio.gather(stuck, return_exceptions=True)
+
+
+async def test_a_renewal_cut_off_mid_operation_leaves_the_leases_usable(
+    postgres_url: str,
+) -> None:
+    async with opened(postgres_url) as store:
+        await store.join("m1", 60_000)
+        holder = await asyncpg.connect(postgres_url)
+        try:
+            await holder.execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+            for _ in range(3):  # (more than one: a pooled connection must not come back broken)
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.1):
+                        await store.renew("m1", 60_000)
+            await holder.execute("ROLLBACK")
+        finally:
+            await holder.close()
+        for _ in range(2 * postgres_module.READ_POOL):
+            await wait(store.renew("m1", 60_000))
+        await wait(store.append(app("s")))
+
+
+async def _sql_busy(url: str, pid: int) -> bool:
+    rows = await _sql(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND "
+                      "state = 'active' AND query LIKE '%pg_sleep%'", pid)
+    return bool(rows[0][0])
+
+
 # ---------------------------------------------------------------------- followers
 
 

@@ -54,7 +54,8 @@ class AgentRoutes(Routes):
         """Whether the lane is busy, the current run with its duration, the pending list."""
         agent_id = self._agent_id(request)
         self._principal(request).check_read(agent_id)
-        return _json(queue_view(self.engine.state(agent_id), self.engine.clock.now_ms()))
+        return _json(self.service.said_behind(
+            agent_id, queue_view(self.engine.state(agent_id), self.engine.clock.now_ms())))
 
     async def submit(self, request: Request) -> Response:
         """Submit one request to this agent; answered after its commit."""

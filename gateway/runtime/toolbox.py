@@ -1,0 +1,188 @@
+"""The built-in tools at work for a run: each step recorded, each tool run, each result
+recorded, in the order the model asked.
+
+`RunTools` is a run's `gateway.llm.loop.ToolSession`: a model call becomes the input
+`ModelCalled`; the pure core decides which tool calls may go ahead (`lanes.decide_steps`),
+places or cancels orders at once; the reads (``market_snapshot``, ``candles``,
+``positions``, ``open_orders``, ``agent_status``) are answered here from the market book and
+the agents' states; every result becomes the input `ToolReturned`. A result longer than
+`STEP_TEXT_LIMIT` is cut in the log and in what the model reads, with the whole's size and
+SHA-256. A tool that raises is a tool error the model reads; the run goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from gateway.base.clock import Clock
+from gateway.errors import GatewayError
+from gateway.llm.port import Completion, ToolCall, ToolResult, ToolSpec
+from gateway.market.book import MarketBook
+from lanes.decide_steps import order_id
+from lanes.events import (
+    STEP_TEXT_LIMIT,
+    Decision,
+    Input,
+    ModelCalled,
+    OrderAccepted,
+    OrderRejected,
+    RunResultIgnored,
+    StepDecided,
+    ToolCallMade,
+    ToolReturned,
+)
+from lanes.state import AgentState
+from lanes.tools import (
+    TOOLS,
+    AgentArguments,
+    CandlesArguments,
+    SymbolArguments,
+    tool_arguments,
+    tool_schema,
+)
+from lanes.vocabulary import OrderIntent
+
+Record = Callable[[Input], Awaitable[list[Decision]]]
+"""Feed an input to the run's agent and wait for its commit: its decisions."""
+
+
+class RunGone(GatewayError):
+    """The run is no longer its agent's active run (aborted, or its agent moved)."""
+
+    code = "conflict"
+
+
+class Toolbox:
+    """Where the read tools read: the market book and the agents' states."""
+
+    def __init__(self, market: MarketBook | None, state_of: Callable[[str], AgentState],
+                 clock: Clock) -> None:
+        self.market = market or MarketBook()
+        self._state_of = state_of
+        self._clock = clock
+
+    def read(self, state: AgentState, name: str, arguments: dict[str, Any]) -> Any:
+        """The answer of a read tool for the agent in ``state``, as JSON-able data."""
+        args = tool_arguments(name, arguments)
+        market = self.market
+        if isinstance(args, SymbolArguments):
+            snapshot = market.snapshot(args.symbol, self._clock.now_ms())
+            if snapshot is None:
+                known = ", ".join(market.symbols()) or "none yet"
+                raise LookupError(f"no price seen for {args.symbol} (symbols: {known})")
+            return snapshot
+        if isinstance(args, CandlesArguments):
+            return market.candles(args.symbol, args.interval, args.count)
+        if isinstance(args, AgentArguments):
+            return _status(self._state_of(args.agent_id))
+        if name == "positions":
+            return [_position(symbol, qty, market.price(symbol))
+                    for symbol, qty in sorted(state.positions.items()) if qty]
+        if name == "open_orders":
+            return [{"orderId": o.order_id, **o.intent.model_dump(mode="json"),
+                     "filledQty": o.filled_qty, "cancelRequested": o.cancel_requested}
+                    for o in state.orders.values()]
+        raise LookupError(f"{name} is not a read tool")
+
+
+def _position(symbol: str, qty: float, seen: tuple[float, int] | None) -> dict[str, Any]:
+    price = None if seen is None else seen[0]
+    return {"symbol": symbol, "qty": qty, "lastPrice": price,
+            "marketValue": None if price is None else qty * price}
+
+
+def _status(state: AgentState) -> dict[str, Any]:
+    run = state.active
+    return {"agentId": state.agent_id, "trading": state.trading.value,
+            "lane": state.lane.value, "pending": len(state.pending),
+            "activeRun": None if run is None else run.run_id,
+            "openOrders": len(state.orders)}
+
+
+def cut(text: str) -> tuple[str, int, str | None]:
+    """A result as the log keeps it: the text (cut at `STEP_TEXT_LIMIT`), the whole's
+    length, and its SHA-256 when it was cut."""
+    if len(text) <= STEP_TEXT_LIMIT:
+        return text, len(text), None
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    note = f"... [cut: {len(text)} characters, sha256 {digest}]"
+    return text[:STEP_TEXT_LIMIT - len(note)] + note, len(text), digest
+
+
+class RunTools:
+    """One run's tools (`gateway.llm.loop.ToolSession`)."""
+
+    def __init__(self, state: Callable[[], AgentState], run_id: str, record: Record,
+                 toolbox: Toolbox, clock: Clock) -> None:
+        self._state = state
+        self.run_id = run_id
+        self._record = record
+        self._toolbox = toolbox
+        self._clock = clock
+        config = state().config
+        self.specs: Sequence[ToolSpec] = tuple(
+            ToolSpec(name, TOOLS[name].description, tool_schema(TOOLS[name]))
+            for name in config.tools)
+        self.max_steps = config.max_steps
+
+    async def step(self, step: int, completion: Completion, steered: Sequence[str] = ()
+                   ) -> list[ToolResult]:
+        """Record a model call as step ``step``; run what it may; the results, in order."""
+        calls = [ToolCallMade(call_id=call.id, name=call.name, arguments=dict(call.arguments),
+                              malformed=None if call.malformed is None
+                              else call.malformed[:STEP_TEXT_LIMIT])
+                 for call in completion.tool_calls]
+        decisions = await self._record(ModelCalled(
+            at=self._clock.now_ms(), run_id=self.run_id, step=step,
+            input_tokens=completion.input_tokens, output_tokens=completion.output_tokens,
+            stop_reason=None if completion.stop_reason is None else completion.stop_reason[:64],
+            text=cut(completion.text)[0], tool_calls=tuple(calls), steered=tuple(steered)))
+        decided = next((d for d in decisions if isinstance(d, StepDecided)), None)
+        if decided is None:
+            ignored = next((d.reason for d in decisions if isinstance(d, RunResultIgnored)),
+                           "its step was not taken")
+            raise RunGone(f"run {self.run_id}: {ignored}")
+        refused = {r.call_id: r.error for r in decided.refused}
+        orders = iter([d for d in decisions if isinstance(d, OrderAccepted | OrderRejected)])
+        results: list[ToolResult] = []
+        placed = 0
+        for call in completion.tool_calls:
+            if call.id in refused:
+                results.append(ToolResult(call.id, refused[call.id], is_error=True))
+                continue
+            if call.name == "place_order":
+                placed += 1
+                ok, text = _order_answer(next(orders), order_id(self.run_id, step, placed))
+            elif call.name == "cancel_order":
+                ok, text = True, f"cancel of order {call.arguments.get('orderId')} requested"
+            else:
+                ok, text = self._read(call)
+            content, size, digest = cut(text)
+            results.append(ToolResult(call.id, content, is_error=not ok))
+            await self._record(ToolReturned(
+                at=self._clock.now_ms(), run_id=self.run_id, step=step, call_id=call.id,
+                name=call.name, ok=ok, content=content, size=size, digest=digest))
+        return results
+
+    def _read(self, call: ToolCall) -> tuple[bool, str]:
+        try:
+            value = self._toolbox.read(self._state(), call.name, dict(call.arguments))
+        except Exception as error:  # a tool that raises is a tool error, never a failed run
+            return False, f"{type(error).__name__}: {error}"
+        return True, json.dumps(value, separators=(",", ":"))
+
+
+def _order_answer(decision: Decision, expected_id: str) -> tuple[bool, str]:
+    if isinstance(decision, OrderAccepted):
+        assert decision.order_id == expected_id, (decision.order_id, expected_id)
+        return True, f"order {decision.order_id} accepted: {_words(decision.intent)}"
+    assert isinstance(decision, OrderRejected)
+    return False, f"order rejected ({_words(decision.intent)}): {decision.reason}"
+
+
+def _words(intent: OrderIntent) -> str:
+    price = "" if intent.limit_price is None else f" at {intent.limit_price:g}"
+    return f"{intent.side} {intent.qty:g} {intent.symbol} {intent.order_type}{price}"

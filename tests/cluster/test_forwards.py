@@ -1,0 +1,138 @@
+"""Forwards to an owner that went silent (paused, cut off): bounded by the lease, then sent
+to whoever owns the agent then, else answered `unavailable` (no database: the router with
+stand-ins for the engine, the replicas and the member, and the peers' HTTP in memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+import warnings
+from typing import Any, cast
+
+import httpx
+import pytest
+
+from gateway.cluster.peers import Peers
+from gateway.cluster.router import Router
+from gateway.errors import GatewayError
+from lanes import AgentState
+from tests.gateway.support import request
+
+PAUSED = "http://paused:1"
+TAKER = "http://taker:2"
+LEASE_MS = 300
+
+
+class _Engine:
+    def holds(self, _agent_id: str) -> bool:
+        return False
+
+
+class _Replicas:
+    def state(self, agent_id: str) -> AgentState:
+        return AgentState(agent_id=agent_id)
+
+
+class _Member:
+    """The leases as the router reads them: ``now`` first, ``after`` once read again."""
+
+    lease_ms = LEASE_MS
+    period_ms = LEASE_MS // 5
+
+    def __init__(self, after: str | None) -> None:
+        self.after = after
+        self.reread = False
+
+    def owner_of(self, _stream: str) -> str | None:
+        return self.after if self.reread else PAUSED
+
+    async def locate(self, stream: str) -> str | None:
+        return self.owner_of(stream)
+
+    async def relocate(self, stream: str) -> str | None:
+        self.reread = True
+        return self.owner_of(stream)
+
+    async def serving(self, url: str) -> bool:
+        return url != PAUSED  # (its lease expired: it did not renew it)
+
+
+def _router(member: _Member, asked: list[str]) -> Router:
+    async def answer(http: httpx.Request) -> httpx.Response:
+        owner = f"{http.url.scheme}://{http.url.host}:{http.url.port}"
+        asked.append(owner)
+        if owner == PAUSED:
+            await asyncio.Event().wait()  # a paused process: never answers
+        body = json.loads(http.content)
+        return httpx.Response(200, json={"results": [
+            {"type": "ack", "requestId": r["requestId"], "decision": "accepted", "position": 7}
+            for r in body["requests"]]})
+
+    peers = Peers("secret")
+    peers._client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    router = Router(peers)
+    router.attach(cast(Any, _Engine()), cast(Any, _Replicas()), cast(Any, member))
+    return router
+
+
+async def test_a_forward_to_a_paused_owner_goes_to_the_member_that_took_its_agent() -> None:
+    asked: list[str] = []
+    router = _router(_Member(after=TAKER), asked)
+    started = time.monotonic()
+    [answer] = router.take([request("a")], None)
+    ack = await asyncio.wait_for(answer, 5 * LEASE_MS / 1000)
+    assert ack.decision == "accepted" and asked == [PAUSED, TAKER]
+    assert time.monotonic() - started < 3 * LEASE_MS / 1000
+    await router.close()
+    await router.peers.close()
+
+
+async def test_a_forward_to_a_slow_owner_that_renews_its_lease_is_waited_for() -> None:
+    member = _Member(after=TAKER)
+    member.serving = lambda url: _true()  # type: ignore[method-assign]
+    router = _router(member, [])
+    [answer] = router.take([request("a")], None)
+    done, _ = await asyncio.wait([answer], timeout=3 * LEASE_MS / 1000)
+    assert not done  # still waiting for the owner, alive though slow
+    await router.close()
+    assert answer.cancelled()
+    await router.peers.close()
+
+
+async def _true() -> bool:
+    return True
+
+
+async def test_a_forward_to_a_paused_owner_nobody_took_over_is_answered_unavailable() -> None:
+    asked: list[str] = []
+    router = _router(_Member(after=None), asked)
+    [answer] = router.take([request("a")], None)
+    with pytest.raises(GatewayError) as raised:
+        await asyncio.wait_for(answer, 5 * LEASE_MS / 1000)
+    assert raised.value.code == "unavailable" and asked == [PAUSED]
+    message = str(raised.value)
+    assert PAUSED in message and "within the lease" in message and "requestId" in message
+    await router.peers.close()
+
+
+def test_a_router_closed_with_forwards_under_way_cancels_them_cleanly() -> None:
+    # A forward spawned and never run (the loop ends first) must not leave its coroutine
+    # unawaited ("coroutine ... was never awaited" at shutdown).
+    loop = asyncio.new_event_loop()
+
+    async def main() -> list[asyncio.Future[Any]]:
+        router = _router(_Member(after=TAKER), [])
+        answers = router.take([request("a")], None)  # (the forward is not started yet)
+        await router.close()
+        await router.peers.close()
+        return list(answers)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answers = loop.run_until_complete(main())
+        loop.close()
+        gc.collect()
+    assert answers[0].cancelled()
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
