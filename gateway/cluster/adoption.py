@@ -20,6 +20,7 @@ from gateway.base.quarantine import LogReader
 from lanes import AgentConfig, AgentState
 from lanes.events import ConfigChanged
 from lanes.evolve import fold
+from lanes.gate import GateState, decode_gate_event, evolve_gate
 from store.port import EventStore, RecordedEvent
 
 CHUNK: Final = 200
@@ -71,6 +72,26 @@ async def catch_up(store: EventStore, reader: LogReader, agent_id: str,
             return Adopted(state, False)
         found = await _file_config_before(store, reader, agent_id, state.version)
     return Adopted(state, file_config != found)
+
+
+async def catch_up_gate(store: EventStore, stream: str, base: GateState | None) -> GateState:
+    """A provider gate's ``base`` (its replica, or None: from the start) copied (in a
+    thread) and folded through the rest of its stream, a chunk at a time."""
+    state = await asyncio.to_thread(copy.deepcopy, base) if base is not None \
+        else GateState(provider=stream)
+    while True:
+        records = await store.read_stream(stream, state.version, CHUNK)
+        if not records:
+            break
+        if records[0].version != state.version + 1:  # (a store's contract: never)
+            raise RuntimeError(f"{stream}: the stream does not continue at "
+                               f"{state.version + 1}")
+        for record in records:
+            evolve_gate(state, decode_gate_event(record.type, record.data))
+        if len(records) < CHUNK:
+            break
+        await asyncio.sleep(0)
+    return state
 
 
 def _file_config(reader: LogReader, records: list[RecordedEvent]) -> AgentConfig | None:

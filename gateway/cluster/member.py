@@ -31,7 +31,7 @@ from typing import Final
 
 from gateway.base.clock import Clock, Timer
 from gateway.base.tasks import spawn
-from gateway.cluster.adoption import catch_up
+from gateway.cluster.adoption import catch_up, catch_up_gate
 from gateway.cluster.replicas import Replicas
 from gateway.cluster.router import Router
 from gateway.runtime.engine import Engine
@@ -405,10 +405,11 @@ class Cluster:
         gate = self._gate(stream)
         try:
             if gate is not None:  # granted slots of runs still alive elsewhere are kept
-                records = await self.store.read_stream(stream)
+                gate_state = await catch_up_gate(self.store, stream,
+                                                 self.replicas.gate_state(stream))
                 if not self._adopting_at(stream, fence):
                     return
-                gate.load(records, fence, lambda agent_id: agent_id in alive)
+                gate.adopt(gate_state, fence, lambda agent_id: agent_id in alive)
             else:  # from its replica and the tail; the calls on their way known first
                 await self.replicas.reach(await self.store.last_position())
                 holding = self.engine.holding

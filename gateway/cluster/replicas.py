@@ -107,6 +107,10 @@ class Replicas:
         """An agent's state as the log says (None: no such agent)."""
         return self.states.get(agent_id)
 
+    def gate_state(self, stream: str) -> GateState | None:
+        """A provider gate's state as the log says (None: not followed here)."""
+        return self._gate_states.get(stream)
+
     def agent_ids(self) -> Iterable[str]:
         """Every agent known from the log or the config."""
         return self.states.keys()
