@@ -7,7 +7,7 @@ force; a change applies to requests that arrive after it.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -68,9 +68,19 @@ DEFAULT_DEDUPE: dict[Kind, DedupeStrategy] = {
     Kind.AGENT_CALL: DedupeStrategy.NONE,
     Kind.CALL_RESULT: DedupeStrategy.NONE,
     Kind.CALL_CANCEL: DedupeStrategy.NONE,
+    Kind.APPROVAL_RESULT: DedupeStrategy.NONE,
 }
-_NEW_KINDS = (Kind.CALL_RESULT, Kind.CALL_CANCEL)
+_NEW_KINDS = (Kind.CALL_RESULT, Kind.CALL_CANCEL, Kind.APPROVAL_RESULT)
 """Kinds added after configs were stored (their dedupe entry is stored only when set)."""
+
+
+class AboveNotional(WireModel):
+    """Orders wait for approval when their notional (quantity x price) is above
+    ``above_notional``, for the ``symbols`` named (none: every symbol). An order whose
+    price is not known waits too."""
+
+    above_notional: float = Field(gt=0)
+    symbols: tuple[str, ...] = Field(default=(), max_length=1_000)
 
 
 class CallResults(StrEnum):
@@ -126,6 +136,11 @@ class AgentConfig(WireModel):
     answer as before. With some, a run is a loop of model calls and tool steps."""
     max_steps: int = Field(default=8, ge=1, le=100)
     """The most model calls one run makes; past it, the run fails with the budget named."""
+    approval: Literal["never", "always"] | AboveNotional = "never"
+    """Which of its orders wait for a human's approval: none, all, or those whose notional
+    is above a sum (``{above_notional = N}``, for some ``symbols`` only if named)."""
+    approval_timeout_ms: int = Field(default=900_000, ge=1, le=MAX_MS)
+    """An order not approved within this long is rejected."""
     halt_on_alerts: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
         default=(), max_length=1_000)
     """``system_alert`` codes (``payload.code``) that act as an emergency stop; ``*`` = all."""
@@ -184,4 +199,4 @@ class AgentConfig(WireModel):
 _WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
     (name, AgentConfig.model_fields[name].default)
     for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results",
-                 "gate_weight", "tools", "max_steps"))
+                 "gate_weight", "tools", "max_steps", "approval", "approval_timeout_ms"))

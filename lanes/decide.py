@@ -34,11 +34,9 @@ from lanes.events import (
     OperatorApplied,
     OperatorCommand,
     OperatorRejected,
-    OrderAccepted,
     OrderCancelRequested,
     OrderClosed,
     OrderFilled,
-    OrderRejected,
     Quarantined,
     RequestDeduped,
     RequestDropped,
@@ -78,7 +76,6 @@ from lanes.rules import (
     cap_victim,
     dedupe_key,
     fingerprint,
-    order_refusal,
 )
 from lanes.schedules import MAX_SCHEDULES
 from lanes.state import AgentState
@@ -118,10 +115,12 @@ def next_due(state: AgentState, after: int) -> int | None:
     something, if any (``after`` is the time of the last timer, or now)."""
     due = _lane_due(state, after)
     deadlines = state.calls.deadlines
-    if deadlines:
-        first = min(deadlines.values())
-        if due is None or first < due:
-            return first
+    firsts = [min(deadlines.values())] if deadlines else []
+    if state.approvals:
+        firsts.append(min(p.expires_at for p in state.approvals.values()))
+    first = min(firsts, default=None)
+    if first is not None and (due is None or first < due):
+        return first
     return due
 
 
@@ -331,6 +330,9 @@ def _control(state: AgentState, request: AgentRequest, action: ControlAction, em
     if after is None:
         emit(RequestRejected(request_id=request_id, reason=refusal(before, action)))
         return
+    if action in APPROVAL_ACTIONS:
+        decide_approval(state, request, action, emit)
+        return
     if action is ControlAction.CANCEL_ORDER:
         order_id = str(request.payload["orderId"])
         if order_id not in state.orders:
@@ -353,6 +355,9 @@ def _control(state: AgentState, request: AgentRequest, action: ControlAction, em
     for order_id in targets:
         if not state.orders[order_id].cancel_requested:
             emit(OrderCancelRequested(order_id=order_id, by=request_id))
+    if action in (ControlAction.EMERGENCY_STOP, ControlAction.PAUSE):
+        why = "stopped" if action is ControlAction.EMERGENCY_STOP else "paused"
+        reject_all(state, request_id, f"the agent was {why} ({action.value})", emit)
     if after is TradingState.HALTED and before is not TradingState.HALTED:
         _cancel_calls(state, "halted", f"the calling agent was stopped ({action.value})", emit)
     if action is ControlAction.RESUME:
@@ -369,6 +374,7 @@ def _timer(state: AgentState, event: TimerElapsed, emit: Emit) -> None:
     run = state.active
     if run is not None and state.now >= run.deadline:
         emit(RunAborted(run_id=run.run_id, reason=AbortReason.TIMEOUT))
+    expire(state, emit)
     book = state.calls
     if book.deadlines:
         for call_id, deadline in sorted(book.deadlines.items(), key=lambda item: item[1]):
@@ -409,13 +415,7 @@ def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
     served = _served(state, run.requests)  # (before the run ends: its results carry some)
     emit(RunCompleted(run_id=run.run_id, outcome=event.outcome, usage=event.usage))
     for number, intent in enumerate(event.orders, start=1):
-        reason = order_refusal(state, intent)
-        if reason is None:
-            emit(
-                OrderAccepted(order_id=f"{run.run_id}-o{number}", run_id=run.run_id, intent=intent)
-            )
-        else:
-            emit(OrderRejected(run_id=run.run_id, intent=intent, reason=reason))
+        place(state, f"{run.run_id}-o{number}", run.run_id, intent, event.prices, emit)
     _make_calls(state, run.run_id, run.depth, event, served, emit)
     _start_next(state, emit)
 
@@ -566,6 +566,13 @@ def _broker(state: AgentState, event: BrokerReport, emit: Emit) -> None:
 
 # The sub-agent calls (imported last: they use the reasoning lane and the run engine above).
 import lanes.decide_steps  # noqa: E402, F401  (registers the steps' deciders)
+from lanes.approvals import (  # noqa: E402
+    APPROVAL_ACTIONS,
+    decide_approval,
+    expire,
+    place,
+    reject_all,
+)
 from lanes.decide_calls import (  # noqa: E402
     _SERVING_KINDS,
     _answer,

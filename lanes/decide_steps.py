@@ -10,7 +10,8 @@ back here as an input, and the rules are applied here, so a log re-decides exact
   a JSON object, the tool is not the agent's, its arguments are not the tool's, or the step
   is past the budget;
 - ``place_order`` goes through the trading gate at once (`OrderAccepted`, with the id
-  ``<run>-s<step>-<n>``, or `OrderRejected`), ``cancel_order`` names one of the agent's open
+  ``<run>-s<step>-<n>``, or `OrderRejected`; or it waits for approval: `lanes.approvals`),
+  ``cancel_order`` names one of the agent's open
   orders (`OrderCancelRequested`); both only while the run is the active one, so after a
   stop (which aborts the run first) no step of it places or cancels anything;
 - a step or result of a run that is not the active one is ignored (`RunResultIgnored`).
@@ -18,12 +19,11 @@ back here as an input, and the rules are applied here, so a log re-decides exact
 
 from __future__ import annotations
 
+from lanes.approvals import place
 from lanes.decide import DECIDERS, Emit, _not_active
 from lanes.events import (
     ModelCalled,
-    OrderAccepted,
     OrderCancelRequested,
-    OrderRejected,
     RunResultIgnored,
     StepDecided,
     ToolCallMade,
@@ -32,7 +32,6 @@ from lanes.events import (
     ToolReturned,
 )
 from lanes.requests import WireModel
-from lanes.rules import order_refusal
 from lanes.state import AgentState
 from lanes.tools import TOOLS, CancelArguments, ToolArgumentError, tool_arguments
 from lanes.vocabulary import OrderIntent
@@ -55,7 +54,7 @@ def _model_called(state: AgentState, event: ModelCalled, emit: Emit) -> None:
         return
     allowed: list[str] = []
     refused: list[ToolRefusal] = []
-    orders: list[tuple[OrderIntent, str | None]] = []
+    orders: list[OrderIntent] = []
     cancels: list[str] = []
     for call in event.tool_calls:
         arguments, problem = _checked(state, event.step, call)
@@ -64,17 +63,14 @@ def _model_called(state: AgentState, event: ModelCalled, emit: Emit) -> None:
             continue
         allowed.append(call.call_id)
         if isinstance(arguments, OrderIntent):
-            orders.append((arguments, order_refusal(state, arguments)))
+            orders.append(arguments)
         elif isinstance(arguments, CancelArguments):
             cancels.append(arguments.order_id)
     emit(StepDecided(run_id=event.run_id, step=event.step, allowed=tuple(allowed),
                      refused=tuple(refused)))
-    for number, (intent, reason) in enumerate(orders, start=1):
-        if reason is None:
-            emit(OrderAccepted(order_id=order_id(event.run_id, event.step, number),
-                               run_id=event.run_id, intent=intent))
-        else:
-            emit(OrderRejected(run_id=event.run_id, intent=intent, reason=reason))
+    for number, intent in enumerate(orders, start=1):
+        place(state, order_id(event.run_id, event.step, number), event.run_id, intent,
+              event.prices, emit)
     for cancelled in cancels:
         if not state.orders[cancelled].cancel_requested:
             emit(OrderCancelRequested(order_id=cancelled, by=event.run_id))
@@ -110,3 +106,4 @@ def _tool_returned(state: AgentState, event: ToolReturned, emit: Emit) -> None:
         return
     emit(ToolResultTaken(run_id=event.run_id, step=event.step, call_id=event.call_id,
                          ok=event.ok))
+

@@ -230,6 +230,33 @@ class OrderRejected:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalRequested:
+    """An order passed the trading gate and waits for a human's approval (``approve`` or
+    ``reject`` on the control lane) until ``expires_at``; ``notional`` is its quantity x
+    price when the price was known."""
+
+    approval_id: str
+    run_id: str
+    order_id: str
+    intent: OrderIntent
+    notional: float | None
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalDecided:
+    """An order waiting for approval was approved or rejected (``by``: the control's
+    request id, ``expired``, or the stop or pause that rejected it); ``request`` carries the
+    outcome to the agent's reasoning lane."""
+
+    approval_id: str
+    approved: bool
+    by: str
+    reason: str
+    request: AgentRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OrderCancelRequested:
     """An open order is to be cancelled."""
 
@@ -420,6 +447,8 @@ Decision = (
     | OrderAccepted
     | OrderRejected
     | OrderCancelRequested
+    | ApprovalRequested
+    | ApprovalDecided
     | OrderFilled
     | OrderClosed
     | BrokerReportIgnored
@@ -461,6 +490,8 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     OrderAccepted,
     OrderRejected,
     OrderCancelRequested,
+    ApprovalRequested,
+    ApprovalDecided,
     OrderFilled,
     OrderClosed,
     BrokerReportIgnored,

@@ -16,6 +16,8 @@ from lanes.decisions import (
     AgentCallDispatched,
     AgentCallQueued,
     AgentCallRejected,
+    ApprovalDecided,
+    ApprovalRequested,
     BrokerReportIgnored,
     CallAnswered,
     CallBatchOpened,
@@ -99,7 +101,7 @@ from lanes.vocabulary import (
 Event = Input | Decision
 
 WRITTEN_WHEN_SET: dict[type[Any], tuple[tuple[str, Any], ...]] = {
-    RunFinished: (("answer", ""), ("call_results", None)),
+    RunFinished: (("answer", ""), ("call_results", None), ("prices", {})),
     AgentCallDispatched: (("deadline", None),),
     AgentCallRejected: (("call_id", ""), ("code", "")),
 }
@@ -117,6 +119,8 @@ __all__ = [
     "AgentCallDispatched",
     "AgentCallQueued",
     "AgentCallRejected",
+    "ApprovalDecided",
+    "ApprovalRequested",
     "BrokerReport",
     "BrokerReportIgnored",
     "CallAnswered",

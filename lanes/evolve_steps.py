@@ -1,10 +1,19 @@
-"""How a run's steps change an agent's state (`lanes.decide_steps` decides them)."""
+"""How a run's steps and orders waiting for approval change an agent's state
+(`lanes.decide_steps` and `lanes.approvals` decide them)."""
 
 from __future__ import annotations
 
-from lanes.events import ModelCalled, StepDecided, ToolResultTaken, ToolReturned
+from lanes.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    ModelCalled,
+    StepDecided,
+    ToolResultTaken,
+    ToolReturned,
+)
 from lanes.evolve import EVOLVERS, _input, _run
-from lanes.state import AgentState
+from lanes.handlers import IllegalTransition
+from lanes.state import AgentState, PendingApproval
 
 EVOLVERS.on(ModelCalled, ToolReturned)(_input)
 
@@ -17,3 +26,20 @@ def _step(state: AgentState, event: StepDecided) -> None:
 @EVOLVERS.on(ToolResultTaken)
 def _result(state: AgentState, event: ToolResultTaken) -> None:
     _run(state, event.run_id, "ToolResultTaken")
+
+
+@EVOLVERS.on(ApprovalRequested)
+def _requested(state: AgentState, event: ApprovalRequested) -> None:
+    state.approvals[event.approval_id] = PendingApproval(
+        event.approval_id, event.run_id, event.order_id, event.intent, event.notional,
+        event.expires_at)
+
+
+@EVOLVERS.on(ApprovalDecided)
+def _decided(state: AgentState, event: ApprovalDecided) -> None:
+    if state.approvals.pop(event.approval_id, None) is None:
+        raise IllegalTransition(f"approval {event.approval_id} is not waiting")
+    if state.staged is not None:
+        raise IllegalTransition(f"request {state.staged.request_id} was never decided")
+    state.staged = event.request  # decided next like a request that arrived
+    state.staged_by = None

@@ -59,6 +59,9 @@ class RunFinished:
     call_results: CallResults | None = None
     """How its calls' results come back (None: the agent's ``call_results``; written only
     when set)."""
+    prices: dict[str, float] = field(default_factory=dict)
+    """The latest price of each symbol its orders name, as the gateway had it (what an
+    approval rule's notional is reckoned with; written only when set)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +81,8 @@ class ModelCalled:
     steered: tuple[str, ...] = ()
     """The requests steered into the run that this call was the first to see (delivered
     after the previous step's tool results)."""
+    prices: dict[str, float] = field(default_factory=dict)
+    """The latest price of each symbol its orders name (as `RunFinished.prices`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -112,6 +112,9 @@ class Kind(StrEnum):
     CALL_CANCEL = "call_cancel"
     """The agent that made a call gave up on it (stopped, or the call timed out): its
     target drops the work still to do for it."""
+    APPROVAL_RESULT = "approval_result"
+    """A human approved or rejected one of the agent's orders (or it expired): the outcome,
+    on its way to the agent's reasoning lane."""
 
 
 class Priority(StrEnum):
@@ -133,6 +136,10 @@ class ControlAction(StrEnum):
     RESUME = "resume"
     CANCEL_ORDER = "cancel_order"
     CANCEL_ALL = "cancel_all"
+    APPROVE = "approve"
+    """Let an order waiting for approval go to the trading gate (``approvalId``)."""
+    REJECT = "reject"
+    """Refuse an order waiting for approval (``approvalId``, an optional ``reason``)."""
 
 
 class WireModel(BaseModel):
@@ -209,6 +216,12 @@ def payload_problem(kind: Any, payload: dict[str, Any]) -> str | None:
         elif action == ControlAction.CANCEL_ORDER and not isinstance(payload.get("orderId"),
                                                                      str):
             return "cancel_order needs an 'orderId' string"
+        elif action in (ControlAction.APPROVE, ControlAction.REJECT) and not isinstance(
+                payload.get("approvalId"), str):
+            return f"{action} needs an 'approvalId' string"
+        elif action in (ControlAction.APPROVE, ControlAction.REJECT) and not isinstance(
+                payload.get("reason", ""), str):
+            return "'reason' must be a string"
     elif kind == Kind.AGENT_CALL and "depth" in payload:
         depth = payload["depth"]
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
@@ -223,6 +236,10 @@ def payload_problem(kind: Any, payload: dict[str, Any]) -> str | None:
             return "'depth' must be an integer >= 0"
     elif kind == Kind.CALL_CANCEL and not isinstance(payload.get("callId"), str):
         return "a call_cancel payload needs a 'callId' string"
+    elif kind == Kind.APPROVAL_RESULT and not (
+            isinstance(payload.get("approvalId"), str)
+            and isinstance(payload.get("approved"), bool)):
+        return "an approval_result payload needs an 'approvalId' string and 'approved'"
     return None
 
 

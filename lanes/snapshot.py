@@ -27,6 +27,7 @@ from lanes.state import (
     Counters,
     OpenOrder,
     Pending,
+    PendingApproval,
     TradingChange,
 )
 from lanes.streams import is_agent_stream
@@ -74,6 +75,7 @@ class AgentImage:
     counters: Counters
     schedules: list[ScheduleEntry] = field(default_factory=list)
     calls: CallBook = field(default_factory=CallBook)
+    approvals: list[PendingApproval] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -177,6 +179,7 @@ def _image(state: AgentState) -> AgentImage:
         counters=state.counters,
         schedules=list(state.schedules.values()),
         calls=state.calls,
+        approvals=list(state.approvals.values()),
     )
 
 
@@ -221,4 +224,5 @@ def _state(image: AgentImage) -> AgentState:
         counters=image.counters,
         schedules={entry.schedule.id: entry for entry in image.schedules},
         calls=image.calls,
+        approvals={pending.approval_id: pending for pending in image.approvals},
     )

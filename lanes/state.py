@@ -55,6 +55,18 @@ class OpenOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """An order waiting for a human's approval (`lanes.approvals`)."""
+
+    approval_id: str
+    run_id: str
+    order_id: str
+    intent: OrderIntent
+    notional: float | None
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
 class TradingChange:
     """The latest control that set the trading state: which, by whom (the principal, or the
     request's source or kind when none is known) and when."""
@@ -187,6 +199,8 @@ class AgentState:
     """Request id -> (first decision, at, fingerprint), oldest first: resubmissions are
     idempotent, and a different request under a used id is refused."""
     orders: dict[str, OpenOrder] = field(default_factory=dict)
+    approvals: dict[str, PendingApproval] = field(default_factory=dict)
+    """Orders waiting for a human's approval, by approval id, in the order asked."""
     positions: dict[str, float] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
     schedules: dict[str, ScheduleEntry] = field(default_factory=dict)
@@ -231,6 +245,8 @@ class AgentStatus:
     """Runs held until a resume (provider spend limit), and why."""
     open_orders: int
     counters: Counters
+    pending_approvals: int = 0
+    """Orders waiting for a human's approval."""
 
 
 def status(state: AgentState, now: int) -> AgentStatus:
@@ -262,5 +278,6 @@ def status(state: AgentState, now: int) -> AgentStatus:
         suppressed_until=None if state.suppressed is None else state.suppressed[1],
         held=state.held,
         open_orders=len(state.orders),
+        pending_approvals=len(state.approvals),
         counters=replace(state.counters),
     )

@@ -24,6 +24,9 @@ TRADING_TRANSITIONS: dict[tuple[TradingState, ControlAction], TradingState] = {
     # Cancels pass in every state and leave it as it is.
     **{(s, ControlAction.CANCEL_ORDER): s for s in TradingState},
     **{(s, ControlAction.CANCEL_ALL): s for s in TradingState},
+    # So do decisions on approvals (an approved order still meets the trading gate).
+    **{(s, ControlAction.APPROVE): s for s in TradingState},
+    **{(s, ControlAction.REJECT): s for s in TradingState},
 }
 """(state, action) -> next state. A pair that is missing is refused: see `refusal`."""
 

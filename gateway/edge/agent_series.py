@@ -58,6 +58,8 @@ FAMILIES = (
            "(the provider refused for spend).", lambda v: int(v.held is not None)),
     Family("gateway_runs_held", "gauge", "1 while runs are held after a provider spend limit.",
            lambda v: int(v.held is not None)),
+    Family("gateway_approvals_pending", "gauge", "Orders waiting for a human's approval.",
+           lambda v: v.pending_approvals),
 )
 """Every per-agent family, in the order of a row's values."""
 HALTED, SUPPRESSED, HELD = (

@@ -71,6 +71,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/runs", api.runs),
         Route("/api/charts", api.charts),
         Route("/api/orders", api.orders),
+        Route("/api/approvals", api.approvals),
         Route("/api/agents/{agent_id}/orders", api.agent_orders),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),

@@ -20,8 +20,9 @@ def is_schedule_firing(request: AgentRequest) -> bool:
 
 
 FEED_KINDS = frozenset({Kind.HOOK_TRIGGER, Kind.SYSTEM_ALERT})
-GATEWAY_KINDS = frozenset({Kind.CALL_RESULT, Kind.CALL_CANCEL})
-"""Kinds only the gateway itself sends (sub-agent call results and withdrawals)."""
+GATEWAY_KINDS = frozenset({Kind.CALL_RESULT, Kind.CALL_CANCEL, Kind.APPROVAL_RESULT})
+"""Kinds only the gateway itself sends (sub-agent call results and withdrawals, the
+outcomes of approvals)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,8 @@ class Principal:
             )
         if request.kind in GATEWAY_KINDS:
             raise Forbidden(f"{request.kind.value} requests are the gateway's own (the "
-                            "results and withdrawals of sub-agent calls); no token sends them")
+                            "results and withdrawals of sub-agent calls, the outcomes of "
+                            "approvals); no token sends them")
         if is_schedule_firing(request):
             raise Forbidden("requests with a requestId or dedupeKey starting 'schedule:', or "
                             "the source 'schedule', are the scheduler's own (firings of "

@@ -42,6 +42,8 @@ class ControlBody(WireModel):
 
     action: ControlAction
     order_id: str | None = Field(default=None, min_length=1, max_length=128)
+    approval_id: str | None = Field(default=None, min_length=1, max_length=256)
+    """The order waiting for approval that ``approve`` or ``reject`` decides."""
     request_id: str | None = Field(default=None, min_length=1, max_length=128)
     reason: str | None = Field(default=None, max_length=500)
 

@@ -185,6 +185,10 @@ def openapi_document() -> dict[str, Any]:
                 "positions of every agent in scope (or one), from the log", "BlotterView",
                 params=(), query=(("agent", "string"), ("symbol", "string"),
                                   ("limit", "integer")))},
+            "/api/approvals": {"get": _op(
+                "The orders waiting for a human's approval in scope (or one agent's), the "
+                "soonest to expire first; decide one with the control action approve or "
+                "reject", "ApprovalsJson", params=(), query=(("agent", "string"),))},
             f"{agent}/orders": {"get": _op(
                 "One agent's blotter (open orders, fills, cancels, rejections, positions)",
                 "BlotterView", query=(("symbol", "string"), ("limit", "integer")))},

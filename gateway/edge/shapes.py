@@ -52,6 +52,8 @@ class AgentSummary(WireModel):
     suppressed_until: int | None
     held: str | None
     open_orders: int
+    pending_approvals: int = 0
+    """Orders waiting for a human's approval (`GET /api/approvals`)."""
     counters: dict[str, int]
     blocked: list[dict[str, Any]]
     """Why the agent is not running, most severe first (each with a ``kind``)."""
@@ -203,6 +205,25 @@ class RemovedJson(WireModel):
     """A schedule removed."""
 
     removed: str
+
+
+class ApprovalJson(WireModel):
+    """An order waiting for a human's approval."""
+
+    agent_id: str
+    approval_id: str
+    order_id: str
+    run_id: str
+    order: dict[str, Any]
+    notional: float | None
+    expires_at: int
+    expires_in_ms: int
+
+
+class ApprovalsJson(WireModel):
+    """The orders waiting for approval, the soonest to expire first."""
+
+    approvals: list[ApprovalJson]
 
 
 class ProvidersJson(WireModel):
@@ -363,5 +384,6 @@ ANSWERS: dict[str, type[WireModel]] = {
     "AgentSummary": AgentSummary, "AgentJson": AgentJson, "SchedulesJson": SchedulesJson,
     "QueueJson": QueueJson, "OperatedJson": OperatedJson, "ConfiguredJson": ConfiguredJson,
     "LimitsJson": LimitsJson, "EventJson": EventJson, "ProviderJson": ProviderJson,
+    "ApprovalsJson": ApprovalsJson,
 }
 """The answer models named in `/openapi.json`."""

@@ -134,6 +134,7 @@ class Runs:
                 outcome=result.outcome,
                 usage=result.usage,
                 orders=result.orders,
+                prices=self.toolbox.prices({order.symbol for order in result.orders}),
                 calls=result.calls,
                 answer=result.answer,
                 call_results=result.call_results,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from gateway.base.clock import Clock
@@ -24,6 +24,7 @@ from gateway.market.book import MarketBook
 from lanes.decide_steps import order_id
 from lanes.events import (
     STEP_TEXT_LIMIT,
+    ApprovalRequested,
     Decision,
     Input,
     ModelCalled,
@@ -63,6 +64,11 @@ class Toolbox:
         self.market = market or MarketBook()
         self._state_of = state_of
         self._clock = clock
+
+    def prices(self, symbols: Iterable[str]) -> dict[str, float]:
+        """The latest price of each of ``symbols`` known (what approval rules reckon with)."""
+        known = {symbol: self.market.price(symbol) for symbol in symbols}
+        return {symbol: seen[0] for symbol, seen in known.items() if seen is not None}
 
     def read(self, state: AgentState, name: str, arguments: dict[str, Any]) -> Any:
         """The answer of a read tool for the agent in ``state``, as JSON-able data."""
@@ -135,18 +141,22 @@ class RunTools:
                               malformed=None if call.malformed is None
                               else call.malformed[:STEP_TEXT_LIMIT])
                  for call in completion.tool_calls]
+        symbols = {str(c.arguments.get("symbol")) for c in completion.tool_calls
+                   if c.name == "place_order"}
         decisions = await self._record(ModelCalled(
             at=self._clock.now_ms(), run_id=self.run_id, step=step,
             input_tokens=completion.input_tokens, output_tokens=completion.output_tokens,
             stop_reason=None if completion.stop_reason is None else completion.stop_reason[:64],
-            text=cut(completion.text)[0], tool_calls=tuple(calls), steered=tuple(steered)))
+            text=cut(completion.text)[0], tool_calls=tuple(calls), steered=tuple(steered),
+            prices=self._toolbox.prices(symbols)))
         decided = next((d for d in decisions if isinstance(d, StepDecided)), None)
         if decided is None:
             ignored = next((d.reason for d in decisions if isinstance(d, RunResultIgnored)),
                            "its step was not taken")
             raise RunGone(f"run {self.run_id}: {ignored}")
         refused = {r.call_id: r.error for r in decided.refused}
-        orders = iter([d for d in decisions if isinstance(d, OrderAccepted | OrderRejected)])
+        orders = iter([d for d in decisions
+                       if isinstance(d, OrderAccepted | OrderRejected | ApprovalRequested)])
         results: list[ToolResult] = []
         placed = 0
         for call in completion.tool_calls:
@@ -179,6 +189,10 @@ def _order_answer(decision: Decision, expected_id: str) -> tuple[bool, str]:
     if isinstance(decision, OrderAccepted):
         assert decision.order_id == expected_id, (decision.order_id, expected_id)
         return True, f"order {decision.order_id} accepted: {_words(decision.intent)}"
+    if isinstance(decision, ApprovalRequested):
+        assert decision.order_id == expected_id, (decision.order_id, expected_id)
+        return True, (f"pending approval {decision.approval_id}: {_words(decision.intent)} "
+                      "waits for a human; its outcome comes to you as a request")
     assert isinstance(decision, OrderRejected)
     return False, f"order rejected ({_words(decision.intent)}): {decision.reason}"
 

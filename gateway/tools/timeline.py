@@ -12,6 +12,8 @@ from gateway.tools.logs import DebugError, Log, Out, Point, clock, open_log, res
 from lanes.events import (
     AgentCallDispatched,
     AgentCallRejected,
+    ApprovalDecided,
+    ApprovalRequested,
     BrokerReportIgnored,
     ConfigApplied,
     ControlApplied,
@@ -119,7 +121,8 @@ def kinds_of(event: Event) -> tuple[str, ...]:
             return ("run",)
         case StepDecided(refused=refused):
             return ("run", "error") if refused else ("run",)
-        case OrderAccepted() | OrderFilled() | OrderClosed() | OrderCancelRequested():
+        case OrderAccepted() | OrderFilled() | OrderClosed() | OrderCancelRequested() \
+                | ApprovalRequested() | ApprovalDecided():
             return ("order",)
         case RunFailed() | RunAborted() | RequestRejected() | OrderRejected() \
                 | OperatorRejected() | AgentCallRejected():
@@ -214,6 +217,13 @@ def explain(event: Event) -> str:
             parts = [f"{len(allowed)} tool call{'s' * (len(allowed) != 1)} go ahead"]
             parts += [f"{r.call_id} refused: {r.error}" for r in refused]
             return f"{run_id} step {step}: {'; '.join(parts)}"
+        case ApprovalRequested(approval_id=aid, intent=intent, notional=value, expires_at=end):
+            worth = "" if value is None else f", notional {value:g}"
+            return (f"approval {aid} asked: {intent.side} {intent.qty:g} {intent.symbol}"
+                    f"{worth} (expires {clock(end)})")
+        case ApprovalDecided(approval_id=aid, approved=approved, by=by, reason=reason):
+            return (f"approval {aid} {'approved' if approved else 'rejected'} by {by}"
+                    f"{': ' + reason if reason else ''}")
         case ToolResultTaken(run_id=run_id, call_id=call_id, ok=ok):
             return f"{run_id}: {'result' if ok else 'tool error'} of {call_id} taken"
         case RunCompleted(run_id=run_id, outcome=outcome, usage=usage):

@@ -9,11 +9,15 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.base.clock import SystemClock
+from gateway.config import parse_config
+from gateway.edge.server import serving as serving_gateway
 from gateway.llm.fake_provider import (
     FakeProvider,
     FakeProviderConfig,
@@ -30,6 +34,7 @@ from gateway.market.book import MarketBook
 from gateway.market.events import Tick
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import ProviderGate
+from gateway.wiring import build_service
 from lanes import AgentConfig, verify
 from lanes.gate.events import GateLimits
 from lanes.requests import AgentRequest
@@ -156,3 +161,84 @@ async def test_a_stop_in_the_middle_of_a_loop_ends_it_and_nothing_is_placed_afte
     assert types.count("ModelCalled") == 1  # the hung call was cut off, never recorded
     assert types.index("RunAborted") > types.index("ToolReturned")
     assert verify(await log_of(store)) is None
+
+
+APPROVING = """
+[server]
+host = "127.0.0.1"
+port = 0
+
+[[tokens]]
+name = "ops"
+token = "control-token-secret-1234"
+role = "control"
+
+[[tokens]]
+name = "watcher"
+token = "viewer-token-secret-9012"
+role = "viewer"
+
+[[providers]]
+name = "claude"
+kind = "anthropic"
+model = "claude-test"
+base_url = "{url}"
+api_key = "test-key-123"
+
+[[agents]]
+id = "desk"
+mode = "followup"
+tools = ["market_snapshot", "place_order"]
+approval = {{ above_notional = 10000 }}
+[agents.reasoner]
+kind = "llm"
+provider = "claude"
+"""
+
+
+async def test_an_order_above_the_notional_waits_for_a_human_over_http(
+        provider: tuple[FakeProvider, str], tmp_path: Path) -> None:
+    fake, url = provider
+    fake.reset(FakeProviderConfig(reply=scripted(
+        [[("place_order", {"symbol": "BTCUSD", "side": "buy", "qty": 1,
+                           "orderType": "limit", "limitPrice": 60_000})]],
+        lambda _: FINAL)))
+    service = build_service(parse_config(APPROVING.format(url=url)), tmp_path / "events.db")
+    ops = {"Authorization": "Bearer control-token-secret-1234"}
+    viewer = {"Authorization": "Bearer viewer-token-secret-9012"}
+    store = service.engine.store
+    async with serving_gateway(service) as running, httpx.AsyncClient(
+            base_url=running.url, timeout=10) as http:
+        submitted = await http.post("/api/agents/desk/requests", headers=ops, json={
+            "requestId": "hook-1", "createdAt": datetime.now(UTC).isoformat(),
+            "agentId": "desk", "kind": "user_control", "payload": {"message": "buy one"}})
+        assert submitted.status_code == 200, submitted.text
+        await next_event(store, "ApprovalRequested")
+        waiting = (await http.get("/api/approvals", headers=viewer)).json()["approvals"]
+        assert [(w["agentId"], w["notional"]) for w in waiting] == [("desk", 60_000)]
+        approval_id = waiting[0]["approvalId"]
+        refused = await http.post("/api/agents/desk/control", headers=viewer, json={
+            "action": "approve", "approvalId": approval_id})
+        assert refused.status_code == 403
+        approved = await http.post("/api/agents/desk/control", headers=ops, json={
+            "action": "approve", "approvalId": approval_id, "reason": "fine"})
+        assert approved.status_code == 200, approved.text
+        accepted = await next_event(store, "OrderAccepted")
+        assert json.loads(accepted.data)["order_id"] == approval_id
+        again = await http.post("/api/agents/desk/control", headers=ops, json={
+            "action": "approve", "approvalId": approval_id})
+        assert again.json()["decision"] == "rejected"
+        assert "no order waits" in again.json()["reason"]
+        # the outcome reaches the agent as a request: a run of its own
+        outcome = await next_event(store, "RunStarted", after=accepted.position)
+        assert f"{approval_id}-approval" in json.loads(outcome.data)["request_ids"]
+        # (that run follows the fake's script again: a new order, waiting in turn)
+        await next_event(store, "ApprovalRequested", after=outcome.position)
+        listed = (await http.get("/api/approvals", headers=viewer)).json()["approvals"]
+        assert [w["approvalId"] for w in listed] == [f"{outcome_run(outcome)}-s1-1"]
+        metrics = (await http.get("/metrics", headers=viewer)).text
+        assert 'gateway_approvals_pending{agent="desk"} 1' in metrics
+
+
+def outcome_run(record: Any) -> str:
+    return str(json.loads(record.data)["run_id"])

@@ -73,7 +73,8 @@ class AgentRoutes(Routes):
             return error_response(error, body.request_id)
 
     async def control(self, request: Request) -> Response:
-        """A control-lane action (emergency_stop, pause, resume, cancel_order, cancel_all)."""
+        """A control-lane action (emergency_stop, pause, resume, cancel_order, cancel_all,
+        approve, reject)."""
         agent_id = self._agent_id(request)
         principal = self._principal(request)
         principal.check_operate(agent_id)
@@ -81,6 +82,8 @@ class AgentRoutes(Routes):
         payload: dict[str, Any] = {"action": body.action.value}
         if body.order_id is not None:
             payload["orderId"] = body.order_id
+        if body.approval_id is not None:
+            payload["approvalId"] = body.approval_id
         if body.reason is not None:
             payload["reason"] = body.reason
         request_id = body.request_id or f"ctl_{secrets.token_hex(8)}"

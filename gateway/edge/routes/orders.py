@@ -34,6 +34,28 @@ class OrderRoutes(Routes):
         return await self._blotter([agent_id], parse_query(request.query_params,
                                                            ("symbol", "limit")))
 
+    async def approvals(self, request: Request) -> Response:
+        """The orders waiting for a human's approval, of every agent in the token's scope
+        (or the one ``agent``), oldest first; decide one with ``POST
+        /api/agents/{id}/control`` ``{"action": "approve" | "reject", "approvalId"}``."""
+        principal = self._principal(request)
+        principal.check_read()
+        agent = request.query_params.get("agent")
+        if agent is not None:
+            principal.check_read(agent)
+            self.engine.state(agent)  # UnknownAgent if it does not exist
+        agents = [agent] if agent is not None else [
+            a for a in self.engine.agent_ids if principal.may_see(a)]
+        now = self.engine.clock.now_ms()
+        waiting = [(agent_id, pending) for agent_id in agents
+                   for pending in self.engine.state(agent_id).approvals.values()]
+        waiting.sort(key=lambda item: (item[1].expires_at, item[1].approval_id))
+        return JSONResponse({"approvals": [
+            {"agentId": agent_id, "approvalId": p.approval_id, "orderId": p.order_id,
+             "runId": p.run_id, "order": p.intent.model_dump(mode="json", by_alias=True),
+             "notional": p.notional, "expiresAt": p.expires_at,
+             "expiresInMs": max(0, p.expires_at - now)} for agent_id, p in waiting]})
+
     async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
         blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
         view = blotter_view(blotters, self.engine.clock.now_ms(), query)
