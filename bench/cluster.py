@@ -37,12 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
+import httpx
 
 from bench.common import Figure, run
 from bench.crash import (
     CONTROL_TOKEN,
     FEED_TOKEN,
     ROOT,
+    SEEDED,
     TIMEOUT,
     Ledger,
     Load,
@@ -50,9 +52,10 @@ from bench.crash import (
     check,
     start,
 )
+from bench.replay_speed import make_log, write_log
 from gateway.client import ConnectionLost, ControlClient, FeedClient, GatewayClientError
 from lanes import Entry
-from lanes.codec import decode
+from lanes.codec import decode, encode
 from lanes.events import (
     AbortReason,
     RunAborted,
@@ -206,6 +209,11 @@ class ClusterReport(Report):
     """A crash run of a cluster: `Report` and the failover times, runs and writes seen."""
 
     failover_s: list[float] = field(default_factory=list)
+    adopted_s: list[float] = field(default_factory=list)
+    """Seconds from a kill until the live members answer ``/readyz`` 200 (every stream of
+    the dead member owned and loaded again)."""
+    lease_losses: int = 0
+    """Times a member that was alive lost its own lease (its log says so)."""
     restart_aborts: int = 0
     runs: int = 0
     late_writes: int = 0
@@ -218,6 +226,9 @@ class ClusterReport(Report):
             f"aborted (restart), rerun  {self.restart_aborts}",
             f"failover p50 / max        {statistics.median(failover):.2f} / "
             f"{max(failover):.2f} s" if failover else "failover                  -",
+            f"adopted p50 / max         {statistics.median(self.adopted_s):.2f} / "
+            f"{max(self.adopted_s):.2f} s" if self.adopted_s else "",
+            f"member leases lost        {self.lease_losses}",
             f"writes after a takeover   {self.late_writes}",
         ]
 
@@ -290,12 +301,51 @@ async def _start_members(running: list[Member], members: int, config: Path, db: 
         running.append(await start_member(config, db, workdir / f"member{n}.log"))
 
 
+async def ready(members: list[Member], deadline_s: float) -> None:
+    """Wait until every live member answers ``/readyz`` 200 (polled, with a deadline)."""
+    began = time.monotonic()
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        for member in members:
+            while member.alive:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(f"{member.url}/readyz")).status_code in (200, 404):
+                        break
+                if time.monotonic() - began > deadline_s:
+                    raise TimeoutError(f"{member.url} not ready in {deadline_s} s")
+                await asyncio.sleep(0.01)  # polling a condition, with a deadline
+
+
+async def seed_log(db: str, events: int) -> None:
+    """Begin the log with ``events`` events of the cluster's agents (`make_log`'s, request
+    ids ``seed-N``), written in bulk."""
+    encoded = [(e.position, e.stream, *encode(e.event))
+               for e in make_log(events, names=AGENTS, prefix=SEEDED)]
+    store = PostgresEventStore(db)
+    await store.open()
+    try:
+        await write_log(store, encoded)
+    finally:
+        await store.close()
+
+
+def lease_losses(logs: list[Path]) -> int:
+    """Lines of the members' logs that say a member lost its own lease (a killed one says
+    nothing more)."""
+    markers = ("the member lease was not renewed", "joining again")
+    return sum(1 for path in logs if path.exists()
+               for line in path.read_text(errors="replace").splitlines()
+               if any(marker in line for marker in markers))
+
+
 async def crash_run(workdir: Path, db: str, *, members: int = 3, kills: int = 10,
                     seed: int = 0, min_load_ms: int = 100, max_load_ms: int = 600,
-                    lease_ms: int = 1_000) -> ClusterReport:
-    """Kill a member ``kills`` times under load and start it again; check the log."""
+                    lease_ms: int = 1_000, log_events: int = 0) -> ClusterReport:
+    """Kill a member ``kills`` times under load and start it again; check the log (which
+    begins with ``log_events`` events of the agents: `seed_log`)."""
     config, report, ledger, load, rng = _run_of(workdir, lease_ms, seed)
     running: list[Member] = []
+    if log_events:
+        await seed_log(db, log_events)
     try:
         await _start_members(running, members, config, db, workdir)
         for _ in range(kills):
@@ -306,8 +356,12 @@ async def crash_run(workdir: Path, db: str, *, members: int = 3, kills: int = 10
             held = (await leases(db)).held_by(running[victim].url)
             await kill(running[victim].process)
             report.kills += 1
+            killed = time.monotonic()
             report.failover_s.append(await until_held(db, held, running[victim].url,
                                                       lease_ms / 1000 * 5 + 10))
+            await ready([m for m in running if m is not running[victim]],
+                        lease_ms / 1000 * 5 + 10)
+            report.adopted_s.append(time.monotonic() - killed)
             with contextlib.suppress(ConnectionLost, GatewayClientError):
                 await loading
             running[victim] = await start_member(config, db, running[victim].log)
@@ -319,6 +373,7 @@ async def crash_run(workdir: Path, db: str, *, members: int = 3, kills: int = 10
     finally:
         for member in running:
             await kill(member.process)
+    report.lease_losses = lease_losses([m.log for m in running])
     await check_log(db, ledger, report)
     return report
 

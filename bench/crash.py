@@ -17,7 +17,18 @@ the acknowledged decision at the acknowledged position, no request id decided tw
 (a resubmission is a ``RequestRepeated``), every cut-off run recorded as aborted with reason
 ``restart``, `lanes.verify` clean and ``gateway verify DB`` exiting 0.
 
+Each restart is timed from the spawn to ``/healthz`` 200 and to ``/readyz`` 200 (a server
+without ``/readyz``: its ``/healthz``). With ``--log-events N`` the log starts with ``N``
+events of 50 other agents (`bench.replay_speed.make_log`, written in bulk, with a snapshot
+stored as a running gateway would have), so restarts are measured on a long log;
+``--seeded-log PATH`` keeps that log in ``PATH`` and reuses it when it is there already.
+
     uv run python -m bench.crash [--kills N] [--seed N] [--min-load-ms N] [--max-load-ms N]
+                                 [--log-events N] [--seeded-log PATH] [--compile-bytecode]
+
+``--compile-bytecode`` compiles the gateway's bytecode before the first start, as ``pip
+install`` does: without it, where Python may not write bytecode (``PYTHONDONTWRITEBYTECODE``,
+a read-only install), every start compiles its imports again.
 """
 
 from __future__ import annotations
@@ -26,13 +37,16 @@ import argparse
 import asyncio
 import contextlib
 import random
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,6 +74,10 @@ from lanes.streams import is_agent_stream
 from store import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[1]
+SEEDED = "seed-"
+"""The prefix of the request ids of a seeded log."""
+SEEDED_AGENTS = tuple(f"agent{n}" for n in range(50))
+"""The agents of a seeded log (`bench.replay_speed.make_log`'s)."""
 TIMEOUT = 30.0
 AGENTS = ("btc", "eth", "sol")
 FEED_TOKEN = "crash-feed-secret"
@@ -142,6 +160,8 @@ class Report:
     cut_off_runs: int = 0
     aborted_recorded: int = 0
     restart_s: list[float] = field(default_factory=list)
+    ready_s: list[float] = field(default_factory=list)
+    """Seconds from the spawn to ``/readyz`` 200, each restart."""
     events: int = 0
     verify_exit: int | None = None
     problems: list[str] = field(default_factory=list)
@@ -158,6 +178,10 @@ class Report:
             f"restart to /healthz p50   {statistics.median(restart) * 1000:.0f} ms"
             if restart else "restart                   -",
             f"restart to /healthz max   {max(restart) * 1000:.0f} ms" if restart else "",
+            f"restart to /readyz p50    {statistics.median(self.ready_s) * 1000:.0f} ms"
+            if self.ready_s else "",
+            f"restart to /readyz max    {max(self.ready_s) * 1000:.0f} ms"
+            if self.ready_s else "",
             f"log events                {self.events}",
             f"gateway verify exit       {self.verify_exit}",
             f"problems                  {len(self.problems)}",
@@ -221,6 +245,50 @@ async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] =
     except BaseException:
         await kill(process)
         raise
+
+
+async def ready(url: str) -> None:
+    """Return once ``/readyz`` answers 200 (a server without it: at once, its ``/healthz``
+    answered already)."""
+    deadline = time.monotonic() + TIMEOUT
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                status = (await http.get("/readyz")).status_code
+                if status in (200, 404):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("/readyz never answered 200")
+            await asyncio.sleep(0.01)  # polling a condition, with a deadline
+
+
+async def seed_log(db: Path, events: int, keep: Path | None = None) -> None:
+    """A log of ``events`` events of 50 agents, with a snapshot, at ``db`` (copied from
+    ``keep`` if that holds one already; else made, and kept there too)."""
+    if keep is not None and keep.exists():  # noqa: ASYNC240 (a benchmark's setup)
+        shutil.copyfile(keep, db)
+        return
+    from bench.replay_speed import _snapshot, _write, make_log
+    from lanes.codec import encode
+
+    encoded = [(e.position, e.stream, *encode(e.event))
+               for e in make_log(events, prefix=SEEDED)]
+    await _write(db, encoded)
+    del encoded
+    await _snapshot(db)  # as a gateway running on it would have stored (every 100,000)
+    if keep is not None:
+        shutil.copyfile(db, keep)
+
+
+def compile_imports() -> None:
+    """Compile the bytecode of the gateway and its dependencies, as ``pip install`` does
+    (``uv sync`` only with ``--compile-bytecode``): where none is cached and none may be
+    written (``PYTHONDONTWRITEBYTECODE``), every start compiles its imports again, about a
+    second of it."""
+    paths = [str(ROOT / name) for name in ("gateway", "lanes", "store", "migrations")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *paths,
+                    sysconfig.get_paths()["purelib"]], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 async def kill(process: asyncio.subprocess.Process) -> None:
@@ -312,6 +380,12 @@ async def one_round(config: Path, db: Path, log: Path, load: Load, seconds: floa
     began = time.monotonic()
     process, url = await start(config, db, log)
     report.restart_s.append(time.monotonic() - began)
+    try:
+        await ready(url)
+    except BaseException:
+        await kill(process)
+        raise
+    report.ready_s.append(time.monotonic() - began)
     tasks: list[asyncio.Task[None]] = []
     clients: list[ControlClient | FeedClient] = []
     try:
@@ -341,12 +415,22 @@ async def one_round(config: Path, db: Path, log: Path, load: Load, seconds: floa
 
 
 async def crash_run(workdir: Path, kills: int, seed: int = 0, min_load_ms: int = 100,
-                    max_load_ms: int = 600) -> Report:
-    """Kill the gateway ``kills`` times under load; check the log against the ledger."""
+                    max_load_ms: int = 600, log_events: int = 0,
+                    seeded_log: Path | None = None, compile_bytecode: bool = False) -> Report:
+    """Kill the gateway ``kills`` times under load; check the log against the ledger
+    (which starts with ``log_events`` events of other agents: `seed_log`). With
+    ``compile_bytecode``, the gateway's code is compiled first (`compile_imports`)."""
     rng = random.Random(seed)
     db = workdir / "events.db"
+    if log_events:
+        await seed_log(db, log_events, seeded_log)
     config = workdir / "gateway.toml"
-    config.write_text(CONFIG.format(db=db, feed=FEED_TOKEN, control=CONTROL_TOKEN))
+    text = CONFIG.format(db=db, feed=FEED_TOKEN, control=CONTROL_TOKEN)
+    if log_events:  # the seeded agents are the config's too (a reasoner each for their runs)
+        text += "".join(f'\n[[agents]]\nid = "{agent}"\n' for agent in SEEDED_AGENTS)
+    config.write_text(text)
+    if compile_bytecode:
+        compile_imports()
     log = workdir / "gateway.log"
     report = Report()
     ledger = Ledger(report)
@@ -354,6 +438,14 @@ async def crash_run(workdir: Path, kills: int, seed: int = 0, min_load_ms: int =
     cut_off: set[str] = set()
     states: dict[str, AgentState] = {}
     seen = 0
+    if log_events:  # runs the seeded log left open are cut off too (the first start aborts them)
+        seeded = await read_log(db)
+        states = replay(seeded)
+        seen = seeded[-1].position if seeded else 0
+        cut_off |= {s.active.run_id for s in states.values() if s.active is not None}
+        cut_off |= {e.event.run_id for e in seeded if isinstance(e.event, RunAborted)
+                    and e.event.reason is AbortReason.RESTART}  # (by the seeding's start)
+        del seeded
     for _ in range(kills):
         await one_round(config, db, log, load, rng.uniform(min_load_ms, max_load_ms) / 1000,
                         report)
@@ -371,7 +463,7 @@ async def crash_run(workdir: Path, kills: int, seed: int = 0, min_load_ms: int =
     finally:
         await kill(process)
     entries = await read_log(db)
-    check(entries, ledger, cut_off, report)
+    check(entries, ledger, cut_off, report, AGENTS)
     verify_process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.cli", "verify", str(db), cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
@@ -381,14 +473,18 @@ async def crash_run(workdir: Path, kills: int, seed: int = 0, min_load_ms: int =
     return report
 
 
-def check(entries: list[Entry], ledger: Ledger, cut_off: set[str], report: Report) -> None:
-    """Every acked request with its decision, none decided twice, cut-off runs aborted."""
+def check(entries: list[Entry], ledger: Ledger, cut_off: set[str], report: Report,
+          agents: Collection[str] | None = None) -> None:
+    """Every acked request with its decision, none decided twice (of ``agents`` only, if
+    given), cut-off runs aborted."""
     report.events = len(entries)
     report.acked = len(ledger.acks)
     by_position = {e.position: e for e in entries}
     received: Counter[str] = Counter()
     repeated: Counter[str] = Counter()
     for e in entries:
+        if agents is not None and e.stream not in agents:  # (a seeded log's agents)
+            continue
         if isinstance(e.event, RequestReceived):
             received[e.event.request.request_id] += 1
         elif isinstance(e.event, RequestRepeated):
@@ -428,11 +524,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-load-ms", type=int, default=100)
     parser.add_argument("--max-load-ms", type=int, default=600)
+    parser.add_argument("--log-events", type=int, default=0,
+                        help="events of other agents in the log before the first start")
+    parser.add_argument("--seeded-log", type=Path, default=None,
+                        help="keep the seeded log here and reuse it (made if missing)")
+    parser.add_argument("--compile-bytecode", action="store_true",
+                        help="compile the gateway's bytecode first, as pip install does")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         began = time.monotonic()
         report = asyncio.run(crash_run(Path(scratch), args.kills, args.seed,
-                                       args.min_load_ms, args.max_load_ms))
+                                       args.min_load_ms, args.max_load_ms, args.log_events,
+                                       args.seeded_log, args.compile_bytecode))
         print("\n".join(line for line in report.lines() if line))
         print(f"wall time                 {time.monotonic() - began:.1f} s")
     return 1 if report.problems else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import Figure, run, timed
@@ -33,14 +34,18 @@ from lanes.events import (
 )
 from lanes.replay import Verifier
 from lanes.requests import AgentRequest
-from store import RecordedEvent, SqliteEventStore
+from store import EventStore, RecordedEvent, SqliteEventStore
 
 MODES = [Mode.FOLLOWUP, Mode.COLLECT, Mode.STEER_BACKLOG, Mode.QUEUE, Mode.INTERRUPT]
 T0 = 1_771_297_800_000
 
 
-def make_log(events: int, agents: int = 50, seed: int = 1) -> list[Entry]:
-    """A realistic log: triggers with redeliveries, controls, runs finishing, timers."""
+def make_log(events: int, agents: int = 50, seed: int = 1, names: Sequence[str] = (),
+             prefix: str = "r") -> list[Entry]:
+    """A realistic log: triggers with redeliveries, controls, runs finishing, timers. The
+    agents are ``names`` (default ``agent0``, ``agent1``, ...), the request ids ``prefix``
+    and a number."""
+    names = list(names) or [f"agent{n}" for n in range(agents)]
     rng = random.Random(seed)
     states: dict[str, AgentState] = {}
     log: list[Entry] = []
@@ -52,8 +57,7 @@ def make_log(events: int, agents: int = 50, seed: int = 1) -> list[Entry]:
             for item in (event, *decisions):
                 log.append(Entry(len(log) + 1, agent, item))
 
-    for n in range(agents):
-        agent = f"agent{n}"
+    for n, agent in enumerate(names):
         states[agent] = AgentState(agent_id=agent)
         config = AgentConfig(mode=MODES[n % len(MODES)], cap=50, debounce_ms=500,
                              drop_policy=list(DropPolicy)[n % 3])
@@ -61,7 +65,7 @@ def make_log(events: int, agents: int = 50, seed: int = 1) -> list[Entry]:
     count = 0
     while len(log) < events:
         now += rng.randint(1, 40)
-        agent = f"agent{rng.randrange(agents)}"
+        agent = names[rng.randrange(len(names))]
         state = states[agent]
         roll = rng.random()
         if roll < 0.08 and state.active is not None:
@@ -72,7 +76,8 @@ def make_log(events: int, agents: int = 50, seed: int = 1) -> list[Entry]:
         else:
             count += 1
             request = AgentRequest.model_validate({
-                "requestId": f"r{count}", "createdAt": "2026-02-17T03:10:00Z", "agentId": agent,
+                "requestId": f"{prefix}{count}", "createdAt": "2026-02-17T03:10:00Z",
+                "agentId": agent,
                 "kind": "hook_trigger", "priority": rng.choice(["high", "normal", "normal", "low"]),
                 "dedupeKey": f"k{rng.randrange(count + 1)}", "payload": {"symbol": "BTCUSD"},
             })
@@ -146,6 +151,13 @@ async def _on_disk(db: Path, n: int) -> list[Figure]:
 async def _write(db: Path, encoded: list[tuple[int, str, str, str]]) -> None:
     store = SqliteEventStore(db, synchronous="OFF")
     await store.open()
+    await write_log(store, encoded)
+    await store.close()
+
+
+async def write_log(store: EventStore, encoded: list[tuple[int, str, str, str]]) -> None:
+    """Write an encoded log (position, stream, type, data) into an open, empty store in
+    bulk (imports of 50,000 events)."""
     versions: dict[str, int] = {}
     records = []
     for position, stream, type_name, data in encoded:
@@ -154,7 +166,6 @@ async def _write(db: Path, encoded: list[tuple[int, str, str, str]]) -> None:
                                      type_name, data, T0 + position))
     for start in range(0, len(records), 50_000):
         await store.restore(records[start:start + 50_000])
-    await store.close()
 
 
 async def _restart(db: Path) -> tuple[float, int | None]:

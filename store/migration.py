@@ -1,18 +1,25 @@
-"""Running the Alembic migrations in ``migrations/`` programmatically (no alembic.ini)."""
+"""Running the Alembic migrations in ``migrations/`` programmatically (no alembic.ini).
+
+Alembic is imported only when a database is behind `HEAD`: a start on a current database
+(every restart) reads its revision with one query and never loads Alembic and its scripts,
+which would take most of a second of the start.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import migrations
 
 from .engine import create_engine, database_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 HEAD = "0003"
 """The newest revision in ``migrations/versions``."""
@@ -24,6 +31,8 @@ def alembic_config(url: str | None = None) -> Config:
     ``url`` becomes ``sqlalchemy.url`` (used only when no connection is handed over in
     ``config.attributes["connection"]``).
     """
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).resolve().parent))
     if url is not None:
@@ -37,7 +46,18 @@ MIGRATION_LOCK = 0x6761_7465_7761_796D
 database migrate one after the other (the later ones find it at head)."""
 
 
+def revision_of(connection: Connection) -> str | None:
+    """The Alembic revision the database is at (None: never migrated)."""
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
 def _upgrade(connection: Connection, revision: str) -> None:
+    if revision in ("head", HEAD) and revision_of(connection) == HEAD:
+        return  # current already (every restart): no Alembic
+    from alembic import command
+
     if connection.dialect.name == "postgresql":
         connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK)))
     config = alembic_config()

@@ -9,9 +9,14 @@ a new member takes over its share, and a dead member's streams spread over the o
 each renewal a member hands over (gracefully: `gateway.runtime.engine.Engine.unload`) the
 streams assigned elsewhere and releases their leases, acquires those assigned to it that
 are free (never held, released, or held by a member whose lease expired) and adopts them
-(`Engine.load`: folded from the log, a run cut off by a dead owner recorded aborted and
-rerun). A lease this member did not renew in time is lost: it stops the stream at once, and
-the store fences its appends from then on (`store.port.FencedError`).
+(`Engine.load`: a run cut off by a dead owner recorded aborted and rerun). A lease this
+member did not renew in time is lost: it stops the stream at once, and the store fences its
+appends from then on (`store.port.FencedError`).
+
+Renewing never waits behind anything else: the lease is renewed by a task of its own, the
+streams are rebalanced by another, and adopted by a third, from each agent's replica plus
+the tail of its stream, a chunk at a time (`gateway.cluster.adoption`). An agent whose lease
+this member holds and that is still being adopted answers ``unavailable`` (retry shortly).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Final
 
 from gateway.base.clock import Clock, Timer
 from gateway.base.tasks import spawn
+from gateway.cluster.adoption import catch_up, catch_up_gate
 from gateway.cluster.replicas import Replicas
 from gateway.cluster.router import Router
 from gateway.runtime.engine import Engine
@@ -110,8 +116,16 @@ class Cluster:
         self._watchdog: Timer | None = None
         self._located: asyncio.Future[LeaseView] | None = None
         """A read of the leases under way for `locate` (one at a time, shared)."""
+        self._adopting: dict[str, tuple[Fence, frozenset[str]]] = {}
+        """Streams whose lease this member holds and that it is loading (in order), each
+        with its fence and the members alive when it was acquired."""
+        self._adopter: asyncio.Task[None] | None = None
+        self._balancing = asyncio.Lock()
+        """One rebalance at a time (the background's, `tick`'s, the start's)."""
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._due = asyncio.Event()
+        """A renewal went through (or failed): rebalance."""
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self.on_handed_over: Callable[[str], None] = lambda _url: None
         """Told the URL of a member this one handed streams over to (to wake it)."""
@@ -122,6 +136,11 @@ class Cluster:
     def owned(self) -> list[str]:
         """The streams this member owns now."""
         return sorted(self._fences)
+
+    @property
+    def adopting(self) -> list[str]:
+        """The streams whose lease this member holds and that it is still loading."""
+        return list(self._adopting)
 
     def owner_of(self, stream: str) -> str | None:
         """The URL of the member owning ``stream`` now (as last read), if any."""
@@ -136,7 +155,7 @@ class Cluster:
         """`owner_of`, after reading the leases again if it is not known (it moved since
         the last renewal, say): one read at a time, shared by every caller."""
         found = self.owner_of(stream)
-        if found is None:
+        if found is None and stream not in self._adopting:  # (being adopted: here, soon)
             if self._located is None:
                 self._located = asyncio.ensure_future(self.store.leases())
             reading = self._located
@@ -171,8 +190,11 @@ class Cluster:
         for gate in self.engine.gates.values():
             gate.on_fenced = self.fenced
         await self._join()
-        await self._rebalance(self.view)
-        self._task = spawn(self._run(), "cluster membership")
+        self._tasks = [spawn(self._renewing(), "cluster lease"),
+                       spawn(self._rebalancing(), "cluster rebalance")]
+        async with self._balancing:
+            await self._rebalance(self.view)
+        await self.adopted()
 
     async def stop(self) -> None:
         """Hand every owned stream over, wake the members they go to, and leave (the others
@@ -180,11 +202,12 @@ class Cluster:
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        tasks = [*self._tasks, *([self._adopter] if self._adopter is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks, self._adopter = [], None
+        self._adopting.clear()  # (their leases go with the member's, below)
         others = sorted(m for m in self.view.members if m != self.member)
         wanted = assign(self.owned, others)
         for stream in self.owned:
@@ -206,10 +229,17 @@ class Cluster:
         """An append of ``stream`` was fenced: it is someone else's (the engine or the gate
         dropped it); its replica is read again, and the leases looked at now."""
         self._fences.pop(stream, None)
+        self._adopting.pop(stream, None)
         self.replicas.refresh(stream)
         self.poke()
 
-    async def _run(self) -> None:
+    async def adopted(self) -> None:
+        """Wait until every stream acquired so far is adopted (or given up)."""
+        while self._adopter is not None and not self._adopter.done():
+            await asyncio.shield(self._adopter)
+
+    async def _renewing(self) -> None:
+        """Renew the lease every period (or when poked), whatever else is under way."""
         while True:
             sleeping = asyncio.ensure_future(self.clock.sleep(self.period_ms))
             waking = asyncio.ensure_future(self._wakeup.wait())
@@ -220,15 +250,37 @@ class Cluster:
                 waking.cancel()
             self._wakeup.clear()
             try:
-                await self.tick()
+                await self._renew()
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let membership die: the next period tries again
-                log.exception("cluster membership: renewing or rebalancing failed")
+                log.exception("cluster membership: renewing the lease failed")
+            self._due.set()
+
+    async def _rebalancing(self) -> None:
+        """Rebalance after each renewal (never holding the next one up)."""
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            try:
+                async with self._balancing:
+                    await self._rebalance(self.view)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the next renewal's round tries again
+                log.exception("cluster membership: rebalancing failed")
 
     async def tick(self) -> None:
-        """Renew this member's lease, then rebalance (what the background task does every
-        period; tests call it directly on a fake clock)."""
+        """Renew this member's lease, rebalance, and wait for the adoptions (what the
+        background tasks do every period; tests call it directly on a fake clock)."""
+        if await self._renew():
+            async with self._balancing:
+                await self._rebalance(self.view)
+            await self.adopted()
+
+    async def _renew(self) -> bool:
+        """Renew the lease (join again under a new id if it was lost); False if the store
+        failed (the watchdog stops everything if no renewal goes through in time)."""
         sent = self.clock.now_ms()
         try:
             async with asyncio.timeout(self.lease_ms / 2000):  # a stuck renewal is a failed one
@@ -240,11 +292,11 @@ class Cluster:
             view = await self._join()
         except (StoreError, TimeoutError) as error:
             log.warning("renewing the member lease failed: %s", error or "timed out")
-            return  # (the watchdog stops everything if no renewal goes through in time)
+            return False
         else:
             self._renewed(sent)
         self.view = view
-        await self._rebalance(view)
+        return True
 
     def _renewed(self, sent: int) -> None:
         """The lease was renewed by a call sent at ``sent``: it holds until at least
@@ -259,6 +311,7 @@ class Cluster:
         """No renewal went through in time: the others may take this member's streams any
         moment now; stop them first (their appends would be fenced anyway)."""
         self._watchdog = None
+        self._adopting.clear()
         if self._fences:
             log.error("the member lease was not renewed for %d ms: its streams are the "
                       "others' now; stopping them", self.clock.now_ms() - self._renewed_at)
@@ -284,48 +337,90 @@ class Cluster:
             if view.holders.get(stream) != fence:
                 log.warning("the lease of %s is no longer this member's: stopping it", stream)
                 self._lose(stream)
+        for stream, (fence, _alive) in list(self._adopting.items()):
+            if view.holders.get(stream) != fence:
+                self._adopting.pop(stream, None)
         wanted = assign(self._streams(), sorted(view.members))
         # Held by this member without owning them (an adoption or a release failed): the
         # leases say it holds them, so nobody else will: take them up again, or give them back.
         stray = [s for s, fence in view.holders.items()
-                 if fence.owner == me and s not in self._fences]
+                 if fence.owner == me and s not in self._fences and s not in self._adopting]
         for stream in stray:
             if wanted.get(stream) != me:
                 with contextlib.suppress(StoreError):
                     await self.store.release(me, [stream])
+        for stream in [s for s in self._adopting if wanted.get(s) != me]:
+            self._adopting.pop(stream, None)
+            with contextlib.suppress(StoreError):
+                await self.store.release(me, [stream])
         handed = [s for s in self._fences if wanted.get(s) != me]
         for stream in handed:
             await self._hand_over(stream)
         for member in {wanted[s] for s in handed if s in wanted}:
             self.on_handed_over(url_of(member))  # it takes them now, not at its next renewal
         free = [s for s, member in wanted.items() if member == me and s not in self._fences
+                and s not in self._adopting
                 and (s not in view.holders or view.holders[s].owner == me)]
         if not free:
             return
         acquired = await self.store.acquire(me, free)
-        alive = {stream for stream, fence in view.holders.items()
-                 if fence.owner in view.members}
+        alive = frozenset(stream for stream, fence in view.holders.items()
+                          if fence.owner in view.members)
         for stream, epoch in acquired.items():
-            fence = Fence(me, epoch)
-            await self._adopt(stream, fence, alive)
+            self._adopting[stream] = (Fence(me, epoch), alive)
+        if self._adopter is None or self._adopter.done():
+            self._adopter = spawn(self._adopt_all(), "cluster adoption")
 
     def _holds(self, stream: str) -> bool:
+        """Whether this member decides for ``stream``, or is adopting it: then its replica
+        is left as it is (the adoption copies it, and reads the rest from the log)."""
+        if stream in self._adopting:
+            return True
         gate = self._gate(stream)
         return gate.loaded if gate is not None else self.engine.holds(stream)
 
     def _streams(self) -> list[str]:
         return [*self.engine.agent_ids, *(g.stream for g in self.engine.gates.values())]
 
-    async def _adopt(self, stream: str, fence: Fence, alive: set[str]) -> None:
+    async def _adopt_all(self) -> None:
+        """Adopt the streams acquired, one at a time, until none is left."""
+        while self._adopting:
+            stream, (fence, alive) = next(iter(self._adopting.items()))
+            try:
+                await self._adopt(stream, fence, alive)
+            except Exception:  # never let adoption die; the next rebalance tries again
+                if self._adopting_at(stream, fence):
+                    log.exception("adopting %s failed; giving its lease back", stream)
+                    with contextlib.suppress(StoreError):
+                        await self.store.release(self.member, [stream])
+            finally:
+                if self._adopting.get(stream, (None,))[0] is fence:
+                    del self._adopting[stream]
+
+    def _adopting_at(self, stream: str, fence: Fence) -> bool:
+        """Whether ``stream`` is still to be adopted at ``fence`` (not lost meanwhile)."""
+        return self._adopting.get(stream, (None,))[0] is fence
+
+    async def _adopt(self, stream: str, fence: Fence, alive: frozenset[str]) -> None:
         gate = self._gate(stream)
         try:
-            records = await self.store.read_stream(stream)
             if gate is not None:  # granted slots of runs still alive elsewhere are kept
-                gate.load(records, fence, lambda agent_id: agent_id in alive)
-            else:  # the calls on their way known first: the agent delivers its own
+                gate_state = await catch_up_gate(self.store, stream,
+                                                 self.replicas.gate_state(stream))
+                if not self._adopting_at(stream, fence):
+                    return
+                gate.adopt(gate_state, fence, lambda agent_id: agent_id in alive)
+            else:  # from its replica and the tail; the calls on their way known first
                 await self.replicas.reach(await self.store.last_position())
-                self.engine.holding.load(stream, records, fence, list(self.replicas.calls.values()),
-                                 list(self.replicas.answers.values()))
+                holding = self.engine.holding
+                adopted = await catch_up(self.store, self.engine.reader, stream,
+                                         self.replicas.state(stream),
+                                         holding.file_config(stream))
+                if not self._adopting_at(stream, fence):
+                    return
+                holding.adopt(stream, adopted.state, fence, adopted.file_changed,
+                              list(self.replicas.calls.values()),
+                              list(self.replicas.answers.values()))
         except StoreError as error:  # its stream could not be read: give the lease back
             log.warning("could not take %s over (%s); giving its lease back", stream, error)
             with contextlib.suppress(StoreError):
@@ -347,6 +442,7 @@ class Cluster:
 
     def _lose(self, stream: str) -> None:
         self._fences.pop(stream, None)
+        self._adopting.pop(stream, None)
         gate = self._gate(stream)
         if gate is not None:
             gate.drop()
@@ -355,6 +451,7 @@ class Cluster:
         self.replicas.refresh(stream)
 
     def _lose_all(self) -> None:
+        self._adopting.clear()
         for stream in list(self._fences):
             self._lose(stream)
 

@@ -21,10 +21,10 @@ from typing import Any, Final
 from gateway.base.clock import Clock
 from gateway.base.quarantine import PLAIN, LogReader, log_reader
 from gateway.base.tasks import spawn
+from gateway.cluster.adoption import catch_up
 from gateway.runtime.gate import ProviderGate
 from gateway.runtime.snapshots import fold_log
 from lanes import AgentState
-from lanes import replay as fold
 from lanes.evolve import fold as fold_events
 from lanes.gate import GateState, decode_gate_event, evolve_gate, fold_gate
 from lanes.replay import Answer, Call, track_call
@@ -107,6 +107,10 @@ class Replicas:
         """An agent's state as the log says (None: no such agent)."""
         return self.states.get(agent_id)
 
+    def gate_state(self, stream: str) -> GateState | None:
+        """A provider gate's state as the log says (None: not followed here)."""
+        return self._gate_states.get(stream)
+
     def agent_ids(self) -> Iterable[str]:
         """Every agent known from the log or the config."""
         return self.states.keys()
@@ -133,18 +137,21 @@ class Replicas:
         task.add_done_callback(self._tasks.discard)
 
     async def _refresh(self, stream: str) -> None:
+        gate = self._gates.get(stream)
         while not self._holds(stream):
             try:
-                records = await self._store.read_stream(stream)
+                if gate is None:  # a chunk at a time: a long stream never holds the loop
+                    agent = (await catch_up(self._store, self._reader, stream, None,
+                                            None)).state
+                else:
+                    records = await self._store.read_stream(stream)
             except StoreError:
                 await self._clock.sleep(RESTART_MS)
                 continue
             if self._holds(stream):
                 return
-            gate = self._gates.get(stream)
             if gate is None:
-                self.states[stream] = fold(self._reader.entries(records)).get(stream) \
-                    or AgentState(agent_id=stream)
+                self.states[stream] = agent
             else:
                 state = self._gate_states[stream] = fold_gate(
                     GateState(provider=stream),

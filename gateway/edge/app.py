@@ -29,6 +29,8 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
     api = Api(service)
     routes = [
         Route("/healthz", api.healthz),
+        Route("/livez", api.livez),
+        Route("/readyz", api.readyz),
         Route("/metrics", api.metrics),
         Route("/openapi.json", api.openapi),
         Route("/api/agents", api.agents),

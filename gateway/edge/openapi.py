@@ -78,8 +78,16 @@ def openapi_document() -> dict[str, Any]:
         "components": {"schemas": schemas, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": {
-            "/healthz": {"get": {"summary": "Liveness", "responses": {
-                "200": {"description": "running"}, "503": {"description": "stopping"}}}},
+            "/healthz": {"get": {"summary": "Health (kept for compatibility: see /livez, "
+                                 "/readyz)", "responses": {
+                "200": {"description": "running"},
+                "503": {"description": "stopping, or the event log cannot be written"}}}},
+            "/livez": {"get": {"summary": "Liveness probe: the process serves", "responses": {
+                "200": {"description": "the event loop answers (always, while it does)"}}}},
+            "/readyz": {"get": {"summary": "Readiness probe", "responses": {
+                "200": {"description": "the log is writable, this process's agents are "
+                                       "loaded, its reads are not behind the log"},
+                "503": {"description": "not ready: `reason` says why (JSON)"}}}},
             "/metrics": {"get": _op("Prometheus metrics", {"type": "string"}, params=())},
             "/api/agents": {"get": _op("Every agent in scope with its status",
                                        {"type": "array", "items": _ref("AgentSummary")},

@@ -177,10 +177,18 @@ class ProviderGate:
         if self.loaded:
             self._core.fence = fence
             return
-        self._core.state = self._fold(records)
+        self.adopt(self._fold(records), fence, keep)
+
+    def adopt(self, state: GateState, fence: Fence, keep: Callable[[str], bool]) -> None:
+        """`load` from the gate's ``state`` folded already (from its whole stream, or a
+        replica of it and its tail)."""
+        if self.loaded:
+            self._core.fence = fence
+            return
+        self._core.state = state
         self._core.fence = fence
         self.loaded = True
-        if records:  # limits set at runtime (on any member) stay: the log's are in force
+        if state.version:  # limits set at runtime (on any member) stay: the log's are in force
             self._limits = self._core.state.limits
         if self._running:
             self._take_over(keep)

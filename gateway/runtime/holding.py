@@ -81,14 +81,30 @@ class Holding:
         if agent is not None:
             agent.core.fence = fence
             return
-        state = engine._fold_stream(agent_id, records)
+        config = engine._file_configs.get(agent_id)
+        self.adopt(agent_id, engine._fold_stream(agent_id, records), fence,
+                   config is not None and config != self._last_file_config(records),
+                   calls, answers)
+
+    def adopt(self, agent_id: str, state: AgentState, fence: Fence,
+              file_changed: bool = False,
+              calls: Iterable[tuple[str, AgentCallDispatched]] = (),
+              answers: Iterable[tuple[str, CallAnswered]] = ()) -> None:
+        """`load` from the agent's ``state`` folded already (from its whole stream, or a
+        replica of it and its tail): ``file_changed`` says whether the config file's entry
+        for it changed since the file last gave it one."""
+        engine = self._engine
+        agent = engine._agents.get(agent_id)
+        if agent is not None:
+            agent.core.fence = fence
+            return
         agent = engine._agents[agent_id] = engine._new_agent(state)
         agent.core.fence = fence
         if not engine.running:
             return
         now = engine.clock.now_ms()
         config = engine._file_configs.get(agent_id)
-        if config is not None and config != self._last_file_config(records):
+        if config is not None and file_changed:
             engine._configs[agent_id] = config
             engine._feed(agent, ConfigChanged(at=now, config=config, principal="config"))
         else:
@@ -102,6 +118,10 @@ class Holding:
             if child == agent_id:
                 engine.calls.answer(child, answer)
         engine.orders.place_open(agent)
+
+    def file_config(self, agent_id: str) -> AgentConfig | None:
+        """The config file's entry for an agent, if it has one."""
+        return self._engine._file_configs.get(agent_id)
 
     def _last_file_config(self, records: list[RecordedEvent]) -> AgentConfig | None:
         """The config the config file last gave an agent, from its stream."""

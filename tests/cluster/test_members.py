@@ -142,6 +142,8 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
             assert one.cluster is not None
             assert health["cluster"] == {"member": one.cluster.member,
                                          "owns": len(owned(one)), "members": 2}
+            ready = await http.get("/readyz")  # its agents loaded, its replicas following
+            assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
             metrics = (await http.get("/metrics")).text
             assert f"gateway_cluster_owned_streams {len(owned(one))}" in metrics
             cleared = await http.post(f"/api/agents/{theirs}/queue/clear")
@@ -187,12 +189,13 @@ async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_m
 ) -> None:
     async with member(postgres_url) as one, member(postgres_url) as two:
         await spread([one, two])
-        assert two.cluster is not None and two.cluster._task is not None
+        assert two.cluster is not None and two.cluster._tasks
         lost = owned(two)
         old = two.cluster.member
         # As if its process had been paused: its renewals stop (and its own watchdog, which
         # would stop its agents before the lease runs out), its lease runs out.
-        two.cluster._task.cancel()
+        for task in two.cluster._tasks:
+            task.cancel()
         if two.cluster._watchdog is not None:
             two.cluster._watchdog.cancel()
         engine = two.service.engine

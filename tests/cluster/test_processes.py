@@ -39,3 +39,21 @@ async def test_a_paused_member_writes_nothing_once_its_agents_were_taken_over(
     assert report.lost == 0 and report.duplicated == 0
     assert report.acked > 50
     assert report.verify_exit == 0
+
+
+async def test_on_a_long_log_a_dead_members_agents_are_served_again_within_the_lease(
+    tmp_path: Path, postgres_url: str,
+) -> None:
+    """100,000 events in the log before the members start (issue 23, 1b): adopting an
+    agent folds only what its replica lacks, off the renewal path, so every stream of a
+    killed member is owned and loaded again within the lease and a second, and no live
+    member ever loses its own lease."""
+    lease_ms = 2_000
+    report = await crash_run(tmp_path, postgres_url, kills=3, seed=11, lease_ms=lease_ms,
+                             log_events=100_000)
+    print("\n" + "\n".join(line for line in report.lines() if line))
+    assert report.problems == []
+    assert report.lost == 0 and report.duplicated == 0
+    assert report.verify_exit == 0
+    assert report.lease_losses == 0
+    assert max(report.adopted_s) < lease_ms / 1000 + 1.0

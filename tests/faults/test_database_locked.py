@@ -132,6 +132,11 @@ async def test_a_write_lock_held_elsewhere_refuses_writes_clearly_and_recovers(
                 health = await http.get("/healthz")
                 assert health.status_code == 503 and health.json()["status"] == "degraded"
                 assert "locked by another process" in health.json()["storage"]
+                # A locked log is no reason to restart the process: live, not ready.
+                assert (await http.get("/livez")).status_code == 200
+                ready = await http.get("/readyz")
+                assert ready.status_code == 503, ready.text
+                assert "locked by another process" in ready.json()["reason"]
                 assert (await http.get("/api/agents")).status_code == 200
                 agent = await http.get("/api/agents/btc")
                 assert agent.status_code == 200, agent.text

@@ -69,6 +69,8 @@ def _body(kind: str, agent: str) -> Any:
 # (method, path, body kind, expected per token; None and a wrong token are 401 unless public)
 MATRIX: list[tuple[str, str, str | None, dict[str, Any]]] = [
     ("GET", "/healthz", None, PUBLIC),
+    ("GET", "/livez", None, PUBLIC),
+    ("GET", "/readyz", None, PUBLIC),
     ("GET", "/openapi.json", None, PUBLIC),
     ("GET", "/metrics", None, READ),
     ("GET", "/api/agents", None, READ),

@@ -1,4 +1,5 @@
-"""Health, Prometheus metrics and the OpenAPI document."""
+"""Health (`healthz`, and the `livez` and `readyz` probes), Prometheus metrics and the
+OpenAPI document."""
 
 from __future__ import annotations
 
@@ -48,6 +49,42 @@ class ObserveRoutes(Routes):
         if running and "storage" in body:
             body["status"] = "degraded"
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    async def livez(self, request: Request) -> Response:
+        """200 while the process serves (its event loop answers): a liveness probe, never
+        failed by the state of the log or of the cluster."""
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """200 when this process is ready for traffic: the engine takes inputs, the event
+        log can be read and written, every agent this process owns is loaded and (in a
+        cluster) its reads of the others' agents are not behind the log; otherwise 503
+        with ``reason`` saying which (a readiness probe)."""
+        reasons: list[str] = []
+        if not self.engine.running:
+            reasons.append("the gateway is stopping")
+        fault = self.engine.faults.current
+        if fault is not None:
+            reasons.append(f"the event log cannot be written: {storage_fault_kind(fault.reason)}")
+        try:
+            await self.log.last_position()
+        except StoreError as error:
+            log.warning("readiness check: %s", error)
+            reasons.append("the event log cannot be read (the server's log says why)")
+        cluster = self.service.cluster
+        if cluster is not None:
+            adopting = cluster.adopting
+            if adopting:
+                reasons.append(f"{len(adopting)} agents or gates of this process are still "
+                               "being loaded")
+            behind = cluster.replicas.behind_reason()
+            if behind is not None:
+                reasons.append(f"reads of the agents of other processes are behind the "
+                               f"log: {behind}")
+        if reasons:
+            return JSONResponse({"status": "unready", "reason": "; ".join(reasons),
+                                 "reasons": reasons}, status_code=503)
+        return JSONResponse({"status": "ready"})
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus metrics (viewer or better). Per-agent series for at most
