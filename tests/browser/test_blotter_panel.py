@@ -182,3 +182,37 @@ async def test_an_open_order_is_cancelled_from_its_row_and_the_cancel_says_who_a
         await expect(blotter.locator('[data-part="open"]')).to_contain_text("No open order.")
         await cancel.scroll_into_view_if_needed()
         await screenshot(page, "blotter-cancelled")
+
+
+async def test_an_order_waiting_for_approval_is_approved_and_another_rejected_from_the_panel(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    table = trader("alpha")
+    table["approval"] = "always"
+    config = panel_config(db, [table], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, CONTROL)
+        await page.goto(f"{running.url}/#/blotter")
+        waiting = page.locator("#approvals-list [data-approval]")
+        await expect(page.locator("#approvals-status")).to_contain_text("0 orders waiting")
+        await trade(running, "alpha", "ETHUSD")
+        await expect(waiting).to_have_count(1)  # live, from the log's events
+        first = page.locator('[data-approval="alpha-r1-o1"]')
+        await expect(first).to_contain_text("ETHUSD")
+        await first.get_by_role("button", name="Approve").click()
+        await expect(page.locator("#confirm-text")).to_contain_text("alpha wants to")
+        await page.locator("#confirm-ok").click()
+        await expect(page.locator("#approvals-result")).to_contain_text(
+            "Approve alpha-r1-o1: approved")
+        await open_orders(running, "alpha", 1)  # the approved order is open at the broker
+        await expect(first).to_have_count(0)
+        # The outcome reached alpha as a request: its run trades again, and that order waits.
+        second = page.locator('[data-approval="alpha-r2-o1"]')
+        await expect(second).to_have_count(1)
+        await second.get_by_role("button", name="Reject").click()
+        await page.locator("#confirm-ok").click()
+        await expect(page.locator("#approvals-result")).to_contain_text(
+            "Reject alpha-r2-o1: rejected")
+        await expect(second).to_have_count(0)
+        await screenshot(page, "approvals", full_page=True)
+        assert len(running.service.engine.state("alpha").orders) == 1

@@ -6,6 +6,7 @@
 import {h, replace, setText} from "../dom.js";
 import {age, clock, duration, num, when as timeOf} from "../format.js";
 import {confirmDialog} from "../controls.js";
+import {createApprovals, isApprovalEvent} from "./approvals.js";
 
 const ORDER_EVENTS = new Set(["OrderAccepted", "OrderRejected", "OrderCancelRequested",
   "OrderFilled", "OrderClosed"]);
@@ -278,6 +279,7 @@ export function createBlotter(ctx) {
   let filters = {agent: "", symbol: ""};
   let last = null;
   const cancel = canceller(ctx, result, () => { if (last) draw(last); reader.schedule(); });
+  const approvals = createApprovals(ctx);
 
   function fillAgents() {
     const ids = [...ctx.model.agents.keys()].sort();
@@ -294,6 +296,7 @@ export function createBlotter(ctx) {
     const hash = `#/blotter${query ? `?${query}` : ""}`;
     if (location.hash !== hash) history.replaceState(null, "", hash);
     reader.load();
+    approvals.load(filters.agent);
   }
 
   agent.addEventListener("change", () => setFilters({...filters, agent: agent.value}));
@@ -303,7 +306,7 @@ export function createBlotter(ctx) {
     h("p", {class: "muted"}, "Every order of every agent in this token's scope, from the log: open orders, fills, cancels, rejections with their reasons, and the position per symbol."),
     h("div", {class: "toolbar", role: "search", "aria-label": "Filter the blotter"},
       h("label", {for: "blotter-agent"}, "Agent"), agent, h("label", {for: "blotter-symbol"}, "Symbol"), symbol),
-    status, ctx.controls ? result : null, parts);
+    approvals.el, status, ctx.controls ? result : null, parts);
 
   function draw(body) {
     last = body;
@@ -321,11 +324,13 @@ export function createBlotter(ctx) {
       symbol.value = filters.symbol;
       fillAgents();
       reader.load();
+      approvals.load(filters.agent);
     },
     change(detail) {
       if (detail.agents) fillAgents();
       if (detail.events.some(isOrderEvent)) reader.schedule();
+      if (detail.events.some(isApprovalEvent)) approvals.load();
     },
-    tick: reader.tick,
+    tick() { reader.tick(); approvals.tick(); },
   };
 }
