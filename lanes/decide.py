@@ -262,6 +262,14 @@ def _reason(state: AgentState, request: AgentRequest, emit: Emit) -> None:
         if _enqueue(state, request, mode, emit):
             _start_next(state, emit)
         return
+    if request.if_busy is not None:  # the request's own choice while the agent is busy
+        if request.if_busy == "reject":
+            reason = f"the agent is busy with run {run.run_id} and the request says ifBusy reject"
+            refused = _unserved(state, request)
+            emit(RequestRejected(request_id=request.request_id, reason=reason, transient=True))
+            _answer(refused, CallStatus.REFUSED, "busy", reason, emit)
+            return
+        mode = Mode(request.if_busy)
     rule = MODES[mode]
     if rule.steers and run.steerable:
         emit(RunSteered(run_id=run.run_id, request_id=request.request_id))
@@ -273,11 +281,9 @@ def _reason(state: AgentState, request: AgentRequest, emit: Emit) -> None:
             if blocked is not None:
                 preempt, why = False, blocked
         if not preempt:
-            emit(
-                FallbackApplied(
-                    request_id=request.request_id, mode=mode, reason=f"{why}: follows up"
-                )
-            )
+            said = f"ifBusy {mode.value}: " if request.if_busy is not None else ""
+            emit(FallbackApplied(request_id=request.request_id, mode=mode,
+                                 reason=f"{said}{why}: follows up"))
             _enqueue(state, request, Mode.FOLLOWUP, emit)
             return
         if _enqueue(state, request, mode, emit):

@@ -29,6 +29,7 @@ from lanes.requests import (
     _EARLIEST,
     _LATEST,
     _SURROGATE,
+    IF_BUSY,
     MAX_INT,
     MAX_JSON_DEPTH,
     MIN_INT,
@@ -40,7 +41,8 @@ from lanes.requests import (
 
 _TEXTS: Final = ("request_id", "agent_id", "dedupe_key", "message_id", "source")
 """The AgentRequest fields that are strings (or None)."""
-KNOWN_FIELDS: Final = frozenset({*_TEXTS, "created_at", "kind", "priority", "payload"})
+KNOWN_FIELDS: Final = frozenset({*_TEXTS, "created_at", "kind", "priority", "payload",
+                                 "if_busy"})
 """Every AgentRequest field `request_reads_back` looks at (a test keeps it to the model's)."""
 
 
@@ -112,6 +114,9 @@ def request_reads_back(request: AgentRequest) -> bool:
         if not _text(value) or len(value) < low or (high is not None and len(value) > high) \
                 or (pattern is not None and pattern.fullmatch(value) is None):
             return False
+    if_busy = fields["if_busy"]
+    if if_busy is not None and (type(if_busy) is not str or if_busy not in IF_BUSY):
+        return False
     kind, payload = fields["kind"], fields["payload"]
     # (the payload is checked whole again: it is the one part that is not immutable)
     return (type(kind) is Kind and type(fields["priority"]) is Priority

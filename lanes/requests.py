@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -156,6 +156,13 @@ class WireModel(BaseModel):
     )
 
 
+IfBusy = Literal["followup", "queue", "interrupt", "collect", "steer", "steer-backlog",
+                 "reject"]
+"""What a request asks for itself when its agent is busy: one of the modes (under that
+mode's rules: ``interrupt`` preempts only at high priority), or ``reject``."""
+IF_BUSY: frozenset[str] = frozenset(get_args(IfBusy))
+
+
 class AgentRequest(WireModel):
     """One request for one agent. ``payload`` is free-form except where its kind says.
 
@@ -175,6 +182,9 @@ class AgentRequest(WireModel):
     message_id: str | None = Field(default=None, min_length=1, max_length=256)
     source: str | None = Field(default=None, max_length=256)
     payload: JsonObject = Field(default_factory=dict, validate_default=True)
+    if_busy: IfBusy | None = Field(default=None, exclude_if=lambda value: value is None)
+    """Overrides the agent's mode for this request while the agent is busy (`IfBusy`);
+    stored only when set."""
 
     @field_validator("payload")
     @classmethod
