@@ -13,7 +13,7 @@ half-advanced; the caller rebuilds it from the log.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from lanes.config import DropPolicy, Mode
 from lanes.events import (
@@ -38,7 +38,6 @@ from lanes.events import (
     OrderCancelRequested,
     OrderClosed,
     OrderFilled,
-    OrderIntent,
     OrderRejected,
     Quarantined,
     RequestDeduped,
@@ -73,15 +72,21 @@ from lanes.events import (
 from lanes.evolve import evolve, held_ids
 from lanes.handlers import Registry
 from lanes.requests import AgentRequest, ControlAction, Kind, Priority
-from lanes.rules import batch_size, budget_block, cap_victim, dedupe_key, fingerprint
+from lanes.rules import (
+    batch_size,
+    budget_block,
+    cap_victim,
+    dedupe_key,
+    fingerprint,
+    order_refusal,
+)
 from lanes.schedules import MAX_SCHEDULES
 from lanes.state import AgentState
-from lanes.tables import MODES, ORDER_REFUSALS, TRADING_TRANSITIONS, refusal
+from lanes.tables import MODES, TRADING_TRANSITIONS, refusal
 
 Emit = Callable[[Decision], None]
 _CALL_RESULT = Kind.CALL_RESULT  # (compared by identity on every request)
 _CALL_CANCEL = Kind.CALL_CANCEL
-In = TypeVar("In")
 DECIDERS: Registry[Callable[[AgentState, Any, Emit], None]] = Registry("input")
 """Input class -> what it decides for an agent."""
 
@@ -101,6 +106,8 @@ def decide(state: AgentState, event: Input) -> list[Decision]:
         if served:  # the calls its requests served end with the run
             _answer_run_end(served, decision, emit)
     decider(state, event, emit)
+    if state.policy_offered is not None:  # (a newer policy waits for the stream to rest)
+        adopt_at_rest(state, emit)
     emit = decisions.append  # type: ignore[assignment]  # (emit refers to itself: cut)
     if not decisions:
         state.now, state.version = now, version
@@ -403,7 +410,7 @@ def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
     served = _served(state, run.requests)  # (before the run ends: its results carry some)
     emit(RunCompleted(run_id=run.run_id, outcome=event.outcome, usage=event.usage))
     for number, intent in enumerate(event.orders, start=1):
-        reason = _order_refusal(state, intent)
+        reason = order_refusal(state, intent)
         if reason is None:
             emit(
                 OrderAccepted(order_id=f"{run.run_id}-o{number}", run_id=run.run_id, intent=intent)
@@ -412,32 +419,6 @@ def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
             emit(OrderRejected(run_id=run.run_id, intent=intent, reason=reason))
     _make_calls(state, run.run_id, run.depth, event, served, emit)
     _start_next(state, emit)
-
-
-def _order_refusal(state: AgentState, intent: OrderIntent) -> str | None:
-    """Why the trading gate refuses this intent now, or None to accept it."""
-    rule = ORDER_REFUSALS[state.trading]
-    if rule != "reduce-only":
-        return rule
-    position = state.positions.get(intent.symbol, 0.0)
-    reducing_side = "sell" if position > 0 else "buy"
-    if position == 0 or intent.side != reducing_side:
-        return (
-            f"agent is REDUCING: only orders that reduce the {intent.symbol} position "
-            f"({position:g}) are allowed"
-        )
-    reserved = sum(
-        o.intent.qty - o.filled_qty
-        for o in state.orders.values()
-        if o.intent.symbol == intent.symbol and o.intent.side == reducing_side
-    )
-    available = abs(position) - reserved
-    if intent.qty > available:
-        return (
-            f"agent is REDUCING: {intent.side} {intent.qty:g} {intent.symbol} would exceed the "
-            f"reducible position ({available:g} left after open orders)"
-        )
-    return None
 
 
 @DECIDERS.on(RunErrored)
@@ -476,7 +457,7 @@ def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> N
 
 
 @DECIDERS.on(Quarantined)
-def _quarantined(state: AgentState, event: Quarantined, emit: Emit) -> None:
+def _quarantined(state: AgentState, event: Quarantined, emit: Emit) -> None:  # (nothing)
     """A stand-in for an event set aside decides nothing."""
 
 
@@ -598,3 +579,4 @@ from lanes.decide_calls import (  # noqa: E402
     _unserved,
     _withdraw,
 )
+from lanes.decide_policy import adopt_at_rest  # noqa: E402  (the policy versions)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
 
 from lanes.config import AgentConfig, CallResults
+from lanes.policy import PolicyOffered
 from lanes.requests import AgentRequest
 from lanes.schedules import Schedule
 from lanes.vocabulary import CallIntent, OperatorAction, OrderIntent, Outcome, Usage
@@ -169,6 +170,7 @@ Input = (
     | Stopping
     | Restarted
     | Quarantined
+    | PolicyOffered
 )
 INPUT_TYPES: tuple[type[Input], ...] = (
     RequestReceived,
@@ -185,6 +187,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     Restarted,
     Quarantined,
     ScheduleChanged,
+    PolicyOffered,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""

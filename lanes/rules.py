@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, DedupeStrategy, DropPolicy, Mode
+from lanes.events import OrderIntent
 from lanes.requests import RANK, AgentRequest, Priority
 from lanes.state import AgentState, Pending
-from lanes.tables import MODES
+from lanes.tables import MODES, ORDER_REFUSALS
 
 
 def dedupe_key(request: AgentRequest, config: AgentConfig) -> str | None:
@@ -138,3 +139,29 @@ def batch_size(pending: Sequence[Pending]) -> int:
     while size < len(pending) and pending[size].mode is Mode.COLLECT:
         size += 1
     return size
+
+
+def order_refusal(state: AgentState, intent: OrderIntent) -> str | None:
+    """Why the trading gate refuses this intent now, or None to accept it."""
+    rule = ORDER_REFUSALS[state.trading]
+    if rule != "reduce-only":
+        return rule
+    position = state.positions.get(intent.symbol, 0.0)
+    reducing_side = "sell" if position > 0 else "buy"
+    if position == 0 or intent.side != reducing_side:
+        return (
+            f"agent is REDUCING: only orders that reduce the {intent.symbol} position "
+            f"({position:g}) are allowed"
+        )
+    reserved = sum(
+        o.intent.qty - o.filled_qty
+        for o in state.orders.values()
+        if o.intent.symbol == intent.symbol and o.intent.side == reducing_side
+    )
+    available = abs(position) - reserved
+    if intent.qty > available:
+        return (
+            f"agent is REDUCING: {intent.side} {intent.qty:g} {intent.symbol} would exceed the "
+            f"reducible position ({available:g} left after open orders)"
+        )
+    return None

@@ -31,7 +31,7 @@ from lanes.state import (
 )
 from lanes.streams import is_agent_stream
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 """Bump when the image below changes shape."""
 
 
@@ -74,6 +74,8 @@ class AgentImage:
     counters: Counters
     schedules: list[ScheduleEntry] = field(default_factory=list)
     calls: CallBook = field(default_factory=CallBook)
+    policy: int = 1
+    policy_offered: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -177,6 +179,8 @@ def _image(state: AgentState) -> AgentImage:
         counters=state.counters,
         schedules=list(state.schedules.values()),
         calls=state.calls,
+        policy=state.policy,
+        policy_offered=state.policy_offered,
     )
 
 
@@ -221,4 +225,6 @@ def _state(image: AgentImage) -> AgentState:
         counters=image.counters,
         schedules={entry.schedule.id: entry for entry in image.schedules},
         calls=image.calls,
+        policy=image.policy,
+        policy_offered=image.policy_offered,
     )

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pydantic import Field, NonNegativeInt, model_validator
 
 from lanes.config import MAX_COUNT, MAX_MS
+from lanes.policy import PolicyAdopted, PolicyDeferred, PolicyOffered
 from lanes.requests import Priority, WireModel
 
 WINDOW_MS = 60_000
@@ -166,13 +167,15 @@ class GateLimitsChanged:
     limits: GateLimits
 
 
-GateInput = SlotRequested | SlotReleased | SlotCancelled | GateTimer | GateLimitsChanged
+GateInput = (SlotRequested | SlotReleased | SlotCancelled | GateTimer | GateLimitsChanged
+             | PolicyOffered)
 GATE_INPUT_TYPES: tuple[type[GateInput], ...] = (
     SlotRequested,
     SlotReleased,
     SlotCancelled,
     GateTimer,
     GateLimitsChanged,
+    PolicyOffered,
 )
 
 # ------------------------------------------------------------------------- decisions
@@ -303,6 +306,8 @@ GateDecision = (
     | BreakerClosed
     | SpendLimitReached
     | GateLimitsApplied
+    | PolicyAdopted
+    | PolicyDeferred
 )
 GATE_DECISION_TYPES: tuple[type[GateDecision], ...] = (
     SlotQueued,
@@ -317,6 +322,8 @@ GATE_DECISION_TYPES: tuple[type[GateDecision], ...] = (
     BreakerClosed,
     SpendLimitReached,
     GateLimitsApplied,
+    PolicyAdopted,
+    PolicyDeferred,
 )
 
 GateEvent = GateInput | GateDecision

@@ -21,6 +21,7 @@ from lanes.events import (
     TimerElapsed,
     Usage,
 )
+from lanes.policy import POLICY, PolicyOffered
 from lanes.requests import AgentRequest
 
 T0 = 1_771_297_800_000  # 2026-02-17T03:10:00Z
@@ -36,6 +37,7 @@ class Bench:
         self.now = T0
         self._ids = itertools.count(1)
         self.feed(ConfigChanged(at=self.now, config=config or AgentConfig()))
+        self.feed(PolicyOffered(at=self.now, version=POLICY))  # (as the runtime does)
 
     def feed(self, event: Input) -> list[Decision]:
         """Decide one input; record it and its decisions if there are any."""
