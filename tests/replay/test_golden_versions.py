@@ -88,3 +88,18 @@ def test_the_log_of_version_2_holds_its_versions_and_uses_its_rules() -> None:
     found = verify(agent_log(unversioned))
     assert found is not None and type(found.recorded).__name__ == "CallBatchOpened"
     assert gate_divergence(unversioned) is not None
+
+
+def test_an_export_to_a_gz_file_holds_the_same_lines_and_imports_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = GOLDEN / "policy-v2.jsonl.gz"
+    db, again, out = tmp_path / "one.db", tmp_path / "two.db", tmp_path / "out.jsonl.gz"
+    assert main(["import", str(db), str(path)]) == 0
+    assert main(["export", str(db), "--out", str(out)]) == 0
+    assert gzip.decompress(out.read_bytes()) == gzip.decompress(path.read_bytes())
+    assert main(["import", str(again), str(out)]) == 0
+    capsys.readouterr()
+    (tmp_path / "bad.jsonl.gz").write_bytes(out.read_bytes()[:500])  # cut short
+    assert main(["import", str(tmp_path / "three.db"), str(tmp_path / "bad.jsonl.gz")]) == 2
+    assert "cannot read" in capsys.readouterr().err
