@@ -30,6 +30,7 @@ from lanes.gate.state import (
     FAIR_GRACE_MS,
     RUN_MEMORY_MS,
     Charge,
+    GateIndex,
     GateState,
     Hint,
     HotLimits,
@@ -330,6 +331,7 @@ def _count_attempt(state: GateState, run_id: str, outcome: CallOutcome) -> None:
 @EVOLVERS.on(PolicyAdopted)
 def _policy_adopted(state: GateState, event: PolicyAdopted) -> None:
     state.policy, state.policy_offered = event.version, None
+    state.index = GateIndex.of(state)  # (at rest: only who is between calls may change)
 
 
 @EVOLVERS.on(PolicyDeferred)

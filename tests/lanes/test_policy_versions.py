@@ -60,4 +60,6 @@ def test_a_gate_defers_the_version_while_a_slot_is_out_and_adopts_it_when_freed(
     assert isinstance(deferred, PolicyDeferred) and bench.state.policy == 1
     assert types(bench.release("s1"))[-1] == "PolicyAdopted"  # type: ignore[arg-type]
     assert bench.state.policy == 2
+    # From here on an agent between calls (released a moment ago) is held room for:
+    assert "agent_a" in bench.state.index.between
     assert fold_gate(GateState(provider="anthropic"), bench.log).policy == 2
