@@ -6,13 +6,16 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gzip
+import io
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Literal, TextIO
 
 
 def _debug(args: argparse.Namespace) -> int:
@@ -54,8 +57,22 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.out is None or str(args.out) == "-":
         return asyncio.run(export_command(args.db, sys.stdout, note))
-    with open(args.out, "w", encoding="utf-8") as sink:
+    with _text(args.out, "w") as sink:
         return asyncio.run(export_command(args.db, sink, note))
+
+
+@contextlib.contextmanager
+def _text(path: Path, mode: Literal["r", "w"]) -> Iterator[TextIO]:
+    """A file read or written as UTF-8 text; gzipped when its name ends in ``.gz`` (with no
+    name or time in the header, so the same log always gives the same bytes)."""
+    if path.suffix != ".gz":
+        with open(path, mode, encoding="utf-8") as text:
+            yield text
+        return
+    with (open(path, mode + "b") as file,
+          gzip.GzipFile(filename="", mode=mode + "b", fileobj=file, mtime=0) as raw,
+          io.TextIOWrapper(raw, encoding="utf-8") as text):
+        yield text
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -66,10 +83,11 @@ def _import(args: argparse.Namespace) -> int:
         records = read_export(sys.stdin)
     else:
         try:
-            with open(args.file, encoding="utf-8") as source:
+            with _text(args.file, "r") as source:
                 records = read_export(source)
-        except OSError as error:
-            raise DebugError(f"cannot read {args.file}: {error.strerror}") from None
+        except (OSError, EOFError) as error:
+            why = getattr(error, "strerror", None) or error
+            raise DebugError(f"cannot read {args.file}: {why}") from None
     return asyncio.run(import_command(args.db, records, print))
 
 

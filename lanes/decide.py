@@ -13,7 +13,7 @@ half-advanced; the caller rebuilds it from the log.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from lanes.config import DropPolicy, Mode
 from lanes.events import (
@@ -84,7 +84,6 @@ from lanes.tables import MODES, TRADING_TRANSITIONS, refusal
 Emit = Callable[[Decision], None]
 _CALL_RESULT = Kind.CALL_RESULT  # (compared by identity on every request)
 _CALL_CANCEL = Kind.CALL_CANCEL
-In = TypeVar("In")
 DECIDERS: Registry[Callable[[AgentState, Any, Emit], None]] = Registry("input")
 """Input class -> what it decides for an agent."""
 
@@ -104,6 +103,8 @@ def decide(state: AgentState, event: Input) -> list[Decision]:
         if served:  # the calls its requests served end with the run
             _answer_run_end(served, decision, emit)
     decider(state, event, emit)
+    if state.policy_offered is not None:  # (a newer policy waits for the stream to rest)
+        adopt_at_rest(state, emit)
     emit = decisions.append  # type: ignore[assignment]  # (emit refers to itself: cut)
     if not decisions:
         state.now, state.version = now, version
@@ -462,7 +463,7 @@ def _undeliverable(state: AgentState, event: CallUndeliverable, emit: Emit) -> N
 
 
 @DECIDERS.on(Quarantined)
-def _quarantined(state: AgentState, event: Quarantined, emit: Emit) -> None:
+def _quarantined(state: AgentState, event: Quarantined, emit: Emit) -> None:  # (nothing)
     """A stand-in for an event set aside decides nothing."""
 
 
@@ -592,3 +593,4 @@ from lanes.decide_calls import (  # noqa: E402
     _unserved,
     _withdraw,
 )
+from lanes.decide_policy import adopt_at_rest  # noqa: E402  (the policy versions)

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from lanes.config import CallResults
 from lanes.decide import Emit, _reason, _start_next
+from lanes.decide_policy import make_calls_v1
 from lanes.events import (
     AbortReason,
     AgentCallDispatched,
@@ -62,6 +63,9 @@ def _made_refusal(state: AgentState, number: int, depth: int, accepted: int
 
 def _make_calls(state: AgentState, run_id: str, run_depth: int, event: RunFinished,
                 served: list[ServedCall], emit: Emit) -> None:
+    if state.policy < 2:  # (calls of version 1 went out at once: `lanes.decide_policy`)
+        make_calls_v1(state, run_id, run_depth, event, emit)
+        return
     depth = run_depth + 1
     refusals: list[tuple[str, str] | None] = []
     for number, _call in enumerate(event.calls, start=1):
@@ -188,8 +192,11 @@ def _call_result(state: AgentState, request: AgentRequest, emit: Emit) -> None:
 
 
 def _served(state: AgentState, requests: Iterable[Pending]) -> list[ServedCall]:
-    """The calls these requests serve for other agents (to answer when their run is done)."""
+    """The calls these requests serve for other agents (to answer when their run is done;
+    under policy version 1 nothing is answered)."""
     served: list[ServedCall] = []
+    if state.policy < 2:
+        return served
     carried = state.calls.carried
     for entry in requests:
         request = entry.request

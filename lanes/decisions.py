@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lanes.config import AgentConfig, CallResults, Mode
+from lanes.policy import PolicyAdopted, PolicyDeferred
 from lanes.requests import AgentRequest, ControlAction, Priority
 from lanes.schedules import Schedule
 from lanes.vocabulary import (
@@ -464,6 +465,8 @@ Decision = (
     | ScheduleApplied
     | OperatorApplied
     | OperatorRejected
+    | PolicyAdopted
+    | PolicyDeferred
 )
 DECISION_TYPES: tuple[type[Decision], ...] = (
     RequestQueued,
@@ -507,4 +510,6 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     OperatorApplied,
     OperatorRejected,
     ScheduleApplied,
+    PolicyAdopted,
+    PolicyDeferred,
 )

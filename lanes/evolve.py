@@ -59,6 +59,7 @@ from lanes.events import (
     TimerElapsed,
 )
 from lanes.handlers import IllegalTransition, Registry
+from lanes.policy import PolicyOffered
 from lanes.requests import AgentRequest, ControlAction
 from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.schedules import firing_of
@@ -246,6 +247,7 @@ EVOLVERS.on(
     CallUndeliverable,
     Stopping,
     Restarted,
+    PolicyOffered,
 )(_input)
 
 

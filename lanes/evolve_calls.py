@@ -1,5 +1,5 @@
-"""How an agent's sub-agent calls, config, schedules and operator commands change its state
-(the evolvers of `lanes.evolve` for them, split out of it)."""
+"""How an agent's sub-agent calls, config, schedules, policy version and operator commands
+change its state (the evolvers of `lanes.evolve` for them, split out of it)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from lanes.events import (
 )
 from lanes.evolve import EVOLVERS, _take_staged
 from lanes.handlers import IllegalTransition
+from lanes.policy import PolicyAdopted, PolicyDeferred
 from lanes.requests import RANK
 from lanes.schedules import FILE_PRINCIPAL, ScheduleEntry
 from lanes.state import (
@@ -168,6 +169,16 @@ def _schedule(state: AgentState, event: ScheduleApplied) -> None:
     else:  # redefined, paused or resumed: it fires only after now, never a time again
         entry.schedule, entry.since = schedule, state.now
         entry.from_file = entry.from_file or event.principal == FILE_PRINCIPAL
+
+
+@EVOLVERS.on(PolicyAdopted)
+def _policy_adopted(state: AgentState, event: PolicyAdopted) -> None:
+    state.policy, state.policy_offered = event.version, None
+
+
+@EVOLVERS.on(PolicyDeferred)
+def _policy_deferred(state: AgentState, event: PolicyDeferred) -> None:
+    state.policy_offered = event.version
 
 
 @EVOLVERS.on(OperatorApplied)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
 
 from lanes.config import AgentConfig, CallResults
+from lanes.policy import PolicyOffered
 from lanes.requests import AgentRequest
 from lanes.schedules import Schedule
 from lanes.vocabulary import (
@@ -219,6 +220,7 @@ Input = (
     | Stopping
     | Restarted
     | Quarantined
+    | PolicyOffered
 )
 INPUT_TYPES: tuple[type[Input], ...] = (
     RequestReceived,
@@ -237,6 +239,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     ScheduleChanged,
     ModelCalled,
     ToolReturned,
+    PolicyOffered,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""

@@ -32,7 +32,7 @@ from lanes.state import (
 )
 from lanes.streams import is_agent_stream
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 """Bump when the image below changes shape."""
 
 
@@ -76,6 +76,8 @@ class AgentImage:
     schedules: list[ScheduleEntry] = field(default_factory=list)
     calls: CallBook = field(default_factory=CallBook)
     approvals: list[PendingApproval] = field(default_factory=list)
+    policy: int = 1
+    policy_offered: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -180,6 +182,8 @@ def _image(state: AgentState) -> AgentImage:
         schedules=list(state.schedules.values()),
         calls=state.calls,
         approvals=list(state.approvals.values()),
+        policy=state.policy,
+        policy_offered=state.policy_offered,
     )
 
 
@@ -225,4 +229,6 @@ def _state(image: AgentImage) -> AgentState:
         schedules={entry.schedule.id: entry for entry in image.schedules},
         calls=image.calls,
         approvals={pending.approval_id: pending for pending in image.approvals},
+        policy=image.policy,
+        policy_offered=image.policy_offered,
     )

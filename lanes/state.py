@@ -206,6 +206,10 @@ class AgentState:
     schedules: dict[str, ScheduleEntry] = field(default_factory=dict)
     """Schedule id -> the schedule in force and how far it fired."""
     calls: CallBook = field(default_factory=CallBook)
+    policy: int = 1
+    """The policy version this stream decides under (`lanes.policy`; 1: never adopted)."""
+    policy_offered: int | None = None
+    """A newer version it adopts once it is at rest (`PolicyDeferred`), if any."""
 
     @property
     def lane(self) -> LaneState:

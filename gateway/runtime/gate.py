@@ -44,6 +44,7 @@ from lanes.gate.events import (
     SlotReleased,
     SlotRequested,
 )
+from lanes.policy import POLICY, PolicyOffered
 from lanes.requests import Priority
 from lanes.streams import gate_stream
 from store.port import (
@@ -163,6 +164,7 @@ class ProviderGate:
             self._feed(SlotCancelled(at=now, slot_id=slot_id))
         if state.version == 0 or state.limits != self._limits:
             self._feed(GateLimitsChanged(at=now, limits=self._limits))
+        self._feed(PolicyOffered(at=now, version=POLICY))  # (decides nothing if known)
         self._schedule()
 
     # ------------------------------------------------------------- which process decides

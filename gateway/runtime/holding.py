@@ -22,6 +22,7 @@ from lanes.events import (
     Restarted,
     Stopping,
 )
+from lanes.policy import POLICY, PolicyOffered
 from lanes.replay import LogFold
 from store.port import Fence, FencedError, RecordedEvent
 
@@ -59,6 +60,7 @@ class Holding:
                          ConfigChanged(at=now, config=config, principal=principal))
         for agent in engine._agents.values():
             engine._feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
+            engine._feed(agent, PolicyOffered(at=now, version=POLICY))  # (the same if known)
             engine.reschedule(agent)
         for parent, call in list(log_fold.calls.values()):
             engine.calls.call(parent, call)
@@ -110,6 +112,7 @@ class Holding:
         else:
             engine._configs[agent_id] = agent.state.config
         engine._feed(agent, Restarted(at=now))  # decides nothing unless a run was cut off
+        engine._feed(agent, PolicyOffered(at=now, version=POLICY))
         engine.reschedule(agent)
         for parent, call in calls:
             if parent == agent_id:

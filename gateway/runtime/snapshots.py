@@ -33,7 +33,7 @@ FOLD_MODULES = (
     "lanes.config", "lanes.events", "lanes.requests", "lanes.rules", "lanes.tables",
     "lanes.state", "lanes.evolve", "lanes.replay", "lanes.snapshot", "lanes.codec",
     "lanes.upcast", "lanes.evolve_calls", "lanes.vocabulary", "lanes.inputs",
-    "lanes.decisions",
+    "lanes.decisions", "lanes.policy",
 )
 """The modules whose code decides what a fold is (and what a snapshot of one holds)."""
 

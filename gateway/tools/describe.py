@@ -40,6 +40,7 @@ from lanes.events import (
     ScheduleChanged,
     SteerabilityChanged,
 )
+from lanes.policy import PolicyAdopted, PolicyDeferred, PolicyOffered
 from lanes.schedules import Schedule
 
 
@@ -119,4 +120,8 @@ def describe(event: Event) -> str:
             action=action, principal=who
         ) | OperatorRejected(action=action, principal=who):
             return f"{action.value} by {who}"
+        case PolicyOffered(version=version) | PolicyAdopted(version=version):
+            return f"policy version {version}"
+        case PolicyDeferred(version=version, reason=reason):
+            return f"policy version {version} later: {reason}"
     return ""

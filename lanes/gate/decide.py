@@ -53,6 +53,7 @@ from lanes.gate.tables import (
     SPEND_LIMIT,
 )
 from lanes.handlers import Registry
+from lanes.policy import PolicyAdopted, PolicyDeferred, PolicyOffered, offer
 
 Emit = Callable[[GateDecision], None]
 In = TypeVar("In")
@@ -83,6 +84,8 @@ def decide_gate(state: GateState, event: GateInput) -> list[GateDecision]:
 
     decider(state, event, emit)
     _settle(state, emit)
+    if state.policy_offered is not None and not state.waiting and not state.leases:
+        emit(PolicyAdopted(version=state.policy_offered))  # (at rest: `lanes.policy`)
     if not decisions:
         state.now, state.version = now, version
     return decisions
@@ -155,7 +158,8 @@ def _settle(state: GateState, emit: Emit) -> None:
     _grant(state, now, emit)
     if deadlines and deadlines[0][0] <= now:
         _refuse_overdue(state, now + 1, emit)  # those the grants left at their bound...
-        _grant(state, now, emit)  # ...may have held back some that fit
+        if state.policy >= 2:
+            _grant(state, now, emit)  # ...may have held back some that fit
 
 
 def _grant(state: GateState, now: int, emit: Emit) -> None:
@@ -432,6 +436,17 @@ def _limits_changed(state: GateState, event: GateLimitsChanged, emit: Emit) -> N
         too_large = _too_large(event.limits, entry.input_tokens, entry.output_tokens)
         if too_large is not None:
             _refuse(state, entry, Refusal.TOO_LARGE, too_large, emit)
+
+
+@DECIDERS.on(PolicyOffered)
+def _policy_offered(state: GateState, event: PolicyOffered, emit: Emit) -> None:
+    if not offer(state.policy, state.policy_offered, event.version):
+        return
+    if not state.waiting and not state.leases:
+        emit(PolicyAdopted(version=event.version))
+    else:
+        emit(PolicyDeferred(version=event.version, reason=f"{len(state.waiting)} waiting, "
+                            f"{len(state.leases)} slot(s) out: adopted once at rest"))
 
 
 def backoff_ceiling(limits: GateLimits, attempt: int) -> int:

@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import Field, NonNegativeInt, model_validator
 
 from lanes.config import MAX_COUNT, MAX_GATE_WEIGHT, MAX_MS
+from lanes.policy import PolicyAdopted, PolicyDeferred, PolicyOffered
 from lanes.requests import Priority, WireModel
 
 WINDOW_MS = 60_000
@@ -170,13 +171,15 @@ class GateLimitsChanged:
     limits: GateLimits
 
 
-GateInput = SlotRequested | SlotReleased | SlotCancelled | GateTimer | GateLimitsChanged
+GateInput = (SlotRequested | SlotReleased | SlotCancelled | GateTimer | GateLimitsChanged
+             | PolicyOffered)
 GATE_INPUT_TYPES: tuple[type[GateInput], ...] = (
     SlotRequested,
     SlotReleased,
     SlotCancelled,
     GateTimer,
     GateLimitsChanged,
+    PolicyOffered,
 )
 
 # ------------------------------------------------------------------------- decisions
@@ -308,6 +311,8 @@ GateDecision = (
     | BreakerClosed
     | SpendLimitReached
     | GateLimitsApplied
+    | PolicyAdopted
+    | PolicyDeferred
 )
 GATE_DECISION_TYPES: tuple[type[GateDecision], ...] = (
     SlotQueued,
@@ -322,6 +327,8 @@ GATE_DECISION_TYPES: tuple[type[GateDecision], ...] = (
     BreakerClosed,
     SpendLimitReached,
     GateLimitsApplied,
+    PolicyAdopted,
+    PolicyDeferred,
 )
 
 GateEvent = GateInput | GateDecision

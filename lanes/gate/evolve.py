@@ -30,6 +30,7 @@ from lanes.gate.state import (
     FAIR_GRACE_MS,
     RUN_MEMORY_MS,
     Charge,
+    GateIndex,
     GateState,
     Hint,
     HotLimits,
@@ -53,6 +54,7 @@ from lanes.gate.tables import (
     SPEND_LIMIT,
 )
 from lanes.handlers import IllegalTransition, Registry
+from lanes.policy import PolicyAdopted, PolicyDeferred
 from lanes.requests import RANK
 
 EVOLVERS: Registry[Callable[[GateState, Any], None]] = Registry("gate event")
@@ -91,8 +93,9 @@ def _queued(state: GateState, event: SlotQueued) -> None:
     share = state.shares.get(agent_id)
     if share is None:
         share = state.shares[agent_id] = Share(state.vtime)
-    if share.finish < state.vtime and not _sharing(state, agent_id, share):
-        share.finish = state.vtime  # an agent away for a window banks no credit
+    if share.finish < state.vtime and (state.policy < 2 or not _sharing(state, agent_id, share)):
+        share.finish = state.vtime  # an agent away for a window banks no credit (version 1:
+        # no agent keeps credit)
     start, weight = share.finish, event.weight
     if weight != 1:  # (a weight of 1, the usual, costs nothing here)
         tokens = -(-tokens // weight)
@@ -127,9 +130,10 @@ def _unwait(state: GateState, slot_id: str) -> Waiting:
     n = waiting_of[agent_id] - 1  # (`count_in`, inlined)
     if n:
         waiting_of[agent_id] = n
-    else:  # it may be between calls from now on
+    else:  # it may be between calls from now on (version 1 held nothing for them)
         del waiting_of[agent_id]
-        join_between(index, agent_id, state.shares[agent_id].finish)
+        if state.policy >= 2:
+            join_between(index, agent_id, state.shares[agent_id].finish)
     rank = RANK[entry.priority]
     arrivals, fair, deadlines = index.arrivals[rank], index.fair[rank], index.deadlines
     if len(arrivals) + len(fair) + len(deadlines) > 6 * len(waiting) + 192:
@@ -326,6 +330,17 @@ def _count_attempt(state: GateState, run_id: str, outcome: CallOutcome) -> None:
         if runs[oldest].at > horizon:
             break
         del runs[oldest]
+
+
+@EVOLVERS.on(PolicyAdopted)
+def _policy_adopted(state: GateState, event: PolicyAdopted) -> None:
+    state.policy, state.policy_offered = event.version, None
+    state.index = GateIndex.of(state)  # (at rest: only who is between calls may change)
+
+
+@EVOLVERS.on(PolicyDeferred)
+def _policy_deferred(state: GateState, event: PolicyDeferred) -> None:
+    state.policy_offered = event.version
 
 
 @EVOLVERS.on(SlotReleaseIgnored)

@@ -252,7 +252,7 @@ class GateIndex:
         ]
         index.graced.extend(sorted(released))
         for agent_id, share in state.shares.items():
-            if _between_calls_of(index, share, state.now, agent_id):
+            if state.policy >= 2 and _between_calls_of(index, share, state.now, agent_id):
                 join_between(index, agent_id, share.finish)
         return index
 
@@ -290,6 +290,10 @@ class GateState:
     runs: dict[str, RunAttempts] = field(default_factory=dict)
     """Run id -> its failed attempts in a row, oldest first."""
     counters: GateCounters = field(default_factory=GateCounters)
+    policy: int = 1
+    """The policy version the gate decides under (`lanes.policy`; 1: never adopted)."""
+    policy_offered: int | None = None
+    """A newer version it adopts once at rest (nothing waits, no slot is out), if any."""
     index: GateIndex = field(init=False, compare=False, repr=False)
     """Derived from the rest (see `GateIndex`)."""
 

@@ -89,7 +89,7 @@ async def test_a_run_calls_the_model_under_a_slot_and_releases_it_with_the_real_
     gate = engine.gates["claude"]
     await gate.flush()
     assert await types_in(store, "provider:claude") == [
-        "GateLimitsChanged", "GateLimitsApplied",
+        "GateLimitsChanged", "GateLimitsApplied", "PolicyOffered", "PolicyAdopted",
         "SlotRequested", "SlotQueued", "SlotGranted",
         "SlotReleased", "SlotFreed", "ProviderHintsNoted",
     ]

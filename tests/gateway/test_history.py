@@ -175,7 +175,7 @@ async def test_a_gate_log_too_long_to_read_says_the_times_are_partial(
 
 async def test_a_series_too_long_to_read_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(history, "PAGE", 2)
-    monkeypatch.setattr(history, "MAX_SERIES_SCAN", 6)  # the run starts, its end is beyond
+    monkeypatch.setattr(history, "MAX_SERIES_SCAN", 8)  # the run starts, its end is beyond
     first, second = later(), later()
     async with desk(first, second) as d:
         await two_runs_one_waiting(d, first, second)

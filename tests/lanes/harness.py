@@ -21,6 +21,7 @@ from lanes.events import (
     TimerElapsed,
     Usage,
 )
+from lanes.policy import POLICY, PolicyOffered
 from lanes.requests import AgentRequest
 
 T0 = 1_771_297_800_000  # 2026-02-17T03:10:00Z
@@ -29,13 +30,18 @@ T0 = 1_771_297_800_000  # 2026-02-17T03:10:00Z
 class Bench:
     """One agent, a clock that only moves when told, and the log of what it decided."""
 
-    def __init__(self, config: AgentConfig | None = None, agent: str = "agent_btc_5m") -> None:
+    def __init__(self, config: AgentConfig | None = None, agent: str = "agent_btc_5m",
+                 policy: int | None = POLICY) -> None:
+        """``policy``: the version offered after the first config, as the runtime does (None:
+        none, the stream decides under version 1)."""
         self.agent = agent
         self.state = AgentState(agent_id=agent)
         self.log: list[Entry] = []
         self.now = T0
         self._ids = itertools.count(1)
         self.feed(ConfigChanged(at=self.now, config=config or AgentConfig()))
+        if policy is not None:
+            self.feed(PolicyOffered(at=self.now, version=policy))
 
     def feed(self, event: Input) -> list[Decision]:
         """Decide one input; record it and its decisions if there are any."""

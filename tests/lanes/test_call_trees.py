@@ -35,6 +35,7 @@ from lanes.events import (
     answer_id,
     withdrawal_id,
 )
+from lanes.policy import POLICY, PolicyOffered
 from lanes.replay import LogFold
 from lanes.requests import RANK, AgentRequest, Kind, Priority
 from lanes.snapshot import dump_fold, load_fold
@@ -62,6 +63,7 @@ class Desk:
             self.states[agent] = AgentState(agent_id=agent)
             self.queued[agent] = {}
             self.feed(agent, ConfigChanged(at=self.now, config=config))
+            self.feed(agent, PolicyOffered(at=self.now, version=POLICY))
 
     def feed(self, agent: str, event: Input) -> list[Decision]:
         state = self.states[agent]

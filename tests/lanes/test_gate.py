@@ -43,6 +43,7 @@ from lanes.gate.events import (
     SpendLimitReached,
 )
 from lanes.handlers import IllegalTransition
+from lanes.policy import POLICY, PolicyOffered
 from lanes.requests import Priority
 from lanes.streams import gate_stream
 
@@ -57,6 +58,7 @@ class GateBench:
         self.log: list[GateEvent] = []
         self.now = T0
         self.feed(GateLimitsChanged(at=self.now, limits=limits or GateLimits()))
+        self.feed(PolicyOffered(at=self.now, version=POLICY))  # (as the runtime does)
 
     def feed(self, event: GateInput) -> list[GateDecision]:
         """Decide one input; record it and its decisions if there are any."""

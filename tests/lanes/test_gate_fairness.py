@@ -40,6 +40,7 @@ from lanes.gate.events import (
 from lanes.gate.holds import _between_calls, _held_for, fits
 from lanes.gate.state import GateState as State
 from lanes.gate.state import Waiting
+from lanes.policy import POLICY
 from tests.lanes.test_gate import T0, GateBench, granted
 
 BASE_INPUT, BASE_OUTPUT = 1_000, 250
@@ -57,7 +58,7 @@ class Saturated:
     latencies: list[int]
     weights: list[int] | None = None
     """Per agent: its weight at the gate (None: all 1)."""
-    state: GateState = field(default_factory=lambda: GateState(provider="sim"))
+    state: GateState = field(default_factory=lambda: GateState(provider="sim", policy=POLICY))
     tokens: list[int] = field(default_factory=list)
     """Per agent: the tokens (estimates, input + output) of its requests granted."""
     grants: list[tuple[int, int, int, int]] = field(default_factory=list)

@@ -48,22 +48,22 @@ def run(capsys: Capture, *argv: str) -> tuple[int, str, str]:
 def test_replay_prints_every_agent_in_tables(desk: Path, capsys: Capture) -> None:
     code, out, _ = run(capsys, "replay", str(desk))
     assert code == 0
-    assert out.startswith("3 agents at position 149 of 149, recorded 2026-02-17 03:10:07")
+    assert out.startswith("3 agents at position 155 of 155, recorded 2026-02-17 03:10:07")
     rows = [line.split() for line in out.splitlines()
             if line.split() and line.split()[0] in ("btc", "eth", "news")]
     assert [row[:3] for row in rows[:3]] == [
         ["btc", "ACTIVE", "collect"], ["eth", "ACTIVE", "followup"],
         ["news", "ACTIVE", "steer-backlog"]]
     assert "received" in out and "suppressions" in out
-    assert out.rstrip().splitlines()[-1].startswith("replay: folded 149 events in ")
+    assert out.rstrip().splitlines()[-1].startswith("replay: folded 155 events in ")
 
 
 def test_replay_at_a_position_shows_the_agent_as_it_was_then(
     desk: Path, capsys: Capture
 ) -> None:
-    code, out, _ = run(capsys, "replay", str(desk), "--agent", "eth", "--at", "57")
+    code, out, _ = run(capsys, "replay", str(desk), "--agent", "eth", "--at", "63")
     assert code == 0
-    assert out.startswith("eth at position 57 of 149")
+    assert out.startswith("eth at position 63 of 155")
     assert "active run: eth-r1" in out
     pending = [line.split()[1] for line in out.split("pending: 2")[1].splitlines()[3:5]]
     assert pending == ["rq12", "rq15"]
@@ -80,14 +80,14 @@ def test_replay_at_a_time_stops_at_the_last_event_recorded_by_then(
                    if json.loads(line)["recordedAt"] <= cutoff)
     code, out, _ = run(capsys, "replay", str(desk), "--at", moment)
     assert code == 0
-    assert out.startswith(f"3 agents at position {expected} of 149")
+    assert out.startswith(f"3 agents at position {expected} of 155")
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--at", "yesterday"], "neither a log position"),
-        (["--at", "150"], "--at 150: the log ends at position 149"),
+        (["--at", "156"], "--at 156: the log ends at position 155"),
         (["--agent", "doge"], "no agent 'doge'"),
     ],
 )
@@ -131,22 +131,22 @@ def test_timeline_shows_each_input_with_its_decisions_and_reasons(
     code, out, _ = run(capsys, "timeline", str(desk), "--agent", "eth")
     assert code == 0
     lines = out.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["50"])
+    at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["56"])
     assert "RequestReceived rq13 hook_trigger/normal" in lines[at]
     assert lines[at + 1].split(maxsplit=1) == [
-        "51", "-> dropped rq11: cap 2 reached, policy old: dropped a pending low-priority request"]
-    assert lines[at + 2].split(maxsplit=1) == ["52", "-> queued (followup)"]
+        "57", "-> dropped rq11: cap 2 reached, policy old: dropped a pending low-priority request"]
+    assert lines[at + 2].split(maxsplit=1) == ["58", "-> queued (followup)"]
     assert "-> suppressed: 2/2 runs this hour (runs resume 2026-02-17 04:10:01.000)" in out
-    assert out.rstrip().endswith("21 inputs and 30 decisions of eth (51 events in its stream)")
+    assert out.rstrip().endswith("22 inputs and 31 decisions of eth (53 events in its stream)")
 
 
 def test_timeline_from_and_to_take_positions_or_times(desk: Path, capsys: Capture) -> None:
-    code, out, _ = run(capsys, "timeline", str(desk), "--agent", "eth", "--from", "50",
+    code, out, _ = run(capsys, "timeline", str(desk), "--agent", "eth", "--from", "56",
                        "--to", "2026-02-17T03:10:01.6Z")
     assert code == 0
     inputs = [found.group(1) for line in out.splitlines()
               if (found := re.match(r" *(\d+)  2026-", line))]
-    assert inputs == ["50", "53"]
+    assert inputs == ["56", "59"]
 
 
 # ------------------------------------------------------------------------------ verify
@@ -159,7 +159,7 @@ def test_verify_finds_a_tampered_decision_at_its_position(
     tampered = []
     for line in lines:
         event = json.loads(line)
-        if event.get("position") == 52:  # eth: rq13 queued (followup)
+        if event.get("position") == 58:  # eth: rq13 queued (followup)
             assert event["type"] == "RequestQueued"
             event["data"]["mode"] = "queue"
             line = json.dumps(event)
@@ -172,9 +172,9 @@ def test_verify_finds_a_tampered_decision_at_its_position(
     code, out, _ = run(capsys, "verify", str(db))
     assert code == 1
     assert out.splitlines()[:4] == [
-        "verify: DIVERGED at position 52 in stream 'eth'",
-        "  input       @50      RequestReceived rq13 hook_trigger/normal cross:ETHUSD:3003",
-        "  recorded    @52      RequestQueued: queued (queue)",
+        "verify: DIVERGED at position 58 in stream 'eth'",
+        "  input       @56      RequestReceived rq13 hook_trigger/normal cross:ETHUSD:3003",
+        "  recorded    @58      RequestQueued: queued (queue)",
         "  re-decided           RequestQueued: queued (followup)",
     ]
 
@@ -182,8 +182,8 @@ def test_verify_finds_a_tampered_decision_at_its_position(
 def test_verify_ends_with_a_summary(desk: Path, capsys: Capture) -> None:
     code, out, err = run(capsys, "verify", str(desk))
     assert code == 0 and err == ""  # no progress bar when stderr is not a terminal
-    assert out.startswith("verify: 149 agent events (66 inputs re-decided) and 0 provider "
-                          "gate events (0 gates): no divergence; 149 events in ")
+    assert out.startswith("verify: 155 agent events (69 inputs re-decided) and 0 provider "
+                          "gate events (0 gates): no divergence; 155 events in ")
 
 
 # ----------------------------------------------------------------------------- what-if
@@ -263,7 +263,7 @@ def test_export_to_stdout_is_the_log_alone(desk: Path, capsys: Capture) -> None:
     code, out, err = run(capsys, "export", str(desk))
     assert code == 0
     assert out == files("desk")[0].read_text()
-    assert err.startswith("export: 149 events in")
+    assert err.startswith("export: 155 events in")
 
 
 def test_import_into_a_missing_directory_says_so(tmp_path: Path, capsys: Capture) -> None:
@@ -276,19 +276,19 @@ def test_import_into_a_log_that_does_not_end_just_before_refuses(
 ) -> None:
     code, _, err = run(capsys, "import", str(desk), str(files("desk")[0]))
     assert code == 2
-    assert "not imported: event 'g-1' is at position 1, but the log continues at 150" in err
+    assert "not imported: event 'g-1' is at position 1, but the log continues at 156" in err
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda lines: lines[:-1], "the header announces 149 events, the file holds 148"),
+        (lambda lines: lines[:-1], "the header announces 155 events, the file holds 154"),
         (lambda lines: [*lines[:3], "{oops", *lines[4:]], "line 4: not JSON"),
         (lambda lines: [*lines[:3], lines[3].replace('"type":"', '"type":"X'), *lines[4:]],
          "line 4: unknown event type 'X"),
         (lambda lines: ["{}", *lines[1:]], "line 1: not a gateway-event-log export"),
-        (lambda lines: [*lines[:7], lines[7].replace('"BTCUSD"}', 'Infinity}', 1), *lines[8:]],
-         "line 8: data holds NaN or Infinity"),
+        (lambda lines: [*lines[:13], lines[13].replace('"BTCUSD"}', 'Infinity}', 1), *lines[14:]],
+         "line 14: data holds NaN or Infinity"),
     ],
     ids=["truncated", "not JSON", "unknown type", "no header", "Infinity"],
 )
@@ -328,7 +328,7 @@ def test_verify_in_several_processes_finds_the_same_divergence(
     tmp_path: Path, capsys: Capture
 ) -> None:
     lines = files("desk")[0].read_text().splitlines()
-    lines[52] = lines[52].replace('"mode":"followup"', '"mode":"queue"')  # position 52
+    lines[58] = lines[58].replace('"mode":"followup"', '"mode":"queue"')  # position 58
     source, db = tmp_path / "tampered.jsonl", tmp_path / "tampered.db"
     source.write_text("\n".join(lines) + "\n")
     assert main(["import", str(db), str(source)]) == 0
@@ -336,7 +336,7 @@ def test_verify_in_several_processes_finds_the_same_divergence(
     in_order = run(capsys, "verify", str(db), "--jobs", "1")
     side_by_side = run(capsys, "verify", str(db), "--jobs", "2")
     assert in_order == side_by_side
-    assert in_order[0] == 1 and "DIVERGED at position 52" in in_order[1]
+    assert in_order[0] == 1 and "DIVERGED at position 58" in in_order[1]
     clean = imported("desk", tmp_path)
     capsys.readouterr()
     code, out, _ = run(capsys, "verify", str(clean), "--jobs", "2")
