@@ -25,6 +25,7 @@ from bench import (
     scale,
     throughput,
     time_travel,
+    tool_loop,
     ws_ingest,
 )
 from bench.common import Figure, machine, table
@@ -92,6 +93,9 @@ def main() -> None:
         ("Emergency-stop latency under a feed flood",
          f"bench.estop_latency --stops {stops} --seconds {seconds}",
          lambda: estop_latency.measure(stops=stops, seconds=seconds)),
+        ("Runs as tool loops: one step, model call to the next, fake provider at 0 latency",
+         f"bench.tool_loop --runs {max(10, 40 // size)}",
+         lambda: tool_loop.measure(runs=max(10, 40 // size))),
         ("Provider gate: 100 agents saturating 600 RPM",
          f"bench.gate --minutes {minutes}",
          lambda: gate.measure(minutes=minutes)),

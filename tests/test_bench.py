@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fanout, gate, peers, pg_throughput, time_travel
+from bench import fanout, gate, peers, pg_throughput, time_travel, tool_loop
 from bench.common import Figure
 from store import pg_server
 
@@ -72,3 +72,9 @@ def test_time_travel_measures_picks_and_the_way_before_on_the_same_positions() -
     assert figures["one agent's stream (3 picks at random positions)"] >= 3_000
     assert all(value >= 0 for value in figures.values())
     assert figures["pick p50, before / now"] > 0
+
+
+def test_the_tool_loop_bench_times_runs_with_and_without_steps() -> None:
+    figures = {f.name.split(" (")[0]: f.value for f in tool_loop.measure(runs=3, steps=2)}
+    assert figures["a run that answers at once"] > 0
+    assert figures["a run of 2 tool steps"] > figures["a run that answers at once"]
