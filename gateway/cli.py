@@ -139,7 +139,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run_on(serve_forever(service, host, port, ready,
-                                 feed if args.command == "demo" else None),
+                                 feed if args.command == "demo" else None,
+                                 config.server.shutdown_timeout_s),
                    event_loop)
     except (LogInUse, LogUnavailable, UnreadableEvent) as error:
         print(f"gateway: {error}", file=sys.stderr)

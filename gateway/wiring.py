@@ -62,7 +62,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
 
     broker = PaperBroker(report, clock)
     clients = build_clients(config)
-    reasoners = {entry.id: build_reasoner(entry, clients) for entry in config.agents}
+    prices = {p.name: p.prices for p in config.providers if p.prices is not None}
+    reasoners = {entry.id: build_reasoner(entry, clients, prices) for entry in config.agents}
     gates = build_gates(config, store, clock)
     secret = config.cluster.shared_secret(config.tokens) if clustered else None
     peers = router = None

@@ -92,12 +92,41 @@ class CallResults(StrEnum):
     """One request per result as it arrives (steered into a run that can take it)."""
 
 
+def _token_limit() -> Any:
+    """A token budget's field: unset by default, and then not stored."""
+    return Field(default=None, ge=1, le=10**15, exclude_if=lambda value: value is None)
+
+
+SPEND_BUDGETS = ("max_input_tokens_per_hour", "max_input_tokens_per_day",
+                 "max_output_tokens_per_hour", "max_output_tokens_per_day",
+                 "max_spend_per_hour", "max_spend_per_day")
+"""The token and spend budgets (stored only when set)."""
+
+
 class Budgets(WireModel):
     """Run budgets. ``None`` means unlimited; cooldown follows a run whose outcome is no trade."""
 
     max_runs_per_hour: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     max_runs_per_day: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     no_trade_cooldown_ms: int = Field(default=0, ge=0, le=MAX_MS)
+    max_input_tokens_per_hour: int | None = _token_limit()
+    max_input_tokens_per_day: int | None = _token_limit()
+    max_output_tokens_per_hour: int | None = _token_limit()
+    max_output_tokens_per_day: int | None = _token_limit()
+    max_spend_per_hour: float | None = Field(default=None, gt=0,
+                                             exclude_if=lambda value: value is None)
+    """Money per hour, in the currency of the providers' prices (`cost` of each run)."""
+    max_spend_per_day: float | None = Field(default=None, gt=0,
+                                            exclude_if=lambda value: value is None)
+    alert_at: tuple[float, ...] = Field(default=(0.8, 0.95), max_length=10,
+                                        exclude_if=lambda value: value == (0.8, 0.95))
+    """The fractions of a token or spend budget at which an alert is recorded
+    (`BudgetAlert`); at 1, runs are suppressed with the budget named."""
+
+    @property
+    def spending(self) -> bool:
+        """Whether any token or spend budget is set."""
+        return any(getattr(self, name) is not None for name in SPEND_BUDGETS)
 
 
 class AgentConfig(WireModel):

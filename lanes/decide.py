@@ -78,6 +78,7 @@ from lanes.rules import (
     fingerprint,
 )
 from lanes.schedules import MAX_SCHEDULES
+from lanes.spending import alerts
 from lanes.state import AgentState
 from lanes.tables import MODES, TRADING_TRANSITIONS, refusal
 
@@ -421,6 +422,7 @@ def _finished(state: AgentState, event: RunFinished, emit: Emit) -> None:
     assert run is not None
     served = _served(state, run.requests)  # (before the run ends: its results carry some)
     emit(RunCompleted(run_id=run.run_id, outcome=event.outcome, usage=event.usage))
+    alerts(state, event.usage, emit)
     for number, intent in enumerate(event.orders, start=1):
         place(state, f"{run.run_id}-o{number}", run.run_id, intent, event.prices, emit)
     _make_calls(state, run.run_id, run.depth, event, served, emit)

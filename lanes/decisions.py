@@ -181,10 +181,22 @@ class RunResultIgnored:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetAlert:
+    """A token or spend budget reached a fraction of its limit (``alert_at``) in its window
+    (``hour`` or ``day``); at 1, runs are suppressed until the window frees enough."""
+
+    budget: str
+    window: Literal["hour", "day"]
+    fraction: float
+    used: float
+    limit: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunsSuppressed:
     """Runs are held back by a budget until ``until``; requests are still accepted."""
 
-    reason: Literal["hourly", "daily", "cooldown"]
+    reason: Literal["hourly", "daily", "cooldown", "tokens", "spend"]
     until: int
     detail: str
 
@@ -442,6 +454,7 @@ Decision = (
     | RunAborted
     | RunResultIgnored
     | RunsSuppressed
+    | BudgetAlert
     | RunsResumed
     | RunsHeld
     | RunsUnheld
@@ -487,6 +500,7 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     RunAborted,
     RunResultIgnored,
     RunsSuppressed,
+    BudgetAlert,
     RunsResumed,
     RunsHeld,
     RunsUnheld,

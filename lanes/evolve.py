@@ -63,6 +63,7 @@ from lanes.policy import PolicyOffered
 from lanes.requests import AgentRequest, ControlAction
 from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.schedules import firing_of
+from lanes.spending import record
 from lanes.state import (
     ActiveRun,
     AgentState,
@@ -437,6 +438,7 @@ def _completed(state: AgentState, event: RunCompleted) -> None:
     counters.completed += 1
     counters.input_tokens += event.usage.input_tokens
     counters.output_tokens += event.usage.output_tokens
+    record(state, event.usage)
 
 
 @EVOLVERS.on(RunFailed)

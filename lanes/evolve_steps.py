@@ -1,11 +1,12 @@
-"""How a run's steps and orders waiting for approval change an agent's state
-(`lanes.decide_steps` and `lanes.approvals` decide them)."""
+"""How a run's steps, orders waiting for approval and budget alerts change an agent's state
+(`lanes.decide_steps`, `lanes.approvals` and `lanes.spending` decide them)."""
 
 from __future__ import annotations
 
 from lanes.events import (
     ApprovalDecided,
     ApprovalRequested,
+    BudgetAlert,
     ModelCalled,
     StepDecided,
     ToolResultTaken,
@@ -43,3 +44,8 @@ def _decided(state: AgentState, event: ApprovalDecided) -> None:
         raise IllegalTransition(f"request {state.staged.request_id} was never decided")
     state.staged = event.request  # decided next like a request that arrived
     state.staged_by = None
+
+
+@EVOLVERS.on(BudgetAlert)
+def _budget_alert(state: AgentState, event: BudgetAlert) -> None:
+    """Nothing changes: the alert is said (`lanes.spending`)."""

@@ -8,6 +8,7 @@ from typing import Literal
 
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, DedupeStrategy, DropPolicy, Mode
 from lanes.requests import RANK, AgentRequest, Priority
+from lanes.spending import spend_blocks
 from lanes.state import AgentState, Pending
 from lanes.tables import MODES, ORDER_REFUSALS
 from lanes.vocabulary import OrderIntent
@@ -85,7 +86,7 @@ _NEW = DropPolicy.NEW
 class BudgetBlock:
     """Why runs cannot start now, and when they can again."""
 
-    reason: Literal["hourly", "daily", "cooldown"]
+    reason: Literal["hourly", "daily", "cooldown", "tokens", "spend"]
     until: int
     detail: str
 
@@ -128,6 +129,8 @@ def budget_block(state: AgentState) -> BudgetBlock | None:
                 "daily", day, f"{budgets.max_runs_per_day}/{budgets.max_runs_per_day} runs today"
             )
         )
+    if budgets.spending:
+        blocks += spend_blocks(state)
     return max(blocks, key=lambda b: b.until, default=None)
 
 

@@ -76,6 +76,7 @@ class AgentImage:
     schedules: list[ScheduleEntry] = field(default_factory=list)
     calls: CallBook = field(default_factory=CallBook)
     approvals: list[PendingApproval] = field(default_factory=list)
+    spend: list[tuple[int, int, int, float]] = field(default_factory=list)
     policy: int = 1
     policy_offered: int | None = None
 
@@ -182,6 +183,7 @@ def _image(state: AgentState) -> AgentImage:
         schedules=list(state.schedules.values()),
         calls=state.calls,
         approvals=list(state.approvals.values()),
+        spend=list(state.spend),
         policy=state.policy,
         policy_offered=state.policy_offered,
     )
@@ -229,6 +231,7 @@ def _state(image: AgentImage) -> AgentState:
         schedules={entry.schedule.id: entry for entry in image.schedules},
         calls=image.calls,
         approvals={pending.approval_id: pending for pending in image.approvals},
+        spend=deque(image.spend),
         policy=image.policy,
         policy_offered=image.policy_offered,
     )

@@ -186,6 +186,9 @@ class AgentState:
     collect_due: int | None = None
     summary: Summary | None = None
     run_starts: deque[int] = field(default_factory=deque)
+    spend: deque[tuple[int, int, int, float]] = field(default_factory=deque)
+    """The last day's completed runs (at, input tokens, output tokens, cost), kept while a
+    token or spend budget is set (`lanes.spending`)."""
     """Start times of runs in the last day, oldest first (budget windows)."""
     cooldown_until: int = 0
     suppressed: tuple[str, int] | None = None

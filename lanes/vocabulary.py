@@ -54,6 +54,9 @@ class Usage(WireModel):
 
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
+    cost: float | None = Field(default=None, ge=0, exclude_if=lambda value: value is None)
+    """What it cost, reckoned with its provider's prices (None: no prices configured;
+    stored only when known)."""
 
 
 class OrderIntent(WireModel):

@@ -210,10 +210,15 @@ class Cluster:
         self._adopting.clear()  # (their leases go with the member's, below)
         others = sorted(m for m in self.view.members if m != self.member)
         wanted = assign(self.owned, others)
-        for stream in self.owned:
-            await self._hand_over(stream)
-        with contextlib.suppress(StoreError):
-            await self.store.leave(self.member)
+        try:  # (a log that does not answer must not hold the stop: the leases expire)
+            async with asyncio.timeout(max(2.0, 2 * self.lease_ms / 1000)):
+                for stream in self.owned:
+                    await self._hand_over(stream)
+                with contextlib.suppress(StoreError):
+                    await self.store.leave(self.member)
+        except TimeoutError:
+            log.warning("stopping: the log did not take the hand-over within %d ms; the "
+                        "others take the streams when the leases expire", 2 * self.lease_ms)
         for member in set(wanted.values()):
             self.on_handed_over(url_of(member))
         if self._watchdog is not None:

@@ -49,6 +49,7 @@ from gateway.config.models import (
     LLMReasonerConfig,
     MetricsConfig,
     Origin,
+    Prices,
     ProviderConfig,
     ReasonerConfig,
     ServerConfig,
@@ -270,15 +271,20 @@ def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
     }
 
 
-def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None) -> Reasoner:
-    """The reasoner an agent's config asks for (``clients`` by provider name)."""
+def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None,
+                   prices: Mapping[str, Prices] | None = None) -> Reasoner:
+    """The reasoner an agent's config asks for (``clients`` and ``prices`` by provider
+    name)."""
     config = entry.reasoner
+    known = None if config.provider is None else (prices or {}).get(config.provider)
+    price = None if known is None else known.cost
     if isinstance(config, LLMReasonerConfig):
         if clients is None or config.provider not in clients:
             raise ValueError(f"no client for provider {config.provider!r}")
         return LLMReasoner(clients[config.provider],
                            system_prompt=config.system_prompt or SYSTEM_PROMPT,
-                           max_tokens=config.max_tokens, max_turns=config.max_turns)
+                           max_tokens=config.max_tokens, max_turns=config.max_turns,
+                           price=price)
     return SimulatedReasoner(
         latency_ms=config.latency_ms,
         trade_probability=config.trade_probability,
@@ -292,6 +298,7 @@ def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = 
         call_results=config.call_results,
         tool_steps=[[(call.tool, dict(call.arguments)) for call in step]
                     for step in config.tool_steps],
+        price=price,
     )
 
 

@@ -98,6 +98,9 @@ class ServerConfig(ConfigModel):
     request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes, else it is dropped."""
+    shutdown_timeout_s: float = Field(default=20.0, gt=0, le=600)
+    """A graceful stop (SIGTERM, SIGINT) that takes longer than this ends the process at once:
+    a stop never hangs (nothing acknowledged is lost: the log has it, as after a kill)."""
     event_loop: EventLoop = "auto"
     """The event loop `gateway serve` runs on: ``auto`` (uvloop where it is installed, as on
     Linux; else asyncio's), ``uvloop``, or ``asyncio`` (to rule uvloop out when chasing a
@@ -311,6 +314,19 @@ KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 """Where a provider's key is read from when the config names none."""
 
 
+class Prices(ConfigModel):
+    """What a provider charges per million tokens, in one currency (the agents' spend
+    budgets count in it)."""
+
+    input_per_million: float = Field(ge=0, le=1_000_000)
+    output_per_million: float = Field(ge=0, le=1_000_000)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """What that many tokens cost."""
+        return round((input_tokens * self.input_per_million
+                      + output_tokens * self.output_per_million) / 1_000_000, 9)
+
+
 class ProviderConfig(ConfigModel):
     """One ``[[providers]]`` table: a provider and model, and the gate all its calls share.
 
@@ -331,6 +347,8 @@ class ProviderConfig(ConfigModel):
     """``openai`` only: the field that carries an agent's ``max_tokens``. OpenAI today takes
     ``max_completion_tokens`` (the default); older OpenAI-compatible servers ``max_tokens``."""
     limits: GateLimits = Field(default_factory=GateLimits)
+    prices: Prices | None = None
+    """Per million tokens: each run's cost is recorded with its usage (spend budgets)."""
     _secret: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,7 +36,7 @@ class Running:
 
     service: Service
     url: str
-    server: uvicorn.Server
+    server: GatewayServer
     task: asyncio.Task[None]
     cluster: Cluster | None = None
     """Its membership of a cluster (several processes on one PostgreSQL log)."""
@@ -304,15 +306,29 @@ class GatewayServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.on_shutdown: list[Callable[[], Awaitable[None]]] = []
+        self.exit_after_s: float | None = None
+        """A stop that takes longer than this ends the process (`gateway serve` sets it; an
+        in-process server in a test never does)."""
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """Run `on_shutdown`, then stop as uvicorn does."""
+        """Run `on_shutdown`, then stop as uvicorn does (within `exit_after_s`, if set)."""
+        if self.exit_after_s is not None:
+            overdue = threading.Timer(self.exit_after_s, _stop_overdue, (self.exit_after_s,))
+            overdue.daemon = True  # (a thread: it fires even if the event loop is stuck)
+            overdue.start()
         for work in self.on_shutdown:
             try:
                 await work()
             except Exception:
                 log.exception("stopping: %s failed", work)
         await super().shutdown(sockets)
+
+
+def _stop_overdue(seconds: float) -> None:
+    log.critical("stopping took longer than %g s (shutdown_timeout_s): exiting now; nothing "
+                 "acknowledged is lost, the next start carries on from the log", seconds)
+    logging.shutdown()
+    os._exit(70)
 
 
 def uvicorn_config(service: Service, lifespan: Callable[[Any], Any]) -> uvicorn.Config:
@@ -400,9 +416,12 @@ async def join_cluster(service: Service, url: str) -> Cluster:
 
 async def serve_forever(service: Service, host: str, port: int,
                         on_ready: Callable[[Running], None] | None = None,
-                        extra: Callable[[Service], Any] | None = None) -> None:
-    """Serve until SIGINT or SIGTERM (uvicorn handles them), then stop gracefully."""
+                        extra: Callable[[Service], Any] | None = None,
+                        shutdown_timeout_s: float | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (uvicorn handles them), then stop gracefully (the
+    process ends anyway once ``shutdown_timeout_s`` has passed)."""
     async with serving(service, host, port, extra) as running:
+        running.server.exit_after_s = shutdown_timeout_s
         if on_ready is not None:
             on_ready(running)
         await running.task

@@ -250,7 +250,9 @@ class SimulatedReasoner:
         call_below_depth: int = 1,
         call_results: CallResults | None = None,
         tool_steps: Sequence[Sequence[tuple[str, Mapping[str, Any]]]] = (),
+        price: Price | None = None,
     ) -> None:
+        self.price = price
         self.tool_steps = tuple(tuple(step) for step in tool_steps)
         """For an agent with tools: the tool calls (name, arguments) of each step, then a
         final answer; a string argument ``$symbol`` is the run's symbol."""
@@ -290,7 +292,7 @@ class SimulatedReasoner:
             prompts += ctx.take_steers()
         if self.steerable:
             ctx.set_steerable(False)
-        usage = Usage(input_tokens=400 + 120 * len(prompts), output_tokens=80 + 40 * len(prompts))
+        usage = priced(400 + 120 * len(prompts), 80 + 40 * len(prompts), self.price)
         calls = self._calls_for(ctx, prompts)
         answer = _simulated_answer(prompts)
         outcome, orders = Outcome.NO_TRADE, tuple[OrderIntent, ...]()
@@ -331,7 +333,7 @@ class SimulatedReasoner:
             output_tokens += completion.output_tokens
             await tools.step(number, completion, [r.request_id for r in ctx.take_steers()])
         return RunResult(outcome=Outcome.NO_TRADE,
-                         usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+                         usage=priced(input_tokens, output_tokens, self.price),
                          answer=_simulated_answer(list(ctx.requests)))
 
     def _calls_for(self, ctx: RunContext, prompts: Sequence[AgentRequest]
@@ -466,7 +468,10 @@ class LLMReasoner:
     """
 
     def __init__(self, client: LLMClient, *, system_prompt: str = SYSTEM_PROMPT,
-                 max_tokens: int = 1_024, max_turns: int = 3) -> None:
+                 max_tokens: int = 1_024, max_turns: int = 3, price: Price | None = None
+                 ) -> None:
+        self.price = price
+        """What tokens cost at its provider (None: not known): a run's usage says."""
         self.client = client
         self.system_prompt = system_prompt
         self.max_tokens = max_tokens
@@ -499,8 +504,7 @@ class LLMReasoner:
             if turn + 1 < self.max_turns:
                 ctx.set_steerable(True)
                 steerable = True
-        return _decided(completion.text, Usage(input_tokens=input_tokens,
-                                               output_tokens=output_tokens))
+        return _decided(completion.text, priced(input_tokens, output_tokens, self.price))
 
     async def run_tools(self, ctx: RunContext, tools: ToolSession) -> RunResult:
         """A run as a loop of steps: a model call offering the tools, the tool calls it
@@ -529,8 +533,8 @@ class LLMReasoner:
             steers = ctx.take_steers()
             steered = [request.request_id for request in steers]
             if not completion.tool_calls and (not steers or step == tools.max_steps):
-                return _decided(completion.text, Usage(input_tokens=input_tokens,
-                                                       output_tokens=output_tokens))
+                return _decided(completion.text,
+                                priced(input_tokens, output_tokens, self.price))
             if completion.tool_calls:
                 messages.append(Message("assistant", completion.text,
                                         tool_calls=completion.tool_calls))
@@ -555,6 +559,16 @@ class LLMReasoner:
 
         return await ctx.call(make, input_tokens=estimate_tokens(prompt, snapshot),
                               output_tokens=self.max_tokens)
+
+
+Price = Callable[[int, int], float]
+"""What a number of input and output tokens cost at a provider."""
+
+
+def priced(input_tokens: int, output_tokens: int, price: Price | None) -> Usage:
+    """A run's usage, with its cost when the price is known."""
+    return Usage(input_tokens=input_tokens, output_tokens=output_tokens,
+                 cost=None if price is None else price(input_tokens, output_tokens))
 
 
 def _decided(text: str, usage: Usage) -> RunResult:

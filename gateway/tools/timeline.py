@@ -15,6 +15,7 @@ from lanes.events import (
     ApprovalDecided,
     ApprovalRequested,
     BrokerReportIgnored,
+    BudgetAlert,
     ConfigApplied,
     ControlApplied,
     Event,
@@ -113,7 +114,7 @@ def kinds_of(event: Event) -> tuple[str, ...]:
             return ("control",)
         case RequestDropped() | RequestSummarized():
             return ("drop",)
-        case RunsSuppressed():
+        case RunsSuppressed() | BudgetAlert():
             return ("suppression",)
         case RunsHeld():
             return ("hold",)
@@ -240,6 +241,10 @@ def explain(event: Event) -> str:
             return f"suppressed: {detail} (runs resume {clock(until)})"
         case RunsResumed():
             return "runs resumed: the budget allows them again"
+        case BudgetAlert(budget=budget, window=window, fraction=fraction, used=used,
+                         limit=limit):
+            return (f"budget alert: {budget} at {fraction:.0%} this {window} "
+                    f"({used:g} of {limit:g})")
         case RunsHeld(provider=provider, reason=reason):
             return f"runs held until resume: {provider} refused for spend ({reason})"
         case RunsUnheld(by=by):

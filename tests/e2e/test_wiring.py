@@ -16,7 +16,7 @@ from gateway.wiring import build_service
 from lanes import verify
 from store import SqliteEventStore
 from tests.e2e.live import TIMEOUT, receive, receive_until
-from tests.gateway.support import log_of, next_event
+from tests.gateway.support import log_of, next_event, request
 
 CONFIG = """
 [[tokens]]
@@ -185,3 +185,47 @@ async def test_the_provider_gate_is_visible_over_http_metrics_and_the_status_str
     kinds = [r.type for r in await store.read_stream("provider:sim")]
     await store.close()
     assert kinds.count("GateLimitsApplied") == 2  # the configured limits, then the new ones
+
+
+SPENDING = """
+[[providers]]
+name = "sim"
+kind = "simulated"
+[providers.prices]
+input_per_million = 3.0
+output_per_million = 15.0
+
+[[agents]]
+id = "desk"
+mode = "followup"
+[agents.budgets]
+max_spend_per_hour = 0.004
+alert_at = [0.5]
+[agents.reasoner]
+latency_ms = [1, 2]
+trade_probability = 0.0
+provider = "sim"
+"""
+
+
+async def test_runs_cost_what_their_provider_charges_and_a_spend_budget_holds_them_back(
+    tmp_path: Path,
+) -> None:
+    service = build_service(parse_config(SPENDING), tmp_path / "events.db")
+    engine = service.engine
+    await engine.start()
+    try:
+        for n in range(3):
+            await engine.submit(request("desk", dedupeKey=f"spend-{n}"))
+        alert = await next_event(engine.store, "BudgetAlert")
+        suppressed = await next_event(engine.store, "RunsSuppressed")
+        completed = [json.loads(r.data) for r in await engine.store.read_stream("desk")
+                     if r.type == "RunCompleted"]
+    finally:
+        await engine.stop()
+    # a simulated run of one request: 520 input and 120 output tokens, at 3 and 15 a million
+    assert completed[0]["usage"]["cost"] == 520 * 3 / 1e6 + 120 * 15 / 1e6
+    assert json.loads(alert.data)["budget"] == "max_spend_per_hour"
+    held = json.loads(suppressed.data)
+    assert held["reason"] == "spend" and "max_spend_per_hour" in held["detail"]
+    assert len(completed) == 2  # 0.00336 a run: after two the third waits for the hour
