@@ -194,6 +194,14 @@ class Desk:
         await self.engine.start()
         await self.settle()
 
+    async def export(self) -> str:
+        """Stop the gateway (nothing graceful); its log as a `gateway export` file."""
+        await self.engine.stop(graceful=False)
+        records = await self.store.read()
+        last = records[-1].position if records else 0
+        return "".join(line + "\n" for line in [header(len(records), last),
+                                                 *map(event_line, records)])
+
     def open_orders(self, agent: str) -> list[str]:
         return sorted(self.engine.state(agent).orders)
 
@@ -285,17 +293,11 @@ async def record() -> str:
     """Run the desk; its log as a `gateway export` file."""
     desk = Desk()
     await script(desk)
-    await desk.engine.stop(graceful=False)
-    records = await desk.store.read()
-    last = records[-1].position if records else 0
-    return "".join(line + "\n" for line in [header(len(records), last),
-                                             *map(event_line, records)])
+    return await desk.export()
 
 
-def main() -> int:
-    """Record the desk into the file named (gzipped if it ends in .gz)."""
-    out = Path(sys.argv[1])
-    text = asyncio.run(record())
+def write(out: Path, text: str) -> int:
+    """Write an export into ``out`` (gzipped if its name ends in .gz); say what was written."""
     data = text.encode()
     if out.suffix == ".gz":  # (no name, no time in the header: the same log, the same bytes)
         packed = io.BytesIO()
@@ -305,6 +307,11 @@ def main() -> int:
     out.write_bytes(data)
     print(f"{out}: {text.count(chr(10)) - 1} events, {len(data):,} bytes")
     return 0
+
+
+def main() -> int:
+    """Record the desk into the file named (gzipped if it ends in .gz)."""
+    return write(Path(sys.argv[1]), asyncio.run(record()))
 
 
 if __name__ == "__main__":

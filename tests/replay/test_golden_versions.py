@@ -11,6 +11,7 @@ import gzip
 import importlib
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -57,8 +58,21 @@ def test_a_golden_log_imports_and_verifies_with_no_divergence(
     assert "no divergence" in capsys.readouterr().out
 
 
+def recorded_policy(events: list[dict[str, object]]) -> int:
+    """The newest policy version a log's streams adopted (1: none adopted one)."""
+    return max((int(str(cast(dict[str, object], e["data"])["version"])) for e in events
+                if e["type"] == "PolicyAdopted"), default=1)
+
+
 def test_every_policy_version_has_its_golden_log() -> None:
-    assert {f"policy-v{n}.jsonl.gz" for n in range(1, POLICY + 1)} <= {p.name for p in LOGS}
+    """One ``policy-vN`` log per version, recorded under it; the other golden logs (of
+    features added within a version, of scenarios) under a version this code knows."""
+    versions = {path.name: recorded_policy(lines(path)) for path in LOGS}
+    for version in range(1, POLICY + 1):
+        assert versions.get(f"policy-v{version}.jsonl.gz") == version
+    assert not {name for name in versions if name.startswith("policy-v")} - {
+        f"policy-v{version}.jsonl.gz" for version in range(1, POLICY + 1)}
+    assert set(versions.values()) == set(range(1, POLICY + 1))
 
 
 def test_the_log_of_version_1_would_diverge_under_the_rules_of_version_2(
