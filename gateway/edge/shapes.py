@@ -346,6 +346,10 @@ class RunHistoryJson(WireModel):
     orders: list[dict[str, Any]]
     calls: int
     answer: str | None
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+    """A tool loop's steps: each model call (``step``, ``tokens``, ``steered``) with its
+    tool calls (``callId``, ``name``, ``status`` asked / returned / failed / refused,
+    ``detail``)."""
 
 
 class RunsJson(WireModel):

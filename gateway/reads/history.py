@@ -90,6 +90,8 @@ class _Run:
     orders: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
     steers: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """A tool loop's steps: each model call with its tool calls and how each ended."""
     wait_ms: int = 0
     model_ms: int = 0
     slots: int = 0
@@ -110,6 +112,7 @@ class _Run:
                 "waitMs": self.wait_ms, "modelMs": self.model_ms, "calls": self.slots,
                 "refused": self.refused, "complete": self.gate_complete},
             "orders": self.orders, "calls": self.calls, "answer": self.answer,
+            "steps": self.steps,
         }
 
 
@@ -164,10 +167,42 @@ class _RunFold:
             run.calls += 1
         elif kind == "RunSteered":
             run.steers += 1
+        elif kind in _STEP_EVENTS:
+            _step(run, kind, data)
+        elif kind == "ApprovalRequested":
+            run.orders.append({**_intent(data), "orderId": data["order_id"],
+                               "status": "waiting for approval"})
 
 
+_STEP_EVENTS = frozenset({"ModelCalled", "StepDecided", "ToolReturned"})
 _RUN_EVENTS = frozenset({"RunStarted", "RunFinished", "OrderAccepted", "OrderRejected",
-                         "AgentCallDispatched", "AgentCallRejected", "RunSteered"}) | _RUN_ENDS
+                         "AgentCallDispatched", "AgentCallRejected", "RunSteered",
+                         "ApprovalRequested"}) | _RUN_ENDS | _STEP_EVENTS
+
+
+def _step(run: _Run, kind: str, data: dict[str, Any]) -> None:
+    """A step event of a tool loop, into ``run.steps``."""
+    if kind == "ModelCalled":
+        run.steps.append({
+            "step": int(data.get("step", len(run.steps) + 1)),
+            "tokens": int(data.get("input_tokens", 0)) + int(data.get("output_tokens", 0)),
+            "steered": len(data.get("steered", ())),
+            "tools": [{"callId": c.get("callId"), "name": c.get("name"), "status": "asked"}
+                      for c in data.get("tool_calls", ())]})
+        return
+    if not run.steps:
+        return
+    tools = {t["callId"]: t for t in run.steps[-1]["tools"]}
+    if kind == "StepDecided":
+        for refusal in data.get("refused", ()):
+            tool = tools.get(refusal.get("callId"))
+            if tool is not None:
+                tool["status"], tool["detail"] = "refused", str(refusal.get("error", ""))[:300]
+    else:
+        tool = tools.get(data.get("call_id"))
+        if tool is not None:
+            tool["status"] = "returned" if data.get("ok") else "failed"
+            tool["detail"] = str(data.get("content", ""))[:300]
 
 
 def _intent(data: dict[str, Any]) -> dict[str, Any]:

@@ -67,6 +67,34 @@ async def test_the_run_history_shows_gate_wait_model_time_tokens_calls_and_the_a
         await screenshot(page, "run-history")
 
 
+async def test_a_tool_loops_steps_show_in_the_run_history_with_how_each_tool_ended(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    db = tmp_path / "steps.db"
+    looper = agent("looper", (30, 60), tools=["positions", "open_orders"])
+    looper["reasoner"]["tool_steps"] = [
+        [{"tool": "positions"}, {"tool": "candles", "arguments": {"symbol": "BTCUSD"}}],
+        [{"tool": "open_orders"}]]
+    config = panel_config(db, [looper], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        await submit(running, request("looper"))
+        page = await open_panel(running.url, CONTROL)
+        await page.evaluate("location.hash = '#/agent/looper'")
+        run = page.locator("#runs-table tbody tr").first
+        await expect(run.locator('[data-col="outcome"]')).to_have_text("no trade")
+        steps = run.locator("details.run-steps")
+        await expect(steps).to_have_attribute("data-steps", "3")
+        await steps.locator("summary").click()
+        first = steps.locator('[data-step="1"]')
+        await expect(first.locator('[data-tool="positions"]')).to_have_class(
+            re.compile("returned"))
+        refused = first.locator('[data-tool="candles"]')
+        await expect(refused).to_have_class(re.compile("refused"))
+        await expect(refused).to_have_attribute("title", re.compile("not one of this agent"))
+        await expect(steps.locator('[data-step="3"]')).to_contain_text("answered")
+        await screenshot(page, "run-steps")
+
+
 async def test_charts_come_from_the_log_with_a_stop_marked_and_are_the_same_after_a_reload(
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:

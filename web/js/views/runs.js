@@ -9,7 +9,9 @@ import {age, duration, num, orderText, when} from "../format.js";
 
 const PAGE = 20;
 const REFRESH_MS = 1000;
-const RUN_EVENTS = new Set(["RunStarted", "RunCompleted", "RunFailed", "RunAborted", "OrderAccepted", "OrderRejected"]);
+const RUN_EVENTS = new Set(["RunStarted", "RunCompleted", "RunFailed", "RunAborted", "OrderAccepted", "OrderRejected",
+  "ModelCalled", "ToolReturned", "ApprovalRequested"]);
+const TOOL_MARK = {returned: "✓", failed: "✗", refused: "⊘", asked: "…"};
 const SHORT_ANSWER = 90;
 
 function outcome(run) {
@@ -25,8 +27,24 @@ function outcome(run) {
 
 function orders(run) {
   if (!run.orders.length) return h("span", {class: "muted"}, "–");
+  const said = (o) => o.status === "accepted" ? `accepted (${o.orderId})`
+    : o.status === "rejected" ? `rejected: ${o.reason}` : `${o.status} (${o.orderId})`;
   return h("ul", {class: "run-orders"}, run.orders.map((o) => h("li", {class: o.status === "rejected" ? "error" : ""},
-    `${orderText(o)} ${o.status === "accepted" ? `accepted (${o.orderId})` : `rejected: ${o.reason}`}`)));
+    `${orderText(o)} ${said(o)}`)));
+}
+
+/** A tool loop's steps: each model call with the tools it asked for and how each ended. */
+function steps(run) {
+  if (!run.steps?.length) return null;
+  const n = run.steps.length;
+  return h("details", {class: "run-steps", "data-steps": n},
+    h("summary", {}, `${n} step${n === 1 ? "" : "s"}`),
+    h("ol", {}, run.steps.map((s) => h("li", {"data-step": s.step},
+      s.tools.length
+        ? s.tools.map((t, i) => h("span", {class: `tool ${t.status}`, title: t.detail ?? "", "data-tool": t.name},
+          `${i ? ", " : ""}${t.name} ${TOOL_MARK[t.status] ?? ""}`))
+        : h("span", {class: "muted"}, "answered"),
+      h("span", {class: "muted"}, ` · ${num(s.tokens)} tokens${s.steered ? ` · saw ${s.steered} steer${s.steered === 1 ? "" : "s"}` : ""}`)))));
 }
 
 function answer(run) {
@@ -133,7 +151,8 @@ export function createRunHistory(ctx, agentId) {
       h("td", {"data-col": "run", class: "mono"},
         h("a", {href: `#/agent/${encodeURIComponent(agentId)}?at=${run.position}`, title: "Time travel to this run's start"}, run.runId),
         run.requests.length > 1 ? h("span", {class: "muted"}, ` (${run.requests.length} requests)`) : null,
-        run.steers ? h("span", {class: "muted"}, ` · ${run.steers} steered`) : null),
+        run.steers ? h("span", {class: "muted"}, ` · ${run.steers} steered`) : null,
+        steps(run)),
       h("td", {"data-col": "outcome"}, outcome(run)),
       gateCells(run),
       h("td", {"data-col": "tokens", class: "num"}, `${num(run.usage.inputTokens)} + ${num(run.usage.outputTokens)}`),
