@@ -56,6 +56,7 @@ from bench.ws_ingest import (
 )
 from gateway.base.metrics import LATENCY_BUCKETS
 from gateway.client import ControlClient
+from gateway.llm.port import Completion, ToolCall
 from gateway.llm.reasoner import RunContext, RunResult
 from lanes import AgentConfig, Mode, parse_request
 from store import DEFAULT_MAX_BATCH, pg_server
@@ -79,6 +80,11 @@ async def sleep_until(deadline_ns: int) -> None:
         await asyncio.sleep(delay)
 
 
+STEP_MS = 50
+"""With ``--tools 1``: every run takes a tool step this often (a model call and a tool
+result recorded, the tool run) until it is stopped."""
+
+
 class Blocker:
     """A reasoner whose runs wait until they are cancelled, which it timestamps."""
 
@@ -90,11 +96,20 @@ class Blocker:
         self.all_running = asyncio.Event()
 
     async def run(self, ctx: RunContext) -> RunResult:
-        """Wait for ever; note the cancellation."""
+        """Wait for ever (an agent with tools: take a tool step every `STEP_MS`, each
+        recorded, as a tool loop would, for as long as its step budget lasts); note the
+        cancellation."""
         self.running[ctx.agent_id] = ctx.run_id
         if len(self.running) >= self.agents:
             self.all_running.set()
         try:
+            tools = ctx.tools
+            if tools is not None and tools.specs:
+                for step in range(1, tools.max_steps):
+                    await ctx.clock.sleep(STEP_MS)
+                    call = ToolCall(f"{ctx.run_id}-{step}", "positions", {})
+                    await tools.step(step, Completion(text="", input_tokens=500,
+                                                      output_tokens=20, tool_calls=(call,)))
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             self.cancelled[ctx.run_id] = now_ns()
@@ -294,14 +309,16 @@ def _ready(barrier: threading.Barrier) -> None:
 async def _measure(stops: int, rate: int, seconds: float, agents: int, window: int,
                    pool: ProcessPoolExecutor, max_batch: int, postgres: str | None = None,
                    probe: bool = False, nice: int = 0,
-                   flood_pool: ProcessPoolExecutor | None = None) -> Outcome:
+                   flood_pool: ProcessPoolExecutor | None = None, tools: bool = False
+                   ) -> Outcome:
     loop = asyncio.get_running_loop()
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(2)
         await asyncio.gather(*(loop.run_in_executor(pool, _ready, barrier) for _ in range(2)))
     blocker = Blocker(agents)
     names = agent_names(agents)
-    config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + stops + 100))
+    config = AgentConfig(mode=Mode.FOLLOWUP, cap=min(100_000, int(rate * seconds) + stops + 100),
+                         tools=("positions",) if tools else (), max_steps=100)
     with tempfile.TemporaryDirectory() as tmp:
         async with gateway(postgres or Path(tmp, "estop.db"), dict.fromkeys(names, config),
                            lambda _: blocker, max_batch) as (url, engine):
@@ -411,8 +428,8 @@ def _figures(out: Outcome, rate: int, agents: int, max_batch: int,
 
 def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int = 100,
             window: int = 50, calm: int = 5_000, small_batch: int = 500,
-            postgres: int = 1, idle: int = 1, probe: int = 0, flood_nice: int = 0
-            ) -> list[Figure]:
+            postgres: int = 1, idle: int = 1, probe: int = 0, flood_nice: int = 0,
+            tools: int = 0) -> list[Figure]:
     """Emergency-stop latency with no flood at all (``idle``; 0: skip): the same stops, the
     same client, the feed connections open and silent; then under a feed flood of ``rate``
     requests/s, and the flood rate achieved, and the ratio of the two ack p99s; then the
@@ -421,7 +438,15 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
     at most ``small_batch`` events (``[store] max_batch``; 0: skip), to show what smaller
     commits trade. ``probe`` (1: on) adds where each stop waited (`bench.estop_probe`).
     ``flood_nice`` runs the flood's process at that niceness (as if the flood came from
-    another machine: on a small one, the load generator takes a core from the gateway)."""
+    another machine: on a small one, the load generator takes a core from the gateway).
+    ``tools`` (1: on) gives every agent a tool and makes each run a tool loop that records a
+    step every `STEP_MS` until it is stopped: the first flood is then measured twice, without
+    and with the tool loops, back to back (the rest is skipped)."""
+    if tools:
+        return [Figure(f"[{'tool loops' if looping else 'waiting runs'}] {figure.name}",
+                       figure.value, figure.unit, figure.goal)
+                for looping in (False, True)
+                for figure in _tool_variant(stops, rate, seconds, agents, window, looping)]
     if probe:
         estop_probe.install()
     context = multiprocessing.get_context("spawn")
@@ -462,6 +487,16 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
     return figures
 
 
+def _tool_variant(stops: int, rate: int, seconds: int, agents: int, window: int,
+                  tools: bool) -> list[Figure]:
+    """The stops under the first flood, the runs waiting (``tools`` False) or looping."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+        out = asyncio.run(_measure(stops, rate, seconds, agents, window, pool,
+                                   DEFAULT_MAX_BATCH, tools=tools))
+    return _figures(out, rate, agents, DEFAULT_MAX_BATCH)
+
+
 if __name__ == "__main__":
     run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000,
-        small_batch=500, postgres=1, idle=1, probe=0, flood_nice=0)
+        small_batch=500, postgres=1, idle=1, probe=0, flood_nice=0, tools=0)

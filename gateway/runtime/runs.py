@@ -157,7 +157,10 @@ class Runs:
             raise RunGone(f"agent {agent.agent_id} no longer decides here")
         outcome = self._feed(agent, event)
         if outcome.commit is not None:
-            await outcome.commit
+            # (shielded: a stop cancels the run, and with it this wait, never the commit,
+            # which the log's other waiters share: cancelling it made the agent recover
+            # from the log, and a stop's ack waited up to 0.8 s for that)
+            await asyncio.shield(outcome.commit)
         return outcome.decisions
 
     def _steerable(self, agent: Agent, run_id: str, steerable: bool) -> None:

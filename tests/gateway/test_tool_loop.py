@@ -6,11 +6,22 @@ tool error the model reads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from typing import cast
 
+from gateway.base.clock import FakeClock
+from gateway.base.tasks import spawn
 from gateway.llm.port import Completion, ToolCall
+from gateway.llm.reasoner import SimulatedReasoner
+from gateway.runtime.agents import Agent
+from gateway.runtime.core import Outcome
+from gateway.runtime.runs import Runs
+from gateway.runtime.toolbox import Toolbox
 from gateway.tools.timeline import story
-from lanes import AgentConfig, Mode, verify
+from lanes import AgentConfig, AgentState, Mode, verify
+from lanes.events import TimerElapsed
+from store.port import RecordedEvent
 from tests.gateway.support import log_of, next_event, request
 from tests.gateway.test_gate_engine import ScriptedLLM, answer, engine_with
 
@@ -77,3 +88,23 @@ async def test_refused_arguments_come_back_as_a_tool_error_and_the_run_goes_on()
     assert any("step 1: 0 tool calls go ahead; t1 refused: positions: " in t for t in said)
     assert any("step 2: answered" in t for t in said)
     await engine.stop()
+
+
+async def test_a_stop_cancels_a_steps_wait_for_its_commit_never_the_commit_itself() -> None:
+    """A stop cancels the run's task while it waits for its step's commit: the commit, which
+    the log's other waiters share, must go on (cancelling it made the agent recover from
+    the log, and a stop's ack under tool loops waited up to 0.8 s: bench.estop_latency)."""
+    loop = asyncio.get_running_loop()
+    commit: asyncio.Future[list[RecordedEvent]] = loop.create_future()
+    runs = Runs(clock=FakeClock(), reasoners=lambda _: SimulatedReasoner(),
+                gate_of=lambda _: None, feed=lambda agent, event: Outcome([], commit),
+                live=lambda agent: True, spawn=spawn,
+                toolbox=Toolbox(None, lambda _: AgentState(agent_id="a"), FakeClock()))
+    agent = cast(Agent, object())
+    waiting = asyncio.ensure_future(runs._record(agent, TimerElapsed(at=1)))
+    await asyncio.sleep(0)  # (one turn: the wait has begun)
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    assert not commit.cancelled()
+    commit.set_result([])
