@@ -9,7 +9,6 @@ import ctypes
 import gzip
 import io
 import json
-import logging
 import os
 import signal
 import sys
@@ -94,6 +93,7 @@ def _import(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
     from gateway.base.clock import SystemClock
+    from gateway.base.logs import FORMATS, LEVELS, SettingError, chosen, configure
     from gateway.base.process import loop_factory, run_on
     from gateway.base.quarantine import UnreadableEvent
     from gateway.config import ConfigError, demo_config, load_config
@@ -102,7 +102,12 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.wiring import build_service, feed_market
     from store import LogInUse, LogUnavailable
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        configure(chosen(args.log_level, "GATEWAY_LOG_LEVEL", LEVELS, "warning"),
+                  chosen(args.log_format, "GATEWAY_LOG_FORMAT", FORMATS, "text"))
+    except SettingError as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2
     try:
         config = demo_config() if args.command == "demo" else load_config(args.config)
     except ConfigError as error:
@@ -176,6 +181,7 @@ def _end_with_launcher() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gateway`` console script."""
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gateway {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="serve three demo agents with a synthetic market feed (embedded SQLite)")
@@ -183,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
     demo.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
+    _log_options(demo)
     serve = commands.add_parser("serve", help="serve the gateway from a config file")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument("--db", help="event log: a SQLite file, or a postgresql:// URL that "
@@ -194,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--host", help="default: the config's server.host (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: the config's server.port")
     serve.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
+    _log_options(serve)
     scenario = commands.add_parser(
         "scenario", help="run a short scripted scenario through the engine and print it")
     scenario.add_argument("--db", type=Path, default=Path("gateway-scenario.db"))
@@ -227,6 +235,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(json_schemas(), indent=2))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trading-agent-gateway")
+    except PackageNotFoundError:  # (run from a checkout that was never installed)
+        return "unknown"
+
+
+def _log_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--log-level", help="debug, info, warning (default) or error "
+                                             "(else GATEWAY_LOG_LEVEL)")
+    command.add_argument("--log-format", help="text (default: time, level, logger, message) "
+                                              "or json (one object a line; else "
+                                              "GATEWAY_LOG_FORMAT)")
 
 
 LOOPS = ("auto", "uvloop", "asyncio")

@@ -8,6 +8,7 @@ out. Nothing is decided here that `lanes` decides.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,17 @@ from gateway.edge.routes import Api
 from gateway.edge.service import Service
 from gateway.edge.sessions import partial_ws
 
-WEB = Path(__file__).resolve().parents[2] / "web"
+
+def _web() -> Path:
+    """The panel's files: ``web/`` beside the packages in a checkout, or ``gateway/web``
+    inside an installed wheel (which carries it there)."""
+    checkout = Path(__file__).resolve().parents[2] / "web"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("gateway") / "web"))
+
+
+WEB = _web()
 
 
 def create_app(service: Service, lifespan: Any = None) -> Starlette:
