@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Literal, TextIO, cast
 
 
 def _debug(args: argparse.Namespace) -> int:
@@ -94,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
     from gateway.base.clock import SystemClock
     from gateway.base.logs import FORMATS, LEVELS, SettingError, chosen, configure
-    from gateway.base.process import loop_factory, run_on
+    from gateway.base.process import EventLoop, loop_factory, run_on
     from gateway.base.quarantine import UnreadableEvent
     from gateway.config import ConfigError, demo_config, load_config
     from gateway.edge.server import Running, serve_forever
@@ -108,32 +108,40 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
+    env = os.environ
+    config_file = None if args.command == "demo" else (args.config or env.get("GATEWAY_CONFIG"))
     try:
-        config = demo_config() if args.command == "demo" else load_config(args.config)
-    except ConfigError as error:
+        config = load_config(config_file) if config_file else demo_config(agents=(
+            args.command == "demo"))
+        event_loop = cast(EventLoop, args.loop or _env_choice("GATEWAY_EVENT_LOOP", LOOPS)
+                          or config.server.event_loop)
+        port = args.port if args.port is not None else _env_port(config.server.port)
+    except (ConfigError, SettingError) as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    event_loop = args.loop or config.server.event_loop
     try:
         loop_factory(event_loop)
     except RuntimeError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    host = args.host or config.server.host
-    port = config.server.port if args.port is None else args.port
-    if getattr(args, "advertise", None):
+    host = args.host or env.get("GATEWAY_HOST") or config.server.host
+    advertise = getattr(args, "advertise", None) or (
+        None if args.command == "demo" else env.get("GATEWAY_ADVERTISE"))
+    if advertise:
         config = config.model_copy(update={"cluster": config.cluster.model_copy(
-            update={"advertise": args.advertise})})
-    service = build_service(config, args.db)
+            update={"advertise": advertise})})
+    db = args.db if args.command == "demo" else (
+        args.db or env.get("GATEWAY_DB") or env.get("DATABASE_URL"))
+    service = build_service(config, db)
     clock = SystemClock()
 
     def ready(running: Running) -> None:
         print(f"gateway serving on {running.url}", flush=True)
-        if args.command == "demo":
+        if config_file is None:  # (fresh tokens, made for this start: say them)
             print(f"panel: {running.url}/", flush=True)
             for token in config.tokens:
                 print(f"{token.role.value} token ({token.name}): {token.secret}", flush=True)
-            print(f"event log: {args.db}; stop with Ctrl-C", flush=True)
+            print(f"event log: {db or config.store.path}; stop with Ctrl-C", flush=True)
 
     def feed(svc: object) -> object:
         # A lively market, so that the demo's price-cross hooks fire every few seconds.
@@ -191,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
     _log_options(demo)
     serve = commands.add_parser("serve", help="serve the gateway from a config file")
-    serve.add_argument("--config", type=Path, required=True)
+    serve.add_argument("--config", type=Path,
+                       help="the TOML config (else GATEWAY_CONFIG; with neither, a minimal "
+                            "gateway with no agent and fresh tokens, printed)")
     serve.add_argument("--db", help="event log: a SQLite file, or a postgresql:// URL that "
                                     "several gateway processes may serve together (default: "
                                     "the config's store.url or store.path)")
@@ -235,6 +245,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(json_schemas(), indent=2))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _env_choice(variable: str, allowed: tuple[str, ...]) -> str | None:
+    from gateway.base.logs import SettingError
+
+    value = os.environ.get(variable) or None
+    if value is not None and value not in allowed:
+        raise SettingError(f"{variable}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _env_port(default: int) -> int:
+    from gateway.base.logs import SettingError
+
+    value = os.environ.get("GATEWAY_PORT") or None
+    if value is None:
+        return default
+    if not value.isdigit() or int(value) > 65_535:
+        raise SettingError(f"GATEWAY_PORT: {value!r} is not a port (0 to 65535)")
+    return int(value)
 
 
 def _version() -> str:

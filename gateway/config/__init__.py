@@ -302,9 +302,15 @@ def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = 
     )
 
 
-def demo_config() -> GatewayConfig:
+def demo_config(agents: bool = True) -> GatewayConfig:
     """The demo's config: three agents in different modes, hooks on BTCUSD and ETHUSD,
-    and one token per role with a fresh random secret."""
+    and one token per role with a fresh random secret. Without ``agents``: the minimal
+    gateway `gateway serve` starts with no config file (the tokens, the defaults, a
+    ``gateway.db`` log, no agent)."""
+    if not agents:
+        return validate_config({"tokens": [
+            {"name": f"gateway-{role.value}", "token": secrets.token_urlsafe(24),
+             "role": role} for role in Role]}, "(no config file)")
     data: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": 8_000},
         "store": {"path": "gateway-demo.db"},
