@@ -9,10 +9,11 @@ import ctypes
 import gzip
 import io
 import json
+import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, TextIO, cast
 
@@ -109,10 +110,15 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
     env = os.environ
+    for unknown in sorted(set(env) - KNOWN_VARIABLES):
+        if unknown.startswith("GATEWAY_"):
+            logging.getLogger("gateway").warning(
+                "%s is not a setting of the gateway (ignored); the settings: %s", unknown,
+                ", ".join(sorted(v for v in KNOWN_VARIABLES if v.startswith("GATEWAY_"))))
     config_file = None if args.command == "demo" else (args.config or env.get("GATEWAY_CONFIG"))
     try:
-        config = load_config(config_file) if config_file else demo_config(agents=(
-            args.command == "demo"))
+        config = load_config(config_file) if config_file else demo_config(
+            agents=args.command == "demo", tokens=_kept_tokens(args, env))
         event_loop = cast(EventLoop, args.loop or _env_choice("GATEWAY_EVENT_LOOP", LOOPS)
                           or config.server.event_loop)
         port = args.port if args.port is not None else _env_port(config.server.port)
@@ -245,6 +251,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(json_schemas(), indent=2))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+KNOWN_VARIABLES = frozenset({
+    "GATEWAY_CONFIG", "GATEWAY_DB", "DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT",
+    "GATEWAY_ADVERTISE", "GATEWAY_EVENT_LOOP", "GATEWAY_LOG_LEVEL", "GATEWAY_LOG_FORMAT",
+    "GATEWAY_TEST_LOOP", "GATEWAY_LONG_CLUSTER_TESTS"})
+"""The environment's settings (and the test suite's own); another ``GATEWAY_*`` variable
+is warned about once at start."""
+
+
+def _kept_tokens(args: argparse.Namespace, env: Mapping[str, str]) -> Path | None:
+    """Where a config-less start keeps its fresh tokens, beside its log: the same tokens at
+    the next start, so a restart does not log open panels out."""
+    db = args.db if args.command == "demo" else (args.db or env.get("GATEWAY_DB"))
+    if db is None:
+        db = "gateway.db"
+    if "://" in str(db):
+        return None  # (a PostgreSQL log: nowhere beside it)
+    return Path(f"{db}.tokens.json")
 
 
 def _env_choice(variable: str, allowed: tuple[str, ...]) -> str | None:

@@ -65,11 +65,16 @@ async def test_the_config_file_log_and_port_come_from_the_environment(tmp_path: 
     assert url.startswith("http://127.0.0.1:") and db.exists()
 
 
-async def test_with_no_config_file_a_minimal_gateway_starts_and_says_its_tokens(
+async def test_with_no_config_file_a_minimal_gateway_starts_and_keeps_its_tokens(
         tmp_path: Path) -> None:
-    _, printed = await serve(tmp_path, {"GATEWAY_PORT": "0"}, tokens=True)
-    assert any(line.startswith("admin token (gateway-admin): ") for line in printed)
-    assert (tmp_path / "gateway.db").exists()
+    _, first = await serve(tmp_path, {"GATEWAY_PORT": "0", "GATEWAY_PROT": "8000"},
+                           tokens=True)
+    admin = [line for line in first if line.startswith("admin token (gateway-admin): ")]
+    assert len(admin) == 1 and (tmp_path / "gateway.db").exists()
+    assert any("GATEWAY_PROT is not a setting of the gateway" in line for line in first)
+    _, again = await serve(tmp_path, {"GATEWAY_PORT": "0"}, tokens=True)
+    assert admin[0] in again  # kept beside the log: open panels stay logged in
+    assert (tmp_path / "gateway.db.tokens.json").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.parametrize(("variable", "value", "said"), [
