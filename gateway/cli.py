@@ -13,9 +13,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Literal, TextIO, cast
 
 
 def _debug(args: argparse.Namespace) -> int:
@@ -94,7 +94,8 @@ def _import(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM, then stop gracefully and exit 0."""
     from gateway.base.clock import SystemClock
-    from gateway.base.process import loop_factory, run_on
+    from gateway.base.logs import FORMATS, LEVELS, SettingError, chosen, configure
+    from gateway.base.process import EventLoop, loop_factory, run_on
     from gateway.base.quarantine import UnreadableEvent
     from gateway.config import ConfigError, demo_config, load_config
     from gateway.edge.server import Running, serve_forever
@@ -102,33 +103,51 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.wiring import build_service, feed_market
     from store import LogInUse, LogUnavailable
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
-        config = demo_config() if args.command == "demo" else load_config(args.config)
-    except ConfigError as error:
+        configure(chosen(args.log_level, "GATEWAY_LOG_LEVEL", LEVELS, "warning"),
+                  chosen(args.log_format, "GATEWAY_LOG_FORMAT", FORMATS, "text"))
+    except SettingError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    event_loop = args.loop or config.server.event_loop
+    env = os.environ
+    for unknown in sorted(set(env) - KNOWN_VARIABLES):
+        if unknown.startswith("GATEWAY_"):
+            logging.getLogger("gateway").warning(
+                "%s is not a setting of the gateway (ignored); the settings: %s", unknown,
+                ", ".join(sorted(v for v in KNOWN_VARIABLES if v.startswith("GATEWAY_"))))
+    config_file = None if args.command == "demo" else (args.config or env.get("GATEWAY_CONFIG"))
+    try:
+        config = load_config(config_file) if config_file else demo_config(
+            agents=args.command == "demo", tokens=_kept_tokens(args, env))
+        event_loop = cast(EventLoop, args.loop or _env_choice("GATEWAY_EVENT_LOOP", LOOPS)
+                          or config.server.event_loop)
+        port = args.port if args.port is not None else _env_port(config.server.port)
+    except (ConfigError, SettingError) as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2
     try:
         loop_factory(event_loop)
     except RuntimeError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    host = args.host or config.server.host
-    port = config.server.port if args.port is None else args.port
-    if getattr(args, "advertise", None):
+    host = args.host or env.get("GATEWAY_HOST") or config.server.host
+    advertise = getattr(args, "advertise", None) or (
+        None if args.command == "demo" else env.get("GATEWAY_ADVERTISE"))
+    if advertise:
         config = config.model_copy(update={"cluster": config.cluster.model_copy(
-            update={"advertise": args.advertise})})
-    service = build_service(config, args.db)
+            update={"advertise": advertise})})
+    db = args.db if args.command == "demo" else (
+        args.db or env.get("GATEWAY_DB") or env.get("DATABASE_URL"))
+    service = build_service(config, db)
     clock = SystemClock()
 
     def ready(running: Running) -> None:
         print(f"gateway serving on {running.url}", flush=True)
-        if args.command == "demo":
+        if config_file is None:  # (fresh tokens, made for this start: say them)
             print(f"panel: {running.url}/", flush=True)
             for token in config.tokens:
                 print(f"{token.role.value} token ({token.name}): {token.secret}", flush=True)
-            print(f"event log: {args.db}; stop with Ctrl-C", flush=True)
+            print(f"event log: {db or config.store.path}; stop with Ctrl-C", flush=True)
 
     def feed(svc: object) -> object:
         # A lively market, so that the demo's price-cross hooks fire every few seconds.
@@ -176,6 +195,7 @@ def _end_with_launcher() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gateway`` console script."""
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gateway {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="serve three demo agents with a synthetic market feed (embedded SQLite)")
@@ -183,8 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
     demo.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
+    _log_options(demo)
     serve = commands.add_parser("serve", help="serve the gateway from a config file")
-    serve.add_argument("--config", type=Path, required=True)
+    serve.add_argument("--config", type=Path,
+                       help="the TOML config (else GATEWAY_CONFIG; with neither, a minimal "
+                            "gateway with no agent and fresh tokens, printed)")
     serve.add_argument("--db", help="event log: a SQLite file, or a postgresql:// URL that "
                                     "several gateway processes may serve together (default: "
                                     "the config's store.url or store.path)")
@@ -194,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--host", help="default: the config's server.host (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: the config's server.port")
     serve.add_argument("--loop", choices=LOOPS, help=LOOP_HELP)
+    _log_options(serve)
     scenario = commands.add_parser(
         "scenario", help="run a short scripted scenario through the engine and print it")
     scenario.add_argument("--db", type=Path, default=Path("gateway-scenario.db"))
@@ -227,6 +251,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(json_schemas(), indent=2))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+KNOWN_VARIABLES = frozenset({
+    "GATEWAY_CONFIG", "GATEWAY_DB", "DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT",
+    "GATEWAY_ADVERTISE", "GATEWAY_EVENT_LOOP", "GATEWAY_LOG_LEVEL", "GATEWAY_LOG_FORMAT",
+    "GATEWAY_TEST_LOOP", "GATEWAY_LONG_CLUSTER_TESTS"})
+"""The environment's settings (and the test suite's own); another ``GATEWAY_*`` variable
+is warned about once at start."""
+
+
+def _kept_tokens(args: argparse.Namespace, env: Mapping[str, str]) -> Path | None:
+    """Where a config-less start keeps its fresh tokens, beside its log: the same tokens at
+    the next start, so a restart does not log open panels out."""
+    db = args.db if args.command == "demo" else (args.db or env.get("GATEWAY_DB"))
+    if db is None:
+        db = "gateway.db"
+    if "://" in str(db):
+        return None  # (a PostgreSQL log: nowhere beside it)
+    return Path(f"{db}.tokens.json")
+
+
+def _env_choice(variable: str, allowed: tuple[str, ...]) -> str | None:
+    from gateway.base.logs import SettingError
+
+    value = os.environ.get(variable) or None
+    if value is not None and value not in allowed:
+        raise SettingError(f"{variable}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _env_port(default: int) -> int:
+    from gateway.base.logs import SettingError
+
+    value = os.environ.get("GATEWAY_PORT") or None
+    if value is None:
+        return default
+    if not value.isdigit() or int(value) > 65_535:
+        raise SettingError(f"GATEWAY_PORT: {value!r} is not a port (0 to 65535)")
+    return int(value)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trading-agent-gateway")
+    except PackageNotFoundError:  # (run from a checkout that was never installed)
+        return "unknown"
+
+
+def _log_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--log-level", help="debug, info, warning (default) or error "
+                                             "(else GATEWAY_LOG_LEVEL)")
+    command.add_argument("--log-format", help="text (default: time, level, logger, message) "
+                                              "or json (one object a line; else "
+                                              "GATEWAY_LOG_FORMAT)")
 
 
 LOOPS = ("auto", "uvloop", "asyncio")

@@ -36,7 +36,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
                   clock: Clock | None = None) -> Service:
     """Everything a config describes, wired together (the engine is not started yet)."""
     clock = clock or SystemClock()
-    where = db or config.store.url or config.store.path
+    where = db or config.store.where or config.store.path
     clustered = is_postgres(database_url(where))
     store: GroupCommitStore
     if clustered:  # one log for several processes: each agent owned by one at a time

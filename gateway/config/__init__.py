@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
+import logging
 import os
 import re
 import secrets
@@ -79,6 +81,8 @@ if TYPE_CHECKING:
     from gateway.llm.port import LLMClient
     from gateway.runtime.gate import ProviderGate
     from store.port import EventStore
+
+log = logging.getLogger("gateway.config")
 
 __all__ = [
     "KEY_VARIABLES",
@@ -271,6 +275,28 @@ def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
     }
 
 
+def _kept(path: Path | None, prefix: str) -> dict[str, str]:
+    """A secret per role: those kept at ``path`` if it holds them, else fresh ones (then
+    kept there, readable by the owner only)."""
+    if path is not None:
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(kept, dict) and all(
+                    isinstance(kept.get(role.value), str) and kept[role.value] for role in Role):
+                return {role.value: str(kept[role.value]) for role in Role}
+        except (OSError, ValueError):
+            pass
+    fresh = {role.value: secrets.token_urlsafe(24) for role in Role}
+    if path is not None:
+        try:
+            path.touch(mode=0o600, exist_ok=True)
+            path.write_text(json.dumps(fresh), encoding="utf-8")
+        except OSError:
+            log.warning("cannot keep the %s tokens at %s: fresh ones at each start", prefix,
+                        path)
+    return fresh
+
+
 def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None,
                    prices: Mapping[str, Prices] | None = None) -> Reasoner:
     """The reasoner an agent's config asks for (``clients`` and ``prices`` by provider
@@ -302,14 +328,23 @@ def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = 
     )
 
 
-def demo_config() -> GatewayConfig:
+def demo_config(agents: bool = True, tokens: Path | None = None) -> GatewayConfig:
     """The demo's config: three agents in different modes, hooks on BTCUSD and ETHUSD,
-    and one token per role with a fresh random secret."""
+    and one token per role with a fresh random secret (kept in ``tokens``, if given, and
+    read from there when it exists). Without ``agents``: the minimal gateway `gateway
+    serve` starts with no config file (the tokens, the defaults, a ``gateway.db`` log, no
+    agent)."""
+    prefix = "demo" if agents else "gateway"
+    secrets_by_role = _kept(tokens, prefix)
+    if not agents:
+        return validate_config({"tokens": [
+            {"name": f"gateway-{role.value}", "token": secrets_by_role[role.value],
+             "role": role} for role in Role]}, "(no config file)")
     data: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": 8_000},
         "store": {"path": "gateway-demo.db"},
         "tokens": [
-            {"name": f"demo-{role.value}", "token": secrets.token_urlsafe(24), "role": role}
+            {"name": f"demo-{role.value}", "token": secrets_by_role[role.value], "role": role}
             for role in Role
         ],
         # Every run's turns share one simulated provider's limits, as real LLM calls would.

@@ -125,6 +125,29 @@ class StoreConfig(ConfigModel):
     url: str | None = Field(default=None, pattern=r"^postgresql(\+asyncpg)?://\S+$")
     """A PostgreSQL log (``postgresql://user:password@host:port/db``) instead of the SQLite
     file at ``path``: several gateway processes may serve it together (``[cluster]``)."""
+    url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The environment variable that holds ``url`` (its password never in a file or on a
+    command line)."""
+    _url: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _url_from_env(self, info: ValidationInfo) -> StoreConfig:
+        if self.url_env is None:
+            return self
+        if self.url is not None:
+            _raise("url_env", "set either url or url_env, not both")
+        value = _environ(info).get(self.url_env)
+        if not value:
+            _raise("url_env", f"environment variable {self.url_env} is not set (or is empty)")
+        if not re.match(r"^postgresql(\+asyncpg)?://\S+$", str(value)):
+            _raise("url_env", f"environment variable {self.url_env} is not a postgresql:// URL")
+        self._url = value
+        return self
+
+    @property
+    def where(self) -> str | None:
+        """The PostgreSQL URL, from ``url`` or the variable ``url_env`` names (None: none)."""
+        return self.url or self._url
     synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"
     busy_timeout_ms: int = Field(default=5_000, ge=0, le=600_000)
     """A commit that cannot get the write lock in this time fails (clients are answered

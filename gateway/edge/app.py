@@ -8,10 +8,13 @@ out. Nothing is decided here that `lanes` decides.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -21,7 +24,17 @@ from gateway.edge.routes import Api
 from gateway.edge.service import Service
 from gateway.edge.sessions import partial_ws
 
-WEB = Path(__file__).resolve().parents[2] / "web"
+
+def _web() -> Path:
+    """The panel's files: ``web/`` beside the packages in a checkout, or ``gateway/web``
+    inside an installed wheel (which carries it there)."""
+    checkout = Path(__file__).resolve().parents[2] / "web"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("gateway") / "web"))
+
+
+WEB = _web()
 
 
 def create_app(service: Service, lifespan: Any = None) -> Starlette:
@@ -79,8 +92,13 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
     ]
     if WEB.is_dir():
         routes.append(Mount("/", StaticFiles(directory=WEB, html=True), name="web"))
+    # A browser app on one of the allowed origins may call the API (preflights answered).
+    cors = Middleware(CORSMiddleware, allow_origins=sorted(service.allowed_origins),
+                      allow_methods=["GET", "POST", "PUT", "DELETE"],
+                      allow_headers=["Authorization", "Content-Type"], max_age=600)
     return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers=api.exception_handlers())
+                     exception_handlers=api.exception_handlers(),
+                     middleware=[cors] if service.allowed_origins else [])
 
 
 __all__ = ["Role", "Service", "create_app"]

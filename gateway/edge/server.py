@@ -422,6 +422,8 @@ async def serve_forever(service: Service, host: str, port: int,
     process ends anyway once ``shutdown_timeout_s`` has passed)."""
     async with serving(service, host, port, extra) as running:
         running.server.exit_after_s = shutdown_timeout_s
+        log.info("started: serving %d agents on %s", len(service.engine.agent_ids), running.url)
         if on_ready is not None:
             on_ready(running)
         await running.task
+    log.info("stopped")

@@ -13,6 +13,7 @@ turn. A request that cannot be stored during a storage fault may be held
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,8 +32,10 @@ from lanes.events import (
     RunFailed,
     RunSteered,
 )
-from lanes.requests import AgentRequest
+from lanes.requests import AgentRequest, Kind
 from store.port import NewEvent, RecordedEvent
+
+log = logging.getLogger("gateway.controls")
 
 if TYPE_CHECKING:
     from gateway.base.pacing import Pacer
@@ -205,9 +208,13 @@ class Intake:
                 continue
             group.agent.controls.stored(request_id)
             try:
-                future.set_result(ack_of(request_id, item.decisions, records[item.offset:]))
+                ack = ack_of(request_id, item.decisions, records[item.offset:])
             except AssertionError as bug:  # (no decision for it: a bug, said to its caller)
                 future.set_exception(bug)
+                continue
+            future.set_result(ack)
+            if item.received.request.kind is _CONTROL and item.received.request.action:
+                said_control(item.received, ack)
 
     def _refused(self, received: RequestReceived, error: GatewayError) -> GatewayError:
         """The error a request that could not be stored is answered with (a risk-reducing
@@ -266,6 +273,24 @@ class Intake:
                 runs.steer(agent, decision)
         engine.reschedule(agent)
         return decisions, events
+
+
+_CONTROL = Kind.USER_CONTROL
+
+
+def said_control(received: RequestReceived, ack: Ack) -> None:
+    """An operator's control, once its decision is in the log: one line at INFO (a halt at
+    WARNING), with the agent, the request and who sent it."""
+    request = received.request
+    effect = ack.effect
+    what = f"{effect.from_state.value} -> {effect.to_state.value}" if effect else (
+        f"{ack.decision}: {ack.reason}" if ack.reason else ack.decision)
+    halted = effect is not None and effect.changed and effect.to_state.value == "HALTED"
+    log.log(logging.WARNING if halted else logging.INFO,
+            "control %s of %s by %s (%s): %s", request.action, request.agent_id,
+            received.principal or request.source or "?", request.request_id, what,
+            extra={"agent_id": request.agent_id, "request_id": request.request_id,
+                   "principal": received.principal})
 
 
 async def take_all(way_in: WayIn, requests: Sequence[AgentRequest],

@@ -374,3 +374,22 @@ def test_static_files_never_leave_web(gw: Threaded, target: str) -> None:
 def test_the_panel_itself_is_served(gw: Threaded) -> None:
     status, body = raw_http(gw.host, "/")
     assert status == 200 and b"<" in body
+
+
+def test_a_browser_app_on_an_allowed_origin_gets_its_preflight_answered_and_no_other(
+        gw: Threaded) -> None:
+    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT) as http:
+        asked = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+        allowed = http.options("/api/agents/btc/control",
+                               headers={"Origin": ALLOWED_ORIGIN, **asked})
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+        assert "POST" in allowed.headers["access-control-allow-methods"]
+        foreign = http.options("/api/agents/btc/control",
+                               headers={"Origin": "https://evil.example", **asked})
+        assert foreign.status_code == 400
+        assert "access-control-allow-origin" not in foreign.headers
+        read = http.get("/api/agents", headers={"Origin": ALLOWED_ORIGIN,
+                                                "Authorization": "Bearer viewer-secret"})
+        assert read.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
