@@ -96,6 +96,7 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"gateway.edge"}),
     frozenset({"gateway.client", "gateway.wiring"}),
     frozenset({"gateway.cli"}),
+    frozenset({"gateway.__main__"}),
 ]
 """The parts of ``gateway/``, lowest first: a module imports only its own part and parts of
 lower layers (never one beside it), so arrows between them point one way, down."""

@@ -13,8 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
@@ -23,18 +21,22 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.base.process import EventLoop
 from gateway.base.roles import Role
+from gateway.config.base import ConfigModel as ConfigModel
+from gateway.config.reasoners import REASONER_KINDS as REASONER_KINDS
+from gateway.config.reasoners import LLMReasonerConfig as LLMReasonerConfig
+from gateway.config.reasoners import ReasonerConfig as ReasonerConfig
+from gateway.config.reasoners import SimulatedCallConfig as SimulatedCallConfig
+from gateway.config.reasoners import SimulatedReasonerConfig as SimulatedReasonerConfig
+from gateway.config.reasoners import SimulatedToolCall as SimulatedToolCall
 from gateway.errors import BadFrame
-from gateway.market.events import Symbol
 from gateway.market.hooks import AgentId, HookRule
 from gateway.runtime.schedules import check as check_schedule
-from lanes.config import MAX_MS, AgentConfig, CallResults
+from lanes.config import AgentConfig
 from lanes.gate.events import GateLimits, lease_too_short
-from lanes.requests import Priority
 from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
 
@@ -55,19 +57,6 @@ def _origin(origin: str) -> str:
 
 Origin = Annotated[str, AfterValidator(_origin)]
 """A browser origin: ``http(s)://host[:port]``."""
-
-
-class ConfigModel(BaseModel):
-    """Base of the config models: snake_case or camelCase keys, unknown keys rejected."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        extra="forbid",
-        frozen=True,
-        loc_by_alias=False,
-    )
 
 
 class ServerConfig(ConfigModel):
@@ -265,73 +254,6 @@ class TokenConfig(ConfigModel):
         return self.agents is None or agent_id in self.agents
 
 
-class SimulatedCallConfig(ConfigModel):
-    """Calls a simulated run makes: ``count`` calls to agent ``agent``."""
-
-    agent: AgentId
-    count: int = Field(default=1, ge=1, le=10_000)
-    priority: Priority = Priority.NORMAL
-    payload: dict[str, Any] = Field(default_factory=dict)
-    timeout_ms: int | None = Field(default=None, ge=1, le=MAX_MS)
-
-
-class SimulatedToolCall(ConfigModel):
-    """A tool call a simulated step makes (a string argument ``$symbol``: the run's)."""
-
-    tool: str = Field(min_length=1, max_length=128)
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class SimulatedReasonerConfig(ConfigModel):
-    """The simulated reasoner (see `gateway.llm.reasoner.SimulatedReasoner`)."""
-
-    kind: Literal["simulated"] = "simulated"
-    latency_ms: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = (200, 1_500)
-    """A run's latency is drawn uniformly from ``[low, high]``."""
-    trade_probability: float = Field(default=0.3, ge=0.0, le=1.0)
-    steerable: bool = True
-    turns: int = Field(default=2, ge=1, le=100)
-    seed: int | None = 7
-    symbol: Symbol = "BTCUSD"
-    """The symbol of its orders when the requests name none."""
-    provider: str | None = None
-    """A ``[[providers]]`` name: each simulated turn then takes a slot of that gate."""
-    calls: tuple[SimulatedCallConfig, ...] = Field(default=(), max_length=100)
-    """Sub-agent calls each run makes (not a run about call results, nor one at a depth of
-    ``call_below_depth`` or more): ``[[agents.reasoner.calls]]`` tables."""
-    call_below_depth: int = Field(default=1, ge=0, le=100)
-    """Runs at a call depth below this make the calls (0 never; 1 only runs on hooks,
-    messages and audits, not those serving another agent's call)."""
-    call_results: CallResults | None = None
-    """How the calls' results come back (None: the agent's ``call_results``)."""
-    tool_steps: tuple[tuple[SimulatedToolCall, ...], ...] = Field(default=(), max_length=50)
-    """For an agent with ``tools``: each step's tool calls, then a final answer (each
-    step one simulated model call through the gate, recorded as a real model's)."""
-
-    @field_validator("latency_ms")
-    @classmethod
-    def _ordered(cls, latency: tuple[int, int]) -> tuple[int, int]:
-        if latency[0] > latency[1]:
-            raise ValueError(f"[low, high] with low <= high; got {list(latency)}")
-        return latency
-
-
-class LLMReasonerConfig(ConfigModel):
-    """A real model (see `gateway.llm.reasoner.LLMReasoner`) behind a ``[[providers]]`` gate."""
-
-    kind: Literal["llm"] = "llm"
-    provider: str
-    """The ``[[providers]]`` name (an anthropic or openai one)."""
-    max_tokens: int = Field(default=1_024, ge=1, le=200_000)
-    max_turns: int = Field(default=3, ge=1, le=20)
-    """Calls per run at most; the turns after the first carry steers."""
-    system_prompt: str | None = Field(default=None, min_length=1, max_length=100_000)
-    """None: the gateway's own (`gateway.llm.reasoner.SYSTEM_PROMPT`)."""
-
-
-ReasonerConfig = Annotated[SimulatedReasonerConfig | LLMReasonerConfig,
-                           Field(discriminator="kind")]
-REASONER_KINDS = frozenset({"simulated", "llm"})
 PROVIDER_KINDS = ("anthropic", "openai", "simulated")
 KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 """Where a provider's key is read from when the config names none."""
