@@ -49,3 +49,42 @@ def family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list
 def label(value: str) -> str:
     """A label value, escaped."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def process_lines(version: str) -> list[str]:
+    """The process's own families (the names Prometheus clients use): resident memory, CPU
+    seconds, open file descriptors, start time; and ``gateway_build_info``."""
+    import os
+    import platform
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    lines = [
+        *family("process_cpu_seconds_total", "counter", "User and system CPU time spent.",
+                [f"process_cpu_seconds_total {usage.ru_utime + usage.ru_stime:.3f}"]),
+        *family("gateway_build_info", "gauge", "The gateway's version and Python (always 1).",
+                [f'gateway_build_info{{version="{label(version)}",'
+                 f'python="{label(platform.python_version())}"}} 1']),
+    ]
+    try:  # (Linux: /proc; elsewhere these families are left out)
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+        rss = pages * os.sysconf("SC_PAGE_SIZE")
+        fds = len(os.listdir("/proc/self/fd"))
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith("btime"))
+        started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return lines
+    return [
+        *lines,
+        *family("process_resident_memory_bytes", "gauge", "Resident memory size.",
+                [f"process_resident_memory_bytes {rss}"]),
+        *family("process_open_fds", "gauge", "Open file descriptors.",
+                [f"process_open_fds {fds}"]),
+        *family("process_start_time_seconds", "gauge",
+                "When the process started, seconds since the epoch.",
+                [f"process_start_time_seconds {started:.2f}"]),
+    ]

@@ -4,6 +4,7 @@ fills, every step lands in the log, and no secret ever does."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -154,6 +155,14 @@ async def test_the_provider_gate_is_visible_over_http_metrics_and_the_status_str
         metrics = (await http.get("/metrics", headers=viewer)).text
         assert 'gateway_provider_granted_total{provider="sim"}' in metrics
         assert 'gateway_provider_requests_per_minute_limit{provider="sim"} 30' in metrics
+        # the breaker's state as a label, one of them 1; the process and the build
+        states = re.findall(r'gateway_provider_breaker_state\{provider="sim",state="(\w+)"\} '
+                            r"(\d)", metrics)
+        assert sorted(states) == [("closed", "1"), ("half_open", "0"), ("open", "0")]
+        assert re.search(r'gateway_build_info\{version="[^"]+",python="3\.', metrics)
+        for family in ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                       "process_open_fds", "process_start_time_seconds"):
+            assert re.search(rf"^{family} [0-9.]+$", metrics, re.M), family
 
         body = {"requestsPerMinute": 120, "maxConcurrent": 2}
         refused = await http.post("/api/providers/sim/limits", json=body, headers=viewer)

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.base.metrics import family, label
+from gateway.base.metrics import family, label, process_lines
 from gateway.edge.agent_series import FAMILIES, agent_series, family_pieces, series_pieces
 from gateway.edge.auth import Principal
 from gateway.edge.http import Routes, streamed
@@ -146,7 +146,7 @@ class ObserveRoutes(Routes):
         async for piece in family_pieces(series, len(FAMILIES) - 1, FAMILIES[-1]):
             yield piece
         lines = [*self._connection_metrics(), *self._cluster_metrics(),
-                 *self._gate_metrics(now)]
+                 *self._gate_metrics(now), *process_lines(_version())]
         yield "\n".join(lines) + "\n"
 
     def _connection_metrics(self) -> list[str]:
@@ -222,6 +222,11 @@ class ObserveRoutes(Routes):
             *per_gate("gateway_provider_breaker_open", "gauge",
                       "Circuit breaker: 0 closed, 1 open, 0.5 half-open.",
                       lambda v: {"closed": 0, "open": 1}.get(v.breaker.value, 0.5)),
+            *family("gateway_provider_breaker_state", "gauge",
+                    "The circuit breaker's state, as a label (1 for the state it is in).",
+                    [f'gateway_provider_breaker_state{{provider="{label(n)}",state="{s}"}} '
+                     f"{int(v.breaker.value == s)}"
+                     for n, v in statuses for s in ("closed", "open", "half_open")]),
             *per_gate("gateway_provider_backoff_seconds", "gauge",
                       "Time left of a running backoff.",
                       lambda v: max(0, (v.next_retry or now) - now) / 1000),
@@ -244,3 +249,12 @@ class ObserveRoutes(Routes):
                       "Output tokens reported by the provider.",
                       lambda v: v.counters.output_tokens),
         ]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trading-agent-gateway")
+    except PackageNotFoundError:
+        return "unknown"
