@@ -367,13 +367,18 @@ def demo_config(agents: bool = True, tokens: Path | None = None) -> GatewayConfi
                                  [{"tool": "market_snapshot",
                                    "arguments": {"symbol": "$symbol"}},
                                   {"tool": "positions"}],
-                                 [{"tool": "place_order",
+                                 [{"tool": "place_order",  # rests: far below the market
+                                   "arguments": {"symbol": "$symbol", "side": "buy",
+                                                 "qty": 0.1, "orderType": "limit",
+                                                 "limitPrice": 1_000}},
+                                  {"tool": "place_order",  # waits for a human
                                    "arguments": {"symbol": "$symbol", "side": "buy",
                                                  "qty": 0.1}}]]},
             },
             {
                 "id": "agent_eth_1m", "mode": "followup",
-                "budgets": {"max_runs_per_hour": 12, "no_trade_cooldown_ms": 10_000},
+                # Few runs an hour: within a minute its runs are suppressed by the budget.
+                "budgets": {"max_runs_per_hour": 3, "no_trade_cooldown_ms": 10_000},
                 "reasoner": {"latency_ms": [300, 1_200], "trade_probability": 0.3,
                              "seed": 2, "symbol": "ETHUSD", "provider": "sim-llm"},
             },
@@ -389,9 +394,10 @@ def demo_config(agents: bool = True, tokens: Path | None = None) -> GatewayConfi
                                         "payload": {"question": "BTC outlook?"}},
                                        {"agent": "agent_eth_1m",
                                         "payload": {"question": "ETH outlook?"}}]},
-                # A scheduled audit every five minutes, and one at New York's open.
+                # A scheduled audit every 40 s (one fires in the first minute), and one at
+                # New York's open.
                 "schedules": [
-                    {"id": "desk-audit", "every_ms": 300_000,
+                    {"id": "desk-audit", "every_ms": 40_000,
                      "payload": {"scope": "positions and open orders"}},
                     {"id": "open-bell", "cron": "30 9 * * 1-5",
                      "timezone": "America/New_York", "catch_up": "once"},
