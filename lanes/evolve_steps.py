@@ -14,7 +14,7 @@ from lanes.events import (
 )
 from lanes.evolve import EVOLVERS, _input, _run
 from lanes.handlers import IllegalTransition
-from lanes.state import AgentState, PendingApproval
+from lanes.state import AgentState
 
 EVOLVERS.on(ModelCalled, ToolReturned)(_input)
 
@@ -31,9 +31,7 @@ def _result(state: AgentState, event: ToolResultTaken) -> None:
 
 @EVOLVERS.on(ApprovalRequested)
 def _requested(state: AgentState, event: ApprovalRequested) -> None:
-    state.approvals[event.approval_id] = PendingApproval(
-        event.approval_id, event.run_id, event.order_id, event.intent, event.notional,
-        event.expires_at)
+    state.approvals[event.approval_id] = event
 
 
 @EVOLVERS.on(ApprovalDecided)

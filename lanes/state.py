@@ -7,7 +7,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, CallResults, Mode
-from lanes.events import CallResult, CallStatus, OrderIntent, ServedCall, Summary, TradingState
+from lanes.events import (
+    ApprovalRequested,
+    CallResult,
+    CallStatus,
+    OrderIntent,
+    ServedCall,
+    Summary,
+    TradingState,
+)
 from lanes.requests import AgentRequest, Priority
 from lanes.schedules import ScheduleEntry
 from lanes.tables import LaneState
@@ -54,16 +62,9 @@ class OpenOrder:
     cancel_requested: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class PendingApproval:
-    """An order waiting for a human's approval (`lanes.approvals`)."""
-
-    approval_id: str
-    run_id: str
-    order_id: str
-    intent: OrderIntent
-    notional: float | None
-    expires_at: int
+PendingApproval = ApprovalRequested
+"""An order waiting for a human's approval (`lanes.approvals`): the decision that set it
+waiting holds all there is to know of it."""
 
 
 @dataclass(frozen=True, slots=True)
