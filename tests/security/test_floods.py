@@ -144,18 +144,27 @@ class Gateway:
         (an earlier answer) is given, the event loop's tasks and the process's file
         descriptors are back to its counts, give or take a few timers and the connection
         that asks; fails if they never are."""
+        tasks = "gateway_asyncio_tasks"
+        last: dict[str, float] = {}
+
         async def back() -> dict[str, float] | None:
             found = await self.metrics()
             found["fds"] = self.fds()
+            last.clear()
+            last.update({k: v for k, v in found.items()
+                         if k in (tasks, "fds") or k.startswith("gateway_websocket_conn")})
             if sum(v for k, v in found.items() if k.startswith("gateway_websocket_conn")):
                 return None
-            tasks = "gateway_asyncio_tasks"
             if like is not None and (found[tasks] > like[tasks] + 5
                                      or found["fds"] > like["fds"] + 2):
                 return None
             return found
 
-        found: dict[str, float] = await until(back, f"everything freed (like {like})")
+        before = None if like is None else {tasks: like[tasks], "fds": like["fds"]}
+        try:
+            found: dict[str, float] = await until(back, "everything freed")
+        except AssertionError as timed_out:  # (say what stayed: the next failure is a clue)
+            raise AssertionError(f"{timed_out}: before {before}, last seen {last}") from None
         return found
 
 
