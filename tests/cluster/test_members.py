@@ -213,11 +213,14 @@ async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_m
         # the agent. (A run of its own that ended meanwhile was refused so already, and
         # stopped its agent: the agent is one it still believes it owns.)
         believed = sorted(a for a in lost if a in AGENTS and a in engine.loaded)
-        assert believed, "every agent it lost was stopped by a refused write already"
-        agent = believed[0]
-        with pytest.raises(NotOwner):
-            await engine.submit(parse_request(request(99, agent)))
-        assert agent not in engine.loaded
+        if believed:
+            agent = believed[0]
+            with pytest.raises(NotOwner):
+                await engine.submit(parse_request(request(99, agent)))
+            assert agent not in engine.loaded
+        else:  # (every one of them had a run end meanwhile: its refused write stopped it,
+            # as the log's warnings say; seen once in a full run)
+            assert not {a for a in lost if a in AGENTS} & set(engine.loaded)
         # The live member serves every agent the other one had.
         async with ControlClient(one.url, CONTROL_TOKEN, reconnect=False) as client:
             acks = await client.submit_many([request(100 + n, a)
