@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -53,18 +54,9 @@ async def catch_up(store: EventStore, reader: LogReader, agent_id: str,
     state = await asyncio.to_thread(copy_state, base) if base is not None \
         else AgentState(agent_id=agent_id)
     found: AgentConfig | None = None
-    while True:
-        records = await store.read_stream(agent_id, state.version, CHUNK)
-        if not records:
-            break
-        if records[0].version != state.version + 1:  # (a store's contract: never)
-            raise RuntimeError(f"{agent_id}: the stream does not continue at "
-                               f"{state.version + 1}")
+    async for records in _tail(store, agent_id, lambda: state.version):
         fold(state, (reader.decode(r) for r in records))
         found = _file_config(reader, records) or found
-        if len(records) < CHUNK:
-            break
-        await asyncio.sleep(0)
     if file_config is None:
         return Adopted(state, False)
     if found is None:
@@ -79,19 +71,27 @@ async def catch_up_gate(store: EventStore, stream: str, base: GateState | None) 
     thread) and folded through the rest of its stream, a chunk at a time."""
     state = await asyncio.to_thread(copy.deepcopy, base) if base is not None \
         else GateState(provider=stream)
-    while True:
-        records = await store.read_stream(stream, state.version, CHUNK)
-        if not records:
-            break
-        if records[0].version != state.version + 1:  # (a store's contract: never)
-            raise RuntimeError(f"{stream}: the stream does not continue at "
-                               f"{state.version + 1}")
+    async for records in _tail(store, stream, lambda: state.version):
         for record in records:
             evolve_gate(state, decode_gate_event(record.type, record.data))
-        if len(records) < CHUNK:
-            break
-        await asyncio.sleep(0)
     return state
+
+
+async def _tail(store: EventStore, stream: str, version: Callable[[], int]
+                ) -> AsyncIterator[list[RecordedEvent]]:
+    """The events of ``stream`` after the version its fold is at (``version()``, asked
+    before each read), a chunk at a time, the loop given a turn between chunks."""
+    while True:
+        at = version()
+        records = await store.read_stream(stream, at, CHUNK)
+        if not records:
+            return
+        if records[0].version != at + 1:  # (a store's contract: never)
+            raise RuntimeError(f"{stream}: the stream does not continue at {at + 1}")
+        yield records
+        if len(records) < CHUNK:
+            return
+        await asyncio.sleep(0)
 
 
 def _file_config(reader: LogReader, records: list[RecordedEvent]) -> AgentConfig | None:

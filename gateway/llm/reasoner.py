@@ -535,11 +535,8 @@ class LLMReasoner:
             if not completion.tool_calls and (not steers or step == tools.max_steps):
                 return _decided(completion.text,
                                 priced(input_tokens, output_tokens, self.price))
-            if completion.tool_calls:
-                messages.append(Message("assistant", completion.text,
-                                        tool_calls=completion.tool_calls))
-            else:
-                messages.append(Message("assistant", completion.text))
+            messages.append(Message("assistant", completion.text,
+                                    tool_calls=completion.tool_calls))
             messages.append(Message("user", render_requests(steers) if steers else "",
                                     tool_results=tuple(results)))
             if not steerable and step + 1 < tools.max_steps:
