@@ -15,10 +15,12 @@ from lanes.events import (
     CallEnded,
     CallResult,
     Event,
+    RunStarted,
 )
 
 CALL_EVENT_TYPES = frozenset(cls.__name__ for cls in (
-    AgentCallQueued, AgentCallDispatched, AgentCallRejected, CallBatchOpened, CallEnded))
+    AgentCallQueued, AgentCallDispatched, AgentCallRejected, CallBatchOpened, CallEnded,
+    RunStarted))
 """The event types a call tree is folded from (the others can be left undecoded)."""
 
 
@@ -49,15 +51,23 @@ class CallTrees:
     """A call -> the runs that made calls while serving it."""
     top: dict[str, list[str]] = field(default_factory=dict)
     """An agent -> its runs that made calls, in order (the roots of its trees)."""
+    started: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """An agent -> the requests its latest run took (the calls it serves among them): the
+    tasks that run sends (`lanes.tools`) are made while serving them."""
 
     def add(self, stream: str, events: Iterable[Event]) -> None:
         """Fold the call events of one agent's stream (in its order)."""
         for event in events:
-            if isinstance(event, CallBatchOpened):
+            if isinstance(event, RunStarted):
+                self.started[stream] = event.request_ids  # (an agent runs one at a time)
+            elif isinstance(event, CallBatchOpened):
                 self.run_agents[event.run_id] = stream
                 self.top.setdefault(stream, []).append(event.run_id)
                 for served in event.serves:
                     self.serving.setdefault(served.call_id, []).append(event.run_id)
+                if event.awaited_by is not None:  # tasks of a run: under what it serves
+                    for request_id in self.started.get(stream, ()):
+                        self.serving.setdefault(request_id, []).append(event.run_id)
             elif isinstance(event, AgentCallQueued):
                 self._node(stream, event.call_id, event.run_id, event.target, event.depth,
                            event.priority.value, "queued")

@@ -197,15 +197,12 @@ class AgentConfig(WireModel):
     @field_validator("tools")
     @classmethod
     def _known_tools(cls, tools: tuple[str, ...]) -> tuple[str, ...]:
-        from lanes.tools import OFFERED, TOOLS  # (lanes.tools builds on this module)
+        from lanes.tools import TOOLS  # (lanes.tools builds on this module)
 
         for name in tools:
             if name not in TOOLS:
                 raise ValueError(f"unknown tool {name!r}; the built-in tools are: "
-                                 f"{', '.join(OFFERED)}")
-            if name not in OFFERED:
-                raise ValueError(f"the tool {name!r} cannot be offered yet (the tools that "
-                                 f"can: {', '.join(OFFERED)})")
+                                 f"{', '.join(TOOLS)}")
         if len(set(tools)) != len(tools):
             raise ValueError("each tool may be named once")
         return tools

@@ -85,11 +85,15 @@ def decide(state: AgentState, event: Input) -> list[Decision]:
 
     def emit(decision: Decision) -> None:
         kind = type(decision)
-        served = _ending(state, decision) if kind is RunFailed or kind is RunAborted else None
+        ends = kind is RunFailed or kind is RunAborted
+        served = _ending(state, decision) if ends else None
         evolve(state, decision)
         decisions.append(decision)
         if served:  # the calls its requests served end with the run
             _answer_run_end(served, decision, emit)
+        if (ends or kind is RunCompleted) and state.calls.batches:
+            assert isinstance(decision, RunFailed | RunAborted | RunCompleted)
+            end_tool_batches(state, decision.run_id, emit)
     decider(state, event, emit)
     if state.policy_offered is not None:  # (a newer policy waits for the stream to rest)
         adopt_at_rest(state, emit)
@@ -493,5 +497,6 @@ from lanes.decide_calls import (  # noqa: E402
     _served,
     _unserved,
     _withdraw,
+    end_tool_batches,
 )
 from lanes.decide_policy import adopt_at_rest  # noqa: E402  (the policy versions)

@@ -31,6 +31,7 @@ from lanes.events import (
     RunFailed,
     RunFinished,
     ServedCall,
+    TasksFinished,
     TradingState,
 )
 from lanes.requests import AgentRequest, Kind
@@ -126,10 +127,63 @@ def _end_call(state: AgentState, call: OpenCall, result: CallResult, request_id:
                    withdraw=withdraw))
     _dispatch(state, emit)
     batch = state.calls.batches.get(call.run_id)
+    if batch is not None and batch.awaited_by is not None:
+        if batch.open == 0:
+            _tasks_finished(batch, emit)
+        return
     if batch is not None and (batch.results is CallResults.EACH or batch.open == 0):
         request = _results_request(state, batch)
         emit(CallResultsReady(run_id=batch.run_id, request=request, last=batch.open == 0))
         _reason(state, request, emit)
+
+
+def send_tasks(state: AgentState, run_id: str, step: int, emit: Emit) -> None:
+    """Send the tasks the active run ``run_id`` scheduled, as the calls of one batch
+    (``<run>-s<step>``) its ``execute_scheduled_tasks`` waits for; refused ones end it at
+    once, under the same limits as the calls a run's answer makes (numbered on from the
+    tasks the run sent before)."""
+    run = state.active
+    assert run is not None and run.run_id == run_id
+    batch_id, tasks, first = f"{run_id}-s{step}", run.scheduled, run.sent
+    emit(CallBatchOpened(run_id=batch_id, results=CallResults.ALL, depth=run.depth,
+                         awaited_by=run_id))
+    depth = run.depth + 1
+    for number, call in enumerate(tasks, start=1):
+        call_id = f"{batch_id}-c{number}"
+        refusal = _made_refusal(state, first + number, depth, 0)
+        if refusal is not None:
+            emit(AgentCallRejected(run_id=batch_id, target=call.agent_id, reason=refusal[1],
+                                   call_id=call_id, code=refusal[0]))
+            continue
+        emit(AgentCallQueued(call_id=call_id, run_id=batch_id, target=call.agent_id,
+                             depth=depth, priority=call.priority, payload=call.payload,
+                             timeout_ms=_timeout(state, call)))
+    _dispatch(state, emit)
+    batch = state.calls.batches[batch_id]
+    if batch.open == 0:  # every one refused
+        _tasks_finished(batch, emit)
+
+
+def _tasks_finished(batch: CallBatch, emit: Emit) -> None:
+    assert batch.awaited_by is not None
+    emit(TasksFinished(run_id=batch.awaited_by, batch_id=batch.run_id,
+                       results=tuple(sorted(batch.ended, key=_call_number))))
+
+
+def end_tool_batches(state: AgentState, run_id: str, emit: Emit) -> None:
+    """A run ended: the calls its ``execute_scheduled_tasks`` still waits for are cancelled
+    (nobody reads their results; those out are withdrawn from their targets)."""
+    book = state.calls
+    batches = {key for key, batch in book.batches.items() if batch.awaited_by == run_id}
+    if not batches:
+        return
+    for call_id in [c for c in [*book.queue, *book.open] if book.open[c].run_id in batches]:
+        call = book.open.get(call_id)
+        if call is not None:
+            _end_call(state, call, CallResult(
+                call_id=call.call_id, target=call.target, status=CallStatus.CANCELLED,
+                code="run_ended", error=f"run {run_id}, which waited for it, ended"),
+                None, emit)
 
 
 def _call_number(result: CallResult) -> int:

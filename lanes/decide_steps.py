@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from lanes.approvals import place
 from lanes.decide import DECIDERS, Emit, _not_active
+from lanes.decide_calls import send_tasks
 from lanes.events import (
     ModelCalled,
     OrderCancelRequested,
     RunResultIgnored,
     StepDecided,
+    TasksScheduled,
     ToolCallMade,
     ToolRefusal,
     ToolResultTaken,
@@ -33,7 +35,13 @@ from lanes.events import (
 )
 from lanes.requests import WireModel
 from lanes.state import AgentState
-from lanes.tools import TOOLS, CancelArguments, ToolArgumentError, tool_arguments
+from lanes.tools import (
+    TOOLS,
+    CancelArguments,
+    ScheduleArguments,
+    ToolArgumentError,
+    tool_arguments,
+)
 from lanes.vocabulary import OrderIntent
 
 
@@ -56,8 +64,14 @@ def _model_called(state: AgentState, event: ModelCalled, emit: Emit) -> None:
     refused: list[ToolRefusal] = []
     orders: list[OrderIntent] = []
     cancels: list[str] = []
+    tasks: list[tuple[str, ScheduleArguments | None]] = []
+    waiting = 0 if run is None else len(run.scheduled)
     for call in event.tool_calls:
         arguments, problem = _checked(state, event.step, call)
+        if arguments is not None and call.name in _TASK_TOOLS:
+            problem, waiting = _tasks_checked(state, arguments, waiting)
+            if problem:
+                arguments = None
         if arguments is None:
             refused.append(ToolRefusal(call_id=call.call_id, error=problem))
             continue
@@ -66,6 +80,9 @@ def _model_called(state: AgentState, event: ModelCalled, emit: Emit) -> None:
             orders.append(arguments)
         elif isinstance(arguments, CancelArguments):
             cancels.append(arguments.order_id)
+        elif call.name in _TASK_TOOLS:
+            tasks.append((call.call_id, arguments if isinstance(arguments, ScheduleArguments)
+                          else None))
     emit(StepDecided(run_id=event.run_id, step=event.step, allowed=tuple(allowed),
                      refused=tuple(refused)))
     for number, intent in enumerate(orders, start=1):
@@ -74,6 +91,31 @@ def _model_called(state: AgentState, event: ModelCalled, emit: Emit) -> None:
     for cancelled in cancels:
         if not state.orders[cancelled].cancel_requested:
             emit(OrderCancelRequested(order_id=cancelled, by=event.run_id))
+    for call_id, scheduled in tasks:  # (in the model's order: scheduled, then sent)
+        if scheduled is None:
+            send_tasks(state, event.run_id, event.step, emit)
+        else:
+            emit(TasksScheduled(run_id=event.run_id, step=event.step, call_id=call_id,
+                                tasks=tuple(scheduled.tasks)))
+
+
+_TASK_TOOLS = ("schedule_tasks", "execute_scheduled_tasks")
+
+
+def _tasks_checked(state: AgentState, arguments: WireModel, waiting: int) -> tuple[str, int]:
+    """Why a ``schedule_tasks`` or ``execute_scheduled_tasks`` call is refused ("" if it is
+    not), and how many tasks then wait to be sent."""
+    run = state.active
+    assert run is not None
+    if isinstance(arguments, ScheduleArguments):
+        limit = state.config.max_calls_per_run
+        if run.sent + waiting + len(arguments.tasks) > limit:
+            return (f"fan-out limit: a run makes at most {limit} calls (max_calls_per_run); "
+                    f"this one sent {run.sent} and has {waiting} scheduled"), waiting
+        return "", waiting + len(arguments.tasks)
+    if waiting == 0:
+        return "no tasks are scheduled: call schedule_tasks first", waiting
+    return "", 0
 
 
 def _checked(state: AgentState, step: int, call: ToolCallMade

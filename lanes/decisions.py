@@ -12,6 +12,7 @@ from lanes.requests import AgentRequest, ControlAction, Priority
 from lanes.schedules import Schedule
 from lanes.vocabulary import (
     AbortReason,
+    CallIntent,
     CallResult,
     OperatorAction,
     OrderIntent,
@@ -143,6 +144,28 @@ class ToolResultTaken:
     step: int
     call_id: str
     ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TasksScheduled:
+    """A ``schedule_tasks`` call of the active run's step ``step`` was taken: its sub-agent
+    tasks wait in the run until ``execute_scheduled_tasks`` sends them."""
+
+    run_id: str
+    step: int
+    call_id: str
+    tasks: tuple[CallIntent, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TasksFinished:
+    """Every call of a batch that ``execute_scheduled_tasks`` sent has ended: their results,
+    in the order they were scheduled, for the run waiting in that tool (``run_id``), if it
+    still waits (the batch is closed either way)."""
+
+    run_id: str
+    batch_id: str
+    results: tuple[CallResult, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -341,6 +364,9 @@ class CallBatchOpened:
     results: CallResults
     depth: int
     serves: tuple[ServedCall, ...] = ()
+    awaited_by: str | None = None
+    """The run whose ``execute_scheduled_tasks`` sent the calls and waits for them (their
+    batch is then ``<run>-s<step>``, and its results go to that run: `TasksFinished`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -449,6 +475,8 @@ Decision = (
     | SteerabilityChanged
     | StepDecided
     | ToolResultTaken
+    | TasksScheduled
+    | TasksFinished
     | RunCompleted
     | RunFailed
     | RunAborted
@@ -495,6 +523,8 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     SteerabilityChanged,
     StepDecided,
     ToolResultTaken,
+    TasksScheduled,
+    TasksFinished,
     RunCompleted,
     RunFailed,
     RunAborted,

@@ -55,6 +55,8 @@ from lanes.decisions import (
     ScheduleApplied,
     SteerabilityChanged,
     StepDecided,
+    TasksFinished,
+    TasksScheduled,
     ToolResultTaken,
 )
 from lanes.inputs import (
@@ -105,6 +107,7 @@ WRITTEN_WHEN_SET: dict[type[Any], tuple[tuple[str, Any], ...]] = {
     RunFinished: (("answer", ""), ("call_results", None), ("prices", {})),
     AgentCallDispatched: (("deadline", None),),
     AgentCallRejected: (("call_id", ""), ("code", "")),
+    CallBatchOpened: (("awaited_by", None),),
 }
 """Fields added after logs were written with their type: left out of the stored data while
 they hold their default, so an event that does not use them is stored as before."""
@@ -183,6 +186,8 @@ __all__ = [
     "StepDecided",
     "Stopping",
     "Summary",
+    "TasksFinished",
+    "TasksScheduled",
     "TimerElapsed",
     "ToolCallMade",
     "ToolRefusal",

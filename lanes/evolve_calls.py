@@ -10,6 +10,7 @@ from lanes.events import (
     CallAnswered,
     CallBatchOpened,
     CallEnded,
+    CallResult,
     CallResultsReady,
     CallStatus,
     CallWithdrawn,
@@ -37,7 +38,11 @@ def _batch_opened(state: AgentState, event: CallBatchOpened) -> None:
     if event.run_id in state.calls.batches:
         raise IllegalTransition(f"the calls of run {event.run_id} are already awaited")
     state.calls.batches[event.run_id] = CallBatch(event.run_id, event.results, event.depth,
-                                                  list(event.serves))
+                                                  list(event.serves),
+                                                  awaited_by=event.awaited_by)
+    run = state.active
+    if event.awaited_by is not None and run is not None and run.run_id == event.awaited_by:
+        run.sent, run.scheduled = run.sent + len(run.scheduled), ()  # (sent or refused now)
 
 
 @EVOLVERS.on(AgentCallQueued)
@@ -79,6 +84,11 @@ def _call_dispatched(state: AgentState, event: AgentCallDispatched) -> None:
 def _call_rejected(state: AgentState, event: AgentCallRejected) -> None:
     if event.call_id:  # (none: a log before call results, or a call that ended before)
         _count_end(state, CallStatus.REFUSED)
+        batch = state.calls.batches.get(event.run_id)
+        if batch is not None and batch.awaited_by is not None:  # (its tool reads it)
+            batch.ended.append(CallResult(call_id=event.call_id, target=event.target,
+                                          status=CallStatus.REFUSED, code=event.code or None,
+                                          error=event.reason[:1_000]))
     state.counters.calls_rejected += 1
 
 

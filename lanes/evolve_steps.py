@@ -9,6 +9,8 @@ from lanes.events import (
     BudgetAlert,
     ModelCalled,
     StepDecided,
+    TasksFinished,
+    TasksScheduled,
     ToolResultTaken,
     ToolReturned,
 )
@@ -27,6 +29,20 @@ def _step(state: AgentState, event: StepDecided) -> None:
 @EVOLVERS.on(ToolResultTaken)
 def _result(state: AgentState, event: ToolResultTaken) -> None:
     _run(state, event.run_id, "ToolResultTaken")
+
+
+@EVOLVERS.on(TasksScheduled)
+def _scheduled(state: AgentState, event: TasksScheduled) -> None:
+    run = _run(state, event.run_id, "TasksScheduled")
+    run.scheduled = (*run.scheduled, *event.tasks)
+
+
+@EVOLVERS.on(TasksFinished)
+def _tasks_finished(state: AgentState, event: TasksFinished) -> None:
+    batch = state.calls.batches.pop(event.batch_id, None)
+    if batch is None or batch.open or batch.awaited_by != event.run_id:
+        raise IllegalTransition(f"the tasks of {event.batch_id} are not all ended, or not "
+                                f"awaited by run {event.run_id}")
 
 
 @EVOLVERS.on(ApprovalRequested)

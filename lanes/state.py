@@ -9,6 +9,7 @@ from typing import Any
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, CallResults, Mode
 from lanes.events import (
     ApprovalRequested,
+    CallIntent,
     CallResult,
     CallStatus,
     OrderIntent,
@@ -49,6 +50,10 @@ class ActiveRun:
     steers: int = 0
     steps: int = 0
     """Model calls taken as its steps so far (a run with tools: `lanes.decide_steps`)."""
+    scheduled: tuple[CallIntent, ...] = ()
+    """Sub-agent tasks its ``schedule_tasks`` calls scheduled, not sent yet."""
+    sent: int = 0
+    """Sub-agent tasks its ``execute_scheduled_tasks`` calls sent (or had refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,9 @@ class CallBatch:
     """Of which dispatched (at most ``max_parallel_calls``)."""
     ended: list[CallResult] = field(default_factory=list)
     """Results not handed to the reasoning lane yet (``all``: every one, at the end)."""
+    awaited_by: str | None = None
+    """The run waiting for these calls in its ``execute_scheduled_tasks`` (the results go
+    to it, not to the reasoning lane; a refused call is a result too)."""
 
 
 @dataclass(slots=True)

@@ -52,6 +52,7 @@ LANE_TRANSITIONS: dict[tuple[LaneState, str], LaneState] = {
     (LaneState.RUNNING, "SteerabilityChanged"): LaneState.RUNNING,
     (LaneState.RUNNING, "StepDecided"): LaneState.RUNNING,
     (LaneState.RUNNING, "ToolResultTaken"): LaneState.RUNNING,
+    (LaneState.RUNNING, "TasksScheduled"): LaneState.RUNNING,
     (LaneState.RUNNING, "RunCompleted"): LaneState.IDLE,
     (LaneState.RUNNING, "RunFailed"): LaneState.IDLE,
     (LaneState.RUNNING, "RunAborted"): LaneState.IDLE,

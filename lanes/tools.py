@@ -3,9 +3,9 @@
 A tool is its name, what it does (said to the model) and the model of its arguments; the
 JSON Schema the model is given (`tool_schema`), the arguments' check (`tool_arguments`), the
 docs (docs/agents.md) and ``gateway schema`` all come from it. What each does is the
-shell's (market data, positions and orders, sub-agent calls); orders go through the trading
-gate like any other. (The runs that call them, a loop of model calls and tool steps, each
-recorded, are being built: issue 24.)
+shell's (market data, positions and orders); the rules are the pure core's: orders go
+through the trading gate like any other, and sub-agent tasks are calls under the agent's
+call limits (`lanes.decide_steps`).
 """
 
 from __future__ import annotations
@@ -105,16 +105,15 @@ TOOLS: Final[Mapping[str, Tool]] = {tool.name: tool for tool in (
     Tool("execute_scheduled_tasks", "Send the scheduled tasks and wait for their results "
          "(each bounded by its timeout); returns one result per task.", ToolKind.CALLS,
          NoArguments),
-    Tool("get_queue_status", "This run's sub-agent tasks: scheduled, out, and finished with "
-         "their results.", ToolKind.CALLS, NoArguments),
+    Tool("get_queue_status", "This run's sub-agent tasks: those scheduled and not sent yet, "
+         "and those sent and not all back (queued, out, or ended with their results).",
+         ToolKind.CALLS, NoArguments),
     Tool("agent_status", "Another agent's trading state, queue and active run.",
          ToolKind.READ, AgentArguments),
 )}
 """Every built-in tool, by name."""
 
 TOOL_NAMES: Final = tuple(TOOLS)
-OFFERED: Final = tuple(name for name, tool in TOOLS.items() if tool.kind is not ToolKind.CALLS)
-"""The tools an agent may be given today (the sub-agent tools are defined, not run yet)."""
 
 
 class ToolArgumentError(ValueError):

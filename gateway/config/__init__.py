@@ -385,15 +385,21 @@ def demo_config(agents: bool = True, tokens: Path | None = None) -> GatewayConfi
             {
                 "id": "agent_news", "mode": "steer-backlog",
                 "halt_on_alerts": ["connector_down"],
-                # Each of its runs asks the two market agents (sub-agent calls); their
-                # answers come back to it as one follow-up run (the panel's call tree).
+                # Each of its runs asks the two market agents with its tools: the tasks
+                # are scheduled, sent together, and the run waits for both answers (the
+                # panel's call tree; its run history shows the steps).
+                "tools": ["schedule_tasks", "execute_scheduled_tasks", "get_queue_status"],
                 "reasoner": {"latency_ms": [800, 3_000], "trade_probability": 0.1,
                              "steerable": True, "turns": 3, "seed": 3,
                              "provider": "sim-llm",
-                             "calls": [{"agent": "agent_btc_5m",
-                                        "payload": {"question": "BTC outlook?"}},
-                                       {"agent": "agent_eth_1m",
-                                        "payload": {"question": "ETH outlook?"}}]},
+                             "tool_steps": [
+                                 [{"tool": "schedule_tasks", "arguments": {"tasks": [
+                                     {"agentId": "agent_btc_5m",
+                                      "payload": {"question": "BTC outlook?"}},
+                                     {"agentId": "agent_eth_1m",
+                                      "payload": {"question": "ETH outlook?"}}]}}],
+                                 [{"tool": "get_queue_status"},
+                                  {"tool": "execute_scheduled_tasks"}]]},
                 # A scheduled audit every 40 s (one fires in the first minute), and one at
                 # New York's open.
                 "schedules": [

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gateway.runtime.effects import ControlEffect
 from lanes.events import (
     CallEnded,
+    CallWithdrawn,
     ControlApplied,
     Decision,
     OrderCancelRequested,
@@ -51,8 +52,9 @@ def ack_of(request_id: str, decisions: list[Decision], records: list[RecordedEve
         if isinstance(decision, ControlApplied):
             effect = control_effect(decision, decisions[index + 1:])
             return Ack(request_id, "accepted", position, effect=effect)
-        if isinstance(decision, RequestQueued | RunSteered | CallEnded):
-            return Ack(request_id, "accepted", position)  # (a call's result ends its call)
+        if isinstance(decision, RequestQueued | RunSteered | CallEnded | CallWithdrawn):
+            # (a call's result ends its call; a caller's withdrawal is taken)
+            return Ack(request_id, "accepted", position)
         if isinstance(decision, RequestDeduped):
             reason = f"duplicate of {decision.duplicate_of} ({decision.key})"
             return Ack(request_id, "deduped", position, reason)

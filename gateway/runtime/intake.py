@@ -31,6 +31,7 @@ from lanes.events import (
     RunCompleted,
     RunFailed,
     RunSteered,
+    TasksFinished,
 )
 from lanes.requests import AgentRequest, Kind
 from store.port import NewEvent, RecordedEvent
@@ -271,6 +272,8 @@ class Intake:
                 runs.cancel(agent, decision.run_id)
             elif isinstance(decision, RunSteered):
                 runs.steer(agent, decision)
+            elif isinstance(decision, TasksFinished):
+                runs.tasks_finished(agent, decision)
         engine.reschedule(agent)
         return decisions, events
 

@@ -33,6 +33,7 @@ from lanes.events import (
     RunSteerability,
     RunSteered,
     SpendLimitHit,
+    TasksFinished,
 )
 from lanes.state import ActiveRun
 
@@ -101,6 +102,13 @@ class Runs:
             if p.request.request_id == steered.request_id
         )
         context.deliver_steer(request)
+
+    def tasks_finished(self, agent: Agent, finished: TasksFinished) -> None:
+        """Hand the results of a run's sub-agent tasks to the tool waiting for them."""
+        context = agent.context
+        if context is not None and context.run_id == finished.run_id \
+                and isinstance(context.tools, RunTools):
+            context.tools.tasks_finished(finished)
 
     def cancel(self, agent: Agent, run_id: str | None = None) -> None:
         """Cancel the agent's run task (``run_id``: only if it is that run's)."""

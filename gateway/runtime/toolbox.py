@@ -1,17 +1,20 @@
 """The built-in tools at work for a run: each step recorded, each tool run, each result
 recorded, in the order the model asked.
 
-`RunTools` is a run's `gateway.llm.loop.ToolSession`: a model call becomes the input
+`RunTools` is a run's `gateway.llm.reasoner.ToolSession`: a model call becomes the input
 `ModelCalled`; the pure core decides which tool calls may go ahead (`lanes.decide_steps`),
-places or cancels orders at once; the reads (``market_snapshot``, ``candles``,
-``positions``, ``open_orders``, ``agent_status``) are answered here from the market book and
-the agents' states; every result becomes the input `ToolReturned`. A result longer than
-`STEP_TEXT_LIMIT` is cut in the log and in what the model reads, with the whole's size and
-SHA-256. A tool that raises is a tool error the model reads; the run goes on.
+places or cancels orders at once, schedules and sends sub-agent tasks (the run waits in
+``execute_scheduled_tasks`` for their results: `RunTools.tasks_finished`); the reads
+(``market_snapshot``, ``candles``, ``positions``, ``open_orders``, ``agent_status``,
+``get_queue_status``) are answered here from the market book and the agents' states; every
+result becomes the input `ToolReturned`. A result longer than `STEP_TEXT_LIMIT` is cut in the
+log and in what the model reads, with the whole's size and SHA-256. A tool that raises is a
+tool error the model reads; the run goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -25,6 +28,8 @@ from lanes.decide_steps import order_id
 from lanes.events import (
     STEP_TEXT_LIMIT,
     ApprovalRequested,
+    CallResult,
+    CallStatus,
     Decision,
     Input,
     ModelCalled,
@@ -32,6 +37,8 @@ from lanes.events import (
     OrderRejected,
     RunResultIgnored,
     StepDecided,
+    TasksFinished,
+    TasksScheduled,
     ToolCallMade,
     ToolReturned,
 )
@@ -133,6 +140,8 @@ class RunTools:
             ToolSpec(name, TOOLS[name].description, tool_schema(TOOLS[name]))
             for name in config.tools)
         self.max_steps = config.max_steps
+        self._batches: dict[str, asyncio.Future[tuple[CallResult, ...]]] = {}
+        """Batch id -> the results of the calls an ``execute_scheduled_tasks`` sent."""
 
     async def step(self, step: int, completion: Completion, steered: Sequence[str] = ()
                    ) -> list[ToolResult]:
@@ -168,6 +177,12 @@ class RunTools:
                 ok, text = _order_answer(next(orders), order_id(self.run_id, step, placed))
             elif call.name == "cancel_order":
                 ok, text = True, f"cancel of order {call.arguments.get('orderId')} requested"
+            elif call.name == "schedule_tasks":
+                ok, text = True, _scheduled(call.id, decisions)
+            elif call.name == "execute_scheduled_tasks":
+                ok, text = await self._executed(f"{self.run_id}-s{step}", decisions)
+            elif call.name == "get_queue_status":
+                ok, text = True, _json(self._queue_status())
             else:
                 ok, text = self._read(call)
             content, size, digest = cut(text)
@@ -177,12 +192,63 @@ class RunTools:
                 name=call.name, ok=ok, content=content, size=size, digest=digest))
         return results
 
+    def tasks_finished(self, finished: TasksFinished) -> None:
+        """The calls of one of this run's ``execute_scheduled_tasks`` all ended."""
+        future = self._batch(finished.batch_id)
+        if not future.done():
+            future.set_result(finished.results)
+
+    def _batch(self, batch_id: str) -> asyncio.Future[tuple[CallResult, ...]]:
+        future = self._batches.get(batch_id)
+        if future is None:
+            future = self._batches[batch_id] = asyncio.get_running_loop().create_future()
+        return future
+
+    async def _executed(self, batch_id: str, decisions: list[Decision]) -> tuple[bool, str]:
+        """Wait for the batch's results (each call is bounded by its timeout; a stop of the
+        run cancels this wait and the calls with it)."""
+        for decision in decisions:  # (every task refused: it ended at once)
+            if isinstance(decision, TasksFinished) and decision.batch_id == batch_id:
+                self.tasks_finished(decision)
+        results = await self._batch(batch_id)
+        returned = sum(result.status is CallStatus.RETURNED for result in results)
+        return returned > 0 or not results, _json([
+            result.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for result in results])
+
+    def _queue_status(self) -> dict[str, Any]:
+        state = self._state()
+        run = state.active
+        scheduled = () if run is None or run.run_id != self.run_id else run.scheduled
+        book = state.calls
+        batches = {key: batch for key, batch in book.batches.items()
+                   if batch.awaited_by == self.run_id}
+        return {
+            "scheduled": [task.model_dump(mode="json", by_alias=True, exclude_none=True)
+                          for task in scheduled],
+            "sent": [{"callId": call.call_id, "agentId": call.target,
+                      "status": "out" if call.dispatched else "queued"}
+                     for call in book.open.values() if call.run_id in batches],
+            "ended": [result.model_dump(mode="json", by_alias=True, exclude_none=True)
+                      for batch in batches.values() for result in batch.ended],
+        }
+
     def _read(self, call: ToolCall) -> tuple[bool, str]:
         try:
             value = self._toolbox.read(self._state(), call.name, dict(call.arguments))
         except Exception as error:  # a tool that raises is a tool error, never a failed run
             return False, f"{type(error).__name__}: {error}"
-        return True, json.dumps(value, separators=(",", ":"))
+        return True, _json(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _scheduled(call_id: str, decisions: list[Decision]) -> str:
+    count = next(len(d.tasks) for d in decisions
+                 if isinstance(d, TasksScheduled) and d.call_id == call_id)
+    return f"{count} task(s) scheduled; nothing is sent until execute_scheduled_tasks"
 
 
 def _order_answer(decision: Decision, expected_id: str) -> tuple[bool, str]:

@@ -16,6 +16,7 @@ from lanes.events import (
     ApprovalRequested,
     BrokerReportIgnored,
     BudgetAlert,
+    CallBatchOpened,
     ConfigApplied,
     ControlApplied,
     Event,
@@ -46,6 +47,8 @@ from lanes.events import (
     RunsUnheld,
     SteerabilityChanged,
     StepDecided,
+    TasksFinished,
+    TasksScheduled,
     TimerElapsed,
     ToolResultTaken,
     ToolReturned,
@@ -160,13 +163,36 @@ class Group:
 
 
 def story(entries: Iterable[Entry]) -> Iterator[Group]:
-    """One agent's stream (in position order) as groups: the story the timeline tells."""
+    """One agent's stream (in position order) as groups: the story the timeline tells. A
+    run that ends while tool calls of its last step had not returned says which were cut
+    off."""
+    names: dict[str, str] = {}  # tool call id -> tool name (of the runs still open)
+    running: dict[str, list[str]] = {}  # run id -> its tool calls that have not returned
     for step in steps(entries):
         event = step.input.event
         assert is_input(event)  # (a step starts with its input)
+        if isinstance(event, ModelCalled):
+            names.update((c.call_id, c.name) for c in event.tool_calls)
+        said = []
+        for d in step.decisions:
+            text = explain(d.event)
+            match d.event:
+                case StepDecided(run_id=run_id, allowed=allowed):
+                    running[run_id] = list(allowed)
+                case ToolResultTaken(run_id=run_id, call_id=call_id):
+                    if call_id in running.get(run_id, ()):
+                        running[run_id].remove(call_id)
+                case RunAborted(run_id=run_id) | RunFailed(run_id=run_id) \
+                        | RunCompleted(run_id=run_id):
+                    cut = running.pop(run_id, [])
+                    if cut:
+                        text += "; tool calls cut off: " + ", ".join(
+                            f"{names.get(c, '?')} ({c})" for c in cut)
+                    if not running:
+                        names.clear()
+            said.append(Said(d.position, type(d.event).__name__, text, kinds_of(d.event)))
         yield Group(step.input.position, event.at, type(event).__name__, what_came_in(event),
-                    tuple(Said(d.position, type(d.event).__name__, explain(d.event),
-                               kinds_of(d.event)) for d in step.decisions))
+                    tuple(said))
 
 
 def what_came_in(event: Event) -> str:
@@ -225,6 +251,14 @@ def explain(event: Event) -> str:
         case ApprovalDecided(approval_id=aid, approved=approved, by=by, reason=reason):
             return (f"approval {aid} {'approved' if approved else 'rejected'} by {by}"
                     f"{': ' + reason if reason else ''}")
+        case TasksScheduled(run_id=run_id, call_id=call_id, tasks=tasks):
+            to = ", ".join(task.agent_id for task in tasks)
+            return f"{run_id}: {len(tasks)} task(s) scheduled by {call_id} (for {to})"
+        case TasksFinished(batch_id=batch, results=results):
+            ended = ", ".join(f"{r.target} {r.status.value}" for r in results)
+            return f"tasks {batch} all ended: {ended}"
+        case CallBatchOpened(run_id=batch, awaited_by=run_id) if run_id is not None:
+            return f"tasks {batch} sent; {run_id} waits for them"
         case ToolResultTaken(run_id=run_id, call_id=call_id, ok=ok):
             return f"{run_id}: {'result' if ok else 'tool error'} of {call_id} taken"
         case RunCompleted(run_id=run_id, outcome=outcome, usage=usage):

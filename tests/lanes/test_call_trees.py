@@ -19,6 +19,7 @@ from lanes.events import (
     AgentCallQueued,
     AgentCallRejected,
     CallAnswered,
+    CallBatchOpened,
     CallEnded,
     CallIntent,
     CallResultsReady,
@@ -27,11 +28,14 @@ from lanes.events import (
     ConfigChanged,
     Decision,
     Input,
+    ModelCalled,
     Outcome,
     RequestReceived,
     RunErrored,
     RunFinished,
+    TasksFinished,
     TimerElapsed,
+    ToolCallMade,
     answer_id,
     withdrawal_id,
 )
@@ -42,6 +46,7 @@ from lanes.snapshot import dump_fold, load_fold
 from tests.lanes.harness import T0, Bench, types
 
 AGENTS = ("a", "b", "c")
+TASK_TOOLS = ("schedule_tasks", "execute_scheduled_tasks", "get_queue_status")
 TERMINAL = {status.value for status in CallStatus}
 
 
@@ -125,6 +130,21 @@ class Desk:
         self.feed(agent, RunFinished(at=self.now, run_id=run.run_id, outcome=Outcome.NO_TRADE,
                                      calls=calls, answer=f"{agent} done"))
 
+    def tasks(self, agent: str, calls: tuple[CallIntent, ...], execute: bool) -> None:
+        """A step of the agent's active run schedules ``calls`` (and sends what is
+        scheduled, if ``execute``), as the tools ``schedule_tasks`` and
+        ``execute_scheduled_tasks`` do."""
+        run = self.states[agent].active
+        if run is None:
+            return
+        tool_calls = [ToolCallMade(call_id="t1", name="schedule_tasks", arguments={
+            "tasks": [c.model_dump(mode="json", by_alias=True) for c in calls]})]
+        if execute:
+            tool_calls.append(ToolCallMade(call_id="t2", name="execute_scheduled_tasks"))
+        self.feed(agent, ModelCalled(at=self.now, run_id=run.run_id, step=run.steps + 1,
+                                     input_tokens=10, output_tokens=1,
+                                     tool_calls=tuple(tool_calls)))
+
     def advance(self, ms: int) -> None:
         target = self.now + ms
         while True:
@@ -179,7 +199,7 @@ def ends_of(log: list[Entry]) -> tuple[set[str], Counter[str]]:
 configs = st.builds(
     lambda parallel, mode, results, cap, timeout: AgentConfig(
         mode=mode, max_parallel_calls=parallel, call_results=results, cap=cap,
-        call_timeout_ms=timeout, max_open_calls=12),
+        call_timeout_ms=timeout, max_open_calls=12, tools=TASK_TOOLS),
     st.integers(min_value=1, max_value=3),
     st.sampled_from([Mode.FOLLOWUP, Mode.STEER_BACKLOG, Mode.COLLECT]),
     st.sampled_from(list(CallResults)),
@@ -193,8 +213,9 @@ call_lists = st.lists(
 _send = st.tuples(st.just("send"), st.sampled_from(AGENTS))
 _deliver = st.tuples(st.just("deliver"), st.integers(min_value=0, max_value=50))
 _finish = st.tuples(st.just("finish"), st.sampled_from(AGENTS), call_lists)
+_tasks = st.tuples(st.just("tasks"), st.sampled_from(AGENTS), call_lists, st.booleans())
 steps = st.lists(st.one_of(
-    _send, _send, _deliver, _deliver, _deliver, _finish, _finish, _finish,
+    _send, _send, _deliver, _deliver, _deliver, _finish, _finish, _finish, _tasks, _tasks,
     st.tuples(st.just("fail"), st.sampled_from(AGENTS)),
     st.tuples(st.just("advance"), st.integers(min_value=1, max_value=20_000)),
     st.tuples(st.just("stop"), st.sampled_from(AGENTS)),
@@ -218,6 +239,8 @@ def play(desk: Desk, plan: list[tuple[Any, ...]]) -> None:
                 desk.feed(step[1], RequestReceived(at=desk.now, request=_request(
                     step[1], f"u{sent}", Kind.USER_CONTROL, {"message": "go"}, "user")))
             desk.finish(step[1], step[2])
+        elif action == "tasks":
+            desk.tasks(step[1], step[2], step[3])
         elif action == "fail":
             desk.finish(step[1], (), fail=True)
         elif action == "advance":
@@ -250,8 +273,14 @@ def test_every_call_ends_in_exactly_one_terminal_state(
         assert not state.calls.open and not state.calls.queue and state.calls.out == 0
         assert sum(state.calls.ended.values()) == sum(
             1 for call_id in made if call_id.startswith(f"{state.agent_id}-"))
+    sent = [e.event.run_id for e in desk.log
+            if isinstance(e.event, CallBatchOpened) and e.event.awaited_by is not None]
+    finished = Counter(e.event.batch_id for e in desk.log if isinstance(e.event, TasksFinished))
+    assert finished == Counter(sent), "a batch of tasks did not finish exactly once"
     assert replay(desk.log) == desk.states
     assert verify(desk.log) is None
+    assert verify([Entry(e.position, e.stream, decode(*encode(e.event)))
+                   for e in desk.log]) is None
 
 
 @settings(max_examples=100, deadline=None)
