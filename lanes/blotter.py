@@ -49,6 +49,8 @@ class OrderRow:
     order_type: str
     limit_price: float | None
     placed_at: int
+    decision_price: float | None = None
+    """The price the gateway had for its symbol when the run decided it (None: none)."""
     filled_qty: float = 0.0
     priced_qty: float = 0.0
     """Of ``filled_qty``, what was filled at a known price."""
@@ -80,6 +82,16 @@ class Fill:
     side: Side
     qty: float
     price: float | None
+    decision_price: float | None = None
+    """The price the gateway had when the order was decided (`OrderRow.decision_price`)."""
+
+    @property
+    def slippage(self) -> float | None:
+        """Per unit, how much worse than the decision price it filled (negative: better)."""
+        if self.price is None or self.decision_price is None:
+            return None
+        moved = self.price - self.decision_price
+        return moved if self.side == "buy" else -moved
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +123,24 @@ class Position:
     bought_qty: float = 0.0
     sold_qty: float = 0.0
     fills: int = 0
+    realized: float = 0.0
+    """P&L realized by the fills that reduced it, against ``avg_price`` (average cost)."""
+    unpriced: int = 0
+    """Fills without a price, or that reduced a position of unknown cost: while any, the
+    P&L is not known in full."""
 
     def apply(self, signed: float, price: float | None) -> None:
         """Take one fill (``signed``: positive bought, negative sold)."""
         before = self.net_qty
         after = before + signed  # (the same sum as `lanes.evolve`: the same floats)
+        if abs(before) > FLAT and (before > 0) != (signed > 0):  # it reduced what was held
+            closed = min(abs(signed), abs(before))
+            if price is None or self.avg_price is None:
+                self.unpriced += 1
+            else:
+                self.realized += (price - self.avg_price) * closed * (1 if before > 0 else -1)
+        elif price is None:
+            self.unpriced += 1
         if abs(after) <= FLAT:
             self.avg_price = None
         elif abs(before) <= FLAT or (before > 0) != (after > 0):
@@ -161,9 +186,11 @@ class Blotter:
             self.now, self.cause = event.at, event
         elif isinstance(event, OrderAccepted):
             intent = event.intent
+            prices = getattr(self.cause, "prices", None) or {}
             self.open[event.order_id] = OrderRow(
                 event.order_id, event.run_id, intent.symbol, intent.side, intent.qty,
-                intent.order_type, intent.limit_price, self.now)
+                intent.order_type, intent.limit_price, self.now,
+                decision_price=prices.get(intent.symbol))
         elif isinstance(event, OrderRejected):
             intent = event.intent
             self.rejections.append(Rejection(self.now, "gate", event.run_id, None, intent.symbol,
@@ -196,7 +223,7 @@ class Blotter:
             order.priced_qty += event.qty
             order.cost += event.price * event.qty
         self.fills.append(Fill(self.now, order.order_id, order.symbol, order.side, event.qty,
-                               event.price))
+                               event.price, order.decision_price))
         position = self.positions.get(order.symbol)
         if position is None:
             position = self.positions[order.symbol] = Position(order.symbol)

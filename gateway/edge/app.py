@@ -85,6 +85,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/charts", api.charts),
         Route("/api/orders", api.orders),
         Route("/api/approvals", api.approvals),
+        Route("/api/pnl", api.pnl),
         Route("/api/agents/{agent_id}/orders", api.agent_orders),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),

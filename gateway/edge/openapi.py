@@ -51,6 +51,7 @@ def openapi_document() -> dict[str, Any]:
     from gateway.edge.http import ControlBody
     from gateway.edge.shapes import ANSWERS
     from gateway.reads.blotter import BlotterView
+    from gateway.reads.pnl import PnlView
     from gateway.tools.story import RESPONSES  # the answers of the story routes
 
     schemas: dict[str, Any] = {}
@@ -67,7 +68,8 @@ def openapi_document() -> dict[str, Any]:
                         ("Schedule", Schedule)):
         add(name, model, "validation")
     # Answers: described as they are sent (every field present, null when none).
-    answers: dict[str, Any] = {**ANSWERS, **RESPONSES, "BlotterView": BlotterView}
+    answers: dict[str, Any] = {**ANSWERS, **RESPONSES, "BlotterView": BlotterView,
+                               "PnlView": PnlView}
     for name, shape in answers.items():
         add(name, shape, "serialization")
     agent = "/api/agents/{agent_id}"
@@ -185,6 +187,10 @@ def openapi_document() -> dict[str, Any]:
                 "positions of every agent in scope (or one), from the log", "BlotterView",
                 params=(), query=(("agent", "string"), ("symbol", "string"),
                                   ("limit", "integer")))},
+            "/api/pnl": {"get": _op(
+                "P&L: each agent's positions in scope (or one agent's) marked to the feed's "
+                "latest prices, realized and unrealized, exposure, totals per agent and for "
+                "the desk", "PnlView", params=(), query=(("agent", "string"),))},
             "/api/approvals": {"get": _op(
                 "The orders waiting for a human's approval in scope (or one agent's), the "
                 "soonest to expire first; decide one with the control action approve or "

@@ -65,6 +65,10 @@ class FillView(_Answer):
     price: float | None = None
     """None when the broker gave no price."""
     at: int
+    decision_price: float | None = None
+    """The price the gateway had for the symbol when the run decided the order."""
+    slippage: float | None = None
+    """Per unit, how much worse than ``decision_price`` it filled (negative: better)."""
 
 
 class CancelView(_Answer):
@@ -113,6 +117,9 @@ class PositionView(_Answer):
     bought_qty: float
     sold_qty: float
     fills: int
+    realized_pnl: float
+    """P&L realized by the fills that reduced it (average cost; ``GET /api/pnl`` marks the
+    rest to the market)."""
 
 
 class BlotterView(_Answer):
@@ -237,14 +244,15 @@ def blotter_view(blotters: Sequence[tuple[str, Blotter]], now: int, query: Blott
         truncated=cut_fills or cut_cancels or cut_rejections,
         open_orders=[_open_view(a, o, now) for a, o in opened],
         fills=[FillView(agent_id=a, order_id=f.order_id, symbol=f.symbol, side=f.side, qty=f.qty,
-                        price=f.price, at=f.at) for a, f in fills],
+                        price=f.price, at=f.at, decision_price=f.decision_price,
+                        slippage=f.slippage) for a, f in fills],
         cancels=[_cancel_view(a, o) for a, o in cancels],
         rejections=[RejectionView(agent_id=a, source=r.source, run_id=r.run_id,
                                   order_id=r.order_id, symbol=r.symbol, side=r.side, qty=r.qty,
                                   reason=r.reason, at=r.at) for a, r in rejections],
         positions=[PositionView(agent_id=a, symbol=p.symbol, net_qty=p.net_qty,
                                 avg_price=p.avg_price, bought_qty=p.bought_qty,
-                                sold_qty=p.sold_qty, fills=p.fills)
+                                sold_qty=p.sold_qty, fills=p.fills, realized_pnl=p.realized)
                    for a, b in blotters for p in sorted(b.positions.values(),
                                                         key=lambda p: p.symbol)
                    if wanted(p.symbol)],

@@ -216,3 +216,33 @@ async def test_an_order_waiting_for_approval_is_approved_and_another_rejected_fr
         await expect(second).to_have_count(0)
         await screenshot(page, "approvals", full_page=True)
         assert len(running.service.engine.state("alpha").orders) == 1
+
+
+async def test_the_desk_pnl_marks_positions_to_the_feed_and_follows_the_price(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    config = panel_config(db, [trader("alpha"), trader("bravo")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, VIEWER)
+        await page.get_by_role("link", name="Blotter").click()
+        await scene(running)
+        row = page.locator('#desk-pnl [data-pnl="alpha/BTCUSD"]')
+        await expect(row).to_contain_text("64,123.50")  # the fill's tick is the mark
+        await expect(page.locator("#pnl-totals")).to_contain_text("Desk: P&L")
+        net = float(await page.locator('[data-position="alpha/BTCUSD"]').get_attribute(
+            "data-net") or "nan")
+        running.service.on_market([Tick(symbol="BTCUSD", price=FILL_PRICE + 1_000,
+                                        at=datetime.now(UTC))])
+        await expect(row).to_contain_text("65,123.50")  # read again as prices move
+        gain = f"{'+' if net > 0 else MINUS}{abs(net) * 1_000:,.2f}"
+        await expect(row).to_contain_text(gain)
+        for width in (1920, 1280, 390):
+            await page.set_viewport_size({"width": width, "height": 900})
+            await expect(row).to_be_visible()
+            await screenshot(page, f"pnl-desk-{width}", full_page=True)
+            if width >= 1280:  # every column of every table is shown, none scrolled away
+                cut = await page.eval_on_selector_all(
+                    "#blotter-view .blotter-scroll",
+                    "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
+                    ".map(e => e.querySelector('table').getAttribute('aria-label'))")
+                assert cut == [], f"tables cut at {width} px: {cut}"

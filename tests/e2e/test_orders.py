@@ -13,6 +13,7 @@ import httpx
 
 from gateway.edge.openapi import openapi_document
 from gateway.llm.reasoner import RunContext, RunResult
+from gateway.market.events import Tick
 from lanes import AgentConfig, Mode
 from lanes.events import BrokerReport, OrderIntent, Outcome
 from lanes.requests import AgentRequest
@@ -242,3 +243,55 @@ def test_the_blotter_answer_is_described_in_the_openapi_document() -> None:
     assert "openOrders" in schemas["BlotterView"]["required"]
     assert schemas["RejectionView"]["properties"]["reason"]["type"] == "string"
     assert "avgPrice" in schemas["PositionView"]["required"]
+
+
+async def test_pnl_marks_each_position_to_the_feeds_price_and_sums_the_desk(
+        tmp_path: Path) -> None:
+    async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, Trader()) as live:
+        await trade_some(live)
+        engine = live.engine
+        market = engine.runs.toolbox.market
+        market.observe(Tick(symbol="BTCUSD", price=64_800.0,
+                            at=datetime.fromtimestamp(engine.clock.now_ms() / 1000, UTC)))
+        await engine.submit(trigger("btc", {"symbol": "BTCUSD", "side": "sell", "qty": 0.5}))
+        await orders_open(live, "btc", 1)
+        await engine.report("btc", BrokerReport(at=engine.clock.now_ms(), order_id="btc-r2-o1",
+                                                status="filled", filled_qty=0.5,
+                                                price=64_500.0))
+        await engine.flush()
+        market.observe(Tick(symbol="BTCUSD", price=65_000.0,
+                            at=datetime.fromtimestamp(engine.clock.now_ms() / 1000, UTC)))
+        desk = await blotter(live, "/api/pnl")
+        scoped = await blotter(live, "/api/pnl", token="scoped-secret")
+        orders = await blotter(live, "/api/agents/btc/orders")
+    btc, eth = desk["agents"]
+    (position,) = btc["positions"]
+    assert (position["symbol"], position["netQty"], position["avgPrice"]) == (
+        "BTCUSD", 1.5, 64_300.0)
+    assert position["mark"] == 65_000.0 and not position["stale"] and position["complete"]
+    assert position["realized"] == 0.5 * (64_500 - 64_300)
+    assert position["unrealized"] == 1.5 * (65_000 - 64_300)
+    assert position["marketValue"] == position["exposure"] == 1.5 * 65_000
+    assert (eth["agentId"], eth["positions"]) == ("eth", [])
+    assert desk["desk"]["total"] == position["realized"] + position["unrealized"]
+    assert desk["desk"]["exposure"] == 1.5 * 65_000
+    assert [a["agentId"] for a in scoped["agents"]] == ["btc"]
+    assert orders["positions"][0]["realizedPnl"] == 100.0
+    sold = next(f for f in orders["fills"] if f["orderId"] == "btc-r2-o1")
+    # sold at 64,500 when the run decided at 64,800: 300 worse per unit
+    assert (sold["decisionPrice"], sold["slippage"]) == (64_800.0, 300.0)
+    bought = next(f for f in orders["fills"] if f["orderId"] == "btc-r1-o1")
+    assert bought["decisionPrice"] is None  # (no price was known when it was decided)
+
+
+async def test_a_mark_older_than_the_allowed_age_is_stale(tmp_path: Path) -> None:
+    async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, Trader()) as live:
+        await trade_some(live)
+        market = live.engine.runs.toolbox.market
+        old = live.engine.clock.now_ms() - market.stale_ms - 1_000
+        market.observe(Tick(symbol="BTCUSD", price=65_000.0,
+                            at=datetime.fromtimestamp(old / 1000, UTC)))
+        desk = await blotter(live, "/api/pnl")
+    (position,) = desk["agents"][0]["positions"]
+    assert position["stale"] and position["markAgeMs"] > market.stale_ms
+    assert desk["desk"]["stale"] is True

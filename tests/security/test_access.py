@@ -90,6 +90,8 @@ MATRIX: list[tuple[str, str, str | None, dict[str, Any]]] = [
     ("GET", "/api/charts", None, READ),
     ("GET", "/api/charts?agent=eth", None, READ_OTHER),
     ("GET", "/api/orders", None, READ),
+    ("GET", "/api/pnl", None, READ),
+    ("GET", "/api/pnl?agent=eth", None, READ_OTHER),
     ("GET", "/api/orders?agent=eth", None, READ_OTHER),
     ("GET", "/api/agents/btc/orders", None, READ),
     ("GET", "/api/agents/eth/orders", None, READ_OTHER),

@@ -7,6 +7,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.edge.http import Routes
 from gateway.reads.blotter import BlotterQuery, blotter_view, parse_query
+from gateway.reads.pnl import pnl_view
 
 
 class OrderRoutes(Routes):
@@ -33,6 +34,22 @@ class OrderRoutes(Routes):
         self._principal(request).check_read(agent_id)
         return await self._blotter([agent_id], parse_query(request.query_params,
                                                            ("symbol", "limit")))
+
+    async def pnl(self, request: Request) -> Response:
+        """P&L of every agent in the token's scope (or the one ``agent``) and of the desk:
+        positions from the log marked to the feed's latest prices (docs/protocol.md)."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = parse_query(request.query_params, ("agent",))
+        if query.agent is not None:
+            principal.check_read(query.agent)
+            self.engine.state(query.agent)  # UnknownAgent if it does not exist
+            agents = [query.agent]
+        else:
+            agents = [a for a in self.engine.agent_ids if principal.may_see(a)]
+        blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
+        view = pnl_view(blotters, self.engine.runs.toolbox.market, self.engine.clock.now_ms())
+        return JSONResponse(view.model_dump(mode="json"))
 
     async def approvals(self, request: Request) -> Response:
         """The orders waiting for a human's approval, of every agent in the token's scope

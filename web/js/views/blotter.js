@@ -7,10 +7,12 @@ import {h, replace, setText} from "../dom.js";
 import {age, clock, duration, num, when as timeOf} from "../format.js";
 import {confirmDialog} from "../controls.js";
 import {createApprovals, isApprovalEvent} from "./approvals.js";
+import {money, pnlSection} from "./pnl.js";
 
 const ORDER_EVENTS = new Set(["OrderAccepted", "OrderRejected", "OrderCancelRequested",
   "OrderFilled", "OrderClosed"]);
 const REFRESH_MS = 400;
+const PNL_EVERY_MS = 3_000;  // (marks move with the feed, not only with order events)
 const QTY = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
 const PRICE = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 8});
 
@@ -54,7 +56,7 @@ function positionRows(body, desk) {
       h("td", {class: "num net"}, `${flat ? "" : p.netQty > 0 ? "+" : "−"}${qty(Math.abs(p.netQty))} ${word}`),
       h("td", {class: "num"}, price(p.avgPrice)),
       h("td", {class: "num"}, qty(p.boughtQty)), h("td", {class: "num"}, qty(p.soldQty)),
-      h("td", {class: "num"}, num(p.fills)));
+      h("td", {class: "num"}, num(p.fills)), h("td", {class: "num"}, money(p.realizedPnl)));
   });
 }
 
@@ -72,7 +74,11 @@ function openRows(body, elapsed, desk, cancel) {
 function fillRows(body, desk) {
   return body.fills.map((f) => h("tr", {"data-fill": f.orderId},
     agentCell(f, desk), h("td", {}, when(f.at)), h("td", {}, f.symbol), h("td", {}, side(f.side)),
-    h("td", {class: "num"}, qty(f.qty)), h("td", {class: "num"}, price(f.price)), h("td", {class: "mono"}, f.orderId)));
+    h("td", {class: "num"}, qty(f.qty)), h("td", {class: "num"}, price(f.price)),
+    h("td", {class: "num"}, price(f.decisionPrice)),
+    h("td", {class: "num", title: "per unit, worse than the decision price (negative: better)"},
+      f.slippage === null || f.slippage === undefined ? "–" : price(f.slippage)),
+    h("td", {class: "mono"}, f.orderId)));
 }
 
 function cancelRows(body, desk) {
@@ -113,11 +119,11 @@ export function blotterSections(body, {desk = false, elapsed = 0, cancel = null}
         ...(cancel ? [""] : [])], openRows(body, elapsed, desk, cancel), "No open order.", desk)),
     h("section", {class: "blotter-part", "data-part": "positions"},
       h("h4", {}, `Positions (${body.positions.length})`), desk ? deskNet(body) : null,
-      table("Positions", ["Symbol", "Net qty", "Avg price", "Bought", "Sold", "Fills"], positionRows(body, desk),
+      table("Positions", ["Symbol", "Net qty", "Avg price", "Bought", "Sold", "Fills", "Realized"], positionRows(body, desk),
         "No position: nothing filled yet.", desk)),
     h("section", {class: "blotter-part", "data-part": "fills"},
       h("h4", {}, `Fills${cut}`),
-      table("Fills", ["Time", "Symbol", "Side", "Qty", "Price", "Order"], fillRows(body, desk), "No fill.", desk)),
+      table("Fills", ["Time", "Symbol", "Side", "Qty", "Price", "Decision price", "Slippage", "Order"], fillRows(body, desk), "No fill.", desk)),
     h("section", {class: "blotter-part", "data-part": "rejections"},
       h("h4", {}, `Rejections${cut}`),
       table("Rejections", ["Time", "Symbol", "Side", "Qty", "By", "Reason"], rejectionRows(body, desk), "No rejection.", desk)),
@@ -275,6 +281,7 @@ export function createBlotter(ctx) {
     autocomplete: "off", spellcheck: "false"});
   const status = h("p", {class: "muted", id: "blotter-status", role: "status"}, "Loading…");
   const parts = h("div", {class: "blotter", id: "desk-blotter"});
+  const pnlPart = h("div", {class: "blotter", id: "desk-pnl-part"});
   const result = h("p", {class: "result", role: "status", id: "blotter-result"});
   let filters = {agent: "", symbol: ""};
   let last = null;
@@ -296,6 +303,7 @@ export function createBlotter(ctx) {
     const hash = `#/blotter${query ? `?${query}` : ""}`;
     if (location.hash !== hash) history.replaceState(null, "", hash);
     reader.load();
+    loadPnl();
     approvals.load(filters.agent);
   }
 
@@ -306,7 +314,17 @@ export function createBlotter(ctx) {
     h("p", {class: "muted"}, "Every order of every agent in this token's scope, from the log: open orders, fills, cancels, rejections with their reasons, and the position per symbol."),
     h("div", {class: "toolbar", role: "search", "aria-label": "Filter the blotter"},
       h("label", {for: "blotter-agent"}, "Agent"), agent, h("label", {for: "blotter-symbol"}, "Symbol"), symbol),
-    approvals.el, status, ctx.controls ? result : null, parts);
+    approvals.el, status, ctx.controls ? result : null, pnlPart, parts);
+
+  let pnlAt = 0;
+  async function loadPnl() {
+    pnlAt = Date.now();
+    try {
+      replace(pnlPart, pnlSection(await ctx.api.get("/api/pnl", {agent: filters.agent})));
+    } catch (error) {
+      replace(pnlPart, h("p", {class: "result bad"}, `Cannot load the P&L: ${error.message}`));
+    }
+  }
 
   function draw(body) {
     last = body;
@@ -324,13 +342,17 @@ export function createBlotter(ctx) {
       symbol.value = filters.symbol;
       fillAgents();
       reader.load();
+      loadPnl();
       approvals.load(filters.agent);
     },
     change(detail) {
       if (detail.agents) fillAgents();
-      if (detail.events.some(isOrderEvent)) reader.schedule();
+      if (detail.events.some(isOrderEvent)) { reader.schedule(); loadPnl(); }
       if (detail.events.some(isApprovalEvent)) approvals.load();
     },
-    tick() { reader.tick(); approvals.tick(); },
+    tick() {
+      reader.tick(); approvals.tick();
+      if (Date.now() - pnlAt >= PNL_EVERY_MS) loadPnl();
+    },
   };
 }
