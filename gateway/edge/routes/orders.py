@@ -17,16 +17,8 @@ class OrderRoutes(Routes):
         """The desk's blotter: open orders, fills, cancels, rejections and positions of every
         agent in the token's scope (or the one ``agent``), from the log; ``symbol`` keeps
         one symbol, ``limit`` (1-1000, default 100) bounds each history list."""
-        principal = self._principal(request)
-        principal.check_read()
         query = parse_query(request.query_params, ("agent", "symbol", "limit"))
-        if query.agent is not None:
-            principal.check_read(query.agent)
-            self.engine.state(query.agent)  # UnknownAgent if it does not exist
-            agents = [query.agent]
-        else:
-            agents = [a for a in self.engine.agent_ids if principal.may_see(a)]
-        return await self._blotter(agents, query)
+        return await self._blotter(self._in_scope(request, query.agent), query)
 
     async def agent_orders(self, request: Request) -> Response:
         """One agent's blotter (as `orders` for that agent; ``symbol``, ``limit``)."""
@@ -38,15 +30,8 @@ class OrderRoutes(Routes):
     async def pnl(self, request: Request) -> Response:
         """P&L of every agent in the token's scope (or the one ``agent``) and of the desk:
         positions from the log marked to the feed's latest prices (docs/protocol.md)."""
-        principal = self._principal(request)
-        principal.check_read()
         query = parse_query(request.query_params, ("agent",))
-        if query.agent is not None:
-            principal.check_read(query.agent)
-            self.engine.state(query.agent)  # UnknownAgent if it does not exist
-            agents = [query.agent]
-        else:
-            agents = [a for a in self.engine.agent_ids if principal.may_see(a)]
+        agents = self._in_scope(request, query.agent)
         blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
         view = pnl_view(blotters, self.engine.runs.toolbox.market, self.engine.clock.now_ms())
         return JSONResponse(view.model_dump(mode="json"))
@@ -55,14 +40,7 @@ class OrderRoutes(Routes):
         """The orders waiting for a human's approval, of every agent in the token's scope
         (or the one ``agent``), oldest first; decide one with ``POST
         /api/agents/{id}/control`` ``{"action": "approve" | "reject", "approvalId"}``."""
-        principal = self._principal(request)
-        principal.check_read()
-        agent = request.query_params.get("agent")
-        if agent is not None:
-            principal.check_read(agent)
-            self.engine.state(agent)  # UnknownAgent if it does not exist
-        agents = [agent] if agent is not None else [
-            a for a in self.engine.agent_ids if principal.may_see(a)]
+        agents = self._in_scope(request, request.query_params.get("agent"))
         now = self.engine.clock.now_ms()
         waiting = [(agent_id, pending) for agent_id in agents
                    for pending in self.engine.state(agent_id).approvals.values()]
@@ -72,6 +50,17 @@ class OrderRoutes(Routes):
              "runId": p.run_id, "order": p.intent.model_dump(mode="json", by_alias=True),
              "notional": p.notional, "expiresAt": p.expires_at,
              "expiresInMs": max(0, p.expires_at - now)} for agent_id, p in waiting]})
+
+    def _in_scope(self, request: Request, agent: str | None) -> list[str]:
+        """The one ``agent`` (if the token may read it and it exists), else every agent the
+        token may see."""
+        principal = self._principal(request)
+        principal.check_read()
+        if agent is not None:
+            principal.check_read(agent)
+            self.engine.state(agent)  # UnknownAgent if it does not exist
+            return [agent]
+        return [a for a in self.engine.agent_ids if principal.may_see(a)]
 
     async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
         blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
