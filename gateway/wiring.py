@@ -78,7 +78,9 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
                     reasoners=reasoners.__getitem__, broker=broker, gates=gates,
                     agent_gates=config.agent_gates(), run_gates=run_gates,
                     snapshot_worker=True, elsewhere=router,
-                    schedules=config.agent_schedules())
+                    schedules=config.agent_schedules(),
+                    desk_budgets=None if config.desk.budgets is None
+                    else config.desk.budgets.budgets())
     tokens = TokenBook(
         (token.secret, Principal(token.name, token.role,
                                  None if token.agents is None else frozenset(token.agents)))

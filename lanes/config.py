@@ -122,6 +122,9 @@ class Budgets(WireModel):
                                         exclude_if=lambda value: value == (0.8, 0.95))
     """The fractions of a token or spend budget at which an alert is recorded
     (`BudgetAlert`); at 1, runs are suppressed with the budget named."""
+    desk_counted: bool = Field(default=False, exclude_if=lambda value: not value)
+    """Its runs' usage is kept for the desk's budget (set by the gateway for every agent
+    when ``[desk.budgets]`` is configured)."""
 
     @property
     def spending(self) -> bool:

@@ -12,6 +12,8 @@ from lanes.events import (
     CallStatus,
     ConfigApplied,
     ConfigChanged,
+    DeskBudgetApplied,
+    DeskBudgetSpent,
     OperatorAction,
     OperatorApplied,
     OperatorCommand,
@@ -93,6 +95,17 @@ def _schedule(state: AgentState, event: ScheduleChanged, emit: Emit) -> None:
         return  # (the shell refuses it before: `gateway.runtime.schedules`)
     emit(ScheduleApplied(schedule_id=event.schedule_id, schedule=schedule,
                          principal=event.principal))
+
+
+@DECIDERS.on(DeskBudgetSpent)
+def _desk_budget(state: AgentState, event: DeskBudgetSpent, emit: Emit) -> None:
+    until = event.until if event.until > state.now else 0
+    current = state.desk_block
+    if (current is None and not until) or (current is not None and current == (until,
+                                                                             event.detail)):
+        return
+    emit(DeskBudgetApplied(until=until, detail=event.detail if until else ""))
+    _start_next(state, emit)
 
 
 @DECIDERS.on(BrokerReport)

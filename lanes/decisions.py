@@ -219,9 +219,18 @@ class BudgetAlert:
 class RunsSuppressed:
     """Runs are held back by a budget until ``until``; requests are still accepted."""
 
-    reason: Literal["hourly", "daily", "cooldown", "tokens", "spend"]
+    reason: Literal["hourly", "daily", "cooldown", "tokens", "spend", "desk"]
     until: int
     detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeskBudgetApplied:
+    """Runs of this agent wait for the desk's budget until ``until`` (0: they no longer do);
+    ``detail`` names the budget used up."""
+
+    until: int
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -482,6 +491,7 @@ Decision = (
     | RunAborted
     | RunResultIgnored
     | RunsSuppressed
+    | DeskBudgetApplied
     | BudgetAlert
     | RunsResumed
     | RunsHeld
@@ -530,6 +540,7 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     RunAborted,
     RunResultIgnored,
     RunsSuppressed,
+    DeskBudgetApplied,
     BudgetAlert,
     RunsResumed,
     RunsHeld,

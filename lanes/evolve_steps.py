@@ -7,6 +7,8 @@ from lanes.events import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetAlert,
+    DeskBudgetApplied,
+    DeskBudgetSpent,
     ModelCalled,
     StepDecided,
     TasksFinished,
@@ -18,7 +20,7 @@ from lanes.evolve import EVOLVERS, _input, _run
 from lanes.handlers import IllegalTransition
 from lanes.state import AgentState
 
-EVOLVERS.on(ModelCalled, ToolReturned)(_input)
+EVOLVERS.on(ModelCalled, ToolReturned, DeskBudgetSpent)(_input)
 
 
 @EVOLVERS.on(StepDecided)
@@ -58,6 +60,11 @@ def _decided(state: AgentState, event: ApprovalDecided) -> None:
         raise IllegalTransition(f"request {state.staged.request_id} was never decided")
     state.staged = event.request  # decided next like a request that arrived
     state.staged_by = None
+
+
+@EVOLVERS.on(DeskBudgetApplied)
+def _desk_budget(state: AgentState, event: DeskBudgetApplied) -> None:
+    state.desk_block = (event.until, event.detail) if event.until else None
 
 
 @EVOLVERS.on(BudgetAlert)

@@ -166,6 +166,17 @@ class SpendLimitHit:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DeskBudgetSpent:
+    """The desk's token or spend budget (``[desk.budgets]``, over every agent this process
+    decides for) is used up until ``until``: no run of this agent starts before then (an
+    ``until`` not after ``at`` lifts an earlier one). ``detail`` names the budget."""
+
+    at: int
+    until: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallUndeliverable:
     """A sub-agent call this agent dispatched could not be delivered to its target."""
 
@@ -216,6 +227,7 @@ Input = (
     | ScheduleChanged
     | BrokerReport
     | SpendLimitHit
+    | DeskBudgetSpent
     | CallUndeliverable
     | Stopping
     | Restarted
@@ -240,6 +252,7 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     ModelCalled,
     ToolReturned,
     PolicyOffered,
+    DeskBudgetSpent,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""

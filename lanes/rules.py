@@ -86,7 +86,7 @@ _NEW = DropPolicy.NEW
 class BudgetBlock:
     """Why runs cannot start now, and when they can again."""
 
-    reason: Literal["hourly", "daily", "cooldown", "tokens", "spend"]
+    reason: Literal["hourly", "daily", "cooldown", "tokens", "spend", "desk"]
     until: int
     detail: str
 
@@ -131,6 +131,9 @@ def budget_block(state: AgentState) -> BudgetBlock | None:
         )
     if budgets.spending:
         blocks += spend_blocks(state)
+    desk = state.desk_block
+    if desk is not None and now < desk[0]:
+        blocks.append(BudgetBlock("desk", desk[0], desk[1]))
     return max(blocks, key=lambda b: b.until, default=None)
 
 

@@ -77,6 +77,7 @@ class AgentImage:
     calls: CallBook = field(default_factory=CallBook)
     approvals: list[PendingApproval] = field(default_factory=list)
     spend: list[tuple[int, int, int, float]] = field(default_factory=list)
+    desk_block: tuple[int, str] | None = None
     policy: int = 1
     policy_offered: int | None = None
 
@@ -184,6 +185,7 @@ def _image(state: AgentState) -> AgentImage:
         calls=state.calls,
         approvals=list(state.approvals.values()),
         spend=list(state.spend),
+        desk_block=state.desk_block,
         policy=state.policy,
         policy_offered=state.policy_offered,
     )
@@ -232,6 +234,7 @@ def _state(image: AgentImage) -> AgentState:
         calls=image.calls,
         approvals={pending.approval_id: pending for pending in image.approvals},
         spend=deque(image.spend),
+        desk_block=image.desk_block,
         policy=image.policy,
         policy_offered=image.policy_offered,
     )

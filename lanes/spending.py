@@ -63,7 +63,8 @@ def used(entries: Iterable[Entry], budget: Budget, now: int) -> float:
 
 def record(state: AgentState, usage: Usage) -> None:
     """Keep a completed run's usage (while a token or spend budget is set)."""
-    if not state.config.budgets.spending:
+    budgets = state.config.budgets
+    if not (budgets.spending or budgets.desk_counted):
         return
     spend = state.spend
     spend.append((state.now, usage.input_tokens, usage.output_tokens, usage.cost or 0.0))
@@ -74,45 +75,66 @@ def record(state: AgentState, usage: Usage) -> None:
 def alerts(state: AgentState, usage: Usage, emit: Callable[[BudgetAlert], None]) -> None:
     """The alerts a just completed run's ``usage`` (already kept) sets off."""
     budgets = state.config.budgets
-    if not budgets.spending:
-        return
-    this: Entry = (state.now, usage.input_tokens, usage.output_tokens, usage.cost or 0.0)
+    if budgets.spending:
+        for alert in crossed(state.spend, budgets, entry(state.now, usage), state.now):
+            emit(alert)
+
+
+def entry(at: int, usage: Usage) -> Entry:
+    """A completed run's entry."""
+    return (at, usage.input_tokens, usage.output_tokens, usage.cost or 0.0)
+
+
+def crossed(entries: Iterable[Entry], budgets: Budgets, this: Entry, now: int
+            ) -> list[BudgetAlert]:
+    """The alerts the entry ``this`` (already among ``entries``) sets off: one per budget
+    whose use it took across one of the ``alert_at`` fractions or 1 (the highest)."""
+    found = []
+    kept = list(entries)
     for budget in BUDGETS:
         limit = budget.limit(budgets)
         if limit is None:
             continue
-        after = used(state.spend, budget, state.now)
+        after = used(kept, budget, now)
         before = after - budget.count(this)
-        crossed = [f for f in sorted({*budgets.alert_at, 1.0}) if before < f * limit <= after]
-        if crossed:
-            emit(BudgetAlert(budget=budget.field, window=budget.window, fraction=crossed[-1],
-                             used=round(after, 6), limit=limit))
+        fractions = [f for f in sorted({*budgets.alert_at, 1.0}) if before < f * limit <= after]
+        if fractions:
+            found.append(BudgetAlert(budget=budget.field, window=budget.window,
+                                     fraction=fractions[-1], used=round(after, 6),
+                                     limit=limit))
+    return found
 
 
 def spend_blocks(state: AgentState) -> list[BudgetBlock]:
     """The token and spend budgets used up at ``state.now``, each with when it frees."""
+    return blocks(state.spend, state.config.budgets, state.now)
+
+
+def blocks(entries: Iterable[Entry], budgets: Budgets, now: int) -> list[BudgetBlock]:
+    """The token and spend budgets of ``budgets`` that ``entries`` (oldest first) use up at
+    ``now``, each with when enough of them has left its window."""
     from lanes.rules import BudgetBlock  # (rules builds on this module)
 
-    budgets, now, blocks = state.config.budgets, state.now, []
+    kept, found = list(entries), []
     for budget in BUDGETS:
         limit = budget.limit(budgets)
         if limit is None:
             continue
-        total = used(state.spend, budget, now)
+        total = used(kept, budget, now)
         if total < limit:
             continue
         start, until = now - budget.span, now + budget.span
-        for entry in state.spend:  # oldest first: free until below the limit
-            if entry[0] <= start:
+        for item in kept:  # oldest first: free until below the limit
+            if item[0] <= start:
                 continue
-            total -= budget.count(entry)
+            total -= budget.count(item)
             if total < limit:
-                until = entry[0] + budget.span
+                until = item[0] + budget.span
                 break
         kind: Literal["tokens", "spend"] = "spend" if budget.words == "spend" else "tokens"
-        blocks.append(BudgetBlock(kind, until, f"{budget.words} {_amount(limit)}/"
-                                  f"{_amount(limit)} this {budget.window} ({budget.field})"))
-    return blocks
+        found.append(BudgetBlock(kind, until, f"{budget.words} {_amount(limit)}/"
+                                 f"{_amount(limit)} this {budget.window} ({budget.field})"))
+    return found
 
 
 def _amount(value: float) -> str:

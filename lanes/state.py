@@ -196,6 +196,8 @@ class AgentState:
     summary: Summary | None = None
     run_starts: deque[int] = field(default_factory=deque)
     spend: deque[tuple[int, int, int, float]] = field(default_factory=deque)
+    desk_block: tuple[int, str] | None = None
+    """Until when the desk's budget holds its runs back, and which budget (`DeskBudgetSpent`)."""
     """The last day's completed runs (at, input tokens, output tokens, cost), kept while a
     token or spend budget is set (`lanes.spending`)."""
     """Start times of runs in the last day, oldest first (budget windows)."""

@@ -35,7 +35,7 @@ from gateway.config.reasoners import SimulatedToolCall as SimulatedToolCall
 from gateway.errors import BadFrame
 from gateway.market.hooks import AgentId, HookRule
 from gateway.runtime.schedules import check as check_schedule
-from lanes.config import AgentConfig
+from lanes.config import AgentConfig, Budgets
 from lanes.gate.events import GateLimits, lease_too_short
 from lanes.schedules import FILE_PRINCIPAL, MAX_SCHEDULES, SCHEDULER, Schedule
 from store import DEFAULT_MAX_BATCH
@@ -374,6 +374,36 @@ class AgentEntry(ConfigModel):
         return self.config
 
 
+class DeskBudgets(ConfigModel):
+    """Token and spend budgets for every agent together (``[desk.budgets]``): the same
+    fields as an agent's, over the runs of all the agents this process decides for."""
+
+    max_input_tokens_per_hour: int | None = Field(default=None, ge=1, le=10**15)
+    max_input_tokens_per_day: int | None = Field(default=None, ge=1, le=10**15)
+    max_output_tokens_per_hour: int | None = Field(default=None, ge=1, le=10**15)
+    max_output_tokens_per_day: int | None = Field(default=None, ge=1, le=10**15)
+    max_spend_per_hour: float | None = Field(default=None, gt=0)
+    max_spend_per_day: float | None = Field(default=None, gt=0)
+    alert_at: tuple[float, ...] = Field(default=(0.8, 0.95), max_length=10)
+
+    @field_validator("alert_at")
+    @classmethod
+    def _fractions(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 < f < 1 for f in value):
+            raise ValueError("each alert fraction is between 0 and 1 (exclusive)")
+        return value
+
+    def budgets(self) -> Budgets:
+        """As the lanes' `Budgets` (what `lanes.spending` counts with)."""
+        return Budgets.model_validate(self.model_dump())
+
+
+class DeskConfig(ConfigModel):
+    """The desk: every agent together."""
+
+    budgets: DeskBudgets | None = None
+
+
 class GatewayConfig(ConfigModel):
     """The whole config file."""
 
@@ -385,6 +415,7 @@ class GatewayConfig(ConfigModel):
     providers: tuple[ProviderConfig, ...] = ()
     agents: tuple[AgentEntry, ...] = ()
     hooks: tuple[HookRule, ...] = ()
+    desk: DeskConfig = Field(default_factory=DeskConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:
@@ -477,8 +508,13 @@ class GatewayConfig(ConfigModel):
         return {entry.id: entry.schedules for entry in self.agents if entry.schedules}
 
     def agent_configs(self) -> dict[str, AgentConfig]:
-        """Each agent's lane policy by id, in file order."""
-        return {entry.id: entry.agent_config() for entry in self.agents}
+        """Each agent's lane policy by id, in file order (its runs' usage kept for the
+        desk's budget, when there is one)."""
+        configs = {entry.id: entry.agent_config() for entry in self.agents}
+        if self.desk.budgets is None:
+            return configs
+        return {agent: config.model_copy(update={"budgets": config.budgets.model_copy(
+            update={"desk_counted": True})}) for agent, config in configs.items()}
 
     def find_token(self, candidate: str) -> TokenConfig | None:
         """The token whose secret is ``candidate`` (every token compared in constant time)."""

@@ -78,6 +78,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/moment", api.moment),
         Route("/api/agents/{agent_id}/diff", api.diff),
         Route("/api/providers", api.providers),
+        Route("/api/desk/budget", api.desk_budget),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
         # Histories for people, from the log (gateway.history): runs and chart series.

@@ -39,6 +39,7 @@ from gateway.runtime.agenda import Agenda
 from gateway.runtime.agents import Agent, Hooks, Phase
 from gateway.runtime.calls import Calls
 from gateway.runtime.core import EventIds, Outcome, StreamCore
+from gateway.runtime.desk import DeskBudget
 from gateway.runtime.elsewhere import Elsewhere
 from gateway.runtime.faults import Faults, StorageFault, commit_error
 from gateway.runtime.holding import Holding
@@ -52,6 +53,7 @@ from lanes import AgentConfig, AgentRequest, AgentState, AgentStatus, decide, ne
 from lanes import replay as fold
 from lanes import status as agent_status
 from lanes.codec import AGENT_CODEC
+from lanes.config import Budgets
 from lanes.events import (
     AgentCallDispatched,
     CallAnswered,
@@ -118,19 +120,19 @@ class Engine:
         elsewhere: Elsewhere | None = None,
         schedules: Mapping[str, Sequence[Schedule]] | None = None,
         market: MarketBook | None = None,
+        desk_budgets: Budgets | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
         orders accepted by the trading gate go to ``broker`` (none: they stay open).
-        ``gates`` are the provider gates by name (started and stopped with the engine);
-        ``agent_gates`` names the gate each agent's LLM calls go through (none: ungated),
-        and ``run_gates`` how runs reach a gate (default: the gate itself).
-        A snapshot of the fold is stored once ``snapshot_every`` agent events were folded or
-        committed since the last one, and at a graceful stop (None: never); with
-        ``snapshot_worker`` a worker process folds the periodic ones from the log.
-        ``ids`` makes event ids (default: `EventIds`). With ``elsewhere`` (other processes
-        share the log) the engine starts holding no agent, until `load`.
-        ``schedules``: the config's, per agent, applied when the engine first holds it,
-        then fired by `scheduler`. The runs' tools read ``market`` (`runtime.toolbox`)."""
+        ``gates``: the provider gates by name (started and stopped with the engine);
+        ``agent_gates`` the gate of each agent's LLM calls (none: ungated), ``run_gates``
+        how runs reach a gate (default: the gate itself). A snapshot of the fold is stored
+        once ``snapshot_every`` agent events were folded or committed since the last, and
+        at a graceful stop (None: never); with ``snapshot_worker`` a worker process folds
+        the periodic ones. ``ids`` makes event ids (default: `EventIds`). With ``elsewhere``
+        (other processes share the log) it starts holding no agent, until `load`.
+        ``schedules``: the config's, per agent (`Agenda`). The runs' tools read ``market``;
+        ``desk_budgets`` hold every agent's runs back when used up (`runtime.desk`)."""
         self.broker = broker
         self.gate_map = GateMap(gates or {}, agent_gates or {}, run_gates or {})
         self.gates = self.gate_map.gates
@@ -163,6 +165,7 @@ class Engine:
         self.calls = Calls(clock=self.clock, submit=self._submit_anywhere,
                            undeliverable=self._undeliverable, spawn=self._spawn)
         self.intake = Intake(self)
+        self.desk = DeskBudget(self, desk_budgets)
         self.orders = Orders(broker, self._spawn)
         self.recovery = Recovery(self)
         self.holding = Holding(self)
@@ -170,8 +173,7 @@ class Engine:
         self.commit_latency = Histogram(LATENCY_BUCKETS)
         """Seconds from an append being decided to its commit."""
         self.control_commit_latency = Histogram(LATENCY_BUCKETS)
-        """Of those, the control lane's (an applied stop, pause, resume or cancel): how long
-        an operator's control waits for the log, past the commit queue."""
+        """Of those, the control lane's (stop, pause, resume, cancel), past the queue."""
         self.requests_received = 0
         self._phase = EnginePhase.NEW
 
@@ -199,6 +201,7 @@ class Engine:
             self.holding.load_all(log_fold, stale, principal)
             await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
         self._spawn(self.schedules.scheduler.run(), "scheduler")
+        self.desk.start()
 
     def _new_agent(self, state: AgentState) -> Agent:
         hooks = Hooks(self)
@@ -316,9 +319,8 @@ class Engine:
         return sorted({*self._agents, *self.elsewhere.agent_ids()})
 
     def state(self, agent_id: str) -> AgentState:
-        """The live state of an agent (decided; its latest events may still be committing;
-        while it is rebuilt after a failed commit, the state it had decided). An agent
-        decided elsewhere: as the log says."""
+        """An agent's live state (decided: its latest events may still be committing; the
+        one it had decided while rebuilt after a failed commit; elsewhere: the log's)."""
         if not self.running:
             raise NotRunning()
         agent = self._agents.get(agent_id)

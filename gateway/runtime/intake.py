@@ -268,6 +268,8 @@ class Intake:
         for decision in decisions:
             if isinstance(decision, RunAborted | RunCompleted | RunFailed):
                 runs.ended(agent, decision.run_id)
+                if isinstance(decision, RunCompleted):
+                    engine.desk.completed(agent.state.now, decision.usage)
             if isinstance(decision, RunAborted):
                 runs.cancel(agent, decision.run_id)
             elif isinstance(decision, RunSteered):

@@ -62,6 +62,16 @@ def test_the_example_file_loads() -> None:
     assert config.tokens[1].allows("agent_btc_5m") and not config.tokens[1].allows("agent_news")
 
 
+def test_a_desk_budget_counts_every_agents_usage_and_a_bad_one_names_its_field() -> None:
+    config = parse_config(MINIMAL + "\n[desk.budgets]\nmax_spend_per_day = 50\n")
+    assert config.desk.budgets is not None
+    assert config.desk.budgets.budgets().max_spend_per_day == 50
+    assert all(c.budgets.desk_counted for c in config.agent_configs().values())
+    assert not any(c.budgets.desk_counted for c in parse_config(MINIMAL).agent_configs().values())
+    found = problems(MINIMAL + "\n[desk.budgets]\nmax_spend_per_day = -1\nalert_at = [1.5]\n")
+    assert set(found) == {"desk.budgets.max_spend_per_day", "desk.budgets.alert_at"}
+
+
 def test_defaults_and_camel_case_keys() -> None:
     config = parse_config(MINIMAL + "\n[server]\nmaxFrameBytes = 2048\n")
     assert config.server.host == "127.0.0.1" and config.server.port == 8000

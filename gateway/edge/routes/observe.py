@@ -146,7 +146,8 @@ class ObserveRoutes(Routes):
         async for piece in family_pieces(series, len(FAMILIES) - 1, FAMILIES[-1]):
             yield piece
         lines = [*self._connection_metrics(), *self._cluster_metrics(),
-                 *self._gate_metrics(now), *process_lines(_version())]
+                 *self._gate_metrics(now), *self._desk_metrics(now),
+                 *process_lines(_version())]
         yield "\n".join(lines) + "\n"
 
     def _connection_metrics(self) -> list[str]:
@@ -172,6 +173,28 @@ class ObserveRoutes(Routes):
                     "Tasks alive in the server's event loop (connections, commits, runs).",
                     [f"gateway_asyncio_tasks {len(asyncio.all_tasks())}"]),
         ]
+
+    def _desk_metrics(self, now: int) -> list[str]:
+        desk = self.engine.desk
+        if desk.budgets is None:
+            return []
+        status = desk.status(now)
+        return [
+            *family("gateway_desk_budget_used_ratio", "gauge",
+                    "The desk's use of each of its token and spend budgets ([desk.budgets]): "
+                    "at 1 every agent's runs are held back.",
+                    [f'gateway_desk_budget_used_ratio{{budget="{row["budget"]}"}} '
+                     f'{row["fraction"]}' for row in status["budgets"]]),
+            *family("gateway_desk_budget_alerts_total", "counter",
+                    "Desk budget alerts (a run took a budget's use across an alert_at "
+                    "fraction).", [f"gateway_desk_budget_alerts_total {desk.alerts}"]),
+        ]
+
+    async def desk_budget(self, request: Request) -> Response:
+        """The desk's token and spend budgets: each one's use now, and until when runs are
+        held back if one is used up (viewer or better)."""
+        self._principal(request).check_read()
+        return JSONResponse(self.engine.desk.status(self.engine.clock.now_ms()))
 
     def _cluster_metrics(self) -> list[str]:
         cluster = self.service.cluster
