@@ -79,6 +79,8 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/diff", api.diff),
         Route("/api/providers", api.providers),
         Route("/api/desk/budget", api.desk_budget),
+        Route("/api/feed", api.feed),
+        Route("/api/feed/hooks", api.feed_hooks, methods=["POST"]),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),
         # Histories for people, from the log (gateway.history): runs and chart series.

@@ -19,6 +19,7 @@ from gateway.edge.intake import BUDGET_MS, Intake
 from gateway.errors import Busy
 from gateway.llm.port import LLMClient
 from gateway.market.events import MarketEvent
+from gateway.market.health import FeedHealth
 from gateway.market.hooks import HookEngine
 from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
@@ -103,6 +104,8 @@ class Service:
     hooks: HookEngine | None = None
     market_observer: Callable[[MarketEvent], None] | None = None
     """Also told of every market event (the paper broker's prices)."""
+    feed: FeedHealth = field(default_factory=FeedHealth)
+    """Connectors' statuses, each symbol's latest data, hook rules paused or not."""
     allowed_origins: frozenset[str] = frozenset()
     """Browser origins let in besides the gateway's own (`server.allowed_origins`)."""
     own_origins: frozenset[str] = frozenset()
@@ -194,13 +197,20 @@ class Service:
 
     def on_market(self, events: Iterable[MarketEvent]) -> list[AgentRequest]:
         """Market events, from a feed connection or the synthetic feed: each is shown to the
-        paper broker (its prices) and to the hook rules; the requests they trigger."""
+        paper broker (its prices), to the feed health and to the hook rules; the requests
+        they trigger (none while an operator has paused the hook rules)."""
         requests: list[AgentRequest] = []
+        feed, now = self.feed, self.engine.clock.now_ms()
         for event in events:
+            feed.observe(event, now)
             if self.market_observer is not None:
                 self.market_observer(event)
             if self.hooks is not None:
-                requests += self.hooks.on_event(event)
+                triggered = self.hooks.on_event(event)  # (evaluated while paused: no
+                if feed.hooks.paused:                   # crossing seen then fires later)
+                    feed.suppressed += len(triggered)
+                else:
+                    requests += triggered
         return requests
 
     def origin_allowed(self, origin: str | None) -> bool:

@@ -39,7 +39,7 @@ from gateway.runtime.agenda import Agenda
 from gateway.runtime.agents import Agent, Hooks, Phase
 from gateway.runtime.calls import Calls
 from gateway.runtime.core import EventIds, Outcome, StreamCore
-from gateway.runtime.desk import DeskBudget
+from gateway.runtime.desk_budget import DeskBudget
 from gateway.runtime.elsewhere import Elsewhere
 from gateway.runtime.faults import Faults, StorageFault, commit_error
 from gateway.runtime.holding import Holding
@@ -132,7 +132,7 @@ class Engine:
         the periodic ones. ``ids`` makes event ids (default: `EventIds`). With ``elsewhere``
         (other processes share the log) it starts holding no agent, until `load`.
         ``schedules``: the config's, per agent (`Agenda`). The runs' tools read ``market``;
-        ``desk_budgets`` hold every agent's runs back when used up (`runtime.desk`)."""
+        ``desk_budgets`` hold every agent's runs back when used up (`runtime.desk_budget`)."""
         self.broker = broker
         self.gate_map = GateMap(gates or {}, agent_gates or {}, run_gates or {})
         self.gates = self.gate_map.gates

@@ -9,7 +9,7 @@ from pathlib import Path
 from playwright.async_api import Page, expect
 
 from gateway.edge.server import Running
-from gateway.market.events import Tick
+from gateway.market.events import ConnectorStatus, Tick
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import (
     CONTROL,
@@ -246,3 +246,27 @@ async def test_the_desk_pnl_marks_positions_to_the_feed_and_follows_the_price(
                     "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
                     ".map(e => e.querySelector('table').getAttribute('aria-label'))")
                 assert cut == [], f"tables cut at {width} px: {cut}"
+
+
+async def test_the_feed_view_shows_connectors_symbols_and_pauses_the_hook_rules(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    config = panel_config(db, [trader("alpha")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        running.service.on_market([
+            ConnectorStatus(connector="binance", status="down", detail="socket closed",
+                            at=datetime.now(UTC)),
+            Tick(symbol="BTCUSD", price=FILL_PRICE, at=datetime.now(UTC))])
+        page = await open_panel(running.url, CONTROL)
+        await page.get_by_role("link", name="Feed").click()
+        await expect(page.locator('[data-connector="binance"]')).to_contain_text("down")
+        await expect(page.locator('[data-symbol="BTCUSD"]')).to_contain_text("64,123.50")
+        await expect(page.locator("#feed-warnings")).to_contain_text(
+            "connector binance is down: socket closed")
+        await page.locator("#feed-hooks").click()
+        await page.locator("#confirm-ok").click()
+        await expect(page.locator("#feed-status")).to_contain_text("hook rules paused by ops")
+        assert running.service.feed.hooks.paused
+        await screenshot(page, "feed", full_page=True)
+        await page.locator("#feed-hooks").click()  # resuming needs no confirm
+        await expect(page.locator("#feed-status")).to_contain_text("hook rules on")

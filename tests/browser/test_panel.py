@@ -126,7 +126,8 @@ async def test_a_viewer_token_sees_no_controls(tmp_path: Path, open_panel: OpenP
     async with live_gateway(trio(db), db) as running:
         ops = await open_panel(running.url, CONTROL)
         await expect(ops.locator("#agents-table tbody tr[data-agent]")).to_have_count(3)
-        assert await ops.locator("[data-mutating]").count() == 4  # stop all + a stop per row
+        # stop all, a stop per row, the feed view's pause of the hook rules
+        assert await ops.locator("[data-mutating]").count() == 5
         viewer = await open_panel(running.url, VIEWER)
         await expect(viewer.locator("#who")).to_have_text("watcher · viewer")
         await expect(viewer.locator("#agents-table tbody tr[data-agent]")).to_have_count(3)

@@ -15,11 +15,12 @@ import {createCharts} from "./views/charts.js";
 import {createEvents} from "./views/events.js";
 import {createOverview} from "./views/overview.js";
 import {createProviders} from "./views/providers.js";
+import {createFeed} from "./views/feed.js";
 import {Toasts} from "./toasts.js";
 
 const TOKEN_KEY = "gateway-panel-token";
 const TICK_MS = 500;
-const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter"];
+const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter", "feed"];
 const $ = (id) => document.getElementById(id);
 
 let session = null;
@@ -87,6 +88,7 @@ function buildViews(hello) {
   session.views = {
     overview: createOverview(ctx), agent: createAgentView(ctx), providers: createProviders(ctx),
     events: createEvents(ctx), charts: createCharts(ctx), blotter: createBlotter(ctx),
+    feed: createFeed(ctx),
   };
   $("banner").after(createHaltedBanner(ctx));  // "N agents halted", on every view
   $("login-view").hidden = true;

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from gateway.edge.routes.agents import AgentRoutes
+from gateway.edge.routes.feed import FeedRoutes
 from gateway.edge.routes.log import LogRoutes
 from gateway.edge.routes.observe import ObserveRoutes
 from gateway.edge.routes.orders import OrderRoutes
@@ -13,7 +14,7 @@ from gateway.edge.routes.story import StoryRoutes
 
 
 class Api(AgentRoutes, ScheduleRoutes, LogRoutes, StoryRoutes, OrderRoutes, ProviderRoutes,
-          ObserveRoutes):
+          ObserveRoutes, FeedRoutes):
     """Every route of the HTTP API: one method each."""
 
 
