@@ -175,3 +175,34 @@ def test_a_log_with_a_desk_kill_verifies_clean(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "1 desk kill read: no divergence" in out
+
+
+async def test_the_cli_kills_the_desk_and_prints_each_agents_effect(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DESK_TOKEN", "scoped-secret")
+    monkeypatch.setenv("VIEW_TOKEN", "viewer-secret")
+    async with running(SqliteEventStore(tmp_path / "e.db"), AGENTS, Trader()) as live:
+        await with_orders(live)
+        capsys.readouterr()
+
+        def gateway(*argv: str) -> int:
+            return main(["kill", "--url", live.http, *argv])
+
+        assert await asyncio.to_thread(gateway, "--token-env", "DESK_TOKEN", "--list") == 0
+        assert capsys.readouterr().out == \
+            "a desk kill would halt 1 agent (the token is scoped): btc\n"
+        assert await asyncio.to_thread(gateway, "--token-env", "VIEW_TOKEN") == 1
+        assert "refused (403 forbidden)" in capsys.readouterr().out
+        assert await recorded(live) == []
+        assert await asyncio.to_thread(gateway, "--token-env", "DESK_TOKEN",
+                                       "--reason", "cli") == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == "  btc: ACTIVE -> HALTED, 2 cancels sent"
+        [record] = await live.engine.store.read_stream(DESK_STREAM)
+        assert lines[1].endswith("1 of 1 agents HALTED, 2 cancels sent (recorded at position "
+                                 f"{record.position})")
+        assert states(live)["btc"] is TradingState.HALTED
+        assert states(live)["eth"] is TradingState.ACTIVE
+        [event] = await recorded(live)
+        assert event.reason == "cli" and event.scope == ["btc"]
