@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from gateway.edge.protocol import AckFrame, DeskKillAck, DeskKillBody, ErrorFrame
+from gateway.edge.protocol import AckFrame, DeskKillAck, DeskKillBody, DeskScope, ErrorFrame
 from lanes import AgentConfig, AgentRequest
 from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
@@ -67,6 +67,7 @@ def openapi_document() -> dict[str, Any]:
                         ("Schedule", Schedule), ("DeskKillBody", DeskKillBody)):
         add(name, model, "validation")
     add("DeskKillAck", DeskKillAck, "serialization")
+    add("DeskScope", DeskScope, "serialization")
     # Answers: described as they are sent (every field present, null when none).
     answers: dict[str, Any] = {**ANSWERS, **RESPONSES, "BlotterView": BlotterView}
     for name, shape in answers.items():
@@ -96,7 +97,7 @@ def openapi_document() -> dict[str, Any]:
             agent: {"get": _op("Config, trading state and lane status", "AgentJson")},
             "/api/desk/kill": {
                 "get": _op("The agents a desk kill by this token would halt (control, "
-                           "admin)", {"type": "object"}, params=(), errors=(401, 403)),
+                           "admin)", "DeskScope", params=(), errors=(401, 403)),
                 "post": _op("Desk kill: halt every agent in scope and cancel their open "
                             "orders; one DeskKilled event (ack after commit)", "DeskKillAck",
                             "DeskKillBody", params=(), errors=(401, 403))},

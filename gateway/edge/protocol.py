@@ -125,6 +125,14 @@ class DeskKillBody(WireModel):
     """Also close positions: refused (a HALTED agent may place no order)."""
 
 
+class DeskScope(WireModel):
+    """``GET /api/desk/kill``: the agents a desk kill by this token would halt."""
+
+    agents: list[str]
+    scoped: bool
+    """The token is scoped to these agents (else: every agent of the gateway)."""
+
+
 class DeskKill(DeskKillBody):
     """Halt every agent in the token's scope and cancel their open orders (control and
     admin tokens): one emergency stop each, all at once, recorded as one ``DeskKilled``

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from gateway.edge.desk import kill_answer, kill_desk, kill_scope
 from gateway.edge.http import Routes, _json
-from gateway.edge.protocol import DeskKillBody
+from gateway.edge.protocol import DeskKillBody, DeskScope
 
 
 class DeskRoutes(Routes):
@@ -17,8 +17,8 @@ class DeskRoutes(Routes):
         """The agents a desk kill by this token would halt (what a confirm names)."""
         principal = self._principal(request)
         principal.check_control()
-        return _json({"agents": kill_scope(self.service, principal),
-                      "scoped": principal.agents is not None})
+        return _json(DeskScope(agents=kill_scope(self.service, principal),
+                               scoped=principal.agents is not None))
 
     async def kill(self, request: Request) -> Response:
         """Halt every agent in the token's scope and cancel their open orders: one
