@@ -21,6 +21,7 @@ be the place for it.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -39,6 +40,8 @@ from store.port import Append, NewEvent
 
 if TYPE_CHECKING:
     from gateway.runtime.engine import Engine
+
+log = logging.getLogger("gateway.controls")
 
 RECORD_TYPE = "DeskKilled"
 """The type of a desk kill's event in `DESK_STREAM`."""
@@ -121,6 +124,10 @@ async def desk_kill(engine: Engine, way_in: WayIn, agents: Sequence[str], princi
     text = record.model_dump_json(exclude_none=True, exclude={"position"})
     append = Append(DESK_STREAM, [NewEvent(kill_id, RECORD_TYPE, text)], None, urgent=True)
     recorded = await engine.store.append(append)
+    refused = [a.agent_id for a in record.agents if a.error is not None]
+    log.warning("desk kill %s by %s: %d of %d agents HALTED, %d cancels sent%s", kill_id,
+                principal, record.halted, len(agents), record.cancels_requested,
+                f"; not halted: {', '.join(refused)}" if refused else "")
     return record.model_copy(update={"position": recorded[0].position})
 
 

@@ -177,6 +177,17 @@ def test_a_log_with_a_desk_kill_verifies_clean(
     assert "1 desk kill read: no divergence" in out
 
 
+def test_a_log_with_a_desk_kill_exports_imports_and_verifies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db, dump, copy = tmp_path / "e.db", tmp_path / "e.jsonl", tmp_path / "copy.db"
+    asyncio.run(killed_log(db))
+    assert main(["export", str(db), "--out", str(dump)]) == 0
+    assert main(["import", str(copy), str(dump)]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(copy)]) == 0
+    assert "1 desk kill read: no divergence" in capsys.readouterr().out
+
+
 async def test_the_cli_kills_the_desk_and_prints_each_agents_effect(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
