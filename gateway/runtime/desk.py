@@ -34,6 +34,7 @@ from gateway.runtime.acks import Ack
 from gateway.runtime.effects import ControlEffect
 from gateway.runtime.intake import WayIn, in_steps, settled
 from lanes import parse_request
+from lanes.events import TradingState
 from lanes.requests import WireModel
 from lanes.streams import DESK_STREAM
 from store.port import Append, NewEvent
@@ -66,7 +67,7 @@ class AgentKilled(WireModel):
     @property
     def halted(self) -> bool:
         """Whether the agent is HALTED by (or since before) this kill."""
-        return self.effect is not None and self.effect.to_state.value == "HALTED"
+        return self.effect is not None and self.effect.to_state is TradingState.HALTED
 
 
 class DeskKilled(WireModel):
