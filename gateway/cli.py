@@ -167,6 +167,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kill(args: argparse.Namespace) -> int:
+    from gateway.tools.kill import kill_command
+
+    token = os.environ.get(args.token_env)
+    if not token:
+        print(f"kill: the environment variable {args.token_env} holds no token",
+              file=sys.stderr)
+        return 2
+    return kill_command(args.url, token, args.reason, args.list, print)
+
+
 def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -227,7 +238,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _debugger_commands(commands)
     _postgres_commands(commands)
     commands.add_parser("schema", help="print the JSON Schema of every wire frame")
+    kill = commands.add_parser(
+        "kill", help="desk kill: halt every agent in the token's scope of a running gateway "
+                     "and cancel their open orders (one recorded operator command)")
+    kill.add_argument("--url", required=True, help="the gateway, e.g. http://127.0.0.1:8000")
+    kill.add_argument("--token-env", required=True, metavar="VAR",
+                      help="the environment variable holding a control or admin token")
+    kill.add_argument("--reason", help="recorded with the kill")
+    kill.add_argument("--list", action="store_true",
+                      help="only name the agents a kill would halt")
     args = parser.parse_args(argv)
+    if args.command == "kill":
+        return _kill(args)
     if args.command in DEBUGGER_COMMANDS:
         return _debug(args)
 

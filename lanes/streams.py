@@ -7,6 +7,9 @@ PROVIDER_PREFIX = "provider:"
 QUARANTINE_STREAM = "gateway:quarantine"
 """The stream of the events an operator set aside (``gateway quarantine``); not an agent.
 No agent id holds a colon, so no other stream is ever taken for an agent's."""
+DESK_STREAM = "gateway:desk"
+"""The stream of desk-wide operator commands (a desk kill: ``gateway.runtime.desk``), one
+event each with what it did to every agent; not an agent, never re-decided."""
 
 
 def is_agent_stream(stream: str) -> bool:

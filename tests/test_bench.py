@@ -78,3 +78,11 @@ def test_the_tool_loop_bench_times_runs_with_and_without_steps() -> None:
     figures = {f.name.split(" (")[0]: f.value for f in tool_loop.measure(runs=3, steps=2)}
     assert figures["a run that answers at once"] > 0
     assert figures["a run of 2 tool steps"] > figures["a run that answers at once"]
+
+
+def test_the_desk_kill_bench_halts_every_agent_and_cancels_every_order() -> None:
+    from bench import desk_kill
+
+    figures = {f.name.split(" [")[0]: f for f in desk_kill.measure(agents=3, orders=7, reps=1)}
+    assert figures["desk kill: cancels requested per kill"].value == 7
+    assert all(f.value > 0 for f in figures.values())

@@ -66,6 +66,8 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
               methods=["POST"]),
         Route("/api/agents/{agent_id}/schedules/{schedule_id}/run", api.run_schedule,
               methods=["POST"]),
+        Route("/api/desk/kill", api.kill_scope),
+        Route("/api/desk/kill", api.kill, methods=["POST"]),
         Route("/api/events", api.events),
         Route("/api/events/{position:int}", api.event_cause),
         Route("/api/event-types", api.event_types),

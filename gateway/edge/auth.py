@@ -71,9 +71,13 @@ class Principal:
 
     def check_operate(self, agent_id: str) -> None:
         """Controls, release, abort, clear: control and admin."""
+        self.check_control()
+        self.check_agent(agent_id)
+
+    def check_control(self) -> None:
+        """Acting on every agent of the scope at once (a desk kill): control and admin."""
         if self.role not in (Role.CONTROL, Role.ADMIN):
             raise Forbidden(f"a {self.role.value} token cannot act on agents")
-        self.check_agent(agent_id)
 
     def check_admin(self) -> None:
         """Changing config: admin only."""

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from gateway.edge.protocol import AckFrame, ErrorFrame
+from gateway.edge.protocol import AckFrame, DeskKillAck, DeskKillBody, DeskScope, ErrorFrame
 from lanes import AgentConfig, AgentRequest
 from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
@@ -65,8 +65,10 @@ def openapi_document() -> dict[str, Any]:
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
                         ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
                         ("ControlBody", ControlBody), ("GateLimits", GateLimits),
-                        ("Schedule", Schedule)):
+                        ("Schedule", Schedule), ("DeskKillBody", DeskKillBody)):
         add(name, model, "validation")
+    add("DeskKillAck", DeskKillAck, "serialization")
+    add("DeskScope", DeskScope, "serialization")
     # Answers: described as they are sent (every field present, null when none).
     answers: dict[str, Any] = {**ANSWERS, **RESPONSES, "BlotterView": BlotterView,
                                "PnlView": PnlView}
@@ -95,6 +97,12 @@ def openapi_document() -> dict[str, Any]:
                                        {"type": "array", "items": _ref("AgentSummary")},
                                        params=())},
             agent: {"get": _op("Config, trading state and lane status", "AgentJson")},
+            "/api/desk/kill": {
+                "get": _op("The agents a desk kill by this token would halt (control, "
+                           "admin)", "DeskScope", params=(), errors=(401, 403)),
+                "post": _op("Desk kill: halt every agent in scope and cancel their open "
+                            "orders; one DeskKilled event (ack after commit)", "DeskKillAck",
+                            "DeskKillBody", params=(), errors=(401, 403))},
             f"{agent}/queue": {"get": _op("Busy, current run, pending list with ages",
                                           "QueueJson")},
             f"{agent}/requests": {"post": _op("Submit a request (ack after commit)",

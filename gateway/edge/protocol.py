@@ -10,10 +10,11 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import Field, TypeAdapter
+from pydantic import Field, StrictBool, StrictStr, TypeAdapter
 
 from gateway.errors import BadFrame
 from gateway.market.events import MarketEvent
+from gateway.runtime.desk import DeskKilled
 from gateway.runtime.effects import ControlEffect
 from lanes.requests import MAX_INT, AgentRequest, WireModel
 from lanes.tools import tool_schemas
@@ -115,6 +116,32 @@ class Unsubscribe(WireModel):
     id: ClientId = None
 
 
+class DeskKillBody(WireModel):
+    """What a desk kill takes (``POST /api/desk/kill``'s body; every field optional)."""
+
+    reason: StrictStr | None = Field(default=None, max_length=500)
+    """Recorded with the kill and with each agent's stop."""
+    flatten: StrictBool = False
+    """Also close positions: refused (a HALTED agent may place no order)."""
+
+
+class DeskScope(WireModel):
+    """``GET /api/desk/kill``: the agents a desk kill by this token would halt."""
+
+    agents: list[str]
+    scoped: bool
+    """The token is scoped to these agents (else: every agent of the gateway)."""
+
+
+class DeskKill(DeskKillBody):
+    """Halt every agent in the token's scope and cancel their open orders (control and
+    admin tokens): one emergency stop each, all at once, recorded as one ``DeskKilled``
+    event; answered by a `DeskKillAck` after its commit."""
+
+    type: Literal["desk_kill"]
+    id: ClientId = None
+
+
 class Ping(WireModel):
     """Liveness; answered by a `Pong`."""
 
@@ -123,11 +150,12 @@ class Ping(WireModel):
 
 
 ClientFrame = Annotated[
-    Auth | Submit | SubmitMany | Market | Subscribe | Unsubscribe | Ping,
+    Auth | Submit | SubmitMany | Market | Subscribe | Unsubscribe | Ping | DeskKill,
     Field(discriminator="type"),
 ]
 CLIENT_FRAME: TypeAdapter[Any] = TypeAdapter(ClientFrame)
-CLIENT_TYPES = ("auth", "submit", "submit_many", "market", "subscribe", "unsubscribe", "ping")
+CLIENT_TYPES = ("auth", "submit", "submit_many", "market", "subscribe", "unsubscribe", "ping",
+                "desk_kill")
 
 # ------------------------------------------------------------------- server -> client
 
@@ -234,6 +262,18 @@ class Pong(WireModel):
     position: int
 
 
+class DeskKillAck(WireModel):
+    """A desk kill's answer, after the commit of its record: what it did to each agent."""
+
+    type: Literal["desk_kill_ack"] = "desk_kill_ack"
+    id: str | None = None
+    kill: DeskKilled
+    halted: int
+    """Agents HALTED now (by this kill or already)."""
+    cancels_requested: int
+    """Open orders whose cancel it sent."""
+
+
 class Heartbeat(WireModel):
     """Sent on a subscription that had nothing else to send for ``heartbeatMs``: the
     connection and the gateway are alive. ``committed`` is the log's last committed position
@@ -246,7 +286,7 @@ class Heartbeat(WireModel):
 
 ServerFrame = Annotated[
     Hello | AckFrame | AcksFrame | MarketAck | ErrorFrame | BusyFrame | Snapshot | EventFrame
-    | EventsFrame | Pong | Heartbeat,
+    | EventsFrame | Pong | Heartbeat | DeskKillAck,
     Field(discriminator="type"),
 ]
 

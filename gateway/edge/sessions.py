@@ -19,6 +19,7 @@ from gateway.base.roles import Role
 from gateway.base.tasks import spawn
 from gateway.edge.answers import ack_frame, error_frame
 from gateway.edge.auth import Principal
+from gateway.edge.desk import kill_answer, kill_desk
 from gateway.edge.frames import (
     NO_TURN,
     VALIDATE_STEP,
@@ -35,6 +36,7 @@ from gateway.edge.protocol import (
     AcksFrame,
     Auth,
     BusyFrame,
+    DeskKill,
     ErrorFrame,
     Hello,
     Market,
@@ -389,6 +391,9 @@ class Session:
                                              triggered=triggered))
         elif isinstance(frame, Subscribe):
             await self.subscriptions.subscribe(frame)
+        elif isinstance(frame, DeskKill):
+            await self.send(kill_answer(await kill_desk(self.service, principal, frame),
+                                        frame.id))
         elif isinstance(frame, Unsubscribe):
             self.subscriptions.cancel()
             await self.send(Pong(id=frame.id, position=await self.service.log.last_position()))

@@ -15,9 +15,10 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from gateway.runtime.desk import read_kill
 from lanes.codec import decode
 from lanes.gate import decode_gate_event
-from lanes.streams import is_agent_stream
+from lanes.streams import DESK_STREAM, is_agent_stream
 from store.port import RecordedEvent
 
 FORMAT = "gateway-event-log"
@@ -97,6 +98,8 @@ def _event(number: int, line: str) -> RecordedEvent:
     try:
         if is_agent_stream(obj["stream"]):
             decode(obj["type"], data)
+        elif obj["stream"] == DESK_STREAM:
+            read_kill(data)
         else:
             decode_gate_event(obj["type"], data)
     except ValueError as error:

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 from gateway.base.process import gc_paused
 from gateway.base.quarantine import UnreadableEvent, log_reader
+from gateway.runtime.desk import read_kill
 from gateway.tools.logs import Log, Out, open_log, pages
 from gateway.tools.progress import Progress, summary
 from gateway.tools.timeline import explain, what_came_in
 from lanes.events import Event, is_input
 from lanes.gate import decode_gate_event, verify_gate
 from lanes.replay import Divergence, Entry, Verifier, first
-from lanes.streams import PROVIDER_PREFIX, QUARANTINE_STREAM, is_agent_stream
+from lanes.streams import DESK_STREAM, PROVIDER_PREFIX, QUARANTINE_STREAM, is_agent_stream
 from store import GroupCommitStore, RecordedEvent
 
 # -------------------------------------------------------------------------------- verify
@@ -54,16 +55,18 @@ async def verify_command(db: Log, out: Out, jobs: int | None = None) -> int:
         jobs = jobs or (os.cpu_count() or 1 if sum(agents.values()) >= PARALLEL_FROM else 1)
         with gc_paused(), Progress("verify", last) as bar:
             if jobs > 1 and len(agents) > 1:
-                for stream in set(versions) - set(agents) - {QUARANTINE_STREAM}:
+                for stream in set(versions) - set(agents) - {QUARANTINE_STREAM, DESK_STREAM}:
                     gates[stream] = await store.read_stream(stream)
                     bar.advance(len(gates[stream]))
                 verified = await _verify_in_processes(db, agents, jobs, bar)
             else:
                 verified = await _verify_in_order(store, last, gates, bar)
+        kills = await store.read_stream(DESK_STREAM)
     finally:
         await store.close()
-    if verified.unreadable is not None:
-        out(f"verify: FAILED: {verified.unreadable}")
+    unreadable = verified.unreadable or _unreadable_kill(kills)
+    if unreadable is not None:
+        out(f"verify: FAILED: {unreadable}")
         return 1
     if verified.divergence is not None:
         for line in divergence_report(verified.divergence):
@@ -79,10 +82,22 @@ async def verify_command(db: Log, out: Out, jobs: int | None = None) -> int:
             return 1
     gate_events = sum(len(v) for v in gates.values())
     processes = f" in {jobs} processes" if jobs > 1 and len(agents) > 1 else ""
+    desk = f", {len(kills):,} desk kill{'' if len(kills) == 1 else 's'} read" if kills else ""
     out(f"verify: {verified.events:,} agent events ({verified.inputs:,} inputs re-decided) and "
-        f"{gate_events:,} provider gate events ({len(gates)} gates): no divergence; "
+        f"{gate_events:,} provider gate events ({len(gates)} gates){desk}: no divergence; "
         f"{summary(last, 'events', bar.elapsed)}{processes}")
     return 0
+
+
+def _unreadable_kill(records: list[RecordedEvent]) -> str | None:
+    """Why the first desk kill record that does not read back cannot (None: all read)."""
+    for record in records:
+        try:
+            read_kill(record.data)
+        except ValueError as error:
+            return (f"the desk kill at position {record.position} ({DESK_STREAM!r}) cannot "
+                    f"be read: {error}")
+    return None
 
 
 async def _verify_in_order(store: GroupCommitStore, last: int,

@@ -170,7 +170,7 @@ async def test_every_error_frame_kind_and_the_connection_survives(live: Live) ->
         assert (await ask(json.dumps({"type": "teleport", "id": "t"}))) == {
             "type": "error", "id": "t", "code": "unknown_type", "field": "type",
             "message": "unknown frame type 'teleport'; expected one of auth, submit, "
-                       "submit_many, market, subscribe, unsubscribe, ping"}
+                       "submit_many, market, subscribe, unsubscribe, ping, desk_kill"}
         bad = trigger("btc", priority="urgent")
         answer = await ask(json.dumps({"type": "submit", "id": "b", "request": bad}))
         assert answer["code"] == "invalid" and answer["field"] == "request.priority"

@@ -20,11 +20,17 @@ export const ACTIONS = {
   release: {label: "Release", confirm: "Force the lane idle: the active run is aborted (reason release).", path: "release"},
 };
 
-/** Ask before a consequential action; resolves true only on an explicit confirm (Esc cancels). */
-export function confirmDialog(title, text, ok) {
+/**
+ * Ask before a consequential action; resolves true only on an explicit confirm (Esc
+ * cancels). `items`: names listed under the text (the agents a stop of all halts).
+ */
+export function confirmDialog(title, text, ok, items = null) {
   const dialog = document.getElementById("confirm");
   document.getElementById("confirm-title").textContent = title;
   document.getElementById("confirm-text").textContent = text;
+  const list = document.getElementById("confirm-list");
+  list.replaceChildren(...(items || []).map((item) => h("li", {}, item)));
+  list.hidden = !items;
   document.getElementById("confirm-ok").textContent = ok;
   dialog.returnValue = "";
   const opener = document.activeElement;
@@ -136,14 +142,43 @@ export class Controls {
     }
   }
 
-  /** Emergency stop of every agent in scope, after one confirm; one summary of the acks. */
-  async stopAll(agentIds) {
-    const spec = ACTIONS.emergency_stop;
-    const ok = await confirmDialog(`Emergency stop all ${agentIds.length} agents?`, spec.confirm, "Stop all");
+  /**
+   * Emergency stop of every agent in the token's scope: one desk kill on the server
+   * (`POST /api/desk/kill`, one recorded operator command), after a confirm that names the
+   * agents it halts (the server's list; `known`, the page's, if that cannot be read). A
+   * summary of what it did, and each agent's result in a dialog.
+   */
+  async stopAll(known) {
+    let agentIds = known;
+    let note = "";
+    try {
+      agentIds = (await this.api.get("/api/desk/kill")).agents;
+    } catch (error) {
+      note = ` (The gateway's list could not be read: ${error.message}. These are the agents this page knows; the stop reaches every agent of your token's scope.)`;
+    }
+    const ok = await confirmDialog(`Emergency stop all ${plural(agentIds.length, "agent")}?`,
+      `Halts each agent listed below now: its active run is aborted, its open orders are cancelled and no run starts until resume.${note}`,
+      "Stop all", agentIds);
     if (!ok) return null;
-    const all = Promise.all(agentIds.map((id) => this.perform(id, "emergency_stop").then((r) => ({...r, id}))))
-      .then((results) => summarizeStops(results));
-    return this.track(`Emergency stop of ${plural(agentIds.length, "agent")}`, all, null, "their states");
+    const killed = this.api.post("/api/desk/kill", {reason: "panel"})
+      .then((answer) => this.showKill(answer))
+      .catch((error) => ({ok: false, kind: "bad", text: `Emergency stop all failed: ${error.message} (${error.code})`}));
+    return this.track(`Emergency stop of ${plural(agentIds.length, "agent")}`, killed, null, "their states");
+  }
+
+  /** A desk kill's answer: its summary, and each agent's result listed in a dialog. */
+  showKill(answer) {
+    const results = answer.kill.agents.map((agent) => agent.error
+      ? {ok: false, kind: "bad", id: agent.agentId, text: `${agent.agentId}: not halted — ${agent.message || agent.error} (${agent.error})`}
+      : {...consequence(agent.agentId, "emergency_stop", agent), id: agent.agentId});
+    const summary = summarizeStops(results);
+    document.getElementById("kill-results-summary").textContent =
+      `${summary.text}; ${plural(answer.cancelsRequested, "order cancel")} sent. Recorded as ${answer.kill.killId}.`;
+    document.getElementById("kill-results-list").replaceChildren(...results.map((r) =>
+      h("li", {class: r.ok ? null : "bad", "data-agent": r.id}, r.text)));
+    const dialog = document.getElementById("kill-results");
+    if (!dialog.open) dialog.showModal();
+    return summary;
   }
 
   /** A button for an action on an agent; `report` gets each result (pending first). */

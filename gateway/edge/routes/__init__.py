@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from gateway.edge.routes.agents import AgentRoutes
+from gateway.edge.routes.desk import DeskRoutes
 from gateway.edge.routes.feed import FeedRoutes
 from gateway.edge.routes.log import LogRoutes
 from gateway.edge.routes.observe import ObserveRoutes
@@ -13,8 +14,8 @@ from gateway.edge.routes.schedules import ScheduleRoutes
 from gateway.edge.routes.story import StoryRoutes
 
 
-class Api(AgentRoutes, ScheduleRoutes, LogRoutes, StoryRoutes, OrderRoutes, ProviderRoutes,
-          ObserveRoutes, FeedRoutes):
+class Api(AgentRoutes, DeskRoutes, ScheduleRoutes, LogRoutes, StoryRoutes, OrderRoutes,
+          ProviderRoutes, ObserveRoutes, FeedRoutes):
     """Every route of the HTTP API: one method each."""
 
 
