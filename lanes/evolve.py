@@ -60,7 +60,7 @@ from lanes.events import (
 )
 from lanes.handlers import IllegalTransition, Registry
 from lanes.policy import PolicyOffered
-from lanes.requests import AgentRequest, ControlAction
+from lanes.requests import AgentRequest, ControlAction, Kind
 from lanes.rules import dedupe_key, fingerprint, insert_index
 from lanes.schedules import firing_of
 from lanes.spending import record
@@ -359,8 +359,13 @@ def _control(state: AgentState, event: ControlApplied) -> None:
             f"{state.trading.value}"
         )
     by = state.staged_by or "unknown"
+    request = state.staged
+    if request is not None and request.kind is Kind.SYSTEM_ALERT:  # the alert is the cause
+        rule = request.payload.get("rule")
+        by = f"alert {request.payload.get('code', '?')}{f' ({rule})' if rule else ''} from {by}"
     _take_staged(state, event.request_id, "accepted")
-    if event.action in _TRADING_ACTIONS:
+    if event.action in _TRADING_ACTIONS and event.to_state is not event.from_state:
+        # (a control that changes nothing, a stop of a HALTED agent, leaves who and when)
         state.trading_change = TradingChange(event.action.value, by, state.now)
     if event.action is ControlAction.RESUME:
         state.failure = None  # seen to: an operator resumed the agent

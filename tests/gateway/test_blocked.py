@@ -75,7 +75,8 @@ def test_a_request_without_a_principal_is_attributed_to_its_source() -> None:
     bench.send("system_alert", payload={"code": "broker_down"}, dedupeKey="a1",
                source="risk-engine")
     reasons, _ = blocked_view(bench.state, bench.now)
-    assert reasons[0]["kind"] == "halted" and reasons[0]["by"] == "risk-engine"
+    assert reasons[0]["kind"] == "halted"
+    assert reasons[0]["by"] == "alert broker_down from risk-engine"  # the alert named
 
 
 def test_a_spend_hold_says_why_and_a_resume_lifts_it() -> None:

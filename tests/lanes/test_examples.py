@@ -8,6 +8,7 @@ from lanes.events import (
     AbortReason,
     ControlApplied,
     RequestDeduped,
+    RequestReceived,
     RequestSummarized,
     RunAborted,
     RunStarted,
@@ -134,3 +135,22 @@ def test_control_requests_are_applied_even_while_a_run_is_active() -> None:
         )
     ]
     assert bench.state.active is not None  # pause lets the run go on
+
+
+def test_a_stop_of_a_halted_agent_leaves_who_halted_it_and_when() -> None:
+    bench = Bench()
+    bench.feed(RequestReceived(at=bench.now, principal="alice", request=bench.make(
+        "user_control", payload={"action": "emergency_stop"})))
+    first = bench.state.trading_change
+    bench.now += 2_500
+    bench.feed(RequestReceived(at=bench.now, principal="bob", request=bench.make(
+        "user_control", payload={"action": "emergency_stop"})))
+    assert bench.state.trading_change == first and first is not None and first.by == "alice"
+
+
+def test_a_halt_set_off_by_an_alert_names_the_alert() -> None:
+    bench = Bench(AgentConfig(halt_on_alerts=("connector_down",)))
+    bench.feed(RequestReceived(at=bench.now, principal="feeder", request=bench.make(
+        "system_alert", payload={"code": "connector_down", "rule": "any_down"})))
+    change = bench.state.trading_change
+    assert change is not None and change.by == "alert connector_down (any_down) from feeder"
