@@ -227,6 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _debugger_commands(commands)
     _postgres_commands(commands)
     commands.add_parser("schema", help="print the JSON Schema of every wire frame")
+    bridge = commands.add_parser(
+        "mcp", help="a stdio MCP server for desktop MCP clients, forwarding to a gateway's "
+                    "/mcp (docs/mcp.md)")
+    bridge.add_argument("--url", required=True,
+                        help="the gateway's MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    bridge.add_argument("--token-env", required=True, metavar="VAR",
+                        help="the environment variable holding the bearer token")
     args = parser.parse_args(argv)
     if args.command in DEBUGGER_COMMANDS:
         return _debug(args)
@@ -245,12 +252,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "postgres":
         return _postgres(args)
+    if args.command == "mcp":
+        return _mcp_bridge(args.url, args.token_env)
     if args.command == "schema":
         from gateway.edge.protocol import json_schemas
 
         print(json.dumps(json_schemas(), indent=2))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _mcp_bridge(url: str, variable: str) -> int:
+    """``gateway mcp``: stdout carries MCP messages only (logs go to stderr)."""
+    token = os.environ.get(variable)
+    if not token:
+        print(f"gateway mcp: environment variable {variable} is not set (or is empty)",
+              file=sys.stderr)
+        return 2
+    from gateway.edge.mcp import bridge
+
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    asyncio.run(bridge(url, token))
+    return 0
 
 
 KNOWN_VARIABLES = frozenset({

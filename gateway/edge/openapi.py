@@ -185,6 +185,10 @@ def openapi_document() -> dict[str, Any]:
                 "positions of every agent in scope (or one), from the log", "BlotterView",
                 params=(), query=(("agent", "string"), ("symbol", "string"),
                                   ("limit", "integer")))},
+            "/mcp": {"post": _op(
+                "The gateway's tools over MCP (Streamable HTTP: JSON-RPC 2.0 messages, "
+                "answered in JSON; see docs/mcp.md), with the same tokens and roles",
+                {"type": "object"}, params=(), errors=(401, 403))},
             "/api/approvals": {"get": _op(
                 "The orders waiting for a human's approval in scope (or one agent's), the "
                 "soonest to expire first; decide one with the control action approve or "

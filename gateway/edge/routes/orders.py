@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.edge.auth import Principal
 from gateway.edge.http import Routes
 from gateway.reads.blotter import BlotterQuery, blotter_view, parse_query
 
@@ -39,8 +42,12 @@ class OrderRoutes(Routes):
         (or the one ``agent``), oldest first; decide one with ``POST
         /api/agents/{id}/control`` ``{"action": "approve" | "reject", "approvalId"}``."""
         principal = self._principal(request)
+        return JSONResponse(self.approvals_of(principal, request.query_params.get("agent")))
+
+    def approvals_of(self, principal: Principal, agent: str | None) -> dict[str, Any]:
+        """The orders waiting for approval that ``principal`` may see (of ``agent`` only,
+        if given), oldest first (HTTP and MCP)."""
         principal.check_read()
-        agent = request.query_params.get("agent")
         if agent is not None:
             principal.check_read(agent)
             self.engine.state(agent)  # UnknownAgent if it does not exist
@@ -50,11 +57,11 @@ class OrderRoutes(Routes):
         waiting = [(agent_id, pending) for agent_id in agents
                    for pending in self.engine.state(agent_id).approvals.values()]
         waiting.sort(key=lambda item: (item[1].expires_at, item[1].approval_id))
-        return JSONResponse({"approvals": [
+        return {"approvals": [
             {"agentId": agent_id, "approvalId": p.approval_id, "orderId": p.order_id,
              "runId": p.run_id, "order": p.intent.model_dump(mode="json", by_alias=True),
              "notional": p.notional, "expiresAt": p.expires_at,
-             "expiresInMs": max(0, p.expires_at - now)} for agent_id, p in waiting]})
+             "expiresInMs": max(0, p.expires_at - now)} for agent_id, p in waiting]}
 
     async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
         blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
