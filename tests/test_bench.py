@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fanout, gate, peers, pg_throughput, time_travel, tool_loop
+from bench import fanout, gate, mcp_call, peers, pg_throughput, time_travel, tool_loop
 from bench.common import Figure
 from store import pg_server
 
@@ -78,3 +78,11 @@ def test_the_tool_loop_bench_times_runs_with_and_without_steps() -> None:
     figures = {f.name.split(" (")[0]: f.value for f in tool_loop.measure(runs=3, steps=2)}
     assert figures["a run that answers at once"] > 0
     assert figures["a run of 2 tool steps"] > figures["a run that answers at once"]
+
+
+def test_the_mcp_bench_times_call_agent_round_trips_above_the_reasoners_latency() -> None:
+    figures = {f.name.split(" (")[0]: f.value
+               for f in mcp_call.measure(calls=3, latency_ms=20)}
+    assert figures["MCP call_agent round trip p50"] >= 20
+    assert figures["MCP call_agent round trip p99"] >= figures["MCP call_agent round trip p50"]
+    assert figures["MCP agent_status p50 / HTTP GET p50"] > 0
