@@ -303,11 +303,12 @@ class Tools:
                                   max(1, math.ceil(busy.retry_after_ms / 1000)))
             if ack.decision in ("rejected", "dropped"):
                 refused = await self._decision(args.agent_id, ack.position)
-                transient = isinstance(refused, RequestRejected) and refused.transient
-                if transient or (args.if_busy == "reject" and "busy" in (ack.reason or "")):
-                    return self._busy(args.agent_id, request.request_id, ack.reason or "")
+                reason = ack.reason or f"requestId {request.request_id!r} was used before: " \
+                    f"its first decision ({ack.decision}) stands; send a new requestId"
+                if _busy(refused, reason):
+                    return self._busy(args.agent_id, request.request_id, reason)
                 return {"status": "refused", "agentId": args.agent_id,
-                        "requestId": request.request_id, "reason": ack.reason}
+                        "requestId": request.request_id, "reason": reason}
             return await self._answer(args.agent_id, request.request_id, ack.position,
                                       args.timeout_seconds)
         finally:
@@ -341,6 +342,17 @@ class Tools:
         return {**answer, "status": "timeout", "runId": run_id,
                 "reason": f"no answer within {timeout_s:g} s; the request stays in the "
                 "agent's queue (follow it with story or search_log)"}
+
+
+def _busy(refused: object, reason: str) -> bool:
+    """Whether a call was refused for want of room (its agent busy and the call says
+    ``ifBusy: reject``, or a full queue), rather than for good."""
+    if isinstance(refused, RequestDropped):  # (dropPolicy new: the incoming one dropped)
+        return "dropped the incoming" in reason
+    # (a transient refusal: busy, a full queue of high-priority requests, or a requestId
+    # reused for a different request, which is no matter of room)
+    return isinstance(refused, RequestRejected) and refused.transient and \
+        not reason.startswith("requestId")
 
 
 def _step(event: object, request_id: str, run_id: str | None

@@ -20,8 +20,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
+from gateway.edge import mcp_tools
 from gateway.llm.reasoner import RunContext, RunResult
-from lanes import AgentConfig, Mode
+from lanes import AgentConfig, DropPolicy, Mode
 from lanes.events import OrderIntent, Outcome
 from store import SqliteEventStore
 from tests.e2e.live import TIMEOUT, Live, running
@@ -34,14 +35,16 @@ AGENTS = {
     "btc": AgentConfig(mode=Mode.FOLLOWUP, approval="always"),
     "eth": AgentConfig(mode=Mode.FOLLOWUP),
     "sol": AgentConfig(mode=Mode.FOLLOWUP, max_call_depth=0),
+    "xrp": AgentConfig(mode=Mode.FOLLOWUP, cap=1, drop_policy=DropPolicy.NEW),
 }
 
 
 class Script:
-    """Each agent answers what it heard at once; ``buy`` places an order; ``eth`` holds its
-    run open while ``hold`` is clear."""
+    """Each agent answers what it heard at once; ``buy`` places an order; the ``held``
+    agents hold their runs open while ``hold`` is clear."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: frozenset[str] = frozenset({"eth", "xrp"})) -> None:
+        self.held = held
         self.hold = asyncio.Event()
         self.hold.set()
 
@@ -50,7 +53,7 @@ class Script:
 
     async def run(self, ctx: RunContext) -> RunResult:
         heard = " ".join(str(r.payload.get("message", "")) for r in ctx.requests)
-        if ctx.agent_id == "eth":
+        if ctx.agent_id in self.held:
             await self.hold.wait()
         orders = (OrderIntent(symbol="BTCUSD", side="buy", qty=1),) if "buy" in heard else ()
         return RunResult(outcome=Outcome.NO_TRADE, orders=orders,
@@ -105,7 +108,7 @@ async def test_a_viewer_sees_and_calls_the_read_tools_only_and_a_refusal_records
     async with gateway(tmp_path) as live, mcp(live, "viewer-secret") as session:
         assert {t.name for t in (await session.list_tools()).tools} == READ_TOOLS
         listed = body(await session.call_tool("list_agents", {}))["agents"]
-        assert [a["agentId"] for a in listed] == ["btc", "eth", "sol"]
+        assert [a["agentId"] for a in listed] == ["btc", "eth", "sol", "xrp"]
         assert all("blocked" in a for a in listed)
         status = body(await session.call_tool("agent_status", {"agentId": "eth"}))
         assert status["trading"] == "ACTIVE" and "queue" in status
@@ -207,6 +210,46 @@ async def test_a_busy_agent_answers_busy_with_a_retry_after(tmp_path: Path) -> N
         script.hold.set()
         answered = body(await asyncio.wait_for(queued, TIMEOUT))
         assert answered["status"] == "returned" and answered["answer"] == "eth heard later"
+
+
+async def test_a_full_queue_answers_busy_and_a_retry_needs_a_new_request_id(
+        tmp_path: Path) -> None:
+    script = Script()
+    script.hold.clear()
+    async with gateway(tmp_path, script) as live, mcp(live, "control-secret") as session:
+        for text in ("think", "then this"):  # a run, and the one request its cap allows
+            body(await session.call_tool("send_message", {"agentId": "xrp", "message": text}))
+        full = body(await session.call_tool("call_agent", {
+            "agentId": "xrp", "message": "room?", "ifBusy": "queue", "requestId": "c1"}))
+        assert full["status"] == "busy" and full["retryAfterSeconds"] >= 1, full
+        assert "cap 1 reached" in full["reason"]
+        again = body(await session.call_tool("call_agent", {  # (its first decision stands)
+            "agentId": "xrp", "message": "room?", "ifBusy": "queue", "requestId": "c1"}))
+        assert again["status"] == "refused" and "new requestId" in again["reason"], again
+        script.hold.set()
+
+
+async def test_an_agent_scoped_caller_has_a_fan_out_limit_and_going_over_records_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mcp_tools, "DEFAULT_FAN_OUT", 1)
+    script = Script(held=frozenset({"btc"}))
+    script.hold.clear()
+    async with gateway(tmp_path, script) as live, mcp(live, "scoped-secret") as session:
+        first = asyncio.ensure_future(session.call_tool("call_agent", {
+            "agentId": "btc", "message": "one", "ifBusy": "queue"}))
+        started = await next_event(live.engine.store, "RunStarted")
+        before = await live.engine.store.last_position()
+        over = error(await session.call_tool("call_agent", {"agentId": "btc",
+                                                            "message": "two"}))
+        assert over["code"] == "forbidden" and "fan-out" in over["message"], over
+        assert await live.engine.store.last_position() == before
+        script.hold.set()
+        answered = body(await asyncio.wait_for(first, TIMEOUT))
+        assert answered["status"] == "returned" and answered["runId"] == \
+            json.loads(started.data)["run_id"]
+        again = body(await session.call_tool("call_agent", {"agentId": "btc",
+                                                            "message": "three"}))
+        assert again["status"] == "returned"
 
 
 async def test_bad_arguments_are_tool_errors_naming_the_field(tmp_path: Path) -> None:
