@@ -13,6 +13,11 @@ from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
 
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
+JSON_RPC: dict[str, Any] = {
+    "description": "A JSON-RPC 2.0 response of the Model Context Protocol (docs/mcp.md)",
+    "type": "object", "required": ["jsonrpc", "id"],
+    "properties": {"jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer"]},
+                   "result": {"type": "object"}, "error": {"type": "object"}}}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -188,7 +193,7 @@ def openapi_document() -> dict[str, Any]:
             "/mcp": {"post": _op(
                 "The gateway's tools over MCP (Streamable HTTP: JSON-RPC 2.0 messages, "
                 "answered in JSON; see docs/mcp.md), with the same tokens and roles",
-                {"type": "object"}, params=(), errors=(401, 403))},
+                JSON_RPC, params=(), errors=(401, 403))},
             "/api/approvals": {"get": _op(
                 "The orders waiting for a human's approval in scope (or one agent's), the "
                 "soonest to expire first; decide one with the control action approve or "
