@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gateway.base.roles import Role
 from gateway.edge.answers import ack_frame
 from gateway.edge.auth import Principal
 from gateway.edge.http import ControlBody
@@ -183,10 +184,10 @@ class Tools:
 
     def visible(self, principal: Principal) -> list[ToolSpec]:
         """The tools ``principal`` may call: a viewer the reading ones only."""
-        if principal.role.value == "feed":
+        if principal.role is Role.FEED:
             return []
         return [s for s in self.specs.values()
-                if s.reads or principal.role.value in ("control", "admin")]
+                if s.reads or principal.role in (Role.CONTROL, Role.ADMIN)]
 
     def _agent(self, principal: Principal, agent_id: str) -> str:
         """A readable agent that exists (nothing revealed outside the scope)."""
