@@ -247,6 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     kill.add_argument("--reason", help="recorded with the kill")
     kill.add_argument("--list", action="store_true",
                       help="only name the agents a kill would halt")
+    bridge = commands.add_parser(
+        "mcp", help="a stdio MCP server for desktop MCP clients, forwarding to a gateway's "
+                    "/mcp (docs/mcp.md)")
+    bridge.add_argument("--url", required=True,
+                        help="the gateway's MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    bridge.add_argument("--token-env", required=True, metavar="VAR",
+                        help="the environment variable holding the bearer token")
     args = parser.parse_args(argv)
     if args.command == "kill":
         return _kill(args)
@@ -267,12 +274,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "postgres":
         return _postgres(args)
+    if args.command == "mcp":
+        return _mcp_bridge(args.url, args.token_env)
     if args.command == "schema":
         from gateway.edge.protocol import json_schemas
 
         print(json.dumps(json_schemas(), indent=2))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _mcp_bridge(url: str, variable: str) -> int:
+    """``gateway mcp``: stdout carries MCP messages only (logs go to stderr)."""
+    token = os.environ.get(variable)
+    if not token:
+        print(f"gateway mcp: environment variable {variable} is not set (or is empty)",
+              file=sys.stderr)
+        return 2
+    from gateway.edge.mcp import bridge
+
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    asyncio.run(bridge(url, token))
+    return 0
 
 
 KNOWN_VARIABLES = frozenset({

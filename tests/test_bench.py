@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fanout, gate, peers, pg_throughput, time_travel, tool_loop
+from bench import fanout, gate, mcp_call, peers, pg_throughput, time_travel, tool_loop
 from bench.common import Figure
 from store import pg_server
 
@@ -88,3 +88,11 @@ def test_the_desk_kill_bench_halts_every_agent_and_cancels_every_order() -> None
     figures = {f.name.split(" [")[0]: f for f in desk_kill.measure(agents=3, orders=7, reps=1)}
     assert figures["desk kill: cancels requested per kill"].value == 7
     assert all(f.value > 0 for f in figures.values())
+
+
+def test_the_mcp_bench_times_call_agent_round_trips_above_the_reasoners_latency() -> None:
+    figures = {f.name.split(" (")[0]: f.value
+               for f in mcp_call.measure(calls=3, latency_ms=20)}
+    assert figures["MCP call_agent round trip p50"] >= 20
+    assert figures["MCP call_agent round trip p99"] >= figures["MCP call_agent round trip p50"]
+    assert figures["MCP agent_status p50 / HTTP GET p50"] > 0

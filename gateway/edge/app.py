@@ -8,6 +8,8 @@ out. Nothing is decided here that `lanes` decides.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.base.roles import Role
 from gateway.edge.internal import internal_routes
+from gateway.edge.mcp import Mcp
 from gateway.edge.routes import Api
 from gateway.edge.service import Service
 from gateway.edge.sessions import partial_ws
@@ -37,9 +40,23 @@ def _web() -> Path:
 WEB = _web()
 
 
+def _with_mcp(mcp: Mcp, lifespan: Any) -> Any:
+    """The app's lifespan: ``lifespan`` (if any) inside the MCP session manager's."""
+    @contextlib.asynccontextmanager
+    async def both(app: Starlette) -> AsyncIterator[None]:
+        async with mcp.running():
+            if lifespan is None:
+                yield
+            else:
+                async with lifespan(app):
+                    yield
+    return both
+
+
 def create_app(service: Service, lifespan: Any = None) -> Starlette:
     """The ASGI app over a started (or, with ``lifespan``, to-be-started) engine."""
     api = Api(service)
+    mcp = Mcp(service, api)
     routes = [
         Route("/healthz", api.healthz),
         Route("/livez", api.livez),
@@ -92,6 +109,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/approvals", api.approvals),
         Route("/api/pnl", api.pnl),
         Route("/api/agents/{agent_id}/orders", api.agent_orders),
+        Route("/mcp", mcp),  # the same tools over MCP (gateway.edge.mcp)
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
         *internal_routes(service),
@@ -102,7 +120,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
     cors = Middleware(CORSMiddleware, allow_origins=sorted(service.allowed_origins),
                       allow_methods=["GET", "POST", "PUT", "DELETE"],
                       allow_headers=["Authorization", "Content-Type"], max_age=600)
-    return Starlette(routes=routes, lifespan=lifespan,
+    return Starlette(routes=routes, lifespan=_with_mcp(mcp, lifespan),
                      exception_handlers=api.exception_handlers(),
                      middleware=[cors] if service.allowed_origins else [])
 

@@ -13,6 +13,11 @@ from lanes.gate.events import GateLimits
 from lanes.schedules import Schedule
 
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
+JSON_RPC: dict[str, Any] = {
+    "description": "A JSON-RPC 2.0 response of the Model Context Protocol (docs/mcp.md)",
+    "type": "object", "required": ["jsonrpc", "id"],
+    "properties": {"jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer"]},
+                   "result": {"type": "object"}, "error": {"type": "object"}}}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -199,6 +204,10 @@ def openapi_document() -> dict[str, Any]:
                 "P&L: each agent's positions in scope (or one agent's) marked to the feed's "
                 "latest prices, realized and unrealized, exposure, totals per agent and for "
                 "the desk", "PnlView", params=(), query=(("agent", "string"),))},
+            "/mcp": {"post": _op(
+                "The gateway's tools over MCP (Streamable HTTP: JSON-RPC 2.0 messages, "
+                "answered in JSON; see docs/mcp.md), with the same tokens and roles",
+                JSON_RPC, params=(), errors=(401, 403))},
             "/api/approvals": {"get": _op(
                 "The orders waiting for a human's approval in scope (or one agent's), the "
                 "soonest to expire first; decide one with the control action approve or "

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.edge.answers import ack_frame, error_response
+from gateway.edge.auth import Principal
 from gateway.edge.http import ControlBody, Routes, _int_param, _json, streamed
 from gateway.edge.protocol import ErrorFrame
 from gateway.edge.views import (
@@ -20,6 +21,7 @@ from gateway.edge.views import (
     starlette_json,
 )
 from gateway.errors import HTTP_STATUS, BadFrame, GatewayError
+from gateway.runtime.acks import Ack
 from lanes import AgentConfig, AgentRequest, parse_request
 from lanes.calltree import CallTrees
 from lanes.events import OperatorAction
@@ -65,12 +67,17 @@ class AgentRoutes(Routes):
         if body.agent_id != agent_id:
             raise BadFrame("invalid", f"agentId {body.agent_id!r} does not match the path",
                            field="agentId")
-        principal.check_submit(body)
         try:
-            self.service.check_capacity(body)  # (the control lane is never refused)
-            return _json(ack_frame(await self.service.submit(body, principal.name)))
+            return _json(ack_frame(await self.submit_as(principal, body)))
         except GatewayError as error:
             return error_response(error, body.request_id)
+
+    async def submit_as(self, principal: Principal, body: AgentRequest) -> Ack:
+        """One request from ``principal`` (its role and scope checked; reasoning work refused
+        while the log is far behind), awaited to its ack (HTTP and MCP)."""
+        principal.check_submit(body)
+        self.service.check_capacity(body)  # (the control lane is never refused)
+        return await self.service.submit(body, principal.name)
 
     async def control(self, request: Request) -> Response:
         """A control-lane action (emergency_stop, pause, resume, cancel_order, cancel_all,
@@ -79,6 +86,20 @@ class AgentRoutes(Routes):
         principal = self._principal(request)
         principal.check_operate(agent_id)
         body: ControlBody = await self._body(request, ControlBody)
+        request_id = body.request_id or f"ctl_{secrets.token_hex(8)}"
+        try:
+            ack = await self.control_as(principal, agent_id, body, request_id,
+                                        f"http:{principal.name}")
+            return _json(ack_frame(ack))
+        except GatewayError as error:  # with the id it was given: a retry is idempotent
+            return error_response(error, request_id)
+
+    async def control_as(self, principal: Principal, agent_id: str, body: ControlBody,
+                         request_id: str, source: str) -> Ack:
+        """A control-lane action of ``principal`` on an agent (its role and scope checked),
+        recorded with ``source``, awaited to its ack ahead of the feed's bulk work (HTTP
+        and MCP)."""
+        principal.check_operate(agent_id)
         payload: dict[str, Any] = {"action": body.action.value}
         if body.order_id is not None:
             payload["orderId"] = body.order_id
@@ -86,18 +107,13 @@ class AgentRoutes(Routes):
             payload["approvalId"] = body.approval_id
         if body.reason is not None:
             payload["reason"] = body.reason
-        request_id = body.request_id or f"ctl_{secrets.token_hex(8)}"
         agent_request = parse_request({
             "requestId": request_id, "createdAt": datetime.now(UTC), "agentId": agent_id,
-            "kind": "user_control", "priority": "high", "source": f"http:{principal.name}",
+            "kind": "user_control", "priority": "high", "source": source,
             "payload": payload,
         })
-        try:
-            with self.service.pacer.urgent():  # the feed's bulk work waits for its answer
-                ack = await self.service.submit(agent_request, principal.name)
-            return _json(ack_frame(ack))
-        except GatewayError as error:  # with the id it was given: a retry is idempotent
-            return error_response(error, request_id)
+        with self.service.pacer.urgent():  # the feed's bulk work waits for its answer
+            return await self.service.submit(agent_request, principal.name)
 
     async def _operate(self, request: Request, action: OperatorAction,
                        run_id: str | None = None) -> Response:

@@ -164,6 +164,11 @@ class LogRoutes(Routes):
         in their type, stream or data, of ``agent`` and ``type`` if given, in the token's
         scope, newest first; ``before`` in the answer goes on (None: the start of the log
         was reached). Each answer looks at a bounded number of events (``scanned``)."""
+        return _json(await self.search_of(principal, query, limit, agent, kind))
+
+    async def search_of(self, principal: Principal, query: Mapping[str, str], limit: int,
+                        agent: str | None, kind: str | None) -> dict[str, Any]:
+        """`search_events`' answer (HTTP and MCP)."""
         text = query.get("q", "")
         if len(text) > MAX_SEARCH_TEXT:
             raise BadFrame("invalid", f"q is at most {MAX_SEARCH_TEXT} characters", field="q")
@@ -172,8 +177,7 @@ class LogRoutes(Routes):
         matches = event_matcher(text, agent, kind, principal.may_see)
         found, more, scanned = await search_back(
             lambda after, size: store.read(after=after, limit=size), before, limit, matches)
-        return _json({"events": [event_json(r) for r in found], "before": more,
-                      "scanned": scanned})
+        return {"events": [event_json(r) for r in found], "before": more, "scanned": scanned}
 
     async def runs(self, request: Request) -> Response:
         """An agent's runs, newest first, from the log: ``limit`` (<= 100, default 20) runs

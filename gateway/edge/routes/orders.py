@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.edge.auth import Principal
 from gateway.edge.http import Routes
 from gateway.reads.blotter import BlotterQuery, blotter_view, parse_query
 from gateway.reads.pnl import pnl_view
@@ -40,21 +43,29 @@ class OrderRoutes(Routes):
         """The orders waiting for a human's approval, of every agent in the token's scope
         (or the one ``agent``), oldest first; decide one with ``POST
         /api/agents/{id}/control`` ``{"action": "approve" | "reject", "approvalId"}``."""
-        agents = self._in_scope(request, request.query_params.get("agent"))
+        principal = self._principal(request)
+        return JSONResponse(self.approvals_of(principal, request.query_params.get("agent")))
+
+    def approvals_of(self, principal: Principal, agent: str | None) -> dict[str, Any]:
+        """The orders waiting for approval that ``principal`` may see (of ``agent`` only,
+        if given), oldest first (HTTP and MCP)."""
+        agents = self._scope_of(principal, agent)
         now = self.engine.clock.now_ms()
         waiting = [(agent_id, pending) for agent_id in agents
                    for pending in self.engine.state(agent_id).approvals.values()]
         waiting.sort(key=lambda item: (item[1].expires_at, item[1].approval_id))
-        return JSONResponse({"approvals": [
+        return {"approvals": [
             {"agentId": agent_id, "approvalId": p.approval_id, "orderId": p.order_id,
              "runId": p.run_id, "order": p.intent.model_dump(mode="json", by_alias=True),
              "notional": p.notional, "expiresAt": p.expires_at,
-             "expiresInMs": max(0, p.expires_at - now)} for agent_id, p in waiting]})
+             "expiresInMs": max(0, p.expires_at - now)} for agent_id, p in waiting]}
 
     def _in_scope(self, request: Request, agent: str | None) -> list[str]:
         """The one ``agent`` (if the token may read it and it exists), else every agent the
         token may see."""
-        principal = self._principal(request)
+        return self._scope_of(self._principal(request), agent)
+
+    def _scope_of(self, principal: Principal, agent: str | None) -> list[str]:
         principal.check_read()
         if agent is not None:
             principal.check_read(agent)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -36,24 +39,29 @@ class StoryRoutes(Routes):
         most ``limit``, <= 1000, default 200), or, given ``at``, the group holding that
         position with ``around`` (<= 100, default 3) groups each side."""
         agent_id, last = await self._story_read(request)
-        query = request.query_params
+        return _json(await self.story_of(agent_id, request.query_params, last))
+
+    async def story_of(self, agent_id: str, query: Mapping[str, str], last: int
+                       ) -> dict[str, Any]:
+        """`story` of a readable agent with its parameters in ``query``, the log ending at
+        ``last`` (HTTP and MCP)."""
         index = await self.stories.index(self.log, self.engine.reader, agent_id)
         if query.get("at"):
             at = _position_param(query, "at", last, last)
             count = min(_int_param(query, "around", 3), 100)
             first, end, current = index.around(at, count)
             groups = await self.stories.groups(self.log, index, agent_id, first, end)
-            return _json(answer(StoryJson, {
+            return answer(StoryJson, {
                 "agentId": agent_id, "at": at, "index": current, "more": False,
-                "groups": [group_json(g) for g in groups]}))
+                "groups": [group_json(g) for g in groups]})
         start = _position_param(query, "from", 0, last)
         upto = _position_param(query, "to", last, last)
         limit = min(max(_int_param(query, "limit", 200), 1), 1000)
         first, end, more = index.between(start, upto, limit)
         groups = await self.stories.groups(self.log, index, agent_id, first, end)
-        return _json(answer(StoryJson, {
+        return answer(StoryJson, {
             "agentId": agent_id, "from": start, "to": upto, "more": more,
-            "groups": [group_json(g) for g in groups]}))
+            "groups": [group_json(g) for g in groups]})
 
     async def story_find(self, request: Request) -> Response:
         """The position of the next decision of a ``kind`` (stop, drop or suppression) after

@@ -1,0 +1,290 @@
+"""The gateway's tools over MCP, end to end: the SDK's own client against a live gateway over
+Streamable HTTP (each role, each tool, a busy answer, refusals that record nothing) and
+through the ``gateway mcp`` stdio bridge in another process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult
+
+from gateway.edge import mcp_tools
+from gateway.llm.reasoner import RunContext, RunResult
+from lanes import AgentConfig, DropPolicy, Mode
+from lanes.events import OrderIntent, Outcome
+from store import SqliteEventStore
+from tests.e2e.live import TIMEOUT, Live, running
+from tests.gateway.support import next_event
+
+READ_TOOLS = {"list_agents", "agent_status", "list_approvals", "story", "search_log"}
+ALL_TOOLS = READ_TOOLS | {"send_message", "call_agent", "emergency_stop", "resume", "approve",
+                          "reject"}
+AGENTS = {
+    "btc": AgentConfig(mode=Mode.FOLLOWUP, approval="always"),
+    "eth": AgentConfig(mode=Mode.FOLLOWUP),
+    "sol": AgentConfig(mode=Mode.FOLLOWUP, max_call_depth=0),
+    "xrp": AgentConfig(mode=Mode.FOLLOWUP, cap=1, drop_policy=DropPolicy.NEW),
+}
+
+
+class Script:
+    """Each agent answers what it heard at once; ``buy`` places an order; the ``held``
+    agents hold their runs open while ``hold`` is clear."""
+
+    def __init__(self, held: frozenset[str] = frozenset({"eth", "xrp"})) -> None:
+        self.held = held
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    def __call__(self, _agent_id: str) -> Script:
+        return self
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        heard = " ".join(str(r.payload.get("message", "")) for r in ctx.requests)
+        if ctx.agent_id in self.held:
+            await self.hold.wait()
+        orders = (OrderIntent(symbol="BTCUSD", side="buy", qty=1),) if "buy" in heard else ()
+        return RunResult(outcome=Outcome.NO_TRADE, orders=orders,
+                         answer=f"{ctx.agent_id} heard {heard}")
+
+
+@contextlib.asynccontextmanager
+async def gateway(tmp_path: Path, script: Script | None = None) -> AsyncIterator[Live]:
+    async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS,
+                       script or Script()) as live:
+        yield live
+
+
+@contextlib.asynccontextmanager
+async def mcp(live: Live, token: str) -> AsyncIterator[ClientSession]:
+    """An MCP session of the SDK's client on the live gateway's /mcp, with ``token``."""
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT) as http,
+        streamable_http_client(f"{live.http}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def body(result: CallToolResult) -> dict[str, Any]:
+    """A tool's answer (its JSON text), which must not be an error."""
+    assert not result.is_error, result.content
+    return json.loads(result.content[0].text)  # type: ignore[union-attr, no-any-return]
+
+
+def error(result: CallToolResult) -> dict[str, Any]:
+    """A tool's error frame."""
+    assert result.is_error, result.content
+    frame: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert frame["type"] == "error"
+    return frame
+
+
+async def test_no_token_or_an_unknown_one_is_answered_401(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as live, httpx.AsyncClient(base_url=live.http) as http:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        bare = await http.post("/mcp", json=hello)
+        assert bare.status_code == 401 and bare.json()["code"] == "unauthorized"
+        assert bare.headers["www-authenticate"] == "Bearer"
+        wrong = await http.post("/mcp", json=hello, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+
+
+async def test_a_viewer_sees_and_calls_the_read_tools_only_and_a_refusal_records_nothing(
+        tmp_path: Path) -> None:
+    async with gateway(tmp_path) as live, mcp(live, "viewer-secret") as session:
+        assert {t.name for t in (await session.list_tools()).tools} == READ_TOOLS
+        listed = body(await session.call_tool("list_agents", {}))["agents"]
+        assert [a["agentId"] for a in listed] == ["btc", "eth", "sol", "xrp"]
+        assert all("blocked" in a for a in listed)
+        status = body(await session.call_tool("agent_status", {"agentId": "eth"}))
+        assert status["trading"] == "ACTIVE" and "queue" in status
+        before = await live.engine.store.last_position()
+        for tool in ("emergency_stop", "send_message", "call_agent"):
+            refused = error(await session.call_tool(
+                tool, {"agentId": "eth", "message": "hi"}
+                if tool != "emergency_stop" else {"agentId": "eth"}))
+            assert refused["code"] == "forbidden", refused
+        assert await live.engine.store.last_position() == before
+        assert live.engine.state("eth").trading.value == "ACTIVE"
+
+
+async def test_each_tool_for_a_control_token(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as live, mcp(live, "control-secret") as session:
+        store = live.engine.store
+        assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
+        sent = body(await session.call_tool("send_message", {
+            "agentId": "eth", "message": "hello", "requestId": "mcp-hello"}))
+        assert sent["decision"] == "accepted" and sent["requestId"] == "mcp-hello"
+        answered = body(await session.call_tool("call_agent", {
+            "agentId": "eth", "message": "how are you", "timeoutSeconds": TIMEOUT}))
+        assert answered["status"] == "returned", answered
+        assert answered["answer"] == "eth heard how are you"
+        assert answered["outcome"] == "no_trade"
+        # the target's depth limit holds for calls from MCP as for sub-agent calls
+        deep = body(await session.call_tool("call_agent", {"agentId": "sol", "message": "x"}))
+        assert deep["status"] == "refused" and "depth" in deep["reason"], deep
+
+        stopped = body(await session.call_tool("emergency_stop", {
+            "agentId": "eth", "reason": "test"}))
+        assert stopped["decision"] == "accepted" and stopped["effect"]["toState"] == "HALTED"
+        agents = body(await session.call_tool("list_agents", {}))["agents"]
+        eth = next(a for a in agents if a["agentId"] == "eth")
+        assert eth["blocked"][0]["kind"] == "halted" and eth["attention"] == "critical"
+        resumed = body(await session.call_tool("resume", {"agentId": "eth"}))
+        assert resumed["effect"]["toState"] == "ACTIVE"
+
+        after = 0
+        for decide in ("approve", "reject"):
+            body(await session.call_tool("send_message", {"agentId": "btc", "message": "buy"}))
+            asked = await next_event(store, "ApprovalRequested", after=after)
+            after = asked.position
+            waiting = body(await session.call_tool("list_approvals", {"agentId": "btc"}))
+            [approval] = waiting["approvals"]
+            decided = body(await session.call_tool(decide, {
+                "agentId": "btc", "approvalId": approval["approvalId"], "reason": "mcp"}))
+            assert decided["decision"] == "accepted", decided
+            decision = await next_event(store, "ApprovalDecided", after=asked.position)
+            assert json.loads(decision.data)["approved"] is (decide == "approve")
+
+        story = body(await session.call_tool("story", {"agentId": "eth", "limit": 100}))
+        words = json.dumps(story["groups"])
+        assert "mcp-hello" in words and "emergency_stop" in words
+        found = body(await session.call_tool("search_log", {"agentId": "eth",
+                                                            "text": "mcp-hello"}))
+        assert found["events"] and all(e["stream"] == "eth" for e in found["events"])
+        at = found["events"][-1]["position"]
+        around = body(await session.call_tool("story", {"agentId": "eth", "at": at,
+                                                        "around": 1}))
+        assert around["at"] == at and around["groups"]
+
+
+async def test_an_agent_scoped_caller_is_the_source_and_sees_only_its_agents(
+        tmp_path: Path) -> None:
+    async with gateway(tmp_path) as live, mcp(live, "scoped-secret") as session:
+        listed = body(await session.call_tool("list_agents", {}))["agents"]
+        assert [a["agentId"] for a in listed] == ["btc"]
+        before = await live.engine.store.last_position()
+        elsewhere = error(await session.call_tool("call_agent", {"agentId": "eth",
+                                                                 "message": "hi"}))
+        assert elsewhere["code"] == "forbidden"
+        hidden = error(await session.call_tool("agent_status", {"agentId": "eth"}))
+        assert hidden["code"] == "forbidden"
+        assert await live.engine.store.last_position() == before
+        answered = body(await session.call_tool("call_agent", {"agentId": "btc",
+                                                               "message": "status?"}))
+        assert answered["status"] == "returned"
+        received = await next_event(live.engine.store, "RequestReceived", after=before)
+        request = json.loads(received.data)["request"]
+        assert request["source"] == "agent:btc-desk" and request["kind"] == "agent_call"
+        assert request["payload"]["depth"] == 1
+
+
+async def test_a_busy_agent_answers_busy_with_a_retry_after(tmp_path: Path) -> None:
+    script = Script()
+    script.hold.clear()
+    async with gateway(tmp_path, script) as live, mcp(live, "control-secret") as session:
+        body(await session.call_tool("send_message", {"agentId": "eth", "message": "think"}))
+        await next_event(live.engine.store, "RunStarted")
+        busy = body(await session.call_tool("call_agent", {"agentId": "eth", "message": "now?"}))
+        assert busy["status"] == "busy", busy
+        assert isinstance(busy["retryAfterSeconds"], int) and busy["retryAfterSeconds"] >= 1
+        # asked to queue, it waits for its turn and is answered
+        queued = asyncio.ensure_future(session.call_tool("call_agent", {
+            "agentId": "eth", "message": "later", "ifBusy": "queue"}))
+        await next_event(live.engine.store, "RequestQueued",
+                         after=await live.engine.store.last_position())
+        script.hold.set()
+        answered = body(await asyncio.wait_for(queued, TIMEOUT))
+        assert answered["status"] == "returned" and answered["answer"] == "eth heard later"
+
+
+async def test_a_full_queue_answers_busy_and_a_retry_needs_a_new_request_id(
+        tmp_path: Path) -> None:
+    script = Script()
+    script.hold.clear()
+    async with gateway(tmp_path, script) as live, mcp(live, "control-secret") as session:
+        for text in ("think", "then this"):  # a run, and the one request its cap allows
+            body(await session.call_tool("send_message", {"agentId": "xrp", "message": text}))
+        full = body(await session.call_tool("call_agent", {
+            "agentId": "xrp", "message": "room?", "ifBusy": "queue", "requestId": "c1"}))
+        assert full["status"] == "busy" and full["retryAfterSeconds"] >= 1, full
+        assert "cap 1 reached" in full["reason"]
+        again = body(await session.call_tool("call_agent", {  # (its first decision stands)
+            "agentId": "xrp", "message": "room?", "ifBusy": "queue", "requestId": "c1"}))
+        assert again["status"] == "refused" and "new requestId" in again["reason"], again
+        script.hold.set()
+
+
+async def test_an_agent_scoped_caller_has_a_fan_out_limit_and_going_over_records_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mcp_tools, "DEFAULT_FAN_OUT", 1)
+    script = Script(held=frozenset({"btc"}))
+    script.hold.clear()
+    async with gateway(tmp_path, script) as live, mcp(live, "scoped-secret") as session:
+        first = asyncio.ensure_future(session.call_tool("call_agent", {
+            "agentId": "btc", "message": "one", "ifBusy": "queue"}))
+        started = await next_event(live.engine.store, "RunStarted")
+        before = await live.engine.store.last_position()
+        over = error(await session.call_tool("call_agent", {"agentId": "btc",
+                                                            "message": "two"}))
+        assert over["code"] == "forbidden" and "fan-out" in over["message"], over
+        assert await live.engine.store.last_position() == before
+        script.hold.set()
+        answered = body(await asyncio.wait_for(first, TIMEOUT))
+        assert answered["status"] == "returned" and answered["runId"] == \
+            json.loads(started.data)["run_id"]
+        again = body(await session.call_tool("call_agent", {"agentId": "btc",
+                                                            "message": "three"}))
+        assert again["status"] == "returned"
+
+
+async def test_bad_arguments_are_tool_errors_naming_the_field(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as live, mcp(live, "control-secret") as session:
+        before = await live.engine.store.last_position()
+        cases: list[tuple[str, dict[str, Any], str]] = [
+            ("call_agent", {"agentId": "eth", "message": "x", "timeoutSeconds": -1},
+             "timeoutSeconds"),
+            ("send_message", {"agentId": "eth", "message": "x", "colour": "red"}, "colour"),
+            ("send_message", {"message": "x"}, "agentId"),
+            ("story", {"agentId": "eth", "at": 10**9}, "at"),
+            ("approve", {"agentId": "eth"}, "approvalId"),
+            ("nothing_here", {}, "name"),
+        ]
+        for tool, arguments, field in cases:
+            frame = error(await session.call_tool(tool, arguments))
+            assert frame["field"] == field, (tool, frame)
+        unknown = error(await session.call_tool("agent_status", {"agentId": "nobody"}))
+        assert unknown["code"] == "unknown_agent"
+        assert await live.engine.store.last_position() == before
+
+
+@pytest.mark.slow
+async def test_the_stdio_bridge_forwards_to_the_gateway(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as live:
+        env = {**os.environ, "GW_MCP_TOKEN": "control-secret"}
+        params = StdioServerParameters(
+            command=sys.executable, args=["-m", "gateway", "mcp", "--url", f"{live.http}/mcp",
+                                          "--token-env", "GW_MCP_TOKEN"], env=env)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await asyncio.wait_for(session.initialize(), 30)
+            assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
+            answered = body(await session.call_tool("call_agent", {
+                "agentId": "eth", "message": "via stdio"}))
+            assert answered["status"] == "returned" and answered["answer"] == \
+                "eth heard via stdio"
+            refused = error(await session.call_tool("emergency_stop", {"agentId": "zzz"}))
+            assert refused["code"] == "unknown_agent"
