@@ -88,8 +88,14 @@ class Calls:
                 target=call.target, reason=f"call {call.call_id} not delivered: {reason}"))
 
     async def _answer(self, child: str, answer: CallAnswered) -> None:
-        """As a ``call_result`` request (taken wherever the caller is decided)."""
+        """As a ``call_result`` request (taken wherever the caller is decided). A call its
+        parent's runs did not make (their ids start ``<parent>-``), one sent over MCP with an
+        agent-scoped token, is answered to nobody: its caller reads the answer from the log."""
         result = answer.result
+        if not result.call_id.startswith(f"{answer.parent}-"):
+            log.debug("call %s came from outside (%s): its answer is not delivered",
+                      result.call_id, answer.parent)
+            return
         request = AgentRequest(
             request_id=answer_id(result.call_id),
             created_at=utc(self._clock.now_ms()),

@@ -173,7 +173,7 @@ async def test_each_tool_for_a_control_token(tmp_path: Path) -> None:
 
 
 async def test_an_agent_scoped_caller_is_the_source_and_sees_only_its_agents(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async with gateway(tmp_path) as live, mcp(live, "scoped-secret") as session:
         listed = body(await session.call_tool("list_agents", {}))["agents"]
         assert [a["agentId"] for a in listed] == ["btc"]
@@ -191,6 +191,11 @@ async def test_an_agent_scoped_caller_is_the_source_and_sees_only_its_agents(
         request = json.loads(received.data)["request"]
         assert request["source"] == "agent:btc-desk" and request["kind"] == "agent_call"
         assert request["payload"]["depth"] == 1
+        await live.engine.flush()
+        await asyncio.gather(*live.engine.calls.deliveries)
+    # (the answer went to the MCP caller only: once it was also sent to "btc-desk", an
+    # agent that made no such call, and a warning said it did not reach it)
+    assert not [r for r in caplog.records if "did not reach" in r.getMessage()]
 
 
 async def test_a_busy_agent_answers_busy_with_a_retry_after(tmp_path: Path) -> None:
