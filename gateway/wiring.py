@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig, build_clients, build_gates, build_reas
 from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.service import Service
 from gateway.errors import GatewayError, NotOwner
+from gateway.llm.mcp_tools import McpTools
 from gateway.market.book import MarketBook
 from gateway.market.broker import PaperBroker
 from gateway.market.events import MarketEvent
@@ -74,7 +75,10 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         run_gates = {name: RoutedGate(gate, peers, router.owner_of)
                      for name, gate in gates.items()}
     market = MarketBook()
+    servers = {entry.id: [server.spec() for server in entry.mcp]
+               for entry in config.agents if entry.mcp}
     engine = Engine(store, config.agent_configs(), clock=clock, market=market,
+                    mcp=McpTools(servers) if servers else None,
                     reasoners=reasoners.__getitem__, broker=broker, gates=gates,
                     agent_gates=config.agent_gates(), run_gates=run_gates,
                     snapshot_worker=True, elsewhere=router,

@@ -97,6 +97,9 @@ def _token_limit() -> Any:
     return Field(default=None, ge=1, le=10**15, exclude_if=lambda value: value is None)
 
 
+MCP_TOOL_PATTERN = r"^[A-Za-z0-9_-]{1,30}__[A-Za-z0-9_-]{1,64}$"
+"""An MCP tool as an agent's model sees it: ``<server>__<tool>``."""
+
 SPEND_BUDGETS = ("max_input_tokens_per_hour", "max_input_tokens_per_day",
                  "max_output_tokens_per_hour", "max_output_tokens_per_day",
                  "max_spend_per_hour", "max_spend_per_day")
@@ -166,6 +169,10 @@ class AgentConfig(WireModel):
     tools: tuple[str, ...] = Field(default=(), max_length=100)
     """The built-in tools its model is offered (`lanes.tools`); with none, a run is one
     answer as before. With some, a run is a loop of model calls and tool steps."""
+    mcp_tools: tuple[Annotated[str, Field(pattern=MCP_TOOL_PATTERN)], ...] = Field(
+        default=(), max_length=100)
+    """Tools of MCP servers its model is offered beside the built-ins, each named
+    ``<server>__<tool>`` (the shell calls them; their servers check their arguments)."""
     max_steps: int = Field(default=8, ge=1, le=100)
     """The most model calls one run makes; past it, the run fails with the budget named."""
     approval: Literal["never", "always"] | AboveNotional = "never"
@@ -228,4 +235,5 @@ class AgentConfig(WireModel):
 _WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
     (name, AgentConfig.model_fields[name].default)
     for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results",
-                 "gate_weight", "tools", "max_steps", "approval", "approval_timeout_ms"))
+                 "gate_weight", "tools", "max_steps", "approval", "approval_timeout_ms",
+                 "mcp_tools"))

@@ -45,6 +45,10 @@ from lanes.tools import (
 from lanes.vocabulary import OrderIntent
 
 
+class McpArguments(WireModel):
+    """The arguments of a call of an MCP tool: its server checks them, not the core."""
+
+
 def order_id(run_id: str, step: int, number: int) -> str:
     """The id of the ``number``-th order (from 1) a run's step ``step`` placed."""
     return f"{run_id}-s{step}-{number}"
@@ -127,8 +131,10 @@ def _checked(state: AgentState, step: int, call: ToolCallMade
         return None, f"the run's step budget ({config.max_steps} model calls) is spent"
     if call.malformed is not None:
         return None, f"the arguments are not a JSON object: {call.malformed[:200]}"
+    if call.name in config.mcp_tools:  # (its server checks its arguments)
+        return McpArguments(), ""
     if call.name not in config.tools:
-        offered = ", ".join(config.tools) or "none"
+        offered = ", ".join((*config.tools, *config.mcp_tools)) or "none"
         kind = "is not one of this agent's tools" if call.name in TOOLS else "does not exist"
         return None, f"the tool {call.name!r} {kind} (its tools: {offered})"
     try:

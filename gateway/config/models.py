@@ -26,6 +26,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from gateway.base.process import EventLoop
 from gateway.base.roles import Role
 from gateway.config.base import ConfigModel as ConfigModel
+from gateway.config.mcp import McpServerConfig as McpServerConfig
 from gateway.config.reasoners import REASONER_KINDS as REASONER_KINDS
 from gateway.config.reasoners import LLMReasonerConfig as LLMReasonerConfig
 from gateway.config.reasoners import ReasonerConfig as ReasonerConfig
@@ -340,6 +341,17 @@ class AgentEntry(ConfigModel):
     ``schedules``."""
     schedules: tuple[Schedule, ...] = Field(default=(), max_length=MAX_SCHEDULES)
     """``[[agents.schedules]]``: scheduled audits (`gateway.runtime.schedules`)."""
+    mcp: tuple[McpServerConfig, ...] = Field(default=(), max_length=20)
+    """``[[agents.mcp]]``: MCP servers whose tools its model is offered."""
+
+    @field_validator("mcp")
+    @classmethod
+    def _mcp_names(cls, servers: tuple[McpServerConfig, ...]) -> tuple[McpServerConfig, ...]:
+        names = [server.name for server in servers]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"MCP server names must be unique; repeated: {', '.join(repeated)}")
+        return servers
 
     @field_validator("schedules")
     @classmethod
@@ -360,18 +372,21 @@ class AgentEntry(ConfigModel):
     def _split(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
-        if "config" in data and set(data) <= {"id", "reasoner", "config", "schedules"}:
+        if "config" in data and set(data) <= {"id", "reasoner", "config", "schedules", "mcp"}:
             return data  # already split (a dumped entry)
         own = {key: value for key, value in data.items()
-               if key in ("id", "reasoner", "schedules")}
+               if key in ("id", "reasoner", "schedules", "mcp")}
         reasoner = own.get("reasoner")
         if isinstance(reasoner, Mapping) and "kind" not in reasoner:
             own["reasoner"] = {"kind": "simulated", **reasoner}
         return {**own, "config": {k: v for k, v in data.items() if k not in own}}
 
     def agent_config(self) -> AgentConfig:
-        """The agent's lane policy."""
-        return self.config
+        """The agent's lane policy (with its MCP servers' tools, qualified)."""
+        if not self.mcp:
+            return self.config
+        return self.config.model_copy(update={"mcp_tools": tuple(
+            name for server in self.mcp for name in server.qualified())})
 
 
 class DeskBudgets(ConfigModel):

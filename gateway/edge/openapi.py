@@ -54,6 +54,7 @@ def _op(summary: str, ok: str | dict[str, Any], body: str | None = None,
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
     from gateway.edge.http import ControlBody
+    from gateway.edge.routes.feed import HooksBody
     from gateway.edge.shapes import ANSWERS
     from gateway.reads.blotter import BlotterView
     from gateway.reads.pnl import PnlView
@@ -70,7 +71,8 @@ def openapi_document() -> dict[str, Any]:
     for name, model in (("AgentRequest", AgentRequest), ("AgentConfig", AgentConfig),
                         ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
                         ("ControlBody", ControlBody), ("GateLimits", GateLimits),
-                        ("Schedule", Schedule), ("DeskKillBody", DeskKillBody)):
+                        ("Schedule", Schedule), ("DeskKillBody", DeskKillBody),
+                        ("HooksBody", HooksBody)):
         add(name, model, "validation")
     add("DeskKillAck", DeskKillAck, "serialization")
     add("DeskScope", DeskScope, "serialization")
@@ -208,6 +210,17 @@ def openapi_document() -> dict[str, Any]:
                 "The gateway's tools over MCP (Streamable HTTP: JSON-RPC 2.0 messages, "
                 "answered in JSON; see docs/mcp.md), with the same tokens and roles",
                 JSON_RPC, params=(), errors=(401, 403))},
+            "/api/desk/budget": {"get": _op(
+                "The desk's token and spend budgets: each one's use now, and until when every "
+                "agent's runs are held back", "DeskBudgetJson", params=(), errors=(401, 403))},
+            "/api/feed": {"get": _op(
+                "Feed health: each connector's status, each symbol's last data and its age "
+                "(stale past staleMs), warnings, whether the hook rules are paused",
+                "FeedJson", params=(), errors=(401, 403))},
+            "/api/feed/hooks": {"post": _op(
+                "Pause or resume the hook rules (control or admin, every agent in scope); "
+                "logged with who and why", "HooksChangedJson", "HooksBody", params=(),
+                errors=(401, 403))},
             "/api/approvals": {"get": _op(
                 "The orders waiting for a human's approval in scope (or one agent's), the "
                 "soonest to expire first; decide one with the control action approve or "

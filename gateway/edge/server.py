@@ -356,6 +356,9 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         tune_runtime()
+        mcp = service.engine.runs.toolbox.mcp
+        if mcp is not None:  # the agents' MCP servers, connected in the background
+            mcp.start()
         if extra is not None:
             extra_task.append(spawn(extra(service), "extra"))
         try:
@@ -371,6 +374,8 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                 await service.peers.close()
             for client in service.clients.values():
                 await client.close()
+            if mcp is not None:
+                await mcp.stop()
 
     sock = bind(host, port)  # connections wait in its backlog while the engine starts
     try:

@@ -226,6 +226,55 @@ class ApprovalsJson(WireModel):
     approvals: list[ApprovalJson]
 
 
+class DeskBudgetRowJson(WireModel):
+    """One desk budget's use now."""
+
+    budget: str
+    window: str
+    used: float
+    limit: float
+    fraction: float
+
+
+class DeskBudgetJson(WireModel):
+    """The desk's token and spend budgets ([desk.budgets]): each one's use, and until when
+    every agent's runs are held back (if one is used up)."""
+
+    configured: bool
+    budgets: list[DeskBudgetRowJson]
+    alert_at: list[float] | None = None
+    held_until: int | None = None
+    detail: str | None = None
+
+
+class HooksJson(WireModel):
+    """Whether the hook rules are paused, by whom, when and why; requests not sent."""
+
+    paused: bool
+    by: str | None = None
+    at: int | None = None
+    reason: str | None = None
+    suppressed: int
+
+
+class FeedJson(WireModel):
+    """Feed health: connectors, each symbol's last data and age, warnings, the hooks."""
+
+    at: int
+    stale_ms: int
+    connectors: list[dict[str, Any]]
+    symbols: list[dict[str, Any]]
+    warnings: list[str]
+    hooks: HooksJson
+
+
+class HooksChangedJson(WireModel):
+    """The answer to a pause or resume of the hook rules."""
+
+    changed: bool
+    hooks: HooksJson
+
+
 class ProvidersJson(WireModel):
     """Every provider gate."""
 
@@ -388,6 +437,7 @@ ANSWERS: dict[str, type[WireModel]] = {
     "AgentSummary": AgentSummary, "AgentJson": AgentJson, "SchedulesJson": SchedulesJson,
     "QueueJson": QueueJson, "OperatedJson": OperatedJson, "ConfiguredJson": ConfiguredJson,
     "LimitsJson": LimitsJson, "EventJson": EventJson, "ProviderJson": ProviderJson,
-    "ApprovalsJson": ApprovalsJson,
+    "ApprovalsJson": ApprovalsJson, "DeskBudgetJson": DeskBudgetJson, "FeedJson": FeedJson,
+    "HooksChangedJson": HooksChangedJson,
 }
 """The answer models named in `/openapi.json`."""

@@ -79,6 +79,7 @@ from store.port import (
 )
 
 if TYPE_CHECKING:
+    from gateway.llm.mcp_tools import McpTools
     from gateway.market.book import MarketBook
     from gateway.market.broker import Broker
     from gateway.runtime.gate import ProviderGate, SlotGate
@@ -120,6 +121,7 @@ class Engine:
         elsewhere: Elsewhere | None = None,
         schedules: Mapping[str, Sequence[Schedule]] | None = None,
         market: MarketBook | None = None,
+        mcp: McpTools | None = None,
         desk_budgets: Budgets | None = None,
     ) -> None:
         """``reasoners`` gives each agent's reasoner (default: one shared simulation);
@@ -131,8 +133,9 @@ class Engine:
         at a graceful stop (None: never); with ``snapshot_worker`` a worker process folds
         the periodic ones. ``ids`` makes event ids (default: `EventIds`). With ``elsewhere``
         (other processes share the log) it starts holding no agent, until `load`.
-        ``schedules``: the config's, per agent (`Agenda`). The runs' tools read ``market``;
-        ``desk_budgets`` hold every agent's runs back when used up (`runtime.desk_budget`)."""
+        ``schedules``: the config's, per agent (`Agenda`). The runs' tools read ``market``
+        and call the agents' ``mcp`` servers; ``desk_budgets`` hold every agent's runs back
+        when used up (`runtime.desk_budget`)."""
         self.broker = broker
         self.gate_map = GateMap(gates or {}, agent_gates or {}, run_gates or {})
         self.gates = self.gate_map.gates
@@ -161,7 +164,7 @@ class Engine:
         self.faults = Faults(self.clock)
         self.runs = Runs(clock=self.clock, reasoners=reasoners, gate_of=self.gate_map.for_runs,
                          feed=self._feed, live=self._live, spawn=self._spawn,
-                         toolbox=Toolbox(market, self.state, self.clock))
+                         toolbox=Toolbox(market, self.state, self.clock, mcp))
         self.calls = Calls(clock=self.clock, submit=self._submit_anywhere,
                            undeliverable=self._undeliverable, spawn=self._spawn)
         self.intake = Intake(self)
@@ -232,12 +235,9 @@ class Engine:
 
     async def stop(self, *, graceful: bool = True) -> None:
         """Stop taking inputs, abort runs, cancel timers, finish every commit, close the store.
-
-        Gracefully, runs in flight are recorded as aborted (reason ``shutdown``) with their
-        requests back at the head of the queue, and a snapshot of the fold is stored;
-        otherwise (as if the process died) the next start records them (reason
-        ``restart``).
-        """
+        Gracefully, runs in flight are recorded as aborted (``shutdown``), their requests back
+        at the head of the queue, and the fold's snapshot stored; otherwise (as if the
+        process died) the next start records them (``restart``)."""
         if graceful and self.running:
             now = self.clock.now_ms()
             for agent in self._agents.values():

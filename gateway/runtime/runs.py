@@ -79,7 +79,8 @@ class Runs:
             gate=self._gate_of(agent.agent_id),
             gate_weight=agent.state.config.gate_weight,
             tools=RunTools(lambda: agent.state, run.run_id, partial(self._record, agent),
-                           self.toolbox, self._clock) if agent.state.config.tools else None,
+                           self.toolbox, self._clock)
+            if agent.state.config.tools or agent.state.config.mcp_tools else None,
         )
         agent.context = context
         agent.run_started[run.run_id] = time.perf_counter()

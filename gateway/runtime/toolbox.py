@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.base.clock import Clock
 from gateway.errors import GatewayError
+from gateway.llm.mcp_tools import McpTools
 from gateway.llm.port import Completion, ToolCall, ToolResult, ToolSpec
 from gateway.market.book import MarketBook
 from lanes.decide_steps import order_id
@@ -67,8 +68,10 @@ class Toolbox:
     """Where the read tools read: the market book and the agents' states."""
 
     def __init__(self, market: MarketBook | None, state_of: Callable[[str], AgentState],
-                 clock: Clock) -> None:
+                 clock: Clock, mcp: McpTools | None = None) -> None:
         self.market = market or MarketBook()
+        self.mcp = mcp
+        """The agents' MCP servers (`gateway.llm.mcp_tools`), if any."""
         self._state_of = state_of
         self._clock = clock
 
@@ -136,9 +139,12 @@ class RunTools:
         self._toolbox = toolbox
         self._clock = clock
         config = state().config
-        self.specs: Sequence[ToolSpec] = tuple(
+        self._mcp = toolbox.mcp if config.mcp_tools else None
+        self._agent_id = state().agent_id
+        self.specs: Sequence[ToolSpec] = (*(
             ToolSpec(name, TOOLS[name].description, tool_schema(TOOLS[name]))
-            for name in config.tools)
+            for name in config.tools), *(() if self._mcp is None else self._mcp.specs(
+                self._agent_id, config.mcp_tools)))
         self.max_steps = config.max_steps
         self._batches: dict[str, asyncio.Future[tuple[CallResult, ...]]] = {}
         """Batch id -> the results of the calls an ``execute_scheduled_tasks`` sent."""
@@ -183,6 +189,8 @@ class RunTools:
                 ok, text = await self._executed(f"{self.run_id}-s{step}", decisions)
             elif call.name == "get_queue_status":
                 ok, text = True, _json(self._queue_status())
+            elif self._mcp is not None and call.name in self._state().config.mcp_tools:
+                ok, text = await self._mcp.call(self._agent_id, call.name, call.arguments)
             else:
                 ok, text = self._read(call)
             content, size, digest = cut(text)

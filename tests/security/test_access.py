@@ -91,6 +91,8 @@ MATRIX: list[tuple[str, str, str | None, dict[str, Any]]] = [
     ("GET", "/api/charts?agent=eth", None, READ_OTHER),
     ("GET", "/api/orders", None, READ),
     ("GET", "/api/pnl", None, READ),
+    ("GET", "/api/feed", None, READ),
+    ("GET", "/api/desk/budget", None, READ),
     ("GET", "/api/pnl?agent=eth", None, READ_OTHER),
     ("GET", "/api/orders?agent=eth", None, READ_OTHER),
     ("GET", "/api/agents/btc/orders", None, READ),

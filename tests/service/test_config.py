@@ -72,6 +72,27 @@ def test_a_desk_budget_counts_every_agents_usage_and_a_bad_one_names_its_field()
     assert set(found) == {"desk.budgets.max_spend_per_day", "desk.budgets.alert_at"}
 
 
+def test_an_agents_mcp_servers_give_its_model_their_tools_by_qualified_name() -> None:
+    text = MINIMAL.replace('id = "a1"', 'id = "a1"\ntools = ["positions"]') + """
+[[agents.mcp]]
+name = "news"
+url = "https://news.example/mcp"
+headers_env = {Authorization = "NEWS_TOKEN"}
+tools = ["headlines", "sentiment"]
+"""
+    config = parse_config(text, env={"NEWS_TOKEN": "Bearer abc"})
+    agent = config.agent("a1")
+    assert agent.agent_config().mcp_tools == ("news__headlines", "news__sentiment")
+    assert agent.agent_config().tools == ("positions",)
+    assert agent.mcp[0].spec().headers == {"Authorization": "Bearer abc"}
+    found = problems(text, env={})
+    assert any("NEWS_TOKEN is not set" in m for m in found.values()), found
+    both = problems(text.replace('url = "https://news.example/mcp"',
+                                 'url = "https://n/mcp"\ncommand = ["x"]'),
+                    env={"NEWS_TOKEN": "t"})
+    assert any("either command" in m for m in both.values()), both
+
+
 def test_defaults_and_camel_case_keys() -> None:
     config = parse_config(MINIMAL + "\n[server]\nmaxFrameBytes = 2048\n")
     assert config.server.host == "127.0.0.1" and config.server.port == 8000
