@@ -15,6 +15,7 @@ from gateway.base.clock import Clock, SystemClock
 from gateway.cluster.peers import Peers, RoutedGate
 from gateway.cluster.router import Router
 from gateway.config import GatewayConfig, build_clients, build_gates, build_reasoner
+from gateway.edge.alerting import Alerter
 from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.service import Service
 from gateway.errors import GatewayError, NotOwner
@@ -23,6 +24,7 @@ from gateway.market.book import MarketBook
 from gateway.market.broker import PaperBroker
 from gateway.market.events import MarketEvent
 from gateway.market.feed import SyntheticFeed
+from gateway.market.health import FeedHealth
 from gateway.market.hooks import HookEngine
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import SlotGate
@@ -95,9 +97,12 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         market.observe(event)
         broker.observe(event)
 
+    feed = FeedHealth()
     return Service(
         engine=engine,
         tokens=tokens,
+        feed=feed,
+        alerter=Alerter(store, feed, clock, config.alerts),
         hooks=HookEngine(config.hooks),
         market_observer=on_market,
         allowed_origins=frozenset(config.server.allowed_origins),

@@ -25,6 +25,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.base.process import EventLoop
 from gateway.base.roles import Role
+from gateway.config.alerts import AlertsConfig as AlertsConfig
 from gateway.config.base import ConfigModel as ConfigModel
 from gateway.config.mcp import McpServerConfig as McpServerConfig
 from gateway.config.reasoners import REASONER_KINDS as REASONER_KINDS
@@ -431,6 +432,7 @@ class GatewayConfig(ConfigModel):
     agents: tuple[AgentEntry, ...] = ()
     hooks: tuple[HookRule, ...] = ()
     desk: DeskConfig = Field(default_factory=DeskConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:

@@ -99,6 +99,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/providers", api.providers),
         Route("/api/desk/budget", api.desk_budget),
         Route("/api/feed", api.feed),
+        Route("/api/alerts", api.alerts),
         Route("/api/feed/hooks", api.feed_hooks, methods=["POST"]),
         Route("/api/providers/{name}", api.provider),
         Route("/api/providers/{name}/limits", api.provider_limits, methods=["POST"]),

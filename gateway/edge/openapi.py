@@ -217,6 +217,11 @@ def openapi_document() -> dict[str, Any]:
                 "Feed health: each connector's status, each symbol's last data and its age "
                 "(stale past staleMs), warnings, whether the hook rules are paused",
                 "FeedJson", params=(), errors=(401, 403))},
+            "/api/alerts": {"get": _op(
+                "The newest alerts (halts, refused orders, breakers, budgets, approvals "
+                "waiting, the feed's connectors and stale symbols), from the log and the feed",
+                "AlertsJson", params=(), errors=(401, 403),
+                query=(("limit", "integer"), ("kind", "string")))},
             "/api/feed/hooks": {"post": _op(
                 "Pause or resume the hook rules (control or admin, every agent in scope); "
                 "logged with who and why", "HooksChangedJson", "HooksBody", params=(),

@@ -359,6 +359,8 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
         mcp = service.engine.runs.toolbox.mcp
         if mcp is not None:  # the agents' MCP servers, connected in the background
             mcp.start()
+        if service.alerter is not None:
+            service.alerter.start()
         if extra is not None:
             extra_task.append(spawn(extra(service), "extra"))
         try:
@@ -376,6 +378,8 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
                 await client.close()
             if mcp is not None:
                 await mcp.stop()
+            if service.alerter is not None:
+                await service.alerter.stop()
 
     sock = bind(host, port)  # connections wait in its backlog while the engine starts
     try:

@@ -14,6 +14,7 @@ from gateway.base.pacing import Pacer
 from gateway.cluster.member import Cluster
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
+from gateway.edge.alerting import Alerter
 from gateway.edge.auth import TokenBook
 from gateway.edge.intake import BUDGET_MS, Intake
 from gateway.errors import Busy
@@ -106,6 +107,8 @@ class Service:
     """Also told of every market event (the paper broker's prices)."""
     feed: FeedHealth = field(default_factory=FeedHealth)
     """Connectors' statuses, each symbol's latest data, hook rules paused or not."""
+    alerter: Alerter | None = None
+    """The desk's alerts on their way to webhooks (`gateway.edge.alerting`)."""
     allowed_origins: frozenset[str] = frozenset()
     """Browser origins let in besides the gateway's own (`server.allowed_origins`)."""
     own_origins: frozenset[str] = frozenset()

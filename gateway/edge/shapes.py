@@ -247,6 +247,25 @@ class DeskBudgetJson(WireModel):
     detail: str | None = None
 
 
+class AlertJson(WireModel):
+    """One alert (`gateway.reads.alerts`); webhooks get the same JSON."""
+
+    id: str
+    kind: str
+    severity: Literal["critical", "warning", "info"]
+    at: int
+    text: str
+    agent_id: str | None = None
+    position: int | None = None
+
+
+class AlertsJson(WireModel):
+    """The newest alerts, newest first, and the kinds raised."""
+
+    alerts: list[AlertJson]
+    rules: list[str]
+
+
 class HooksJson(WireModel):
     """Whether the hook rules are paused, by whom, when and why; requests not sent."""
 
@@ -438,6 +457,6 @@ ANSWERS: dict[str, type[WireModel]] = {
     "QueueJson": QueueJson, "OperatedJson": OperatedJson, "ConfiguredJson": ConfiguredJson,
     "LimitsJson": LimitsJson, "EventJson": EventJson, "ProviderJson": ProviderJson,
     "ApprovalsJson": ApprovalsJson, "DeskBudgetJson": DeskBudgetJson, "FeedJson": FeedJson,
-    "HooksChangedJson": HooksChangedJson,
+    "HooksChangedJson": HooksChangedJson, "AlertsJson": AlertsJson,
 }
 """The answer models named in `/openapi.json`."""

@@ -8,8 +8,10 @@ from pydantic import Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.edge.alerting import merged
 from gateway.edge.http import Routes
-from gateway.errors import Forbidden
+from gateway.errors import BadFrame, Forbidden
+from gateway.reads.alerts import KINDS, history
 from lanes.requests import WireModel
 
 controls = logging.getLogger("gateway.controls")
@@ -30,6 +32,35 @@ class FeedRoutes(Routes):
         ``staleMs``), warnings in words, and whether hook rules are paused (viewer and up)."""
         self._principal(request).check_read()
         return JSONResponse(self.service.feed.view(self.engine.clock.now_ms()))
+
+    async def alerts(self, request: Request) -> Response:
+        """The newest alerts (``limit``, 1-500, default 100; ``kind`` keeps one kind), newest
+        first: those of the log's last 50,000 events (agents in the token's scope; a
+        provider's and the desk's for unscoped tokens) and the feed's since the start."""
+        principal = self._principal(request)
+        principal.check_read()
+        query = request.query_params
+        for name in query:
+            if name not in ("limit", "kind"):
+                raise BadFrame("invalid", f"unknown parameter {name[:40]!r}; this route takes "
+                               "limit, kind", field=name)
+        raw = query.get("limit") or "100"
+        if not raw.isdecimal() or not 1 <= int(raw) <= 500:
+            raise BadFrame("invalid", f"limit must be an integer from 1 to 500, got "
+                           f"{raw[:40]!r}", field="limit")
+        kind = query.get("kind")
+        if kind is not None and kind not in KINDS:
+            raise BadFrame("invalid", f"kind must be one of {', '.join(KINDS)}", field="kind")
+        kinds = KINDS if kind is None else (kind,)
+        agents = None if principal.agents is None else [
+            a for a in self.engine.agent_ids if principal.may_see(a)]
+        limit = int(raw)
+        from_log = await history(self.log, limit, kinds, agents)
+        alerter = self.service.alerter
+        recent = [] if alerter is None or agents is not None else [
+            a for a in alerter.recent if a.kind in kinds]
+        return JSONResponse({"alerts": [a.json() for a in merged(from_log, recent, limit)],
+                             "rules": sorted(alerter.rules) if alerter else list(KINDS)})
 
     async def feed_hooks(self, request: Request) -> Response:
         """Pause or resume the evaluation of hook rules (control or admin, every agent in

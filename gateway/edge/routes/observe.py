@@ -175,11 +175,12 @@ class ObserveRoutes(Routes):
         ]
 
     def _desk_metrics(self, now: int) -> list[str]:
+        lines = self._alert_metrics()
         desk = self.engine.desk
         if desk.budgets is None:
-            return []
+            return lines
         status = desk.status(now)
-        return [
+        return [*lines,
             *family("gateway_desk_budget_used_ratio", "gauge",
                     "The desk's use of each of its token and spend budgets ([desk.budgets]): "
                     "at 1 every agent's runs are held back.",
@@ -188,6 +189,30 @@ class ObserveRoutes(Routes):
             *family("gateway_desk_budget_alerts_total", "counter",
                     "Desk budget alerts (a run took a budget's use across an alert_at "
                     "fraction).", [f"gateway_desk_budget_alerts_total {desk.alerts}"]),
+        ]
+
+    def _alert_metrics(self) -> list[str]:
+        alerter = self.service.alerter
+        if alerter is None:
+            return []
+        counts = alerter.metrics()
+        hooks = counts["webhooks"]
+        return [
+            *family("gateway_alerts_total", "counter", "Alerts raised, by kind.",
+                    [f'gateway_alerts_total{{kind="{k}"}} {n}'
+                     for k, n in sorted(counts["raised"].items())]),
+            *family("gateway_webhook_deliveries_total", "counter",
+                    "Webhook POSTs of alerts, by outcome (delivered, retried, dead: a dead "
+                    "letter, given up on).",
+                    [f'gateway_webhook_deliveries_total{{webhook="{name}",outcome="{o}"}} {n}'
+                     for name, w in hooks.items() for o, n in sorted(w["outcomes"].items())]),
+            *family("gateway_webhook_dead_letters_total", "counter",
+                    "Alerts a webhook never got.",
+                    [f'gateway_webhook_dead_letters_total{{webhook="{name}"}} '
+                     f'{w["outcomes"].get("dead", 0)}' for name, w in hooks.items()]),
+            *family("gateway_webhook_queue", "gauge", "Alerts waiting for a webhook.",
+                    [f'gateway_webhook_queue{{webhook="{name}"}} {w["waiting"]}'
+                     for name, w in hooks.items()]),
         ]
 
     async def desk_budget(self, request: Request) -> Response:
