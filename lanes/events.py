@@ -79,6 +79,8 @@ from lanes.inputs import (
     Stopping,
     TimerElapsed,
     ToolReturned,
+    WorkerLost,
+    WorkerReady,
     is_input,
 )
 from lanes.vocabulary import (
@@ -195,6 +197,8 @@ __all__ = [
     "ToolReturned",
     "TradingState",
     "Usage",
+    "WorkerLost",
+    "WorkerReady",
     "answer_id",
     "is_input",
     "withdrawal_id",
