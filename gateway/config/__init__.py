@@ -59,6 +59,7 @@ from gateway.config.models import (
     SimulatedReasonerConfig,
     StoreConfig,
     TokenConfig,
+    WorkerReasonerConfig,
 )
 from gateway.llm.reasoner import (
     SYSTEM_PROMPT,
@@ -73,6 +74,7 @@ from gateway.market.hooks import (
     GreenCandlesRule,
     PriceCrossRule,
 )
+from gateway.runtime.workers import WorkerHub, WorkerReasoner
 from lanes.config import AgentConfig, Budgets
 from lanes.gate.events import GateLimits
 
@@ -107,6 +109,7 @@ __all__ = [
     "SimulatedReasonerConfig",
     "StoreConfig",
     "TokenConfig",
+    "WorkerReasonerConfig",
     "build_clients",
     "build_gates",
     "build_reasoner",
@@ -238,7 +241,7 @@ def _vocabulary() -> list[str]:
     models: list[type[BaseModel]] = [
         ServerConfig, MetricsConfig, StoreConfig, ClusterConfig, TokenConfig,
         SimulatedReasonerConfig,
-        LLMReasonerConfig,
+        LLMReasonerConfig, WorkerReasonerConfig,
         ProviderConfig, GateLimits, AgentEntry, GatewayConfig, AgentConfig, Budgets,
         PriceCrossRule, GreenCandlesRule, ConnectorDownRule,
     ]
@@ -298,10 +301,17 @@ def _kept(path: Path | None, prefix: str) -> dict[str, str]:
 
 
 def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None,
-                   prices: Mapping[str, Prices] | None = None) -> Reasoner:
+                   prices: Mapping[str, Prices] | None = None,
+                   workers: WorkerHub | None = None) -> Reasoner:
     """The reasoner an agent's config asks for (``clients`` and ``prices`` by provider
-    name)."""
+    name; ``workers``: the hub a worker agent's runs go through)."""
     config = entry.reasoner
+    if isinstance(config, WorkerReasonerConfig):
+        if workers is None:
+            raise ValueError(f"agent {entry.id}: a worker agent needs the gateway's workers")
+        return WorkerReasoner(workers, entry.id, heartbeat_ms=config.heartbeat_ms,
+                              missed_heartbeats=config.missed_heartbeats,
+                              max_steps=config.max_steps)
     known = None if config.provider is None else (prices or {}).get(config.provider)
     price = None if known is None else known.cost
     if isinstance(config, LLMReasonerConfig):

@@ -23,6 +23,7 @@ from gateway.edge.internal import internal_routes
 from gateway.edge.routes import Api
 from gateway.edge.service import Service
 from gateway.edge.sessions import partial_ws
+from gateway.edge.workers import worker_ws
 
 
 def _web() -> Path:
@@ -88,6 +89,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/agents/{agent_id}/orders", api.agent_orders),
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
+        WebSocketRoute("/ws/worker", worker_ws(service)),
         *internal_routes(service),
     ]
     if WEB.is_dir():
