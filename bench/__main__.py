@@ -26,6 +26,7 @@ from bench import (
     throughput,
     time_travel,
     tool_loop,
+    worker_dispatch,
     ws_ingest,
 )
 from bench.common import Figure, machine, table
@@ -96,6 +97,10 @@ def main() -> None:
         ("Runs as tool loops: one step, model call to the next, fake provider at 0 latency",
          f"bench.tool_loop --runs {max(10, 40 // size)}",
          lambda: tool_loop.measure(runs=max(10, 40 // size))),
+        ("Run dispatch to a worker (/ws/worker) and back vs the simulated reasoner, 20 ms "
+         "model calls",
+         f"bench.worker_dispatch --runs {max(20, 200 // size)}",
+         lambda: worker_dispatch.measure(runs=max(20, 200 // size))),
         ("Provider gate: 100 agents saturating 600 RPM",
          f"bench.gate --minutes {minutes}",
          lambda: gate.measure(minutes=minutes)),

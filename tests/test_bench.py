@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fanout, gate, peers, pg_throughput, time_travel, tool_loop
+from bench import fanout, gate, peers, pg_throughput, time_travel, tool_loop, worker_dispatch
 from bench.common import Figure
 from store import pg_server
 
@@ -78,3 +78,10 @@ def test_the_tool_loop_bench_times_runs_with_and_without_steps() -> None:
     figures = {f.name.split(" (")[0]: f.value for f in tool_loop.measure(runs=3, steps=2)}
     assert figures["a run that answers at once"] > 0
     assert figures["a run of 2 tool steps"] > figures["a run that answers at once"]
+
+
+def test_the_worker_dispatch_bench_times_both_reasoners_at_the_model_latency() -> None:
+    figures = {f.name.split(" (")[0]: f.value for f in worker_dispatch.measure(runs=5,
+                                                                                latency_ms=5)}
+    assert figures["simulated reasoner p50"] >= 5
+    assert figures["worker over /ws/worker p50"] >= 5
