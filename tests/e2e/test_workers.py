@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -321,3 +322,42 @@ async def test_a_worker_serves_only_the_worker_agents_of_its_scope(tmp_path: Pat
         assert (await receive(ws))["type"] == "hello"
         assert (await receive(ws))["agents"] == []  # "plain" is not a worker agent
         assert running.service.workers.connected("desk") == 0
+
+
+async def test_the_example_worker_runs_a_model_through_the_openai_sdk_with_a_tool(
+        tmp_path: Path) -> None:
+    from openai import AsyncOpenAI
+
+    from gateway.llm.fake_provider import (
+        FakeProviderConfig,
+        create_fake_provider,
+        scripted,
+    )
+    from gateway.llm.fake_provider import serving as serving_provider
+
+    spec = importlib.util.spec_from_file_location("worker_openai",
+                                                  ROOT / "examples" / "worker_openai.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    fake = create_fake_provider(FakeProviderConfig(reply=scripted(
+        [[("positions", {})]],
+        lambda _: '{"decision": "no_trade", "reason": "flat book"}')))
+    async with serving_provider(fake) as url, gateway(tmp_path) as (running, http):
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="test-key-123")
+        worker = example.worker(ws_url(running), W1, "desk", client, "gpt-test")
+        task = spawn(worker.run(), "example worker")
+        try:
+            await asyncio.wait_for(worker.ready.wait(), TIMEOUT)
+            await submit(http, "look-1")
+            finished = await next_event(running.service.engine.store, "RunFinished")
+            await next_event(running.service.engine.store, "RunCompleted")
+        finally:
+            worker.stop()
+            await task
+            await client.close()
+        assert json.loads(finished.data)["answer"] == "flat book"
+        entries = await log_of(running.service.engine.store)
+        types = types_of(entries)
+        assert types.count("ModelCalled") == 2 and types.count("ToolReturned") == 1
+        assert verify(entries) is None
