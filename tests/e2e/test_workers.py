@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from gateway.base.tasks import spawn
 from gateway.client import Worker, WorkerRun
@@ -35,31 +36,31 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 10.0
 OPS = "control-token-secret-1234"
 W1, W2, OTHER = "worker-token-secret-0001", "worker-token-secret-0002", "worker-token-other-0003"
-CONFIG = f"""
+CONFIG = """
 [server]
 host = "127.0.0.1"
 port = 0
 
 [[tokens]]
 name = "ops"
-token = "{OPS}"
+token = "{ops}"
 role = "control"
 
 [[tokens]]
 name = "w1"
-token = "{W1}"
+token = "{w1}"
 role = "worker"
 agents = ["desk"]
 
 [[tokens]]
 name = "w2"
-token = "{W2}"
+token = "{w2}"
 role = "worker"
 agents = ["desk"]
 
 [[tokens]]
 name = "other"
-token = "{OTHER}"
+token = "{other}"
 role = "worker"
 agents = ["plain"]
 
@@ -74,8 +75,8 @@ tools = ["positions", "place_order"]
 [agents.reasoner]
 kind = "worker"
 provider = "sim"
-heartbeat_ms = 200
-missed_heartbeats = 5
+heartbeat_ms = {heartbeat_ms}
+missed_heartbeats = {missed}
 
 [[agents]]
 id = "plain"
@@ -87,8 +88,13 @@ latency_ms = [1, 2]
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path) -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
-    service = build_service(parse_config(CONFIG), tmp_path / "events.db")
+async def gateway(tmp_path: Path, heartbeat_ms: int = 200, missed: int = 50
+                  ) -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
+    """A gateway serving the config (a worker silent ``heartbeat_ms`` x ``missed`` is lost:
+    10 s by default, so that only the test of heartbeats loses a silent one)."""
+    service = build_service(parse_config(CONFIG.format(
+        ops=OPS, w1=W1, w2=W2, other=OTHER, heartbeat_ms=heartbeat_ms, missed=missed)),
+        tmp_path / "events.db")
     async with serving(service) as running, httpx.AsyncClient(
             base_url=running.url, timeout=TIMEOUT,
             headers={"Authorization": f"Bearer {OPS}"}) as http:
@@ -301,6 +307,18 @@ async def test_requests_left_by_a_lost_worker_wait_for_the_next_one(tmp_path: Pa
             await send(ws, {"type": "result", "runId": "desk-r2", "outcome": "no_trade"})
             await next_event(store, "RunCompleted")
         assert verify(await log_of(store)) is None
+
+
+async def test_a_worker_that_misses_its_heartbeats_is_lost_and_dropped(tmp_path: Path) -> None:
+    async with gateway(tmp_path, heartbeat_ms=100, missed=3) as (running, http), \
+            raw_worker(running) as ws:
+        await submit(http, "look-1")
+        assert (await receive(ws, "run"))["runId"] == "desk-r1"
+        lost = await next_event(running.service.engine.store, "WorkerLost")  # silent now
+        assert json.loads(lost.data)["worker"] == "w1"
+        with pytest.raises(ConnectionClosed):
+            await receive(ws)  # the gateway closed it
+        assert running.service.workers.connected("desk") == 0
 
 
 @pytest.mark.parametrize(("endpoint", "token", "code"), [
