@@ -279,25 +279,28 @@ def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
 
 
 def _kept(path: Path | None, prefix: str) -> dict[str, str]:
-    """A secret per role: those kept at ``path`` if it holds them, else fresh ones (then
-    kept there, readable by the owner only)."""
+    """A secret per role: those kept at ``path`` if it holds them, fresh ones for the roles
+    it does not hold (a role added since they were kept: then all are kept there again,
+    readable by the owner only)."""
+    kept: dict[str, str] = {}
     if path is not None:
         try:
-            kept = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(kept, dict) and all(
-                    isinstance(kept.get(role.value), str) and kept[role.value] for role in Role):
-                return {role.value: str(kept[role.value]) for role in Role}
+            found = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(found, dict):
+                kept = {role.value: found[role.value] for role in Role
+                        if isinstance(found.get(role.value), str) and found[role.value]}
         except (OSError, ValueError):
             pass
-    fresh = {role.value: secrets.token_urlsafe(24) for role in Role}
-    if path is not None:
+    secrets_by_role = {role.value: kept.get(role.value) or secrets.token_urlsafe(24)
+                       for role in Role}
+    if path is not None and len(kept) < len(secrets_by_role):
         try:
             path.touch(mode=0o600, exist_ok=True)
-            path.write_text(json.dumps(fresh), encoding="utf-8")
+            path.write_text(json.dumps(secrets_by_role), encoding="utf-8")
         except OSError:
             log.warning("cannot keep the %s tokens at %s: fresh ones at each start", prefix,
                         path)
-    return fresh
+    return secrets_by_role
 
 
 def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None,
