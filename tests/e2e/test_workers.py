@@ -29,7 +29,7 @@ from gateway.config import parse_config
 from gateway.edge.server import Running, serving
 from gateway.wiring import build_service
 from lanes import verify
-from lanes.events import RunStarted, WorkerLost
+from lanes.events import ModelCalled, RunStarted, WorkerLost
 from tests.gateway.support import log_of, next_event, until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ kind = "simulated"
 
 [[agents]]
 id = "desk"
-mode = "followup"
+mode = "{mode}"
 tools = ["positions", "place_order"]
 [agents.reasoner]
 kind = "worker"
@@ -88,12 +88,13 @@ latency_ms = [1, 2]
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, heartbeat_ms: int = 200, missed: int = 50
-                  ) -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
+async def gateway(tmp_path: Path, heartbeat_ms: int = 200, missed: int = 50,
+                  mode: str = "followup") -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
     """A gateway serving the config (a worker silent ``heartbeat_ms`` x ``missed`` is lost:
     10 s by default, so that only the test of heartbeats loses a silent one)."""
     service = build_service(parse_config(CONFIG.format(
-        ops=OPS, w1=W1, w2=W2, other=OTHER, heartbeat_ms=heartbeat_ms, missed=missed)),
+        ops=OPS, w1=W1, w2=W2, other=OTHER, heartbeat_ms=heartbeat_ms, missed=missed,
+        mode=mode)),
         tmp_path / "events.db")
     async with serving(service) as running, httpx.AsyncClient(
             base_url=running.url, timeout=TIMEOUT,
@@ -274,6 +275,34 @@ async def test_a_worker_that_ignores_a_cancel_changes_nothing_and_bad_frames_are
         types = types_of(await log_of(store))
         assert "RunFinished" not in types and "OrderAccepted" not in types
         assert types.count("RunAborted") == 1
+
+
+async def test_a_request_steered_into_a_workers_run_comes_with_the_next_tool_results(
+        tmp_path: Path) -> None:
+    async with gateway(tmp_path, mode="steer") as (running, http), raw_worker(running) as ws:
+        store = running.service.engine.store
+        await submit(http, "look-1")
+        await receive(ws, "run")
+        await next_event(store, "SteerabilityChanged")  # the run takes steers now
+        await send(ws, {"type": "slot", "runId": "desk-r1"})
+        await receive(ws, "slot_granted")
+        await submit(http, "look-2")
+        await next_event(store, "RunSteered")
+        await send(ws, {"type": "step", "runId": "desk-r1", "step": 1, "toolCalls": [
+            {"id": "c1", "name": "positions", "arguments": {}}]})
+        results = await receive(ws, "tool_results")
+        assert [r["callId"] for r in results["results"]] == ["c1"]
+        assert [r["requestId"] for r in results["steers"]] == ["look-2"]
+        await send(ws, {"type": "slot", "runId": "desk-r1"})
+        await receive(ws, "slot_granted")
+        await send(ws, {"type": "step", "runId": "desk-r1", "step": 2, "text": "seen both"})
+        assert (await receive(ws, "tool_results"))["steers"] == []
+        await send(ws, {"type": "result", "runId": "desk-r1", "outcome": "no_trade"})
+        await next_event(store, "RunCompleted")
+        entries = await log_of(store)
+        steps = [e.event for e in entries if isinstance(e.event, ModelCalled)]
+        assert [s.steered for s in steps] == [(), ("look-2",)]
+        assert verify(entries) is None
 
 
 async def test_with_no_worker_connected_the_run_fails_at_once_and_the_agent_says_why(
