@@ -27,6 +27,7 @@ from bench import (
     throughput,
     time_travel,
     tool_loop,
+    worker_dispatch,
     ws_ingest,
 )
 from bench.common import Figure, machine, table
@@ -100,6 +101,10 @@ def main() -> None:
         ("An MCP call_agent round trip against the simulated reasoner at 50 ms",
          f"bench.mcp_call --calls {max(20, 200 // size)}",
          lambda: mcp_call.measure(calls=max(20, 200 // size))),
+        ("Run dispatch to a worker (/ws/worker) and back vs the simulated reasoner, 20 ms "
+         "model calls",
+         f"bench.worker_dispatch --runs {max(20, 200 // size)}",
+         lambda: worker_dispatch.measure(runs=max(20, 200 // size))),
         ("Provider gate: 100 agents saturating 600 RPM",
          f"bench.gate --minutes {minutes}",
          lambda: gate.measure(minutes=minutes)),

@@ -28,6 +28,7 @@ from gateway.market.health import FeedHealth
 from gateway.market.hooks import HookEngine
 from gateway.runtime.engine import Engine
 from gateway.runtime.gate import SlotGate
+from gateway.runtime.workers import WorkerHub
 from lanes.events import BrokerReport
 from store import GroupCommitStore, PostgresEventStore, SqliteEventStore
 from store.engine import database_url, is_postgres
@@ -66,7 +67,9 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     broker = PaperBroker(report, clock)
     clients = build_clients(config)
     prices = {p.name: p.prices for p in config.providers if p.prices is not None}
-    reasoners = {entry.id: build_reasoner(entry, clients, prices) for entry in config.agents}
+    workers = WorkerHub()
+    reasoners = {entry.id: build_reasoner(entry, clients, prices, workers)
+                 for entry in config.agents}
     gates = build_gates(config, store, clock)
     secret = config.cluster.shared_secret(config.tokens) if clustered else None
     peers = router = None
@@ -121,6 +124,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         router=router,
         cluster_lease_ms=config.cluster.lease_ms,
         advertise=config.cluster.advertise,
+        workers=workers,
     )
 
 

@@ -54,6 +54,8 @@ from lanes.events import (
     Stopping,
     TimerElapsed,
     TradingState,
+    WorkerLost,
+    WorkerReady,
 )
 from lanes.evolve import evolve, held_ids
 from lanes.handlers import Registry
@@ -472,6 +474,21 @@ def _restarted(state: AgentState, event: Restarted, emit: Emit) -> None:
     run = state.active
     if run is not None:
         emit(RunAborted(run_id=run.run_id, reason=AbortReason.RESTART, requeued=True))
+    _start_next(state, emit)
+
+
+@DECIDERS.on(WorkerLost)
+def _worker_lost(state: AgentState, event: WorkerLost, emit: Emit) -> None:
+    run = state.active
+    if run is None or run.run_id != event.run_id:
+        return  # the run ended before its worker was found gone: nothing to abort
+    emit(RunAborted(run_id=run.run_id, reason=AbortReason.WORKER_LOST, requeued=True))
+    if event.rerun:  # (otherwise the requests wait at the head for a worker)
+        _start_next(state, emit)
+
+
+@DECIDERS.on(WorkerReady)
+def _worker_ready(state: AgentState, event: WorkerReady, emit: Emit) -> None:
     _start_next(state, emit)
 
 

@@ -81,6 +81,8 @@ from lanes.inputs import (
     Stopping,
     TimerElapsed,
     ToolReturned,
+    WorkerLost,
+    WorkerReady,
     is_input,
 )
 from lanes.vocabulary import (
@@ -199,6 +201,8 @@ __all__ = [
     "ToolReturned",
     "TradingState",
     "Usage",
+    "WorkerLost",
+    "WorkerReady",
     "answer_id",
     "is_input",
     "withdrawal_id",

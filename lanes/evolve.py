@@ -57,6 +57,8 @@ from lanes.events import (
     Stopping,
     Summary,
     TimerElapsed,
+    WorkerLost,
+    WorkerReady,
 )
 from lanes.handlers import IllegalTransition, Registry
 from lanes.policy import PolicyOffered
@@ -249,6 +251,8 @@ EVOLVERS.on(
     Stopping,
     Restarted,
     PolicyOffered,
+    WorkerLost,
+    WorkerReady,
 )(_input)
 
 

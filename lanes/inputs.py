@@ -203,6 +203,28 @@ class Restarted:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerLost:
+    """The worker doing a run (``reasoner.kind = "worker"``) disconnected or missed its
+    heartbeats: the run is aborted and its requests go back to the head of the queue."""
+
+    at: int
+    run_id: str
+    worker: str
+    """The lost worker's name (its token's)."""
+    rerun: bool
+    """Whether another worker was connected for the agent: then the rerun starts at once;
+    otherwise the requests wait for a worker."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerReady:
+    """A worker connected for an idle agent whose requests wait: the next run may start."""
+
+    at: int
+    worker: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Quarantined:
     """Stands in for an event of the log that was set aside (``gateway quarantine``): one
     that cannot be read, or that an operator chose to skip, with its input's decisions.
@@ -231,6 +253,8 @@ Input = (
     | CallUndeliverable
     | Stopping
     | Restarted
+    | WorkerLost
+    | WorkerReady
     | Quarantined
     | PolicyOffered
 )
@@ -253,6 +277,8 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     ToolReturned,
     PolicyOffered,
     DeskBudgetSpent,
+    WorkerLost,
+    WorkerReady,
 )
 INPUTS: frozenset[type[Any]] = frozenset(INPUT_TYPES)
 """The input classes, for a quick ``type(event) in INPUTS``."""

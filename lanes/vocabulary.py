@@ -28,7 +28,8 @@ class Outcome(StrEnum):
 
 
 class AbortReason(StrEnum):
-    """Why a run was aborted; ``restart`` and ``shutdown`` put its requests back in the queue."""
+    """Why a run was aborted; ``restart``, ``shutdown`` and ``worker_lost`` put its
+    requests back in the queue."""
 
     INTERRUPT = "interrupt"
     EMERGENCY_STOP = "emergency_stop"
@@ -39,6 +40,8 @@ class AbortReason(StrEnum):
     OPERATOR = "operator"
     WITHDRAWN = "withdrawn"
     """Its only request was a call its caller gave up on."""
+    WORKER_LOST = "worker_lost"
+    """The worker doing it disconnected or went silent; its requests went back to the head."""
 
 
 class OperatorAction(StrEnum):

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fanout, gate, mcp_call, peers, pg_throughput, time_travel, tool_loop
+from bench import (
+    fanout,
+    gate,
+    mcp_call,
+    peers,
+    pg_throughput,
+    time_travel,
+    tool_loop,
+    worker_dispatch,
+)
 from bench.common import Figure
 from store import pg_server
 
@@ -96,3 +105,10 @@ def test_the_mcp_bench_times_call_agent_round_trips_above_the_reasoners_latency(
     assert figures["MCP call_agent round trip p50"] >= 20
     assert figures["MCP call_agent round trip p99"] >= figures["MCP call_agent round trip p50"]
     assert figures["MCP agent_status p50 / HTTP GET p50"] > 0
+
+
+def test_the_worker_dispatch_bench_times_both_reasoners_at_the_model_latency() -> None:
+    figures = {f.name.split(" (")[0]: f.value for f in worker_dispatch.measure(runs=5,
+                                                                                latency_ms=5)}
+    assert figures["simulated reasoner p50"] >= 5
+    assert figures["worker over /ws/worker p50"] >= 5

@@ -59,6 +59,7 @@ from gateway.config.models import (
     SimulatedReasonerConfig,
     StoreConfig,
     TokenConfig,
+    WorkerReasonerConfig,
 )
 from gateway.llm.reasoner import (
     SYSTEM_PROMPT,
@@ -73,6 +74,7 @@ from gateway.market.hooks import (
     GreenCandlesRule,
     PriceCrossRule,
 )
+from gateway.runtime.workers import WorkerHub, WorkerReasoner
 from lanes.config import AgentConfig, Budgets
 from lanes.gate.events import GateLimits
 
@@ -107,6 +109,7 @@ __all__ = [
     "SimulatedReasonerConfig",
     "StoreConfig",
     "TokenConfig",
+    "WorkerReasonerConfig",
     "build_clients",
     "build_gates",
     "build_reasoner",
@@ -238,7 +241,7 @@ def _vocabulary() -> list[str]:
     models: list[type[BaseModel]] = [
         ServerConfig, MetricsConfig, StoreConfig, ClusterConfig, TokenConfig,
         SimulatedReasonerConfig,
-        LLMReasonerConfig,
+        LLMReasonerConfig, WorkerReasonerConfig,
         ProviderConfig, GateLimits, AgentEntry, GatewayConfig, AgentConfig, Budgets,
         PriceCrossRule, GreenCandlesRule, ConnectorDownRule,
     ]
@@ -276,32 +279,42 @@ def build_clients(config: GatewayConfig) -> dict[str, LLMClient]:
 
 
 def _kept(path: Path | None, prefix: str) -> dict[str, str]:
-    """A secret per role: those kept at ``path`` if it holds them, else fresh ones (then
-    kept there, readable by the owner only)."""
+    """A secret per role: those kept at ``path`` if it holds them, fresh ones for the roles
+    it does not hold (a role added since they were kept: then all are kept there again,
+    readable by the owner only)."""
+    kept: dict[str, str] = {}
     if path is not None:
         try:
-            kept = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(kept, dict) and all(
-                    isinstance(kept.get(role.value), str) and kept[role.value] for role in Role):
-                return {role.value: str(kept[role.value]) for role in Role}
+            found = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(found, dict):
+                kept = {role.value: found[role.value] for role in Role
+                        if isinstance(found.get(role.value), str) and found[role.value]}
         except (OSError, ValueError):
             pass
-    fresh = {role.value: secrets.token_urlsafe(24) for role in Role}
-    if path is not None:
+    secrets_by_role = {role.value: kept.get(role.value) or secrets.token_urlsafe(24)
+                       for role in Role}
+    if path is not None and len(kept) < len(secrets_by_role):
         try:
             path.touch(mode=0o600, exist_ok=True)
-            path.write_text(json.dumps(fresh), encoding="utf-8")
+            path.write_text(json.dumps(secrets_by_role), encoding="utf-8")
         except OSError:
             log.warning("cannot keep the %s tokens at %s: fresh ones at each start", prefix,
                         path)
-    return fresh
+    return secrets_by_role
 
 
 def build_reasoner(entry: AgentEntry, clients: Mapping[str, LLMClient] | None = None,
-                   prices: Mapping[str, Prices] | None = None) -> Reasoner:
+                   prices: Mapping[str, Prices] | None = None,
+                   workers: WorkerHub | None = None) -> Reasoner:
     """The reasoner an agent's config asks for (``clients`` and ``prices`` by provider
-    name)."""
+    name; ``workers``: the hub a worker agent's runs go through)."""
     config = entry.reasoner
+    if isinstance(config, WorkerReasonerConfig):
+        if workers is None:
+            raise ValueError(f"agent {entry.id}: a worker agent needs the gateway's workers")
+        return WorkerReasoner(workers, entry.id, heartbeat_ms=config.heartbeat_ms,
+                              missed_heartbeats=config.missed_heartbeats,
+                              max_steps=config.max_steps)
     known = None if config.provider is None else (prices or {}).get(config.provider)
     price = None if known is None else known.cost
     if isinstance(config, LLMReasonerConfig):

@@ -34,6 +34,7 @@ from gateway.config.reasoners import ReasonerConfig as ReasonerConfig
 from gateway.config.reasoners import SimulatedCallConfig as SimulatedCallConfig
 from gateway.config.reasoners import SimulatedReasonerConfig as SimulatedReasonerConfig
 from gateway.config.reasoners import SimulatedToolCall as SimulatedToolCall
+from gateway.config.reasoners import WorkerReasonerConfig as WorkerReasonerConfig
 from gateway.errors import BadFrame
 from gateway.market.hooks import AgentId, HookRule
 from gateway.runtime.schedules import check as check_schedule

@@ -77,6 +77,23 @@ class LLMReasonerConfig(ConfigModel):
     """None: the gateway's own (`gateway.llm.reasoner.SYSTEM_PROMPT`)."""
 
 
-ReasonerConfig = Annotated[SimulatedReasonerConfig | LLMReasonerConfig,
+class WorkerReasonerConfig(ConfigModel):
+    """Runs done by an external worker on ``/ws/worker`` (see `gateway.runtime.workers`
+    and docs/workers.md): bring your own agent."""
+
+    kind: Literal["worker"] = "worker"
+    provider: str | None = None
+    """A ``[[providers]]`` name: each model call of the worker then takes a slot of that
+    gate first (so the desk's limits hold for it too)."""
+    heartbeat_ms: int = Field(default=5_000, ge=100, le=600_000)
+    """How often a worker sends a heartbeat (it is told in its hello)."""
+    missed_heartbeats: int = Field(default=3, ge=1, le=100)
+    """A worker silent for this many heartbeats is lost: its run is aborted ``worker_lost``
+    and its requests go back to the head of the queue."""
+    max_steps: int = Field(default=10, ge=1, le=100)
+    """Model calls per run at most, for an agent without ``tools`` (with tools: theirs)."""
+
+
+ReasonerConfig = Annotated[SimulatedReasonerConfig | LLMReasonerConfig | WorkerReasonerConfig,
                            Field(discriminator="kind")]
-REASONER_KINDS = frozenset({"simulated", "llm"})
+REASONER_KINDS = frozenset({"simulated", "llm", "worker"})

@@ -26,6 +26,7 @@ from gateway.edge.mcp import Mcp
 from gateway.edge.routes import Api
 from gateway.edge.service import Service
 from gateway.edge.sessions import partial_ws
+from gateway.edge.workers import worker_ws
 
 
 def _web() -> Path:
@@ -113,6 +114,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/mcp", mcp),  # the same tools over MCP (gateway.edge.mcp)
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),
+        WebSocketRoute("/ws/worker", worker_ws(service)),
         *internal_routes(service),
     ]
     if WEB.is_dir():

@@ -43,8 +43,20 @@ class Principal:
         if not self.may_see(agent_id):
             raise Forbidden(f"token {self.name!r} is not scoped to agent {agent_id!r}")
 
+    def _not_worker(self) -> None:
+        if self.role is Role.WORKER:
+            raise Forbidden("a worker token only connects to /ws/worker, to do the runs of "
+                            "its agents")
+
+    def check_worker(self) -> None:
+        """Doing runs on ``/ws/worker``: worker tokens only."""
+        if self.role is not Role.WORKER:
+            raise Forbidden(f"/ws/worker takes worker tokens; a {self.role.value} token "
+                            "connects to /ws/control or /ws/feed")
+
     def check_read(self, agent_id: str | None = None) -> None:
         """Reading status and events: viewer, control and admin."""
+        self._not_worker()
         if self.role is Role.FEED:
             raise Forbidden("a feed token cannot read agent state; use a viewer token")
         if agent_id is not None:
@@ -52,6 +64,7 @@ class Principal:
 
     def check_submit(self, request: AgentRequest) -> None:
         """Submitting a request: feed tokens only triggers and alerts; viewers nothing."""
+        self._not_worker()
         self.check_agent(request.agent_id)
         if self.role is Role.VIEWER:
             raise Forbidden("a viewer token cannot submit requests")
@@ -86,6 +99,7 @@ class Principal:
 
     def check_feed(self) -> None:
         """Pushing market events: feed, control and admin."""
+        self._not_worker()
         if self.role is Role.VIEWER:
             raise Forbidden("a viewer token cannot push market events")
 

@@ -172,7 +172,8 @@ class Routes:
         `Service.said_behind`)."""
         if waits is None:
             waits = gate_waits_of(self.engine, now)
-        body = agent_summary(self.engine.state(agent_id), now, waits.get(agent_id))
+        body = agent_summary(self.engine.state(agent_id), now, waits.get(agent_id),
+                             no_worker=self.service.workers.missing(agent_id))
         cluster = self.service.cluster
         if cluster is not None:
             body["servedBy"] = cluster.owner_of(agent_id)

@@ -292,10 +292,14 @@ ServerFrame = Annotated[
 
 
 def json_schemas() -> dict[str, Any]:
-    """JSON Schemas of every client and server frame (``gateway schema``)."""
+    """JSON Schemas of every client and server frame (``gateway schema``), and of the
+    frames of ``/ws/worker`` both ways (``worker``, ``gateway``)."""
+    from gateway.edge.worker_protocol import worker_schemas  # (it builds on this module)
+
     return {
         "protocol": PROTOCOL_VERSION,
         "client": TypeAdapter(ClientFrame).json_schema(by_alias=True),
         "server": TypeAdapter(ServerFrame).json_schema(by_alias=True),
         "tools": tool_schemas(),
+        **worker_schemas(),
     }

@@ -25,6 +25,7 @@ from gateway.market.hooks import HookEngine
 from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import WayIn, in_steps
+from gateway.runtime.workers import WorkerHub
 from lanes import AgentRequest
 from store.port import LogReads
 
@@ -67,7 +68,7 @@ TEXT_PIECES = "gateway.text_pieces"
 connection's ``scope["extensions"]``: a ``websocket.send`` message may carry, under this key
 instead of ``text``, one text message as a list of pieces, which the server sends in
 fragments as it encodes them (never joined into one text), emptying the list as it goes."""
-ENDPOINTS = ("feed", "control")
+ENDPOINTS = ("feed", "control", "worker")
 CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""
 MAX_CAUSE_DECISIONS = 1_000
@@ -158,6 +159,8 @@ class Service:
     cluster: Cluster | None = None
     """This process's membership of its log's cluster (several processes on one PostgreSQL
     log), once it joined."""
+    workers: WorkerHub = field(default_factory=WorkerHub)
+    """The workers connected on ``/ws/worker`` (`gateway.runtime.workers`)."""
     intake: Intake = field(init=False)
     pacer: Pacer = field(default_factory=Pacer)
     """The feed's work takes turns on the event loop, so that a control waits for at most

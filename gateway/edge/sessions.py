@@ -182,8 +182,12 @@ class Session:
                 if not isinstance(frame, Auth):
                     raise Unauthorized("the first frame must be {\"type\": \"auth\", ...}")
                 principal = tokens.authenticate(frame.token)
-            if self.endpoint == "feed":
+            if self.endpoint == "worker":
+                principal.check_worker()
+            elif self.endpoint == "feed":
                 principal.check_feed()
+            elif principal.role is Role.WORKER:
+                principal.check_read()  # (refused: a worker token only does runs)
             elif principal.role is Role.FEED:
                 raise Forbidden("a feed token connects to /ws/feed; /ws/control takes viewer, "
                                 "control and admin tokens")

@@ -94,7 +94,8 @@ class Subscriptions:
         pieces = [f'{head},"position":{position},"agents":']
         async for piece in json_pieces(
                 wanted, lambda a: service.said_behind(
-                    a, agent_summary(engine.state(a), now, waits.get(a))),
+                    a, agent_summary(engine.state(a), now, waits.get(a),
+                                     no_worker=service.workers.missing(a))),
                 model_json):
             pieces.append(piece)
         providers = model_json([provider_summary(n, g, now) for n, g in sorted(gates.items())])

@@ -37,15 +37,16 @@ def gate_waits_of(engine: Engine, now: int) -> dict[str, tuple[str, GateWait]]:
             for agent_id, wait in gate_waits(gate.state, now).items()}
 
 
-def agent_summary(state: AgentState, now: int,
-                  wait: tuple[str, GateWait] | None = None) -> dict[str, Any]:
+def agent_summary(state: AgentState, now: int, wait: tuple[str, GateWait] | None = None,
+                  *, no_worker: bool = False) -> dict[str, Any]:
     """An agent's status as JSON (camelCase, as everything on the wire), with why it is
     blocked (``blocked``, ``attention``: see `gateway.reads.blocked`; ``wait`` is its provider and
-    why its calls wait at that gate, if they do)."""
+    why its calls wait at that gate, if they do; ``no_worker``: a worker agent with no worker
+    connected)."""
     view = status(state, now)
     body: dict[str, Any] = _camel(view)
     body["blocked"], body["attention"] = blocked_view(
-        state, now, *(wait if wait is not None else (None, None)))
+        state, now, *(wait if wait is not None else (None, None)), no_worker=no_worker)
     body["budgets"] = state.config.budgets.model_dump(mode="json")
     book = state.calls
     body["calls"] = {"queued": len(book.queue), "out": book.out,

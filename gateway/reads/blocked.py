@@ -13,11 +13,13 @@ Each reason is a dict with a ``kind`` and the facts of that kind, times as ISO s
   ``since``, ``forMs``, ``first``, ``waiting``;
 - ``failed``: ``runId``, ``at``, ``error`` — the latest run failed or timed out (until a
   run completes or a resume; not while runs are held, which says why);
+- ``no_worker``: ``detail`` — a worker agent (``reasoner.kind = "worker"``) with no worker
+  connected on ``/ws/worker``: its runs fail at once until one connects;
 - ``running``: ``runId``, ``since``, ``forMs``, ``deadline``.
 
 ``attention`` is the most severe level among them: ``critical`` (halted), ``warning``
-(held, reducing, suppressed, a failed run, a gate wait of `GATE_SLOW_MS` or more), ``info``
-(cooldown, a short gate wait) or ``none``.
+(held, reducing, suppressed, a failed run, no worker, a gate wait of `GATE_SLOW_MS` or
+more), ``info`` (cooldown, a short gate wait) or ``none``.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ def _at(ms: int | None) -> str | None:
 
 
 def blocked_view(state: AgentState, now: int, provider: str | None = None,
-                 wait: GateWait | None = None) -> tuple[list[dict[str, Any]], str]:
+                 wait: GateWait | None = None, *, no_worker: bool = False
+                 ) -> tuple[list[dict[str, Any]], str]:
     """The reasons of ``state`` at ``now`` (most severe first) and its attention level;
-    ``wait`` is why its calls wait at its provider's gate (``provider``), if they do."""
+    ``wait`` is why its calls wait at its provider's gate (``provider``), if they do;
+    ``no_worker``: it is a worker agent and no worker is connected for it."""
     reasons: list[tuple[str, dict[str, Any]]] = []
     change = state.trading_change
     who = {} if change is None else {"by": change.by, "at": _at(change.at),
@@ -70,6 +74,10 @@ def blocked_view(state: AgentState, now: int, provider: str | None = None,
         run_id, failed_at, error = state.failure
         reasons.append(("warning", {"kind": "failed", "runId": run_id, "at": _at(failed_at),
                                     "error": error}))
+    if no_worker:
+        reasons.append(("warning", {"kind": "no_worker", "detail": "no worker is connected "
+                                    "on /ws/worker for this agent: its runs fail at once until "
+                                    "one connects"}))
     if now < state.cooldown_until:
         suppressing = suppressed is not None and suppressed[0] == "cooldown"
         reasons.append(("info", {"kind": "cooldown", "until": _at(state.cooldown_until),

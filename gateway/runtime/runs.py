@@ -24,6 +24,7 @@ from gateway.runtime.agents import Agent
 from gateway.runtime.core import Outcome
 from gateway.runtime.gate import SlotGate
 from gateway.runtime.toolbox import RunGone, RunTools, Toolbox
+from gateway.runtime.workers import WorkerLostError
 from lanes.events import (
     Decision,
     Input,
@@ -34,6 +35,7 @@ from lanes.events import (
     RunSteered,
     SpendLimitHit,
     TasksFinished,
+    WorkerLost,
 )
 from lanes.state import ActiveRun
 
@@ -127,6 +129,9 @@ class Runs:
             result: RunResult = await reasoner.run(context)
         except asyncio.CancelledError:
             raise
+        except WorkerLostError as error:  # aborted, the requests back at the head
+            event = WorkerLost(at=self._clock.now_ms(), run_id=run.run_id,
+                               worker=error.worker, rerun=error.rerun)
         except SpendLimitError as error:
             log.warning("run %s: %s; agent %s paused until resume", run.run_id, error,
                         agent.agent_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from gateway.config import (
     ConfigError,
     GatewayConfig,
     SimulatedReasonerConfig,
+    WorkerReasonerConfig,
     build_clients,
     build_reasoner,
     demo_config,
@@ -20,6 +22,7 @@ from gateway.config import (
 )
 from gateway.llm.providers import OpenAIClient
 from gateway.llm.reasoner import SimulatedReasoner
+from gateway.runtime.workers import WorkerReasoner
 from gateway.wiring import build_service
 from lanes import AgentConfig, Mode
 from store import SqliteEventStore
@@ -312,3 +315,26 @@ def test_schedules_in_the_config_file_are_checked() -> None:
     assert "is not a cron expression" in problems(text)["agents[0].schedules"]
     twice = MINIMAL + '\n[[agents.schedules]]\nid = "x"\nevery_ms = 60000\n' * 2
     assert "repeated: x" in problems(twice)["agents[0].schedules"]
+
+
+def test_a_worker_agent_gets_a_worker_reasoner_on_the_services_hub(tmp_path: Path) -> None:
+    config = parse_config(MINIMAL + '[agents.reasoner]\nkind = "worker"\nheartbeat_ms = 700\n')
+    settings = config.agents[0].reasoner
+    assert isinstance(settings, WorkerReasonerConfig) and settings.missed_heartbeats == 3
+    service = build_service(config, tmp_path / "events.db")
+    reasoner = service.workers.agents["a1"]
+    assert isinstance(reasoner, WorkerReasoner) and reasoner.heartbeat_ms == 700
+    assert service.workers.missing("a1")
+    with pytest.raises(ValueError, match="missed_heartbeats"):
+        parse_config(MINIMAL + '[agents.reasoner]\nkind = "worker"\nmissed_heartbeats = 0\n')
+
+
+def test_kept_demo_tokens_survive_a_role_added_since(tmp_path: Path) -> None:
+    kept = tmp_path / "tokens.json"
+    first = {t.role: t.secret for t in demo_config(tokens=kept).tokens}
+    older = {role.value: first[role] for role in Role if role is not Role.WORKER}
+    kept.write_text(json.dumps(older))  # kept before there were worker tokens
+    again = {t.role: t.secret for t in demo_config(tokens=kept).tokens}
+    assert {role: again[role] for role in Role if role is not Role.WORKER} == \
+        {role: first[role] for role in Role if role is not Role.WORKER}
+    assert again[Role.WORKER] and json.loads(kept.read_text())["worker"] == again[Role.WORKER]

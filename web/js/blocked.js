@@ -61,6 +61,7 @@ export function reasonText(r, a, brief = false) {
         + (r.nextSlotAt ? `, next slot ${hms(r.nextSlotAt)}` : "")
         + `${r.first ? "" : " (behind another agent)"} · ${since(r.forMs)}`;
     case "failed": return `Last run ${r.runId} failed at ${hms(r.at)}: ${r.error}`;
+    case "no_worker": return brief ? "No worker connected" : `No worker connected: ${r.detail}`;
     case "running": return `Running ${since(r.forMs)}`;
     default: return r.kind;
   }

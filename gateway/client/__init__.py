@@ -52,7 +52,7 @@ from gateway.edge.protocol import (
 from lanes.requests import AgentRequest
 
 log = logging.getLogger("gateway.client")
-Endpoint = Literal["control", "feed"]
+Endpoint = Literal["control", "feed", "worker"]
 RequestLike = AgentRequest | Mapping[str, Any]
 """A request as a model, or as its wire JSON (camelCase) object."""
 MarketEventLike = BaseModel | Mapping[str, Any]
@@ -551,7 +551,7 @@ def endpoint_url(url: str, endpoint: Endpoint) -> str:
     parts = urlsplit(url)
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     path = parts.path.rstrip("/")
-    if not path.endswith(("/ws/control", "/ws/feed")):
+    if not path.endswith(("/ws/control", "/ws/feed", "/ws/worker")):
         path = f"{path}/ws/{endpoint}"
     return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 
@@ -585,6 +585,8 @@ def _parse(model: type[M], data: dict[str, Any]) -> M:
                                  f"{where}: {first['msg']}", where) from None
 
 
+from gateway.client.worker import Worker, WorkerRun  # noqa: E402  (it builds on the above)
+
 __all__ = [
     "ConnectionLost",
     "ControlClient",
@@ -592,6 +594,7 @@ __all__ = [
     "GatewayClient",
     "GatewayClientError",
     "Subscription",
+    "Worker", "WorkerRun",  # (``/ws/worker``: `gateway.client.worker`)
     "endpoint_url",
     "request_json",
 ]
