@@ -26,6 +26,7 @@ from gateway.llm.reasoner import Reasoner
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig
 from store import EventStore
+from tests.gateway.support import until
 
 TIMEOUT = 10.0
 
@@ -125,7 +126,13 @@ async def running(store: EventStore, agents: dict[str, AgentConfig],
                             ws_max_size=4 << 20)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    async def up() -> bool:  # (the lifespan started the engine: a test may read it now)
+        if task.done():
+            task.result()  # (a server that could not start says why)
+        return server.started and engine.running
     try:
+        await until(up, "the gateway to start")
         yield Live(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", engine, svc)
     finally:
         server.should_exit = True
