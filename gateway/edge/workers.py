@@ -50,6 +50,7 @@ from gateway.runtime.workers import (
     WorkerJob,
 )
 from lanes import InvalidRequest
+from lanes.events import RunFinished
 from lanes.events import WorkerReady as WorkerReadyInput
 from lanes.requests import AgentRequest, FieldError
 
@@ -167,14 +168,39 @@ class WorkerSession(Session):
                 tool_calls=tuple(ToolCall(c.id, c.name, dict(c.arguments))
                                  for c in frame.tool_calls))))
         elif isinstance(frame, ResultFrame):
-            job = self.service.workers.job(self, frame.run_id)
-            job.offer(ResultGiven(RunResult(
+            result = RunResult(
                 outcome=frame.outcome, usage=frame.usage, orders=tuple(frame.orders),
                 calls=tuple(frame.calls), answer=frame.answer,
-                call_results=frame.call_results if frame.calls else None)))
+                call_results=frame.call_results if frame.calls else None)
+            try:
+                job = self.service.workers.job(self, frame.run_id)
+            except BadFrame as error:
+                if error.code == "run_ended":
+                    self._discard(frame.run_id, result)
+                raise
+            job.offer(ResultGiven(result))
         elif isinstance(frame, FailedFrame):
             self.service.workers.job(self, frame.run_id).offer(FailureGiven(frame.error))
         # (a heartbeat: its arrival is all it says)
+
+    def _discard(self, run_id: str, result: RunResult) -> None:
+        """A result for a run that has ended (cancelled, say): recorded in its agent's
+        stream as the run's result, which the core ignores (`RunResultIgnored`): never
+        applied, and there to read."""
+        agent_id, _, seq = run_id.rpartition("-r")
+        engine = self.engine
+        if not seq.isdigit() or engine.present(agent_id) is None:
+            return
+        late = RunFinished(at=engine.clock.now_ms(), run_id=run_id, outcome=result.outcome,
+                           usage=result.usage, orders=result.orders, calls=result.calls,
+                           answer=result.answer[:20_000], call_results=result.call_results)
+
+        async def record() -> None:
+            with contextlib.suppress(GatewayError):
+                await engine.report(agent_id, late)
+        task = spawn(record(), f"late result of {run_id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _write(self) -> None:
         """Send queued frames, in order."""

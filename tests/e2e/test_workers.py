@@ -270,11 +270,16 @@ async def test_a_worker_that_ignores_a_cancel_changes_nothing_and_bad_frames_are
         await send(ws, {"type": "slot", "runId": "desk-r1", "inputTokens": -1, "extra": 1})
         bad = await receive(ws)
         assert bad["code"] == "invalid" and bad["field"] in ("inputTokens", "extra")
-        assert await store.last_position() == before
-        assert running.service.engine.state("desk") == state
+        # each late result is recorded as discarded (the run's result, ignored by the
+        # core), never applied; nothing else changed
+        ignored = await next_event(store, "RunResultIgnored", before)
+        await next_event(store, "RunResultIgnored", ignored.position)
+        after = [r.type for r in await store.read(before)]
+        assert after == ["RunFinished", "RunResultIgnored"] * 2
+        assert running.service.engine.state("desk") is state
+        assert state.trading.value == "HALTED" and not state.orders and state.active is None
         types = types_of(await log_of(store))
-        assert "RunFinished" not in types and "OrderAccepted" not in types
-        assert types.count("RunAborted") == 1
+        assert "OrderAccepted" not in types and types.count("RunAborted") == 1
 
 
 async def test_a_request_steered_into_a_workers_run_comes_with_the_next_tool_results(
