@@ -44,10 +44,13 @@ async def open_panel(browser: Browser) -> AsyncIterator[OpenPanel]:
     errors: list[str] = []
 
     async def open_(url: str, token: str, scheme: Literal["light", "dark"] = "light",
-                    on_websocket: Callable[[WebSocket], None] | None = None) -> Page:
+                    on_websocket: Callable[[WebSocket], None] | None = None,
+                    init_script: str | None = None) -> Page:
         context = await browser.new_context(viewport={"width": 1440, "height": 900},
                                             color_scheme=scheme)
         context.set_default_timeout(WAIT_MS)
+        if init_script is not None:  # (run in the page before its own scripts)
+            await context.add_init_script(init_script)
         page = await context.new_page()
         page.on("pageerror", lambda error: errors.append(f"{url}: {error}"))
         if on_websocket is not None:

@@ -270,3 +270,47 @@ async def test_the_feed_view_shows_connectors_symbols_and_pauses_the_hook_rules(
         await screenshot(page, "feed", full_page=True)
         await page.locator("#feed-hooks").click()  # resuming needs no confirm
         await expect(page.locator("#feed-status")).to_contain_text("hook rules on")
+
+
+NOTIFICATIONS = """
+window.__notes = [];
+window.Notification = class {
+  static permission = "default";
+  static requestPermission() {
+    window.Notification.permission = "granted";
+    return Promise.resolve("granted");
+  }
+  constructor(title, options) { window.__notes.push([title, options.body]); }
+};
+"""
+
+
+async def test_alerts_are_listed_said_as_notifications_and_counted_in_the_header(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    table = trader("alpha")
+    table["approval"] = "always"
+    config = panel_config(db, [table, trader("bravo")], hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        page = await open_panel(running.url, CONTROL, init_script=NOTIFICATIONS)
+        await page.get_by_role("link", name="Alerts", exact=True).click()
+        await expect(page.locator("#alerts-status")).to_contain_text("0 alerts")
+        await page.locator("#alerts-notify").check()  # asks the browser's permission
+        await expect(page.locator("#alerts-notify")).to_be_checked()
+        async with http(running) as client:
+            stopped = await client.post("/api/agents/bravo/control",
+                                        json={"action": "emergency_stop"})
+            assert stopped.status_code == 200, stopped.text
+        halt = page.locator('#alerts-list [data-kind="halt"]')
+        await expect(halt).to_contain_text("bravo HALTED (emergency_stop)")
+        await trade(running, "alpha", "ETHUSD")  # its order waits for approval
+        await expect(page.locator('#alerts-list [data-kind="approval_waiting"]')).to_have_count(1)
+        await expect(page.locator("#approvals-count")).to_have_text("1 to approve")
+        await expect(page.locator("#alerts-count")).to_have_attribute("aria-label",
+                                                                     "2 new alerts")
+        notes = await page.evaluate("window.__notes")
+        assert ["Gateway: halt", "bravo HALTED (emergency_stop)"] in notes
+        await screenshot(page, "alerts", full_page=True)
+        await page.get_by_role("link", name="Overview").click()
+        await page.get_by_role("link", name="Alerts", exact=True).click()
+        await expect(page.locator("#alerts-count")).to_be_hidden()  # looked at: none new

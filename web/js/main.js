@@ -16,11 +16,12 @@ import {createEvents} from "./views/events.js";
 import {createOverview} from "./views/overview.js";
 import {createProviders} from "./views/providers.js";
 import {createFeed} from "./views/feed.js";
+import {createAlertCenter, createAlerts} from "./views/alerts.js";
 import {Toasts} from "./toasts.js";
 
 const TOKEN_KEY = "gateway-panel-token";
 const TICK_MS = 500;
-const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter", "feed"];
+const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter", "feed", "alerts"];
 const $ = (id) => document.getElementById(id);
 
 let session = null;
@@ -90,6 +91,10 @@ function buildViews(hello) {
     events: createEvents(ctx), charts: createCharts(ctx), blotter: createBlotter(ctx),
     feed: createFeed(ctx),
   };
+  const center = createAlertCenter(ctx);
+  session.views.alerts = createAlerts(ctx, center);
+  $("who").before(...center.badges);  // orders awaiting approval, new alerts: on every view
+  center.load();
   $("banner").after(createHaltedBanner(ctx));  // "N agents halted", on every view
   $("login-view").hidden = true;
   $("nav").hidden = false;
@@ -102,9 +107,13 @@ function buildViews(hello) {
   } else {
     stopAll.remove();  // a viewer gets no mutating control at all
   }
-  model.addEventListener("change", (event) => session.current?.change(event.detail));
+  model.addEventListener("change", (event) => {
+    session.current?.change(event.detail);
+    center.change(event.detail);
+  });
   setInterval(() => {
     session.current?.tick();
+    center.tick();
     if (session.connection.state === "closed") showConnection({state: "closed", ...session.lastStatus});
   }, TICK_MS);
   route();
