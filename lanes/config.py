@@ -173,6 +173,10 @@ class AgentConfig(WireModel):
         default=(), max_length=100)
     """Tools of MCP servers its model is offered beside the built-ins, each named
     ``<server>__<tool>`` (the shell calls them; their servers check their arguments)."""
+    worker_tools: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")], ...] = Field(
+        default=(), max_length=100)
+    """Tools a worker agent's worker runs itself (`docs/workers.md`): allowed by name,
+    their results recorded as the worker reports them."""
     max_steps: int = Field(default=8, ge=1, le=100)
     """The most model calls one run makes; past it, the run fails with the budget named."""
     approval: Literal["never", "always"] | AboveNotional = "never"
@@ -236,4 +240,4 @@ _WRITTEN_WHEN_SET: tuple[tuple[str, Any], ...] = tuple(
     (name, AgentConfig.model_fields[name].default)
     for name in ("max_parallel_calls", "max_open_calls", "call_timeout_ms", "call_results",
                  "gate_weight", "tools", "max_steps", "approval", "approval_timeout_ms",
-                 "mcp_tools"))
+                 "mcp_tools", "worker_tools"))

@@ -131,10 +131,11 @@ def _checked(state: AgentState, step: int, call: ToolCallMade
         return None, f"the run's step budget ({config.max_steps} model calls) is spent"
     if call.malformed is not None:
         return None, f"the arguments are not a JSON object: {call.malformed[:200]}"
-    if call.name in config.mcp_tools:  # (its server checks its arguments)
-        return McpArguments(), ""
+    if call.name in config.mcp_tools or call.name in config.worker_tools:
+        return McpArguments(), ""  # (its server, or the worker, checks its arguments)
     if call.name not in config.tools:
-        offered = ", ".join((*config.tools, *config.mcp_tools)) or "none"
+        offered = ", ".join((*config.tools, *config.mcp_tools, *config.worker_tools)) \
+            or "none"
         kind = "is not one of this agent's tools" if call.name in TOOLS else "does not exist"
         return None, f"the tool {call.name!r} {kind} (its tools: {offered})"
     try:

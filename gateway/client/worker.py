@@ -84,14 +84,18 @@ class WorkerRun:
 
     async def step(self, *, text: str = "", tool_calls: Sequence[Mapping[str, Any]] = (),
                    input_tokens: int = 0, output_tokens: int = 0,
-                   stop_reason: str | None = None) -> StepAnswer:
+                   stop_reason: str | None = None,
+                   own_results: Sequence[Mapping[str, Any]] = ()) -> StepAnswer:
         """Report the model call made in the slot (``tool_calls``: ``{"id", "name",
-        "arguments"}`` each) and get its tools' results."""
+        "arguments"}`` each) and get its tools' results. The calls of the worker's own
+        tools (its agent's ``worker_tools``) are run first and their results given in
+        ``own_results`` (``{"callId", "content", "isError"}`` each): they are recorded."""
         self.steps += 1
         frame: dict[str, Any] = {
             "type": "step", "runId": self.run_id, "step": self.steps, "text": text,
             "toolCalls": [dict(call) for call in tool_calls],
-            "usage": {"inputTokens": input_tokens, "outputTokens": output_tokens}}
+            "usage": {"inputTokens": input_tokens, "outputTokens": output_tokens},
+            "ownResults": [dict(result) for result in own_results]}
         if stop_reason is not None:
             frame["stopReason"] = stop_reason
         await self._worker._send(frame)

@@ -57,6 +57,9 @@ class StepFrame(WireModel):
     stop_reason: str | None = Field(default=None, max_length=64)
     text: str = Field(default="", max_length=100_000)
     tool_calls: list[WireToolCall] = Field(default_factory=list, max_length=100)
+    own_results: list[WireToolResult] = Field(default_factory=list, max_length=100)
+    """The results of the tool calls of the step that are the worker's own tools (its
+    agent's ``worker_tools``), run before the step is sent: recorded as the tools' results."""
     id: ClientId = None
 
 

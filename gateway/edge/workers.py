@@ -166,7 +166,8 @@ class WorkerSession(Session):
                 text=frame.text, input_tokens=frame.usage.input_tokens,
                 output_tokens=frame.usage.output_tokens, stop_reason=frame.stop_reason,
                 tool_calls=tuple(ToolCall(c.id, c.name, dict(c.arguments))
-                                 for c in frame.tool_calls))))
+                                 for c in frame.tool_calls)),
+                given={r.call_id: (not r.is_error, r.content) for r in frame.own_results}))
         elif isinstance(frame, ResultFrame):
             result = RunResult(
                 outcome=frame.outcome, usage=frame.usage, orders=tuple(frame.orders),

@@ -68,11 +68,12 @@ class ToolSession(Protocol):
     specs: Sequence[ToolSpec]
     max_steps: int
 
-    async def step(self, step: int, completion: Completion, steered: Sequence[str] = ()
-                   ) -> list[ToolResult]:
+    async def step(self, step: int, completion: Completion, steered: Sequence[str] = (),
+                   given: Mapping[str, tuple[bool, str]] | None = None) -> list[ToolResult]:
         """Record model call ``step`` (which first saw the ``steered`` requests), run the
         tool calls it may make and record their results: one result per call, in order
-        (a refused call's is its error)."""
+        (a refused call's is its error; ``given``: call id -> (ok, text) of the tools a
+        worker ran itself)."""
         ...
 
 

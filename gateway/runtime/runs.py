@@ -82,7 +82,8 @@ class Runs:
             gate_weight=agent.state.config.gate_weight,
             tools=RunTools(lambda: agent.state, run.run_id, partial(self._record, agent),
                            self.toolbox, self._clock)
-            if agent.state.config.tools or agent.state.config.mcp_tools else None,
+            if agent.state.config.tools or agent.state.config.mcp_tools
+            or agent.state.config.worker_tools else None,
         )
         agent.context = context
         agent.run_started[run.run_id] = time.perf_counter()

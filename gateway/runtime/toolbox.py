@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.base.clock import Clock
@@ -149,9 +149,10 @@ class RunTools:
         self._batches: dict[str, asyncio.Future[tuple[CallResult, ...]]] = {}
         """Batch id -> the results of the calls an ``execute_scheduled_tasks`` sent."""
 
-    async def step(self, step: int, completion: Completion, steered: Sequence[str] = ()
-                   ) -> list[ToolResult]:
-        """Record a model call as step ``step``; run what it may; the results, in order."""
+    async def step(self, step: int, completion: Completion, steered: Sequence[str] = (),
+                   given: Mapping[str, tuple[bool, str]] | None = None) -> list[ToolResult]:
+        """Record a model call as step ``step``; run what it may (the results of a worker's
+        own tools are ``given``); the results, in order."""
         calls = [ToolCallMade(call_id=call.id, name=call.name, arguments=dict(call.arguments),
                               malformed=None if call.malformed is None
                               else call.malformed[:STEP_TEXT_LIMIT])
@@ -189,6 +190,9 @@ class RunTools:
                 ok, text = await self._executed(f"{self.run_id}-s{step}", decisions)
             elif call.name == "get_queue_status":
                 ok, text = True, _json(self._queue_status())
+            elif call.name in self._state().config.worker_tools:
+                ok, text = (given or {}).get(call.id, (
+                    False, f"the worker sent no result for {call.name} ({call.id})"))
             elif self._mcp is not None and call.name in self._state().config.mcp_tools:
                 ok, text = await self._mcp.call(self._agent_id, call.name, call.arguments)
             else:

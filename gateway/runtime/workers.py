@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -104,6 +104,8 @@ class StepMade:
 
     number: int
     completion: Completion
+    given: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
+    """Call id -> (ok, text): the results of the tools the worker ran itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,8 @@ class WorkerJob:
     phase: Phase = "idle"
     steps: int = 0
     inbox: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
+    given: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
+    """The results of the worker's own tools in its latest step."""
 
     @property
     def run_id(self) -> str:
@@ -288,7 +292,7 @@ class WorkerReasoner:
                                             output_tokens=item.output_tokens)
                 number = job.steps
                 if tools is not None:
-                    results = await tools.step(number, completion, steered)
+                    results = await tools.step(number, completion, steered, job.given)
                 else:
                     results = [ToolResult(call.id, "this agent has no tools", is_error=True)
                                for call in completion.tool_calls]
@@ -317,6 +321,7 @@ class WorkerReasoner:
         job.link.granted(job.run_id)
         item = await self._next(job)
         assert isinstance(item, StepMade)  # (`offer` takes a step or a failure while calling)
+        job.given = item.given
         return item.completion
 
     async def _next(self, job: WorkerJob) -> SlotAsked | StepMade | ResultGiven:

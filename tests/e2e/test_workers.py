@@ -29,7 +29,7 @@ from gateway.config import parse_config
 from gateway.edge.server import Running, serving
 from gateway.wiring import build_service
 from lanes import verify
-from lanes.events import ModelCalled, RunStarted, WorkerLost
+from lanes.events import ModelCalled, RunStarted, ToolReturned, WorkerLost
 from tests.gateway.support import log_of, next_event, until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +72,7 @@ kind = "simulated"
 id = "desk"
 mode = "{mode}"
 tools = ["positions", "place_order"]
+worker_tools = ["search_news"]
 [agents.reasoner]
 kind = "worker"
 provider = "sim"
@@ -153,7 +154,9 @@ async def test_a_run_done_by_a_worker_records_its_tool_step_and_verifies(
             answer = await run.step(
                 tool_calls=[{"id": "c1", "name": "positions",
                              "arguments": {}},
-                            {"id": "c2", "name": "transfer_funds", "arguments": {}}],
+                            {"id": "c2", "name": "transfer_funds", "arguments": {}},
+                            {"id": "c3", "name": "search_news", "arguments": {"q": "BTC"}}],
+                own_results=[{"callId": "c3", "content": "ETF inflows", "isError": False}],
                 input_tokens=480, output_tokens=90, stop_reason="tool_use")
             seen.extend(answer.results)
             await run.slot(input_tokens=600, output_tokens=100)
@@ -171,11 +174,14 @@ async def test_a_run_done_by_a_worker_records_its_tool_step_and_verifies(
             worker.stop()
             await task
         assert json.loads(completed.data)["usage"] == {"inputTokens": 1070, "outputTokens": 110}
-        assert [r.call_id for r in seen] == ["c1", "c2"]
+        assert [r.call_id for r in seen] == ["c1", "c2", "c3"]
         assert not seen[0].is_error and seen[1].is_error  # a tool it does not have: refused
+        assert (seen[2].is_error, seen[2].content) == (False, "ETF inflows")  # its own tool
         entries = await log_of(running.service.engine.store)
         types = types_of(entries)
-        assert types.count("ModelCalled") == 2 and types.count("ToolReturned") == 1
+        assert types.count("ModelCalled") == 2 and types.count("ToolReturned") == 2
+        own = [e.event for e in entries if isinstance(e.event, ToolReturned)][1]
+        assert (own.name, own.ok, own.content) == ("search_news", True, "ETF inflows")
         assert verify(entries) is None
 
 
