@@ -371,8 +371,8 @@ def _mark(record: RecordedEvent, principal: str | None) -> dict[str, Any] | None
             "by": principal}
     if record.type == "ControlApplied":
         kind = ANNOTATED.get(str(data.get("action")))
-        if kind is None:
-            return None
+        if kind is None or data.get("from_state") == data.get("to_state"):
+            return None  # (a control that changed nothing, a stop of a HALTED agent: no mark)
         return {**base, "kind": kind, "action": data["action"], "from": data.get("from_state"),
                 "to": data.get("to_state")}
     if record.type == "RunsHeld":

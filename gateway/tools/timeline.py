@@ -111,7 +111,8 @@ def kinds_of(event: Event) -> tuple[str, ...]:
     ``error`` (a run failed or aborted, a request or order refused), ``control``; none for
     the rest."""
     match event:
-        case ControlApplied(to_state=TradingState.HALTED):
+        case ControlApplied(to_state=TradingState.HALTED, from_state=before) \
+                if before is not TradingState.HALTED:
             return ("stop",)
         case ControlApplied() | OperatorApplied() | RunsUnheld() | RunsResumed():
             return ("control",)

@@ -173,6 +173,9 @@ async def test_an_open_order_is_cancelled_from_its_row_and_the_cancel_says_who_a
         row = blotter.locator('[data-part="open"] [data-order="alpha-r1-o1"]')
         await row.get_by_role("button", name="Cancel order alpha-r1-o1 of alpha").click()
         await expect(page.locator("#confirm-text")).to_contain_text("ETHUSD")
+        # (not "Cancel" beside "Cancel order": which one keeps the order?)
+        await expect(page.locator("#confirm-cancel")).to_have_text("Keep order")
+        await expect(page.locator("#confirm-ok")).to_have_text("Cancel order")
         await page.locator("#confirm-ok").click()
         await expect(page.locator("#agent-blotter-result")).to_contain_text(
             "Cancel alpha-r1-o1: cancel sent to the broker")

@@ -456,3 +456,10 @@ async def test_metrics_count_the_agents_that_are_stuck_by_what_holds_them(live: 
                  'gateway_halted{agent="btc"} 1', 'gateway_suppressed{agent="btc"} 0',
                  'gateway_held{agent="news"} 0'):
         assert line in metrics, line
+
+
+async def test_the_panel_has_a_favicon(live: Live) -> None:
+    async with live.client(None) as http:
+        icon = await http.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO
+    assert icon.headers["content-type"] in ("image/x-icon", "image/vnd.microsoft.icon")

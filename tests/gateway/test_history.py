@@ -212,7 +212,8 @@ async def test_charts_count_runs_and_tokens_per_step_and_mark_a_stop_and_resume_
         await two_runs_one_waiting(d, first, second)
         d.clock.advance(10_000)
         async with d.http("control-secret") as ops:
-            for action in ("emergency_stop", "resume"):
+            for action in ("emergency_stop", "emergency_stop", "resume"):  # (the second:
+                # a stop of a HALTED agent changes nothing, and is no mark)
                 sent = await ops.post("/api/agents/btc/control", json={"action": action})
                 assert sent.status_code == 200, sent.text
                 d.clock.advance(1_000)

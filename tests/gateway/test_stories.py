@@ -112,3 +112,14 @@ async def test_groups_and_jumps_are_the_ones_a_scan_of_the_whole_stream_finds() 
                                                                       None)
                 assert index.jump(kind, None, position) == plain_jump(records, kind, None,
                                                                       position)
+
+
+def test_a_stop_that_changes_nothing_is_no_stop_mark_or_jump() -> None:
+    from lanes.events import ControlApplied, TradingState
+    from lanes.requests import ControlAction
+
+    def applied(before: TradingState) -> ControlApplied:
+        return ControlApplied(request_id="r", action=ControlAction.EMERGENCY_STOP,
+                              from_state=before, to_state=TradingState.HALTED)
+    assert kinds_of(applied(TradingState.ACTIVE)) == ("stop",)
+    assert kinds_of(applied(TradingState.HALTED)) == ("control",)

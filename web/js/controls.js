@@ -24,7 +24,7 @@ export const ACTIONS = {
  * Ask before a consequential action; resolves true only on an explicit confirm (Esc
  * cancels). `items`: names listed under the text (the agents a stop of all halts).
  */
-export function confirmDialog(title, text, ok, items = null) {
+export function confirmDialog(title, text, ok, items = null, keep = "Cancel") {
   const dialog = document.getElementById("confirm");
   document.getElementById("confirm-title").textContent = title;
   document.getElementById("confirm-text").textContent = text;
@@ -32,6 +32,7 @@ export function confirmDialog(title, text, ok, items = null) {
   list.replaceChildren(...(items || []).map((item) => h("li", {}, item)));
   list.hidden = !items;
   document.getElementById("confirm-ok").textContent = ok;
+  document.getElementById("confirm-cancel").textContent = keep;  // (never "Cancel" beside "Cancel order")
   dialog.returnValue = "";
   const opener = document.activeElement;
   return new Promise((resolve) => {

@@ -208,7 +208,7 @@ function canceller(ctx, result, reload) {
     const what = `${order.side} ${qty(order.qty)} ${order.symbol}`;
     if (!await confirmDialog(`Cancel order ${order.orderId}?`,
       `Ask the broker to cancel ${order.agentId}'s open order ${order.orderId} (${what}, ${qty(order.filledQty)} filled). A fill that comes first stands.`,
-      "Cancel order")) return;
+      "Cancel order", null, "Keep order")) return;
     busy.add(order.orderId);
     reload();
     try {
