@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -53,14 +53,22 @@ def stepped(data: Any) -> bool:
 def validate_now(data: Any) -> Any:
     """The client frame of a frame's JSON value, validated at once (`InvalidRequest` /
     `BadFrame`)."""
+    return typed_frame(data, CLIENT_TYPES, CLIENT_FRAME, "expected one of")
+
+
+def typed_frame(data: Any, types: Sequence[str], adapter: TypeAdapter[Any],
+                expected: str) -> Any:
+    """A frame of one of ``types`` from its JSON value, by ``adapter`` (`BadFrame` for no
+    JSON object or an unknown type, saying the types ``expected``; `InvalidRequest` naming
+    each field that is wrong)."""
     if not isinstance(data, dict):
         raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
     kind = data.get("type")
-    if kind not in CLIENT_TYPES:
-        raise BadFrame("unknown_type", f"unknown frame type {kind!r}; expected one of "
-                       f"{', '.join(CLIENT_TYPES)}", field="type")
+    if kind not in types:
+        raise BadFrame("unknown_type", f"unknown frame type {kind!r}; {expected} "
+                       f"{', '.join(types)}", field="type")
     try:
-        return CLIENT_FRAME.validate_python(data)
+        return adapter.validate_python(data)
     except ValidationError as error:
         invalid = InvalidRequest.from_validation_error(error)
         # Drop the frame type pydantic puts first in each location ("submit.request...").

@@ -21,6 +21,7 @@ from gateway.edge.protocol import load_json
 from gateway.edge.service import Service
 from gateway.edge.views import agent_summary, gate_waits_of
 from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownProvider
+from gateway.reads.alerts import AlertBook
 from gateway.reads.blotter import BlotterBook
 from gateway.reads.replays import Replayed, agent_replays, gate_replays
 from gateway.reads.stories import Stories, call_events
@@ -79,6 +80,7 @@ class Routes:
         self.engine = service.engine
         self.log = service.log
         self.blotters = BlotterBook()
+        self.alerts_read = AlertBook()
         self.replays = agent_replays()
         self.gate_replays = gate_replays()
         self.stories = Stories()

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.websockets import WebSocket
 
 from gateway.base.tasks import spawn
 from gateway.edge.answers import error_frame
-from gateway.edge.frames import guess_id, raw_data
+from gateway.edge.frames import guess_id, raw_data, typed_frame
 from gateway.edge.protocol import load_json
 from gateway.edge.service import MAX_BAD_FRAMES, POLICY_VIOLATION, Service
 from gateway.edge.sessions import Session
@@ -52,7 +52,7 @@ from gateway.runtime.workers import (
 from lanes import InvalidRequest
 from lanes.events import RunFinished
 from lanes.events import WorkerReady as WorkerReadyInput
-from lanes.requests import AgentRequest, FieldError
+from lanes.requests import AgentRequest
 
 log = logging.getLogger("gateway.edge.workers")
 
@@ -230,15 +230,4 @@ class WorkerSession(Session):
 
 def _validate(data: Any) -> Any:
     """A worker frame from its JSON value (`BadFrame` / `InvalidRequest`)."""
-    if not isinstance(data, dict):
-        raise BadFrame("invalid", "a frame is a JSON object with a 'type'", field="type")
-    kind = data.get("type")
-    if kind not in WORKER_TYPES:
-        raise BadFrame("unknown_type", f"unknown frame type {kind!r}; a worker sends one of "
-                       f"{', '.join(WORKER_TYPES)}", field="type")
-    try:
-        return WORKER_FRAME.validate_python(data)
-    except ValidationError as error:
-        invalid = InvalidRequest.from_validation_error(error)
-        raise InvalidRequest([FieldError(e.field.split(".", 1)[-1], e.message)
-                              for e in invalid.errors]) from None
+    return typed_frame(data, WORKER_TYPES, WORKER_FRAME, "a worker sends one of")

@@ -4,12 +4,14 @@ in words, read from the log itself (so the history survives a restart), and the 
 (a connector not up, a symbol gone quiet), which the log does not hold.
 
 `alert_of` reads an event's stored JSON without decoding it (any stream, agents' and
-gates'); `history` is the newest alerts of the log's last `HISTORY_WINDOW` events.
+gates'); an `AlertBook` keeps the newest alerts of the log's last `HISTORY_WINDOW` events.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -21,7 +23,7 @@ KINDS = ("halt", "order_rejected", "breaker_open", "budget", "approval_waiting",
          "connector", "stale_feed")
 """Every kind of alert (an ``[alerts]`` rule each)."""
 HISTORY_WINDOW = 50_000
-"""Events of the log's end `history` reads."""
+"""Events of the log's end an `AlertBook` first reads."""
 READ_PAGE = 5_000
 TYPES = frozenset({"ControlApplied", "OrderRejected", "OrderClosed", "BreakerOpened",
                    "BudgetAlert", "RunsHeld", "DeskBudgetApplied", "ApprovalRequested",
@@ -104,22 +106,34 @@ def _order(intent: Any) -> str:
     return f"{intent.get('side')} {intent.get('qty')} {intent.get('symbol')}"
 
 
-async def history(log: LogReads, limit: int, kinds: Iterable[str] = KINDS,
-                  agents: Iterable[str] | None = None) -> list[Alert]:
-    """The newest ``limit`` alerts of the log's last `HISTORY_WINDOW` events, newest first
-    (of ``kinds``; of ``agents`` only, and no provider's, if given)."""
-    wanted, scope = set(kinds), None if agents is None else set(agents)
-    last = await log.last_position()
-    after = max(0, last - HISTORY_WINDOW)
-    found: list[Alert] = []
-    while after < last:
-        page = await log.read(after, READ_PAGE)
-        if not page:
-            break
-        for record in page:
-            alert = alert_of(record)
-            if alert is not None and alert.kind in wanted and (
-                    scope is None or alert.agent_id in scope):
-                found.append(alert)
-        after = page[-1].position
-    return found[::-1][:limit]
+KEPT = 5_000
+"""Alerts an `AlertBook` keeps (the newest)."""
+
+
+class AlertBook:
+    """The log's alerts, read once from the last `HISTORY_WINDOW` events and then only from
+    what was appended since (a cache of a read of the log, never the source of truth)."""
+
+    def __init__(self) -> None:
+        self._alerts: deque[Alert] = deque(maxlen=KEPT)
+        self._position = 0
+        self._lock = asyncio.Lock()
+
+    async def newest(self, log: LogReads, limit: int, kinds: Iterable[str] = KINDS,
+                     agents: Iterable[str] | None = None) -> list[Alert]:
+        """The newest ``limit`` alerts, newest first (of ``kinds``; of ``agents`` only, and
+        no provider's, if given)."""
+        async with self._lock:  # (two reads of the same new events would keep them twice)
+            last = await log.last_position()
+            after = max(self._position, last - HISTORY_WINDOW)
+            while after < last:
+                page = await log.read(after, READ_PAGE)
+                if not page:
+                    break
+                self._alerts.extend(a for a in map(alert_of, page) if a is not None)
+                after = page[-1].position
+            self._position = max(self._position, after)
+        wanted, scope = set(kinds), None if agents is None else set(agents)
+        found = [a for a in reversed(self._alerts) if a.kind in wanted
+                 and (scope is None or a.agent_id in scope)]
+        return found[:limit]

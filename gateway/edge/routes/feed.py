@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.edge.alerting import merged
 from gateway.edge.http import Routes
 from gateway.errors import BadFrame, Forbidden
-from gateway.reads.alerts import KINDS, history
+from gateway.reads.alerts import KINDS
 from lanes.requests import WireModel
 
 controls = logging.getLogger("gateway.controls")
@@ -55,7 +55,7 @@ class FeedRoutes(Routes):
         agents = None if principal.agents is None else [
             a for a in self.engine.agent_ids if principal.may_see(a)]
         limit = int(raw)
-        from_log = await history(self.log, limit, kinds, agents)
+        from_log = await self.alerts_read.newest(self.log, limit, kinds, agents)
         alerter = self.service.alerter
         recent = [] if alerter is None or agents is not None else [
             a for a in alerter.recent if a.kind in kinds]
