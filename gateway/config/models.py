@@ -85,8 +85,11 @@ class ServerConfig(ConfigModel):
     """A subscription that had nothing to send for this long gets a ``heartbeat`` frame (0:
     none), so a client can tell a quiet gateway from a frozen one."""
     intake_budget_ms: int = Field(default=50, ge=1, le=60_000)
-    """Feed frames are answered ``busy`` (nothing taken) while the work waiting for the log
-    would take longer than this to commit, at the log's recent commit rate."""
+    """Feed frames are held, then answered ``busy`` (nothing taken), while the work waiting
+    for the log would take longer than this to commit, at the log's recent commit rate."""
+    intake_hold_ms: int = Field(default=1_000, ge=0, le=60_000)
+    """How long such a frame waits for room (its connection unread meanwhile, so TCP pushes
+    back on the sender) before it is answered ``busy`` (0: at once)."""
     request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must send a whole HTTP request (or WebSocket handshake) within this long
     of connecting or of the request's first bytes, else it is dropped."""

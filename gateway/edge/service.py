@@ -16,7 +16,7 @@ from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.edge.alerting import Alerter
 from gateway.edge.auth import TokenBook
-from gateway.edge.intake import BUDGET_MS, Intake
+from gateway.edge.intake import BUDGET_MS, HOLD_MS, Intake
 from gateway.errors import Busy
 from gateway.llm.port import LLMClient
 from gateway.market.events import MarketEvent
@@ -120,6 +120,9 @@ class Service:
     """Feed work is taken only while what waits for the log commits within this long
     (`gateway.edge.intake`); beyond it feed frames, and reasoning requests from elsewhere, are
     answered ``busy``."""
+    intake_hold_ms: int = HOLD_MS
+    """A feed frame beyond the budget waits this long for room (its connection unread
+    meanwhile) before it is answered ``busy`` (0: at once)."""
     clients: Mapping[str, LLMClient] = field(default_factory=dict)
     """The LLM clients of the providers, closed when serving ends."""
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -172,7 +175,7 @@ class Service:
         return self.engine.store
 
     def __post_init__(self) -> None:
-        self.intake = Intake(self.log, self.intake_budget_ms)
+        self.intake = Intake(self.log, self.intake_budget_ms, hold_ms=self.intake_hold_ms)
 
     @property
     def way_in(self) -> WayIn:

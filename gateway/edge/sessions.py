@@ -226,12 +226,14 @@ class Session:
                     # One turn of the pacer reads, admits and (most often) validates a frame.
                     async with self.service.pacer.turn():
                         data = load_json(raw)
-                        retry = self.service.intake.admit(self) if makes_work(data) else None
+                        retry = self.service.intake.check(self) if makes_work(data) else None
                         if retry is None and not stepped(data):
                             frame = validate_now(data)
-                    if retry is not None:  # nothing taken: the client sends it later
-                        await self.send(BusyFrame(id=frame_id(data), retry_after_ms=retry))
-                        continue
+                    if retry is not None:  # no room yet: wait for it, unread further
+                        retry = await self.service.intake.room(self)
+                        if retry is not None:  # nothing taken: the client sends it later
+                            await self.send(BusyFrame(id=frame_id(data), retry_after_ms=retry))
+                            continue
                 else:
                     data = load_json(raw)
                 if frame is None:
