@@ -25,7 +25,7 @@ from gateway.base.tasks import spawn
 from gateway.cluster.member import Cluster
 from gateway.edge.app import create_app
 from gateway.edge.http import own_origins
-from gateway.edge.service import TEXT_PIECES, Service
+from gateway.edge.service import SEND_NOW, TEXT_PIECES, Service
 
 log = logging.getLogger("gateway.edge.server")
 
@@ -149,6 +149,19 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)  # (none for a handshake refused at once)
         if scope is not None:
             scope["extensions"][TEXT_PIECES] = {}
+            scope["extensions"][SEND_NOW] = {"send": self.send_now}
+
+    def send_now(self, text: str) -> bool:
+        """Write a short text message at once if nothing holds it up (as `send` would
+        without waiting: the client reads its frames, the handshake is done, no close was
+        sent); False: it was not written, send it the ASGI way."""
+        if len(text) > FRAGMENT_CHARS or not self.writable.is_set() or self.disconnected \
+                or not self.handshake_complete or self.close_sent \
+                or self.initial_response is not None:
+            return False
+        self.conn.send_text(text.encode())
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
 
     async def send(self, message: Any) -> None:
         if message["type"] == "websocket.send":

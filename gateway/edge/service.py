@@ -68,6 +68,11 @@ TEXT_PIECES = "gateway.text_pieces"
 connection's ``scope["extensions"]``: a ``websocket.send`` message may carry, under this key
 instead of ``text``, one text message as a list of pieces, which the server sends in
 fragments as it encodes them (never joined into one text), emptying the list as it goes."""
+SEND_NOW = "gateway.send_now"
+"""An ASGI extension of the same server: ``scope["extensions"][SEND_NOW]["send"]`` is a
+function that writes one short text message at once, without a coroutine, when nothing holds
+it up (the client reads, the connection is open), and says whether it did (False: send it
+the ASGI way, which waits for room)."""
 ENDPOINTS = ("feed", "control", "worker")
 CAUSE_PAGE = 256
 """Events read per step when walking back from an event to the input that caused it."""

@@ -55,6 +55,7 @@ from gateway.edge.service import (
     MAX_IN_FLIGHT,
     MAX_IN_FLIGHT_BYTES,
     POLICY_VIOLATION,
+    SEND_NOW,
     SUBPROTOCOL,
     TEXT_PIECES,
     TOKEN_SUBPROTOCOL,
@@ -99,6 +100,8 @@ class Session:
         self.subscriptions = Subscriptions(self)
         self.last_sent = 0.0
         """When the last frame went out (the event loop's clock)."""
+        now = websocket.scope.get("extensions", {}).get(SEND_NOW)
+        self._send_now: Callable[[str], bool] | None = None if now is None else now["send"]
 
     async def run(self) -> None:
         """Serve the connection until it closes."""
@@ -286,7 +289,21 @@ class Session:
 
     async def send_text(self, text: str) -> None:
         """Send a frame's text (nothing once the connection is closing or closed)."""
-        await self._send_message({"type": "websocket.send", "text": text})
+        if not self.send_now(text):
+            await self._send_message({"type": "websocket.send", "text": text})
+
+    def send_now(self, text: str) -> bool:
+        """Send a frame's text at once, without waiting, if nothing holds it up (no send
+        under way, the client reads: `SEND_NOW`); False: send it with `send_text`, which
+        waits for room (up to ``send_timeout_s``)."""
+        if self._send_now is None or self.send_lock.locked():
+            return False
+        if self.closing or self.ws.application_state is not WebSocketState.CONNECTED:
+            return True  # (as `send_text`: nothing once the connection is closing or closed)
+        if not self._send_now(text):
+            return False
+        self.last_sent = asyncio.get_running_loop().time()
+        return True
 
     async def send_pieces(self, pieces: list[str]) -> None:
         """Send a frame's text given as pieces (a big desk's snapshot): the server encodes

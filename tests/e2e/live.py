@@ -29,6 +29,9 @@ from store import EventStore
 from tests.gateway.support import until
 
 TIMEOUT = 10.0
+START_TIMEOUT = 60.0
+"""A bound on a process's start (`gateway serve`, a worker): a cold start compiles its
+imports afresh, and on a loaded 2-core machine took more than `TIMEOUT`."""
 
 
 def browser_protocols(token: str) -> list[Subprotocol]:

@@ -17,6 +17,7 @@ import pytest
 
 from lanes import request_outcomes, verify
 from store import SqliteEventStore
+from tests.e2e.live import START_TIMEOUT
 from tests.gateway.support import log_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ async def command(*args: str, until: str, group: bool = False
     lines: list[str] = []
     try:
         while not lines or not lines[-1].startswith(until):
-            line = await asyncio.wait_for(process.stdout.readline(), TIMEOUT)
+            line = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)
             assert line, f"the command exited early: {lines}"
             lines.append(line.decode().strip())
         yield process, lines
@@ -221,7 +222,7 @@ async def test_uv_run_gateway_stops_with_its_uv_process(tmp_path: Path,
         "--port", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         assert uv.stdout is not None
-        line = await asyncio.wait_for(uv.stdout.readline(), TIMEOUT)
+        line = await asyncio.wait_for(uv.stdout.readline(), START_TIMEOUT)
         assert line.startswith(b"gateway serving on"), line
         server = int((tmp_path / "events.db.lock").read_text())
         assert server != uv.pid  # uv's child holds the log

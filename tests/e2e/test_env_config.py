@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from tests.e2e.live import TIMEOUT
+from tests.e2e.live import START_TIMEOUT, TIMEOUT
 
 CONFIG = """
 [[tokens]]
@@ -37,7 +37,7 @@ async def serve(cwd: Path, env: dict[str, str], *args: str, tokens: bool = False
         assert process.stdout is not None
         url = ""
         while not url:
-            line = (await asyncio.wait_for(process.stdout.readline(), TIMEOUT)).decode()
+            line = (await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)).decode()
             assert line, f"it ended: {printed}"
             printed.append(line.rstrip())
             if line.startswith("gateway serving on "):
@@ -45,7 +45,7 @@ async def serve(cwd: Path, env: dict[str, str], *args: str, tokens: bool = False
         async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             assert (await http.get("/livez")).status_code == 200
         while tokens and not printed[-1].startswith("event log:"):
-            line = (await asyncio.wait_for(process.stdout.readline(), TIMEOUT)).decode()
+            line = (await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)).decode()
             assert line, f"it ended: {printed}"
             printed.append(line.rstrip())
     finally:

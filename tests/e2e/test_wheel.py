@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.live import TIMEOUT
+from tests.e2e.live import START_TIMEOUT, TIMEOUT
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ async def test_the_wheel_installed_elsewhere_serves_the_panel_and_migrates(tmp_p
         assert demo.stdout is not None
         url = ""
         while not url:  # (it prints where it serves once it does)
-            line = (await asyncio.wait_for(demo.stdout.readline(), TIMEOUT)).decode()
+            line = (await asyncio.wait_for(demo.stdout.readline(), START_TIMEOUT)).decode()
             assert line, "the demo ended without saying where it serves"
             if line.startswith("gateway serving on "):
                 url = line.split()[-1]

@@ -30,6 +30,7 @@ from gateway.edge.server import Running, serving
 from gateway.wiring import build_service
 from lanes import verify
 from lanes.events import ModelCalled, RunStarted, ToolReturned, WorkerLost
+from tests.e2e.live import START_TIMEOUT
 from tests.gateway.support import log_of, next_event, until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +206,7 @@ async def test_a_worker_killed_mid_run_has_its_run_rerun_on_the_next_worker(
 
         task = None
         try:
-            line = await asyncio.wait_for(process.stdout.readline(), TIMEOUT)
+            line = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)
             assert line.strip() == b"ready"
             await submit(http, "look-1")
             line = await asyncio.wait_for(process.stdout.readline(), TIMEOUT)
