@@ -54,8 +54,14 @@ from typing import Any
 
 import httpx
 
-from gateway.client import ConnectionLost, ControlClient, FeedClient, GatewayClientError
-from gateway.edge.protocol import AckFrame, ErrorFrame
+from gateway.client import (
+    AckFrame,
+    ConnectionLost,
+    ControlClient,
+    ErrorFrame,
+    FeedClient,
+    GatewayClientError,
+)
 from lanes import AgentState, Entry, replay, verify
 from lanes.codec import decode
 from lanes.events import (

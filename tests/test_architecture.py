@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,42 @@ def test_the_edge_reads_the_log_through_its_narrow_port(package: str) -> None:
         allowed = 1 if path.name == "service.py" else 0  # (`Service.log` itself)
         assert text.count("engine.store") == allowed, path
         assert not re.search(r"\bEventStore\b", text), path
+
+
+CLIENT_DEPENDENCIES = {"pydantic", "websockets", "httpx"}
+"""What `gateway.client` may import besides the standard library and itself: the
+dependencies of its own distribution (clients/python/pyproject.toml)."""
+
+
+def foreign_imports(source: str) -> set[str]:
+    """The imports of a module of ``gateway.client`` that its distribution does not carry."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level > 1:
+            found.add(f"{'.' * node.level}{node.module or ''}")  # (above gateway.client)
+    return {name for name in found
+            if not name.startswith("gateway.client")
+            and name.split(".")[0] not in CLIENT_DEPENDENCIES | set(sys.stdlib_module_names)}
+
+
+def test_the_client_stands_alone() -> None:
+    """`gateway.client` imports nothing of the gateway but itself (no lanes, no server
+    frames), so its distribution carries it alone; the HTTP library is imported in one
+    module only, so that it can be switched there."""
+    paths = python_files("gateway/client")
+    assert paths
+    assert [f"{path.name}: {sorted(found)}" for path in paths
+            if (found := foreign_imports(path.read_text()))] == []
+    http = [path.name for path in paths if "httpx" in imported_roots(ast.parse(path.read_text()))]
+    assert http == ["http.py"]
+
+
+def test_the_client_check_can_fail() -> None:
+    source = ("import json\nfrom lanes import AgentRequest\nfrom ..edge import protocol\n"
+              "from gateway.edge.protocol import Hello\nfrom .wire import parse\n")
+    assert foreign_imports(source) == {"lanes", "gateway.edge.protocol",
+                                                         "..edge"}

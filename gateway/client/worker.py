@@ -31,25 +31,26 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from gateway.base.tasks import spawn
-from gateway.client import GatewayClientError, endpoint_url
-from gateway.edge.protocol import ErrorFrame, Hello
-from gateway.edge.worker_protocol import (
+from gateway.client.errors import GatewayClientError
+from gateway.client.frames import (
+    ErrorFrame,
+    Hello,
+    Request,
     RunFrame,
+    Summary,
     ToolResultsFrame,
     WireToolResult,
     WireToolSpec,
     WorkerReady,
 )
-from lanes.events import Summary
-from lanes.requests import AgentRequest
+from gateway.client.wire import endpoint_url, spawn
 
 log = logging.getLogger("gateway.client.worker")
 
 Handler = Callable[["WorkerRun"], Awaitable[Mapping[str, Any]]]
 """One agent's runs: given a run, its result (``outcome``, ``usage``, ``orders``,
-``calls``, ``answer``: a `gateway.edge.worker_protocol.ResultFrame` without its type and
-run id, snake_case or camelCase keys)."""
+``calls``, ``answer``: a ``result`` frame of docs/workers.md without its type and run id,
+snake_case or camelCase keys)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class StepAnswer:
     requests steered into the run since (give them to the model in the next call)."""
 
     results: list[WireToolResult]
-    steers: list[AgentRequest]
+    steers: list[Request]
 
 
 @dataclass(slots=True)
@@ -67,7 +68,7 @@ class WorkerRun:
 
     run_id: str
     agent_id: str
-    requests: list[AgentRequest]
+    requests: list[Request]
     summary: Summary | None
     depth: int
     tools: list[WireToolSpec]

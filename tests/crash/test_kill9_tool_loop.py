@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.crash import CONTROL_TOKEN, ROOT, TIMEOUT, kill, read_log, start
-from gateway.client import ControlClient, Subscription
-from gateway.edge.protocol import EventFrame
+from gateway.client import ControlClient, EventFrame, Subscription
 from lanes import replay, verify
 from lanes.events import (
     AbortReason,

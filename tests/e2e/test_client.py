@@ -16,8 +16,10 @@ import uvicorn
 from pydantic import BaseModel
 
 from gateway.client import (
+    AckFrame,
     ConnectionLost,
     ControlClient,
+    ErrorFrame,
     FeedClient,
     GatewayClient,
     GatewayClientError,
@@ -25,7 +27,7 @@ from gateway.client import (
 )
 from gateway.edge.app import create_app
 from gateway.edge.auth import TokenBook
-from gateway.edge.protocol import AckFrame, ErrorFrame
+from gateway.edge.protocol import AckFrame as ServerAck
 from gateway.edge.service import Service
 from gateway.edge.sessions import Session
 from gateway.errors import Busy
@@ -198,7 +200,7 @@ def drop_on_ack(monkeypatch: pytest.MonkeyPatch) -> dict[str, asyncio.Event]:
     send = Session.send
 
     async def dropping(self: Session, frame: BaseModel) -> None:
-        if isinstance(frame, AckFrame) and frame.request_id in victims:
+        if isinstance(frame, ServerAck) and frame.request_id in victims:
             dropped = victims[frame.request_id]
             if not dropped.is_set():
                 dropped.set()

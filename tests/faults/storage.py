@@ -20,8 +20,7 @@ from bench.crash import (
     check,
     read_log,
 )
-from gateway.client import ControlClient
-from gateway.edge.protocol import AckFrame, ErrorFrame
+from gateway.client import AckFrame, ControlClient, ErrorFrame
 from tests.gateway.support import until as wait_until
 
 T = TypeVar("T")

@@ -23,9 +23,8 @@ import httpx
 import pytest
 
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, read_log, start
-from gateway.client import ControlClient, GatewayClientError
+from gateway.client import ControlClient, ErrorFrame, GatewayClientError
 from gateway.config import ConfigError, parse_config
-from gateway.edge.protocol import ErrorFrame
 from gateway.errors import AgentUnavailable, StorageFailed
 from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine

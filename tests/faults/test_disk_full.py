@@ -33,8 +33,7 @@ import httpx
 import pytest
 
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, start
-from gateway.client import ControlClient
-from gateway.edge.protocol import ErrorFrame
+from gateway.client import ControlClient, ErrorFrame
 from gateway.errors import StorageFailed
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode, replay
