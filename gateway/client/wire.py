@@ -24,7 +24,6 @@ MarketEventLike = BaseModel | Mapping[str, Any]
 """A market event as a model or as its wire JSON object (``{"type": "tick", ...}``)."""
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
-_running: set[asyncio.Task[Any]] = set()
 
 
 def endpoint_url(url: str, endpoint: Endpoint) -> str:
@@ -81,14 +80,13 @@ def parse(model: type[M], data: Any, status: int | None = None) -> M:
 
 
 def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
-    """Run ``coro`` as a task that cannot be garbage-collected early or fail silently."""
+    """Run ``coro`` as a task whose failure is logged, never silent (the caller keeps the
+    task: a client holds each of its own until it ends)."""
     task = asyncio.get_running_loop().create_task(coro, name=name)
-    _running.add(task)
-    task.add_done_callback(_finished)
+    task.add_done_callback(_log_failure)
     return task
 
 
-def _finished(task: asyncio.Task[Any]) -> None:
-    _running.discard(task)
+def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
-        log.error("task %s failed", task.get_name(), exc_info=error)
+        log.error("client task %s failed", task.get_name(), exc_info=error)

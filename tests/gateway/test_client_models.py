@@ -5,6 +5,9 @@ so that it stands alone; these tests keep the two from drifting apart)."""
 from __future__ import annotations
 
 import inspect
+import re
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +37,7 @@ from gateway.runtime.engine import Engine
 from gateway.tools import story
 from lanes import requests, vocabulary
 from store import MemoryEventStore
+from tests.test_architecture import CLIENT_DEPENDENCIES
 
 PAIRS: list[tuple[type[BaseModel], type[BaseModel]]] = [
     # WebSocket frames
@@ -193,3 +197,14 @@ async def test_every_route_of_the_http_api_has_a_call_of_the_client() -> None:
             with pytest.raises(GatewayClientError):
                 await call(*(ARGUMENTS[p] for p in wanted))
     assert http_routes() - called == set(NOT_CALLED)
+
+
+def test_the_client_distribution_is_the_gateways_version_with_its_three_dependencies() -> None:
+    root = Path(__file__).resolve().parents[2]
+    client = tomllib.loads((root / "clients" / "python" / "pyproject.toml").read_text())
+    server = tomllib.loads((root / "pyproject.toml").read_text())
+    assert client["project"]["version"] == server["project"]["version"]
+    names = {re.split(r"[<>=;\[ ]", d)[0] for d in client["project"]["dependencies"]}
+    assert names == set(CLIENT_DEPENDENCIES)
+    pinned = {re.split(r"[<>=;\[ ]", d)[0] for d in server["project"]["dependencies"]}
+    assert names <= pinned  # (the versions the gateway's tests run the client with)
