@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.live import TIMEOUT
+from tests.e2e.live import START_TIMEOUT, TIMEOUT
 from tests.e2e.test_http_client import OPS, VIEWER, gateway
 from tests.e2e.test_wheel import ROOT, run
 
@@ -89,7 +89,8 @@ async def test_the_client_wheel_alone_talks_to_a_live_gateway(tmp_path: Path) ->
         process = await asyncio.create_subprocess_exec(
             python, "-I", script, live.url, OPS, VIEWER, cwd=tmp_path, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(process.communicate(), 6 * TIMEOUT)
+        out, err = await asyncio.wait_for(process.communicate(),
+                                            START_TIMEOUT + TIMEOUT)
     assert process.returncode == 0, err.decode()[-3000:]
     seen = json.loads(out)
     assert Path(seen["client"]).is_relative_to(venv) and seen["gateway"] is None  # no server

@@ -21,13 +21,11 @@ from pathlib import Path
 import pytest
 
 from gateway.client import ControlClient, HttpClient, Unauthorized
+from tests.e2e.live import START_TIMEOUT
 
 pytestmark = pytest.mark.slow
 
 SHOWN_WITHIN_S = 60.0
-STARTED_WITHIN_S = 90.0
-"""How long the demo may take to say where it serves (imports and migrations; a loaded
-machine has taken over 10 s)."""
 AGENTS = ("agent_btc_5m", "agent_eth_1m", "agent_news")
 
 
@@ -44,8 +42,7 @@ async def demo(cwd: Path) -> AsyncIterator[tuple[str, dict[str, str], float]]:
         printed: list[str] = []
         url, tokens, since = "", {}, 0.0
         while not printed or not printed[-1].startswith("event log:"):
-            line = (await asyncio.wait_for(process.stdout.readline(),
-                                           STARTED_WITHIN_S)).decode()
+            line = (await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)).decode()
             assert line, f"the demo ended: {printed}"
             printed.append(line.rstrip())
             if line.startswith("gateway serving on "):
