@@ -16,6 +16,7 @@ from playwright.async_api import Page, expect
 from gateway.edge.server import Running
 from tests.browser.conftest import OpenPanel, screenshot
 from tests.browser.live import CONTROL, agent, http, live_gateway, panel_config, request, submit
+from tests.gateway.support import until
 
 TEXTS = """(() => {
   window.__texts = {};
@@ -81,3 +82,91 @@ async def test_stop_and_resume_marks_close_together_never_print_on_each_other(
         assert labels, "the marks are labelled"
         assert overlaps(labels) == []
         await screenshot(page, "chart-marks-apart")
+
+
+async def capacity_of(running: Running, **params: Any) -> dict[str, Any]:
+    async with http(running) as client:
+        response = await client.get("/api/capacity", params=params)
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+
+async def test_the_capacity_view_shows_the_desk_and_the_gate_zooms_by_brushing_and_fits_a_phone(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    db = tmp_path / "capacity.db"
+    agents = [agent(name, (150, 300)) for name in ("alpha", "bravo", "charlie")]
+    config = panel_config(db, agents, hooked=[])
+    async with live_gateway(config, db, feed=False) as running:
+        async with http(running, "panel-admin-secret") as admin:
+            limited = await admin.post("/api/providers/sim-llm/limits", json={
+                "maxConcurrent": 1, "requestsPerMinute": 600, "inputTokensPerMinute": 200_000})
+            assert limited.status_code == 200, limited.text
+        for name in ("alpha", "bravo", "charlie") * 2:
+            await submit(running, request(name))
+        await stop_and_resume(running, "alpha", 2)
+
+        async def settled() -> bool:
+            body = await capacity_of(running)
+            return sum(body["desk"]["runs"]) >= 6 and sum(body["gates"][0]["waits"]) >= 6
+
+        await until(settled, "six runs done, each having waited at the gate")
+        page = await open_panel(running.url, CONTROL, init_script=TEXTS)
+        await page.set_viewport_size({"width": 1280, "height": 900})
+        await page.get_by_role("link", name="Capacity").click()
+        status = page.locator("#capacity-status")
+        await expect(status).to_contain_text(re.compile(
+            r"From the log: .* one point per 30 s · 3 agents on the desk"))
+        await expect(page.locator("#capacity-latency")).to_have_attribute(
+            "aria-label", re.compile(r"desk p95 \d+(\.\d)? (ms|s)"))
+        await expect(page.locator("#capacity-rpm")).to_have_attribute(
+            "aria-label", re.compile(r"most in the window sim-llm [1-9]\d*%"))
+        await expect(page.locator("#capacity-waiting")).to_have_attribute(
+            "aria-label", re.compile(r"sim-llm [1-9]"))
+        kinds = page.locator("#capacity-marks li")
+        await expect(kinds.filter(has_text="limits")).to_have_count(1)
+        await expect(kinds.filter(has_text="emergency_stop by ops")).to_have_count(2)
+        assert overlaps(await drawn_marks(page, "capacity-depth")) == []
+        await screenshot(page, "capacity-1280", full_page=True)
+
+        # Brushing the last minutes of a chart zooms every chart in on them.
+        latency = page.locator("#capacity-latency")
+        await latency.scroll_into_view_if_needed()
+        box = await latency.bounding_box()
+        assert box is not None
+        y = box["y"] + box["height"] / 2
+        await page.mouse.move(box["x"] + box["width"] * 0.92, y)
+        await page.mouse.down()
+        await page.mouse.move(box["x"] + box["width"] * 0.96, y, steps=4)
+        await expect(page.locator("figure[data-series=latency] .brush")).to_be_visible()
+        await page.mouse.move(box["x"] + box["width"] - 14, y, steps=4)
+        await page.mouse.up()
+        await expect(page.locator("#capacity-reset")).to_be_visible()
+        await expect(status).to_contain_text(re.compile(r"one point per [1-5] s"))
+        assert re.search(r"#/capacity\?from=\d+&to=\d+", page.url), page.url
+        await expect(page.locator("#capacity-latency")).to_have_attribute(
+            "aria-label", re.compile(r"desk p95 \d+"))
+        await screenshot(page, "capacity-brushed")
+        await latency.focus()
+        await page.keyboard.press("-")
+        await expect(status).to_contain_text(re.compile(r"one point per (5|10) s"))
+        await page.keyboard.press("0")
+        await expect(page.locator("#capacity-reset")).to_be_hidden()
+        await expect(status).to_contain_text("one point per 30 s")
+
+        # One agent chosen by name, and kept in the address.
+        await page.locator("#capacity-agents").fill("bravo")
+        await page.locator("#capacity-agents").press("Enter")
+        await expect(status).to_contain_text("chosen: bravo")
+        assert "agents=bravo" in page.url
+        await page.reload()
+        await expect(page.locator("#connection")).to_have_text("Connected · live")
+        await expect(status).to_contain_text("chosen: bravo")
+
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await expect(page.locator("#capacity-depth")).to_be_visible()
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        width = await page.evaluate("document.getElementById('capacity-depth').clientWidth")
+        assert 300 <= width <= 390
+        await screenshot(page, "capacity-390", full_page=True)

@@ -170,18 +170,29 @@ export function drawChart(canvas, {lines = [], dots = [], markers = [], from, to
     g.lineWidth = line.width ?? 2;
     g.setLineDash(line.dash ?? []);
     g.beginPath();
-    let started = false;
+    const alone = [];  // points with a gap on each side: drawn as dots, a line would not show
+    let run = 0;
+    let previous = null;
     for (const [t, v] of line.points) {
       if (t < from - 5000) continue;
       if (v === null || v === undefined) {  // no value there: a gap
-        started = false;
+        if (run === 1) alone.push(previous);
+        run = 0;
         continue;
       }
-      if (started) g.lineTo(x(t), y(v)); else g.moveTo(x(t), y(v));
-      started = true;
+      if (run) g.lineTo(x(t), y(v)); else g.moveTo(x(t), y(v));
+      run += 1;
+      previous = [t, v];
     }
+    if (run === 1) alone.push(previous);
     g.stroke();
     g.setLineDash([]);
+    g.fillStyle = line.colour;
+    for (const [t, v] of alone) {
+      g.beginPath();
+      g.arc(x(t), y(v), 2.5, 0, 2 * Math.PI);
+      g.fill();
+    }
   }
   for (const dot of dots) {
     if (dot.t < from) continue;
