@@ -481,7 +481,8 @@ class GateCapacityJson(WireModel):
 
 class CapacityJson(WireModel):
     """Capacity over ``from``..``to`` in steps of ``step`` ms, folded from the log up to
-    ``position`` (whole from ``since``; null: from the log's start): the desk, the agents
+    ``position`` (whole from ``since``; null: from the log's start; ``behind``: events
+    still to read): the desk, the agents
     named (or, with ``busiest``, the busiest), each provider gate, and the marks in the
     window (stops, pauses, resumes, holds, limit changes, the breaker)."""
 
@@ -490,6 +491,8 @@ class CapacityJson(WireModel):
     step: int
     position: int
     since: int | None
+    behind: int
+    """Events of the log not folded yet (a long log's first read goes on: ask again)."""
     busiest: bool
     desk: CapacitySeriesJson
     agents: list[CapacitySeriesJson]

@@ -17,6 +17,7 @@ and run latencies are kept one sample each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -24,10 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.base.tasks import spawn
 from lanes.events import INPUT_TYPES
 from lanes.gate.events import GATE_INPUT_TYPES, WINDOW_MS
 from lanes.streams import PROVIDER_PREFIX, is_agent_stream
-from store.port import LogReads, RecordedEvent
+from store.port import LogReads, RecordedEvent, StoreError
 
 RETAIN_MS = 26 * 3_600_000
 """How far back from its newest event a fold keeps series (a day's window and some)."""
@@ -41,13 +43,17 @@ its series begin there, and the answer says so in ``since``)."""
 READ_PAGE = 2_000
 FOLD_STEP = 500
 """Records read at a time, and folded between two turns of the event loop."""
+FIRST_WAIT_S = 1.5
+"""How long an ask waits for the fold to reach the log's end before it is answered with
+what was read so far (a long log's first read goes on meanwhile)."""
 
 _AGENT_INPUTS = frozenset(t.__name__ for t in INPUT_TYPES) - {"Quarantined"}
 """(A quarantined event's stand-in moves no clock: it is not the input it stands for.)"""
 _GATE_INPUTS = frozenset(t.__name__ for t in GATE_INPUT_TYPES)
-_AGENT_TYPES = _AGENT_INPUTS | {
+_AGENT_DECISIONS = frozenset({
     "RequestQueued", "RequestDropped", "RequestSummarized", "RunStarted", "RunSteered",
-    "RunCompleted", "RunFailed", "RunAborted", "ControlApplied", "RunsHeld", "RunsUnheld"}
+    "RunCompleted", "RunFailed", "RunAborted", "ControlApplied", "RunsHeld", "RunsUnheld"})
+"""The agents' decisions the fold reads."""
 _GATE_TYPES = _GATE_INPUTS | {"SlotQueued", "SlotGranted", "SlotRefused", "SlotFreed",
                               "GateLimitsApplied", "BreakerOpened", "BreakerClosed"}
 MARKED = {"emergency_stop": "stop", "pause": "pause", "resume": "resume"}
@@ -149,8 +155,8 @@ class AgentTrack:
     """One agent's part of the fold."""
 
     now: int = 0
-    by: str | None = None
-    """Who sent the last request received (a control mark names them)."""
+    received: str = "{}"
+    """The last request received, as stored (a control mark names who sent it)."""
     pending: set[str] = field(default_factory=set)
     runs: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
     """Runs going: when each started and its requests (steered ones too)."""
@@ -238,10 +244,21 @@ class CapacityFold:
         kind, data = replaced if replaced is not None else (record.type, record.data)
         stream = record.stream
         if is_agent_stream(stream):
-            if kind in _AGENT_TYPES:
+            if kind in _AGENT_INPUTS:  # (the commonest: read no more than their time)
+                track = self.agents.get(stream) or self.agents.setdefault(stream, AgentTrack())
+                self._advance(track, _at(data))
+                if kind == "RequestReceived":
+                    track.received = data
+            elif kind in _AGENT_DECISIONS:
                 self._agent(stream, record.position, kind, _data(data))
         elif stream.startswith(PROVIDER_PREFIX) and kind in _GATE_TYPES:
-            self._gate(stream[len(PROVIDER_PREFIX):], record.position, kind, _data(data))
+            provider = stream[len(PROVIDER_PREFIX):]
+            if kind in _GATE_INPUTS:
+                gate = self.gates.get(provider) or self.gates.setdefault(provider, GateTrack())
+                self._advance(gate, _at(data))
+                gate.expire(gate.now)
+            else:
+                self._gate(provider, record.position, kind, _data(data))
 
     def _advance(self, track: AgentTrack | GateTrack, at: int) -> None:
         """A stream's clock reaches ``at`` (it never goes back)."""
@@ -255,11 +272,6 @@ class CapacityFold:
         track = self.agents.get(agent_id)
         if track is None:
             track = self.agents[agent_id] = AgentTrack()
-        if kind in _AGENT_INPUTS:
-            self._advance(track, int(data.get("at", 0)))
-            if kind == "RequestReceived":
-                track.by = data.get("principal")
-            return
         now, pending = track.now, track.pending
         before = len(pending)
         if kind == "RequestQueued":
@@ -294,8 +306,9 @@ class CapacityFold:
             mark = MARKED.get(str(data.get("action")))
             if mark is None or data.get("from_state") == data.get("to_state"):
                 return  # (a control that changed nothing, a stop of a HALTED agent)
-            self.marks.append({**base, "kind": mark, "text": f"{data['action']} by "
-                               f"{track.by or '?'} ({data['from_state']} → {data['to_state']})"})
+            by = _data(track.received).get("principal") or "?"  # (who sent the control)
+            self.marks.append({**base, "kind": mark, "text": f"{data['action']} by {by} "
+                               f"({data['from_state']} → {data['to_state']})"})
         elif kind == "RunsHeld":
             self.marks.append({**base, "kind": "held", "text": f"runs held by provider "
                                f"{data.get('provider')}: {data.get('reason')}"})
@@ -307,10 +320,6 @@ class CapacityFold:
         track = self.gates.get(provider)
         if track is None:
             track = self.gates[provider] = GateTrack()
-        if kind in _GATE_INPUTS:
-            self._advance(track, int(data.get("at", 0)))
-            track.expire(track.now)
-            return
         now, waiting = track.now, track.waiting
         slot = str(data.get("slot_id", ""))
         before = len(waiting)
@@ -390,6 +399,18 @@ class CapacityFold:
                 steps.trim(cut // 1000)
 
 
+def _at(text: str) -> int:
+    """The time of an input, as stored: ``{"at":<ms>,...}`` (read without the rest), or as
+    an older version wrote it."""
+    if text.startswith('{"at":'):
+        end = text.find(",", 6)
+        try:
+            return int(text[6:end] if end > 0 else text[6:-1])
+        except ValueError:
+            pass
+    return int(_data(text).get("at", 0))
+
+
 def _data(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -398,40 +419,70 @@ def _data(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-
-
 # ------------------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True, slots=True)
+class Caught:
+    """A book's fold as far as it has read, and how far that is from the log's end."""
+
+    fold: CapacityFold
+    behind: int
+    """Events committed that the fold has not read yet (0: it is up to date)."""
 
 
 class CapacityBook:
     """A `CapacityFold` of the log, read once (at most its last `MAX_FIRST_READ` events)
-    and then only from what was appended since."""
+    and then only from what was appended since, a page at a time in a task of its own."""
 
     def __init__(self) -> None:
         self.fold = CapacityFold()
         self._read = 0
-        self._lock = asyncio.Lock()
+        self._last = 0
+        self._task: asyncio.Task[None] | None = None
+        self._failed: StoreError | None = None
 
-    async def caught_up(self, log: LogReads,
-                        replacements: Mapping[int, tuple[str, str]]) -> CapacityFold:
-        """The fold of the log up to its last committed event, read a page at a time and
-        folded a step at a time (the event loop's other work runs in between);
-        ``replacements``: what stands in for each event set aside, by position."""
-        async with self._lock:  # (two reads of the same new events would count them twice)
-            fold = self.fold
-            last = await log.last_position()
-            if self._read == 0 and last > MAX_FIRST_READ:
-                self._read = last - MAX_FIRST_READ
-                first = await log.read(self._read, 1)
-                fold.since = first[0].recorded_at if first else None
-            while self._read < last:
-                page = await log.read(self._read, READ_PAGE)
-                if not page:
-                    break
-                for start in range(0, len(page), FOLD_STEP):
-                    await asyncio.sleep(0)
-                    for record in page[start:start + FOLD_STEP]:
-                        fold.feed(record, replacements.get(record.position))
-                self._read = page[-1].position
-            fold.trim()
-            return fold
+    async def caught_up(self, log: LogReads, replacements: Mapping[int, tuple[str, str]],
+                        wait_s: float | None = None) -> Caught:
+        """The fold up to the log's last committed event, or, if reading that far takes
+        longer than ``wait_s`` (default `FIRST_WAIT_S`: a long log's first read), as far as
+        it got meanwhile (the read goes on: ask again); ``replacements``: what stands in
+        for each event set aside, by position."""
+        last = await log.last_position()
+        self._last = max(self._last, last)
+        if self._task is None or self._task.done():
+            self._task = spawn(self._read_on(log, replacements), "capacity read")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task),
+                                   FIRST_WAIT_S if wait_s is None else wait_s)
+        failed, self._failed = self._failed, None
+        if failed is not None:  # (the next ask reads again from where this one stopped)
+            raise failed
+        return Caught(self.fold, max(0, last - self._read))
+
+    async def _read_on(self, log: LogReads, replacements: Mapping[int, tuple[str, str]]
+                       ) -> None:
+        """Read the log up to `_last` (and what was appended while it read), a page at a
+        time, folding a step at a time with the event loop's other work in between."""
+        try:
+            await self._read_pages(log, replacements)
+        except StoreError as error:  # (said to the asker, not logged as a task's failure)
+            self._failed = error
+
+    async def _read_pages(self, log: LogReads,
+                          replacements: Mapping[int, tuple[str, str]]) -> None:
+        fold = self.fold
+        if self._read == 0 and self._last > MAX_FIRST_READ:
+            self._read = self._last - MAX_FIRST_READ
+            first = await log.read(self._read, 1)
+            fold.since = first[0].recorded_at if first else None
+        while self._read < self._last:
+            page = await log.read(self._read, READ_PAGE)
+            if not page:
+                break
+            for start in range(0, len(page), FOLD_STEP):
+                await asyncio.sleep(0)
+                for record in page[start:start + FOLD_STEP]:
+                    fold.feed(record, replacements.get(record.position))
+            self._read = page[-1].position
+        fold.trim()

@@ -55,15 +55,17 @@ class CapacityRoutes(Routes):
         for name in providers or ():
             if name not in gates:
                 raise UnknownProvider(name)
-        fold = await self.capacity_book.caught_up(self.log, self.engine.reader.replacements)
+        caught = await self.capacity_book.caught_up(self.log, self.engine.reader.replacements)
         limits = {name: (gate.state.limits.requests_per_minute,
                          gate.state.limits.input_tokens_per_minute,
                          gate.state.limits.output_tokens_per_minute)
                   for name, gate in gates.items()}
-        return _json(capacity_answer(
-            fold, window, desk=[a for a in self.engine.agent_ids if principal.may_see(a)],
+        answer = capacity_answer(
+            caught.fold, window, desk=[a for a in self.engine.agent_ids if principal.may_see(a)],
             agents=named, busiest=busiest, gates=providers or sorted(gates)[:MAX_GATES],
-            limits=limits))
+            limits=limits)
+        answer["behind"] = caught.behind
+        return _json(answer)
 
     def _window(self, query: Mapping[str, str]) -> Window:
         """The window asked for, checked: whole seconds, ``from`` before ``to``, at most

@@ -182,6 +182,7 @@ export function createCapacity(ctx) {
       data = answer;
       section.dataset.position = answer.position;
       draw();
+      if (answer.behind > 0 && soon === null) soon = setTimeout(load, 1000);  // the first read goes on
     } catch (error) {
       if (mine === seq) setText(status, `Cannot load capacity: ${error.message}`);
     }
@@ -200,7 +201,8 @@ export function createCapacity(ctx) {
       + `${step >= 60_000 ? `${step / 60_000} min` : `${step / 1000} s`} · ${data.desk.agents} agents on the desk`
       + ` · ${data.busiest ? "the busiest" : "chosen"}: ${data.agents.map((a) => a.agentId).join(", ") || "none"}`
       + ` · read at ${clock(now).slice(0, 8)}`
-      + (data.since && data.since > from ? ` · the log is folded from ${when(data.since, now)} only` : ""));
+      + (data.since && data.since > from ? ` · the log is folded from ${when(data.since, now)} only` : "")
+      + (data.behind > 0 ? ` · reading the log, ${num(data.behind)} events to go…` : ""));
     const at = times();
     const markers = data.marks.map((m) => ({t: m.at, colour: cssColour(MARK_COLOUR[m.kind] ?? "--control"),
       label: MARK_LABEL[m.kind] ?? m.kind}));
