@@ -20,6 +20,7 @@ from bench import (
     fanout,
     gate,
     mcp_call,
+    panel_load,
     peers,
     pg_throughput,
     replay_speed,
@@ -105,6 +106,10 @@ def main() -> None:
          "model calls",
          f"bench.worker_dispatch --runs {max(20, 200 // size)}",
          lambda: worker_dispatch.measure(runs=max(20, 200 // size))),
+        ("The panel's load time at 1,000 agents (Chromium): overview with every agent, the "
+         "capacity view",
+         f"bench.panel_load --agents 1000 --runs 4 --reps {max(2, 5 // size)}",
+         lambda: panel_load.measure(agents=1_000, runs=4, reps=max(2, 5 // size))),
         ("Provider gate: 100 agents saturating 600 RPM",
          f"bench.gate --minutes {minutes}",
          lambda: gate.measure(minutes=minutes)),

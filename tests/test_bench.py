@@ -11,6 +11,7 @@ from bench import (
     fanout,
     gate,
     mcp_call,
+    panel_load,
     peers,
     pg_throughput,
     time_travel,
@@ -112,3 +113,14 @@ def test_the_worker_dispatch_bench_times_both_reasoners_at_the_model_latency() -
                                                                                 latency_ms=5)}
     assert figures["simulated reasoner p50"] >= 5
     assert figures["worker over /ws/worker p50"] >= 5
+
+
+def test_the_panel_load_bench_times_the_overview_and_the_capacity_view() -> None:
+    if not panel_load.CHROMIUM.exists():
+        pytest.skip(f"{panel_load.CHROMIUM} is not installed")
+    figures = {f.name.split(" (")[0].split(", p50")[0]: f.value
+               for f in panel_load.measure(agents=30, runs=1, reps=2)}
+    assert figures["log: 30 agents, 1 runs each"] > 30
+    assert figures["open the panel -> overview with all 30 agents"] > 0
+    assert figures["capacity view, the gateway's first ask"] > 0
+    assert figures["capacity view again"] > 0

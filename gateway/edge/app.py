@@ -107,6 +107,7 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         # Histories for people, from the log (gateway.history): runs and chart series.
         Route("/api/agents/{agent_id}/runs", api.runs),
         Route("/api/charts", api.charts),
+        Route("/api/capacity", api.capacity),
         Route("/api/orders", api.orders),
         Route("/api/approvals", api.approvals),
         Route("/api/pnl", api.pnl),

@@ -23,6 +23,7 @@ from gateway.edge.views import agent_summary, gate_waits_of
 from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownProvider
 from gateway.reads.alerts import AlertBook
 from gateway.reads.blotter import BlotterBook
+from gateway.reads.capacity import CapacityBook
 from gateway.reads.replays import Replayed, agent_replays, gate_replays
 from gateway.reads.stories import Stories, call_events
 from gateway.runtime.gate import GateMoved, ProviderGate
@@ -81,6 +82,7 @@ class Routes:
         self.log = service.log
         self.blotters = BlotterBook()
         self.alerts_read = AlertBook()
+        self.capacity_book = CapacityBook()
         self.replays = agent_replays()
         self.gate_replays = gate_replays()
         self.stories = Stories()

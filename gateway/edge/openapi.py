@@ -193,6 +193,13 @@ def openapi_document() -> dict[str, Any]:
                 "with stop, pause, resume and hold marks", "ChartsJson", params=(),
                 query=(("agent", "string"), ("from", "integer"), ("to", "integer"),
                        ("step", "integer")))},
+            "/api/capacity": {"get": _op(
+                "Capacity over time from the log: pending requests and run latency (p50, "
+                "p95) for the desk and the busiest or named agents, each provider gate's "
+                "waiting requests, waits and use of its limits, with marks", "CapacityJson",
+                params=(), query=(("from", "integer"), ("to", "integer"), ("step", "integer"),
+                                  ("agent", "string"), ("provider", "string"),
+                                  ("busiest", "integer")))},
             "/api/providers/{name}/limits": {"post": _op(
                 "Replace a provider gate's limits (admin; for requests not yet granted)",
                 "LimitsJson",

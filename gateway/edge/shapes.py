@@ -447,7 +447,61 @@ class ChartsJson(WireModel):
     marks: list[dict[str, Any]]
 
 
+class CapacitySeriesJson(WireModel):
+    """The desk's (``agents``: how many) or one agent's (``agentId``) capacity per step:
+    pending requests (the most at the end of any second of the step), runs ended and their
+    latency, median and 95th percentile (ms; null: none ended)."""
+
+    agent_id: str | None = None
+    agents: int | None = None
+    depth: list[int]
+    runs: list[int]
+    p50: list[int | None]
+    p95: list[int | None]
+
+
+class GateCapacityJson(WireModel):
+    """A provider gate's capacity per step: requests waiting for a slot (the most at the
+    end of any second), waits ended and their median and 95th percentile (ms), requests and
+    tokens granted in the 60 s window (the most at the end of any second) and their share of
+    the limits in force (null: unlimited); ``limits`` as at the window's end."""
+
+    provider: str
+    limits: dict[str, int | None]
+    waiting: list[int]
+    waits: list[int]
+    wait_p50: list[int | None]
+    wait_p95: list[int | None]
+    requests: list[int]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    request_use: list[float | None]
+    token_use: list[float | None]
+
+
+class CapacityJson(WireModel):
+    """Capacity over ``from``..``to`` in steps of ``step`` ms, folded from the log up to
+    ``position`` (whole from ``since``; null: from the log's start; ``behind``: events
+    still to read): the desk, the agents
+    named (or, with ``busiest``, the busiest), each provider gate, and the marks in the
+    window (stops, pauses, resumes, holds, limit changes, the breaker)."""
+
+    from_: int = Field(alias="from")
+    to: int
+    step: int
+    position: int
+    since: int | None
+    behind: int
+    """Events of the log not folded yet (a long log's first read goes on: ask again)."""
+    busiest: bool
+    desk: CapacitySeriesJson
+    agents: list[CapacitySeriesJson]
+    gates: list[GateCapacityJson]
+    marks: list[dict[str, Any]]
+
+
 ANSWERS: dict[str, type[WireModel]] = {
+    "CapacityJson": CapacityJson,
     "EventCauseJson": EventCauseJson, "EventTypesJson": EventTypesJson,
     "AgentEventsJson": AgentEventsJson, "CallTreesJson": CallTreesJson,
     "ReplayJson": ReplayJson, "RunsJson": RunsJson, "ChartsJson": ChartsJson,

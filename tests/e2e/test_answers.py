@@ -21,6 +21,7 @@ from gateway.edge.shapes import (
     AgentJson,
     AgentSummary,
     CallTreesJson,
+    CapacityJson,
     ChartsJson,
     ConfiguredJson,
     EventCauseJson,
@@ -96,9 +97,11 @@ async def test_each_route_answers_in_the_shape_its_document_names(tmp_path: Path
         await next_event(service.engine.store, "RunCompleted")
         await send("POST", "/api/agents/desk/control", {"action": "emergency_stop"})
         checks += [(RunsJson, await get("/api/agents/desk/runs")),  # ended, with its order
-                   (ChartsJson, await get("/api/charts", agent="desk"))]
-        assert checks[-1][1]["marks"], "the stop is marked"
-        assert checks[-2][1]["runs"][0]["orders"], "the run's order is listed"
+                   (ChartsJson, await get("/api/charts", agent="desk")),
+                   (CapacityJson, await get("/api/capacity", agent="desk"))]
+        assert checks[-2][1]["marks"], "the stop is marked"
+        assert checks[-1][1]["marks"] and checks[-1][1]["gates"], "the stop and the gate"
+        assert checks[-3][1]["runs"][0]["orders"], "the run's order is listed"
         for shape, body in checks:
             try:
                 TypeAdapter(shape).validate_python(body)

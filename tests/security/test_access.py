@@ -89,6 +89,8 @@ MATRIX: list[tuple[str, str, str | None, dict[str, Any]]] = [
     ("GET", "/api/agents/eth/runs", None, READ_OTHER),
     ("GET", "/api/charts", None, READ),
     ("GET", "/api/charts?agent=eth", None, READ_OTHER),
+    ("GET", "/api/capacity", None, READ),
+    ("GET", "/api/capacity?agent=eth", None, READ_OTHER),
     ("GET", "/api/orders", None, READ),
     ("GET", "/api/pnl", None, READ),
     ("GET", "/api/feed", None, READ),

@@ -224,11 +224,12 @@ POSTS = ["/api/agents/btc/requests", "/api/agents/btc/control", "/api/agents/btc
 GETS = ["/healthz", "/metrics", "/openapi.json", "/api/agents", "/api/agents/btc",
         "/api/agents/btc/queue", "/api/events", "/api/events/1", "/api/event-types",
         "/api/agents/btc/events", "/api/replay", "/api/providers", "/api/providers/openai",
-        "/api/agents/btc/runs", "/api/charts", "/api/orders", "/api/pnl", "/api/agents/btc/orders",
+        "/api/agents/btc/runs", "/api/charts", "/api/capacity", "/api/orders", "/api/pnl",
+        "/api/agents/btc/orders",
         "/api/agents/btc/story", "/api/agents/btc/story/find", "/api/agents/btc/moment",
         "/api/agents/btc/diff"]
 PARAMS = ["after", "limit", "agent", "type", "beforeVersion", "position", "around", "q",
-          "before", "from", "to", "step", "symbol", "at", "kind"]
+          "before", "from", "to", "step", "symbol", "at", "kind", "provider", "busiest"]
 
 bodies = (
     mutated().map(lambda f: json.dumps(f.get("request", f)).encode())

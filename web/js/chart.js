@@ -32,11 +32,82 @@ function clockTicks(from, to, width) {
   return ticks;
 }
 
+const CLUSTER_PX = 6;
+const ROW_PX = 14;
+const MAX_ROWS = 3;
+
 /**
- * Draw `lines` ({colour, points: [[t, v]]}) and `dots` ({t, v, colour}) between `from` and
+ * Vertical marks ({t, at: x, colour, label}, in x order) across `box`, labelled at its top
+ * so that no two labels ever print on each other: marks a few pixels apart share one label
+ * ("■ stop ×2 · ▶ resume ×2", or "■ stop +3" if that has no room); a label goes in the
+ * first of up to three rows with room beside
+ * its line, and where none has room it is left out (its line stays; the lists beside the
+ * charts name every mark). Each label is drawn on the page's surface colour.
+ */
+function drawMarkers(g, marks, box) {
+  const clusters = [];
+  for (const m of marks) {
+    g.strokeStyle = m.colour;
+    g.lineWidth = 2;
+    g.setLineDash([5, 3]);
+    g.beginPath();
+    g.moveTo(m.at, box.top);
+    g.lineTo(m.at, box.bottom);
+    g.stroke();
+    g.setLineDash([]);
+    const last = clusters.at(-1);
+    if (last && m.at - last.to <= CLUSTER_PX) {
+      last.marks.push(m);
+      last.to = m.at;
+    } else {
+      clusters.push({from: m.at, to: m.at, marks: [m]});
+    }
+  }
+  const rows = Math.max(1, Math.min(MAX_ROWS, Math.floor((box.bottom - box.top) / 3 / ROW_PX)));
+  const ends = new Array(rows).fill(-Infinity);
+  const surface = cssColour("--surface");
+  g.textAlign = "left";
+  g.textBaseline = "top";
+  for (const cluster of clusters) {
+    const named = cluster.marks.filter((m) => m.label);
+    if (!named.length) continue;
+    const counts = new Map();
+    for (const m of named) counts.set(m.label, (counts.get(m.label) ?? 0) + 1);
+    const texts = counts.size === 1
+      ? [named.length === 1 ? named[0].label : `${named[0].label} ×${named.length}`]
+      : [[...counts].map(([label, n]) => (n > 1 ? `${label} ×${n}` : label)).join(" · "),
+        `${named[0].label} +${named.length - 1}`];
+    let placed = null;
+    for (const text of texts) {  // the whole story if it has room, else the short one
+      const width = g.measureText(text).width + 4;
+      let left = cluster.to + 3;  // right of the lines, or left of them where the plot ends
+      if (left + width > box.right) left = cluster.from - 3 - width;
+      left = Math.max(box.left, left);
+      const row = ends.findIndex((end) => left >= end + 3 && left + width <= box.right);
+      if (row >= 0) {
+        placed = {text, width, left, row};
+        break;
+      }
+    }
+    if (placed === null) continue;
+    const {text, width, left, row} = placed;
+    ends[row] = left + width;
+    const top = box.top + 1 + row * ROW_PX;
+    g.globalAlpha = 0.85;
+    g.fillStyle = surface;
+    g.fillRect(left, top - 1, width, ROW_PX - 1);
+    g.globalAlpha = 1;
+    g.fillStyle = named[0].colour;
+    g.fillText(text, left + 2, top);
+  }
+}
+
+/**
+ * Draw `lines` ({colour, points: [[t, v]], dash, width}: a null value is a gap) and `dots` ({t, v, colour}) between `from` and
  * `to` (ms); `format` labels the y axis. `axis: "clock"` labels the time axis with local
  * times (default: ages, "-2m" ... "now"); `markers` ({t, colour, label}) are vertical lines
- * across the plot, labelled at its top; `whole` makes the y axis step by whole numbers.
+ * across the plot, labelled at its top, never one label on another (`drawMarkers`); `whole`
+ * makes the y axis step by whole numbers.
  * Returns where the plot is, for pointing at it ({left, right, top, bottom, time(x)}), or
  * null if the canvas is not shown.
  */
@@ -96,15 +167,32 @@ export function drawChart(canvas, {lines = [], dots = [], markers = [], from, to
   g.clip();
   for (const line of lines) {
     g.strokeStyle = line.colour;
-    g.lineWidth = 2;
+    g.lineWidth = line.width ?? 2;
+    g.setLineDash(line.dash ?? []);
     g.beginPath();
-    let started = false;
+    const alone = [];  // points with a gap on each side: drawn as dots, a line would not show
+    let run = 0;
+    let previous = null;
     for (const [t, v] of line.points) {
       if (t < from - 5000) continue;
-      if (started) g.lineTo(x(t), y(v)); else g.moveTo(x(t), y(v));
-      started = true;
+      if (v === null || v === undefined) {  // no value there: a gap
+        if (run === 1) alone.push(previous);
+        run = 0;
+        continue;
+      }
+      if (run) g.lineTo(x(t), y(v)); else g.moveTo(x(t), y(v));
+      run += 1;
+      previous = [t, v];
     }
+    if (run === 1) alone.push(previous);
     g.stroke();
+    g.setLineDash([]);
+    g.fillStyle = line.colour;
+    for (const [t, v] of alone) {
+      g.beginPath();
+      g.arc(x(t), y(v), 2.5, 0, 2 * Math.PI);
+      g.fill();
+    }
   }
   for (const dot of dots) {
     if (dot.t < from) continue;
@@ -113,26 +201,9 @@ export function drawChart(canvas, {lines = [], dots = [], markers = [], from, to
     g.arc(x(dot.t), y(dot.v), 3, 0, 2 * Math.PI);
     g.fill();
   }
-  g.textAlign = "left";
-  g.textBaseline = "top";
-  for (const marker of markers) {
-    if (marker.t < from || marker.t > to) continue;
-    const at = Math.round(x(marker.t)) + 0.5;
-    g.strokeStyle = marker.colour;
-    g.fillStyle = marker.colour;
-    g.lineWidth = 2;
-    g.setLineDash([5, 3]);
-    g.beginPath();
-    g.moveTo(at, PAD.top);
-    g.lineTo(at, PAD.top + plotH);
-    g.stroke();
-    g.setLineDash([]);
-    if (marker.label) {  // beside the line, on whichever side has room
-      const room = g.measureText(marker.label).width + 4 < PAD.left + plotW - at;
-      g.textAlign = room ? "left" : "right";
-      g.fillText(marker.label, room ? at + 3 : at - 3, PAD.top + 1);
-    }
-  }
+  drawMarkers(g, markers.filter((m) => m.t >= from && m.t <= to)
+    .map((m) => ({...m, at: Math.round(x(m.t)) + 0.5})).sort((p, q) => p.at - q.at),
+  {left: PAD.left, right: PAD.left + plotW, top: PAD.top, bottom: PAD.top + plotH});
   g.restore();
   return {left: PAD.left, right: PAD.left + plotW, top: PAD.top, bottom: PAD.top + plotH,
     time: (px) => from + ((px - PAD.left) / plotW) * (to - from)};

@@ -11,6 +11,7 @@ import {createHaltedBanner} from "./halted.js";
 import {Model} from "./model.js";
 import {createAgentView} from "./views/agent.js";
 import {createBlotter} from "./views/blotter.js";
+import {createCapacity} from "./views/capacity.js";
 import {createCharts} from "./views/charts.js";
 import {createEvents} from "./views/events.js";
 import {createOverview} from "./views/overview.js";
@@ -21,7 +22,7 @@ import {Toasts} from "./toasts.js";
 
 const TOKEN_KEY = "gateway-panel-token";
 const TICK_MS = 500;
-const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter", "feed", "alerts"];
+const VIEWS = ["overview", "agent", "providers", "events", "charts", "blotter", "feed", "alerts", "capacity"];
 const $ = (id) => document.getElementById(id);
 
 let session = null;
@@ -89,7 +90,7 @@ function buildViews(hello) {
   session.views = {
     overview: createOverview(ctx), agent: createAgentView(ctx), providers: createProviders(ctx),
     events: createEvents(ctx), charts: createCharts(ctx), blotter: createBlotter(ctx),
-    feed: createFeed(ctx),
+    feed: createFeed(ctx), capacity: createCapacity(ctx),
   };
   const center = createAlertCenter(ctx);
   session.views.alerts = createAlerts(ctx, center);
