@@ -196,7 +196,7 @@ class WorkerHub:
     that has the fewest runs, the earliest connected first.
 
     In a cluster a worker connects to every member (each says where the others are: `cluster`),
-    so that an agent's runs reach it wherever the agent is owned, and after a failover at
+    so that an agent's runs reach it wherever the agent is decided, and after a failover at
     once; a run that finds no worker here waits up to ``wait_ms`` for one (a member that just
     joined is connected to within a renewal)."""
 
