@@ -87,7 +87,7 @@ class WorkerRun:
     async def slot(self, *, input_tokens: int = 0, output_tokens: int = 0) -> None:
         """Wait for a slot of the agent's provider gate (with the call's estimate)."""
         await self._send({"type": "slot", "runId": self.run_id,
-                                  "inputTokens": input_tokens, "outputTokens": output_tokens})
+                          "inputTokens": input_tokens, "outputTokens": output_tokens})
         await self._answer("slot_granted")
 
     async def step(self, *, text: str = "", tool_calls: Sequence[Mapping[str, Any]] = (),
