@@ -67,7 +67,8 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     broker = PaperBroker(report, clock)
     clients = build_clients(config)
     prices = {p.name: p.prices for p in config.providers if p.prices is not None}
-    workers = WorkerHub()
+    # (in a cluster a run waits up to a lease for its worker: one connects to each member)
+    workers = WorkerHub(wait_ms=config.cluster.lease_ms if clustered else 0)
     reasoners = {entry.id: build_reasoner(entry, clients, prices, workers)
                  for entry in config.agents}
     gates = build_gates(config, store, clock)

@@ -206,6 +206,17 @@ class WorkerReady(Answer):
     type: Literal["ready"] = "ready"
     agents: list[str]
     heartbeat_ms: int
+    member: str | None = None
+    """In a cluster: the URL of the member this connection is to (None: no cluster)."""
+    members: list[str] = Field(default_factory=list)
+    """In a cluster: the URL of every live member, this one included."""
+
+
+class MembersFrame(Answer):
+    """The cluster's live members changed: be connected to each of them (and to no other)."""
+
+    type: Literal["members"] = "members"
+    members: list[str]
 
 
 class WireToolSpec(Answer):

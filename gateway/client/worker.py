@@ -14,6 +14,8 @@
 
 Each run is one call of the agent's function, as a task of its own; a ``cancel`` from the
 gateway cancels it (a `asyncio.CancelledError` in it). An exception in it sends ``failed``.
+In a cluster the worker connects to every member the gateway names, and follows them as
+they change (docs/workers.md, "In a cluster").
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import itertools
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,7 @@ from gateway.client.errors import GatewayClientError
 from gateway.client.frames import (
     ErrorFrame,
     Hello,
+    MembersFrame,
     Request,
     RunFrame,
     Summary,
@@ -74,13 +77,18 @@ class WorkerRun:
     tools: list[WireToolSpec]
     max_steps: int
     _worker: Worker
+    _link: _Link
     _answers: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     steps: int = 0
 
+    async def _send(self, frame: dict[str, Any]) -> None:
+        """A frame of this run, on the connection it came by."""
+        await self._link.send(frame, self._worker._ids)
+
     async def slot(self, *, input_tokens: int = 0, output_tokens: int = 0) -> None:
         """Wait for a slot of the agent's provider gate (with the call's estimate)."""
-        await self._worker._send({"type": "slot", "runId": self.run_id,
-                                  "inputTokens": input_tokens, "outputTokens": output_tokens})
+        await self._send({"type": "slot", "runId": self.run_id,
+                          "inputTokens": input_tokens, "outputTokens": output_tokens})
         await self._answer("slot_granted")
 
     async def step(self, *, text: str = "", tool_calls: Sequence[Mapping[str, Any]] = (),
@@ -99,7 +107,7 @@ class WorkerRun:
             "ownResults": [dict(result) for result in own_results]}
         if stop_reason is not None:
             frame["stopReason"] = stop_reason
-        await self._worker._send(frame)
+        await self._send(frame)
         answer = ToolResultsFrame.model_validate(await self._answer("tool_results"))
         return StepAnswer(results=answer.results, steers=answer.steers)
 
@@ -112,8 +120,40 @@ class WorkerRun:
         return data
 
 
+@dataclass(eq=False, slots=True)
+class _Link:
+    """One connection of a worker, to one gateway (a member of a cluster), with the runs it
+    was given."""
+
+    url: str
+    ws: ClientConnection | None = None
+    member: str | None = None
+    """The URL of the member it is connected to, as that member said (in a cluster)."""
+    runs: dict[str, tuple[WorkerRun, asyncio.Task[None]]] = field(default_factory=dict)
+
+    async def send(self, frame: dict[str, Any], ids: Iterator[int]) -> None:
+        ws = self.ws
+        if ws is None:
+            raise GatewayClientError("disconnected", "the worker is not connected")
+        run_id = frame.get("runId")
+        frame["id"] = f"{run_id}#{next(ids)}" if run_id else str(next(ids))
+        await ws.send(json.dumps(frame))
+
+    def closed(self) -> None:
+        """The connection ended: its runs are cancelled (the gateway reruns them)."""
+        self.ws = None
+        for _, task in self.runs.values():
+            task.cancel()
+        self.runs.clear()
+
+
 class Worker:
-    """Does the runs of worker agents (one decorated async function per agent)."""
+    """Does the runs of worker agents (one decorated async function per agent).
+
+    In a cluster (several gateway processes on one log) the gateway at ``url`` says where
+    every member is, and the worker connects to each of them too, following the members as
+    they change: an agent's runs reach it wherever the agent is owned, and at once after a
+    failover (its agents' new owner is already connected to)."""
 
     def __init__(self, url: str, token: str, *, open_timeout: float = 10.0,
                  reconnect: bool = True) -> None:
@@ -122,8 +162,9 @@ class Worker:
         self._open_timeout = open_timeout
         self._reconnect = reconnect
         self._handlers: dict[str, Handler] = {}
-        self._runs: dict[str, tuple[WorkerRun, asyncio.Task[None]]] = {}
-        self._ws: ClientConnection | None = None
+        self._home = _Link(self.url)
+        self._members: dict[str, tuple[_Link, asyncio.Task[None]]] = {}
+        """The connections to the other members of a cluster, by URL."""
         self._ids = itertools.count(1)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
@@ -131,6 +172,12 @@ class Worker:
         self.served: list[str] = []
         self.errors: list[ErrorFrame] = []
         """Error frames that answered no run's frame in flight (for inspection)."""
+
+    @property
+    def members(self) -> list[str]:
+        """The URLs of the other members of the cluster this worker is connected to, or
+        trying to be (none outside a cluster)."""
+        return sorted(self._members)
 
     def agent(self, agent_id: str) -> Callable[[Handler], Handler]:
         """Decorate the async function that does ``agent_id``'s runs."""
@@ -145,22 +192,31 @@ class Worker:
 
     async def run(self) -> None:
         """Connect and do runs until `stop` (reconnecting with backoff, if asked to)."""
+        try:
+            await self._keep(self._home)
+        finally:
+            tasks = [task for _, task in self._members.values()]
+            self._members.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _keep(self, link: _Link) -> None:
+        """Keep ``link`` connected (with backoff, if asked to) until `stop`."""
         failures = 0
         while not self._stop.is_set():
             try:
-                async with connect(self.url, open_timeout=self._open_timeout,
+                async with connect(link.url, open_timeout=self._open_timeout,
                                    additional_headers={"Authorization":
                                                        f"Bearer {self._token}"}) as ws:
                     failures = 0
-                    await self._serve(ws)
+                    await self._serve(link, ws)
             except (OSError, ConnectionClosed, InvalidHandshake, TimeoutError) as error:
-                log.info("worker connection: %r", error)
+                log.info("worker connection to %s: %r", link.url, error)
             finally:
-                self._ws = None
-                self.ready.clear()
-                for _, task in self._runs.values():
-                    task.cancel()
-                self._runs.clear()
+                link.closed()
+                if link is self._home:
+                    self.ready.clear()
             if not self._reconnect or self._stop.is_set():
                 return
             failures += 1
@@ -168,72 +224,83 @@ class Worker:
                 await asyncio.wait_for(self._stop.wait(),
                                        random.uniform(0, min(10.0, 0.2 * 2 ** failures)))
 
-    async def _serve(self, ws: ClientConnection) -> None:
+    async def _serve(self, link: _Link, ws: ClientConnection) -> None:
         hello = json.loads(await asyncio.wait_for(ws.recv(), self._open_timeout))
         if hello.get("type") == "error":
             raise GatewayClientError.from_frame(ErrorFrame.model_validate(hello))
         Hello.model_validate(hello)
         ready = WorkerReady.model_validate(json.loads(await ws.recv()))
-        self._ws = ws
-        self.served = ready.agents
-        self.ready.set()
+        link.ws = ws
+        link.member = None if ready.member is None else endpoint_url(ready.member, "worker")
+        if link is self._home:
+            self.served = ready.agents
+            self.ready.set()
+        self._follow(ready.members)
         beat = spawn(self._beat(ws, ready.heartbeat_ms / 2_000), "worker heartbeat")
         stop = spawn(self._stop.wait(), "worker stop")
         try:
             async for raw in _until(ws, stop):
-                self._dispatch(json.loads(raw))
+                data = json.loads(raw)
+                if data.get("type") == "members":
+                    self._follow(MembersFrame.model_validate(data).members)
+                else:
+                    self._dispatch(link, data)
         finally:
             beat.cancel()
             stop.cancel()
 
-    def _dispatch(self, data: dict[str, Any]) -> None:
+    def _follow(self, members: Sequence[str]) -> None:
+        """Be connected to each member of the cluster (the one the home connection reached
+        is served by it), and to no other."""
+        if not members:
+            return
+        wanted = {endpoint_url(url, "worker") for url in members} - {self._home.member}
+        for url in set(self._members) - wanted:
+            self._members.pop(url)[1].cancel()
+        for url in wanted - set(self._members):
+            link = _Link(url)
+            self._members[url] = (link, spawn(self._keep(link), f"worker link to {url}"))
+
+    def _dispatch(self, link: _Link, data: dict[str, Any]) -> None:
         kind = data.get("type")
         if kind == "run":
             frame = RunFrame.model_validate(data)
             handler = self._handlers.get(frame.agent_id)
             run = WorkerRun(frame.run_id, frame.agent_id, frame.requests, frame.summary,
-                            frame.depth, frame.tools, frame.max_steps, self)
-            task = spawn(self._do(run, handler), f"worker run {frame.run_id}")
-            self._runs[frame.run_id] = (run, task)
+                            frame.depth, frame.tools, frame.max_steps, self, link)
+            task = spawn(self._do(link, run, handler), f"worker run {frame.run_id}")
+            link.runs[frame.run_id] = (run, task)
         elif kind in ("slot_granted", "tool_results"):
-            entry = self._runs.get(str(data.get("runId")))
+            entry = link.runs.get(str(data.get("runId")))
             if entry is not None:
                 entry[0]._answers.put_nowait(data)
         elif kind == "cancel":
-            entry = self._runs.pop(str(data.get("runId")), None)
+            entry = link.runs.pop(str(data.get("runId")), None)
             if entry is not None:
                 entry[1].cancel()
         elif kind == "error":
             run_id = str(data.get("id") or "").partition("#")[0]
-            entry = self._runs.get(run_id)
+            entry = link.runs.get(run_id)
             if entry is not None:
                 entry[0]._answers.put_nowait(data)
             else:
                 self.errors.append(ErrorFrame.model_validate(data))
 
-    async def _do(self, run: WorkerRun, handler: Handler | None) -> None:
+    async def _do(self, link: _Link, run: WorkerRun, handler: Handler | None) -> None:
         try:
             if handler is None:
                 raise LookupError(f"this worker has no function for agent {run.agent_id}")
             result = dict(await handler(run))
-            await self._send({**result, "type": "result", "runId": run.run_id})
+            await run._send({**result, "type": "result", "runId": run.run_id})
         except asyncio.CancelledError:
             raise
         except Exception as error:
             log.warning("run %s failed: %r", run.run_id, error)
             with contextlib.suppress(Exception):
-                await self._send({"type": "failed", "runId": run.run_id,
-                                  "error": f"{type(error).__name__}: {error}"[:500]})
+                await run._send({"type": "failed", "runId": run.run_id,
+                                 "error": f"{type(error).__name__}: {error}"[:500]})
         finally:
-            self._runs.pop(run.run_id, None)
-
-    async def _send(self, frame: dict[str, Any]) -> None:
-        ws = self._ws
-        if ws is None:
-            raise GatewayClientError("disconnected", "the worker is not connected")
-        run_id = frame.get("runId")
-        frame["id"] = f"{run_id}#{next(self._ids)}" if run_id else str(next(self._ids))
-        await ws.send(json.dumps(frame))
+            link.runs.pop(run.run_id, None)
 
     async def _beat(self, ws: ClientConnection, every: float) -> None:
         while True:

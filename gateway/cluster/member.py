@@ -129,6 +129,9 @@ class Cluster:
         self._stopped = False
         self.on_handed_over: Callable[[str], None] = lambda _url: None
         """Told the URL of a member this one handed streams over to (to wake it)."""
+        self.on_members: Callable[[list[str]], None] = lambda _urls: None
+        """Told the URLs of the live members (this one's too) when they change."""
+        self._members: list[str] = []
         self.takeovers = 0
         """Streams adopted so far (for metrics)."""
 
@@ -190,6 +193,7 @@ class Cluster:
         for gate in self.engine.gates.values():
             gate.on_fenced = self.fenced
         await self._join()
+        self._tell_members()
         self._tasks = [spawn(self._renewing(), "cluster lease"),
                        spawn(self._rebalancing(), "cluster rebalance")]
         async with self._balancing:
@@ -301,7 +305,14 @@ class Cluster:
         else:
             self._renewed(sent)
         self.view = view
+        self._tell_members()
         return True
+
+    def _tell_members(self) -> None:
+        urls = sorted({self.url, *(url_of(member) for member in self.view.members)})
+        if urls != self._members:
+            self._members = urls
+            self.on_members(urls)
 
     def _renewed(self, sent: int) -> None:
         """The lease was renewed by a call sent at ``sent``: it holds until at least

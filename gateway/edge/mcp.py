@@ -59,8 +59,11 @@ class Mcp:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Serve MCP sessions while the block runs (the app's lifespan)."""
-        async with self.sessions.run():
-            yield
+        try:
+            async with self.sessions.run():
+                yield
+        finally:
+            await self.tools.waits.stop()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The door: a known bearer token (401 otherwise) and an allowed browser origin."""

@@ -4,8 +4,6 @@ code as the HTTP API (`gateway.edge.routes.Api`)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import secrets
 from collections import Counter
@@ -19,22 +17,15 @@ from pydantic import Field
 from gateway.base.roles import Role
 from gateway.edge.answers import ack_frame
 from gateway.edge.auth import Principal
+from gateway.edge.call_waits import CallWaits
 from gateway.edge.http import ControlBody
 from gateway.edge.routes import Api
 from gateway.edge.views import queue_view
-from gateway.errors import Busy, Forbidden
+from gateway.errors import Busy, Forbidden, UnknownAgent
 from gateway.runtime.acks import Ack
 from lanes import AgentRequest
 from lanes.codec import decode
-from lanes.decisions import (
-    RequestDropped,
-    RequestRejected,
-    RunAborted,
-    RunFailed,
-    RunStarted,
-    RunSteered,
-)
-from lanes.inputs import RunFinished
+from lanes.decisions import RequestDropped, RequestRejected
 from lanes.requests import AGENT_ID_PATTERN, ControlAction, Kind, Priority, WireModel
 
 MAX_CALL_TIMEOUT_S = 300.0
@@ -146,6 +137,8 @@ class Tools:
     def __init__(self, api: Api) -> None:
         self.api = api
         self.engine = api.engine
+        self.waits = CallWaits(api.log)
+        """The ``call_agent`` calls waiting for their ends, on one follower of the log."""
         self.out: Counter[str] = Counter()
         """Calls each agent-scoped caller has out now (its fan-out)."""
         self.specs = {spec.name: spec for spec in [
@@ -284,34 +277,62 @@ class Tools:
                 "reason": reason, "retryAfterSeconds":
                     self._retry_after(agent_id) if seconds is None else seconds}
 
+    def _depth(self, principal: Principal) -> tuple[int, str | None]:
+        """The depth an agent-scoped caller's call goes at, and the run it comes from: one
+        below the run its agent is in now (this gateway's own, or its replica's), so that a
+        loop of calls through MCP is bounded as sub-agent calls are; 1 for a caller in no
+        run, or whose name is no agent known here, and for any other token."""
+        if principal.agents is None:
+            return 1, None
+        try:
+            run = self.engine.state(principal.name).active
+        except UnknownAgent:
+            return 1, None
+        return (1, None) if run is None else (run.depth + 1, run.run_id)
+
     async def call_agent(self, principal: Principal, args: CallArgs) -> dict[str, Any]:
-        """`call_agent`: the call submitted (depth 1: the target's depth limit applies),
-        then its answer awaited in the target's stream."""
-        request = self._request(principal, args, Kind.AGENT_CALL,
-                                {"message": args.message, "depth": 1},
+        """`call_agent`: the call submitted (at the depth of `_depth`: the target's depth
+        limit applies), then its end awaited in the target's stream (`CallWaits`)."""
+        depth, parent = self._depth(principal)
+        payload: dict[str, Any] = {"message": args.message, "depth": depth}
+        if parent is not None:
+            payload["parentRunId"] = parent
+        request = self._request(principal, args, Kind.AGENT_CALL, payload,
                                 "reject" if args.if_busy == "reject" else None)
         scoped = principal.agents is not None
         if scoped and self.out[principal.name] >= self._fan_out(principal):
             raise Forbidden(f"fan-out limit: {principal.name!r} has "
                             f"{self.out[principal.name]} calls out, its limit; wait for one")
+        if self.waits.full:
+            return self._busy(args.agent_id, request.request_id,
+                              f"{self.waits.waiting} calls are waiting for their answers, "
+                              "the most this gateway follows at once", 1)
         if scoped:
             self.out[principal.name] += 1
         try:
-            try:
-                ack = await self.api.submit_as(principal, request)
-            except Busy as busy:
-                return self._busy(args.agent_id, request.request_id, str(busy),
-                                  max(1, math.ceil(busy.retry_after_ms / 1000)))
-            if ack.decision in ("rejected", "dropped"):
-                refused = await self._decision(args.agent_id, ack.position)
-                reason = ack.reason or f"requestId {request.request_id!r} was used before: " \
-                    f"its first decision ({ack.decision}) stands; send a new requestId"
-                if _busy(refused, reason):
-                    return self._busy(args.agent_id, request.request_id, reason)
-                return {"status": "refused", "agentId": args.agent_id,
-                        "requestId": request.request_id, "reason": reason}
-            return await self._answer(args.agent_id, request.request_id, ack.position,
-                                      args.timeout_seconds)
+            async with self.waits.watch(args.agent_id, request.request_id) as wait:
+                try:
+                    ack = await self.api.submit_as(principal, request)
+                except Busy as busy:
+                    return self._busy(args.agent_id, request.request_id, str(busy),
+                                      max(1, math.ceil(busy.retry_after_ms / 1000)))
+                if ack.decision in ("rejected", "dropped"):
+                    refused = await self._decision(args.agent_id, ack.position)
+                    reason = ack.reason or f"requestId {request.request_id!r} was used " \
+                        f"before: its first decision ({ack.decision}) stands; send a new " \
+                        "requestId"
+                    if _busy(refused, reason):
+                        return self._busy(args.agent_id, request.request_id, reason)
+                    return {"status": "refused", "agentId": args.agent_id,
+                            "requestId": request.request_id, "reason": reason}
+                answer: dict[str, Any] = {"agentId": args.agent_id,
+                                          "requestId": request.request_id}
+                ended = await wait.answer(args.timeout_seconds)
+                if ended is not None:
+                    return {**answer, "runId": wait.run_id, **ended[0], "position": ended[1]}
+                return {**answer, "status": "timeout", "runId": wait.run_id,
+                        "reason": f"no answer within {args.timeout_seconds:g} s; the request "
+                        "stays in the agent's queue (follow it with story or search_log)"}
         finally:
             if scoped:
                 self.out[principal.name] -= 1
@@ -321,28 +342,6 @@ class Tools:
         if not found or found[0].stream != agent_id:
             return None
         return decode(found[0].type, found[0].data)
-
-    async def _answer(self, agent_id: str, request_id: str, after: int,
-                      timeout_s: float) -> dict[str, Any]:
-        """Follow the target's stream from ``after`` until the run that took the request
-        ends (a run aborted and requeued is waited past), or it is dropped, or time is up."""
-        answer: dict[str, Any] = {"agentId": agent_id, "requestId": request_id}
-        run_id: str | None = None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                follow = self.api.log.follow(after - 1)
-                async with contextlib.aclosing(follow):
-                    async for record in follow:
-                        if record.stream != agent_id:
-                            continue
-                        run_id, ended = _step(decode(record.type, record.data),
-                                              request_id, run_id)
-                        if ended is not None:
-                            return {**answer, "runId": run_id, **ended,
-                                    "position": record.position}
-        return {**answer, "status": "timeout", "runId": run_id,
-                "reason": f"no answer within {timeout_s:g} s; the request stays in the "
-                "agent's queue (follow it with story or search_log)"}
 
 
 def _busy(refused: object, reason: str) -> bool:
@@ -354,25 +353,3 @@ def _busy(refused: object, reason: str) -> bool:
     # reused for a different request, which is no matter of room)
     return isinstance(refused, RequestRejected) and refused.transient and \
         not reason.startswith("requestId")
-
-
-def _step(event: object, request_id: str, run_id: str | None
-          ) -> tuple[str | None, dict[str, Any] | None]:
-    """One event of a called agent's stream: the run that holds the call now, and how the
-    call ended if this event ends it."""
-    if (isinstance(event, RunStarted) and request_id in event.request_ids) or \
-            (isinstance(event, RunSteered) and event.request_id == request_id):
-        return event.run_id, None
-    if isinstance(event, RequestDropped | RequestRejected) and event.request_id == request_id:
-        return run_id, {"status": "refused", "reason": event.reason}
-    if run_id is None or getattr(event, "run_id", None) != run_id:
-        return run_id, None
-    if isinstance(event, RunFinished):
-        return run_id, {"status": "returned", "outcome": event.outcome.value,
-                        "answer": event.answer}
-    if isinstance(event, RunFailed):
-        return run_id, {"status": "failed", "error": event.error}
-    if isinstance(event, RunAborted):  # (requeued: the next run that takes it answers)
-        return (None, None) if event.requeued else \
-            (run_id, {"status": "aborted", "reason": event.reason.value})
-    return run_id, None

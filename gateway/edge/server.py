@@ -439,6 +439,7 @@ async def join_cluster(service: Service, url: str) -> Cluster:
     assert router is not None and service.peers is not None
     member = Cluster(service.engine, router, url, lease_ms=service.cluster_lease_ms)
     member.on_handed_over = service.peers.poke
+    member.on_members = lambda urls: service.workers.cluster(url, urls)
     await member.start()
     service.cluster = member
     return member

@@ -3,9 +3,9 @@
 Worker -> gateway: `SlotFrame` (before each model call), `StepFrame` (the call it made in the
 slot), `ResultFrame` (the run's end) or `FailedFrame` (it gave up), `WorkerHeartbeat` (at
 least every ``heartbeatMs``); gateway -> worker: `WorkerReady` (once authenticated),
-`RunFrame`, `SlotGranted`, `ToolResultsFrame`, `CancelFrame`, and
-`gateway.edge.protocol.ErrorFrame` for a frame that is refused (it changed
-nothing). Schemas: ``gateway schema`` (``worker``, ``gateway``).
+`MembersFrame` (in a cluster, when its members change), `RunFrame`, `SlotGranted`,
+`ToolResultsFrame`, `CancelFrame`, and `gateway.edge.protocol.ErrorFrame` for a frame that
+is refused (it changed nothing). Schemas: ``gateway schema`` (``worker``, ``gateway``).
 """
 
 from __future__ import annotations
@@ -104,12 +104,25 @@ WORKER_TYPES = ("slot", "step", "result", "failed", "heartbeat")
 
 
 class WorkerReady(WireModel):
-    """Sent after `gateway.edge.protocol.Hello`: the worker agents this worker serves."""
+    """Sent after `gateway.edge.protocol.Hello`: the worker agents this worker serves, and
+    (in a cluster) where the members are: a worker connects to each, so that each agent's
+    runs reach it wherever the agent is owned."""
 
     type: Literal["ready"] = "ready"
     agents: list[str]
     heartbeat_ms: int
     """Send a frame (a heartbeat if nothing else) at least this often."""
+    member: str | None = None
+    """In a cluster: the URL of the member this connection is to (None: no cluster)."""
+    members: list[str] = Field(default_factory=list)
+    """In a cluster: the URL of every live member, this one included."""
+
+
+class MembersFrame(WireModel):
+    """The cluster's live members changed: be connected to each of them (and to no other)."""
+
+    type: Literal["members"] = "members"
+    members: list[str]
 
 
 class WireToolSpec(WireModel):
@@ -171,7 +184,8 @@ class CancelFrame(WireModel):
 
 
 GatewayToWorker = Annotated[
-    WorkerReady | RunFrame | SlotGranted | ToolResultsFrame | CancelFrame | ErrorFrame,
+    WorkerReady | MembersFrame | RunFrame | SlotGranted | ToolResultsFrame | CancelFrame
+    | ErrorFrame,
     Field(discriminator="type"),
 ]
 

@@ -29,6 +29,7 @@ from gateway.edge.worker_protocol import (
     WORKER_TYPES,
     CancelFrame,
     FailedFrame,
+    MembersFrame,
     ResultFrame,
     RunFrame,
     SlotFrame,
@@ -114,6 +115,10 @@ class WorkerSession(Session):
         """Send ``cancel``."""
         self._outbox.put_nowait(CancelFrame(run_id=run_id, reason=reason))
 
+    def members(self, urls: Sequence[str]) -> None:
+        """Send ``members`` (the cluster's live members changed)."""
+        self._outbox.put_nowait(MembersFrame(members=list(urls)))
+
     def drop(self) -> None:
         """Close the connection (it went silent)."""
         self.closing = True
@@ -127,10 +132,12 @@ class WorkerSession(Session):
         hub = self.service.workers
         agents = hub.attach(self)
         try:
+            beat = min((hub.agents[a].heartbeat_ms for a in agents), default=DEFAULT_HEARTBEAT_MS)
+            # (first in the outbox: before any run or members frame the hub queues from now)
+            self._outbox.put_nowait(WorkerReady(agents=agents, heartbeat_ms=beat,
+                                                member=hub.member, members=hub.members))
             writer = spawn(self._write(), "worker writer")
             self.tasks.add(writer)
-            beat = min((hub.agents[a].heartbeat_ms for a in agents), default=DEFAULT_HEARTBEAT_MS)
-            await self.send(WorkerReady(agents=agents, heartbeat_ms=beat))
             await self._wake(agents)
             loop = asyncio.get_running_loop()
             while True:

@@ -17,6 +17,7 @@ another run or after the end is refused there and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -83,6 +84,10 @@ class WorkerLink(Protocol):
 
     def cancel(self, run_id: str, reason: str) -> None:
         """Send ``cancel``: the run was aborted here; nothing more of it is taken."""
+        ...
+
+    def members(self, urls: Sequence[str]) -> None:
+        """Send ``members``: the cluster's live members are now ``urls``."""
         ...
 
     def drop(self) -> None:
@@ -188,11 +193,25 @@ class WorkerJob:
 
 class WorkerHub:
     """The connected workers and the runs they do. A run goes to the worker of its agent
-    that has the fewest runs, the earliest connected first."""
+    that has the fewest runs, the earliest connected first.
 
-    def __init__(self) -> None:
+    In a cluster a worker connects to every member (each says where the others are: `cluster`),
+    so that an agent's runs reach it wherever the agent is decided, and after a failover at
+    once; a run that finds no worker here waits up to ``wait_ms`` for one (a member that just
+    joined is connected to within a renewal)."""
+
+    def __init__(self, *, wait_ms: int = 0) -> None:
         self.agents: dict[str, WorkerReasoner] = {}
         """The worker agents (their reasoners register here)."""
+        self.wait_ms = wait_ms
+        """How long a run with no worker connected for its agent waits for one before it
+        fails (`NoWorker`); 0: it fails at once."""
+        self.member: str | None = None
+        """In a cluster: the URL this process serves at (None: no cluster)."""
+        self.members: list[str] = []
+        """In a cluster: the URLs of its live members, this one included."""
+        self._arrived = asyncio.Event()
+        """Set (and replaced) when a worker connects."""
         self._links: list[WorkerLink] = []
         self._jobs: dict[str, WorkerJob] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
@@ -201,7 +220,19 @@ class WorkerHub:
     def attach(self, link: WorkerLink) -> list[str]:
         """A worker connected: the worker agents it serves."""
         self._links.append(link)
+        self._arrived.set()
+        self._arrived = asyncio.Event()
         return [agent_id for agent_id in self.agents if link.serves(agent_id)]
+
+    def cluster(self, member: str, members: Sequence[str]) -> None:
+        """This process is the cluster member at ``member``, and the live members are at
+        ``members``; each worker connected is told when they change."""
+        self.member = member
+        urls = sorted(members)
+        if urls != self.members:
+            self.members = urls
+            for link in self._links:
+                link.members(urls)
 
     def detach(self, link: WorkerLink, why: str) -> None:
         """A worker went away: each of its runs is lost."""
@@ -230,6 +261,15 @@ class WorkerHub:
                            "result taken); this frame changes nothing", field="runId")
         raise BadFrame("unknown_run", f"run {run_id} was not given to this worker",
                        field="runId")
+
+    async def _arrival(self, agent_id: str) -> None:
+        """Wait up to `wait_ms` for a worker of ``agent_id`` if none is connected."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_ms / 1000
+        while not self.connected(agent_id) and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._arrived.wait()
 
     def _pick(self, agent_id: str) -> WorkerLink:
         links = [link for link in self._links if link.serves(agent_id)]
@@ -269,7 +309,9 @@ class WorkerReasoner:
 
     async def run(self, ctx: RunContext) -> RunResult:
         """Hand the run to a worker and take its slots, steps and result (`NoWorker` at
-        once if none is connected; `WorkerLostError` if it goes)."""
+        once if none is connected, or after the hub's ``wait_ms``; `WorkerLostError` if it
+        goes)."""
+        await self.hub._arrival(ctx.agent_id)
         link = self.hub._pick(ctx.agent_id)
         tools = ctx.tools
         job = WorkerJob(ctx, link, tools.max_steps if tools is not None else self.max_steps)

@@ -102,12 +102,14 @@ async def receive_until(ws: ClientConnection, done: Callable[[dict[str, Any]], b
 async def running(store: EventStore, agents: dict[str, AgentConfig],
                   reasoners: Callable[[str], Reasoner], clock: Clock | None = None, *,
                   engine_options: dict[str, Any] | None = None,
-                  ws: Any = "websockets-sansio", **service: Any) -> AsyncIterator[Live]:
+                  ws: Any = "websockets-sansio", tokens: dict[str, Principal] | None = None,
+                  **service: Any) -> AsyncIterator[Live]:
     """Start a gateway (engine + uvicorn on 127.0.0.1, ephemeral port); stop it after.
     ``engine_options`` go to the `Engine` (schedules, say); ``ws`` is uvicorn's WebSocket
-    protocol (`gateway.edge.server.WebSocketProtocol`: the gateway's own)."""
+    protocol (`gateway.edge.server.WebSocketProtocol`: the gateway's own); ``tokens`` are
+    known beside `TOKENS`."""
     engine = Engine(store, agents, reasoners=reasoners, clock=clock, **(engine_options or {}))
-    book = TokenBook(TOKENS.items())
+    book = TokenBook({**TOKENS, **(tokens or {})}.items())
     svc = Service(engine=engine, tokens=book, **service)
 
     @contextlib.asynccontextmanager

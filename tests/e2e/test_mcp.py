@@ -20,13 +20,15 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
+from gateway.base.roles import Role
 from gateway.edge import mcp_tools
+from gateway.edge.auth import Principal
 from gateway.llm.reasoner import RunContext, RunResult
 from lanes import AgentConfig, DropPolicy, Mode
 from lanes.events import OrderIntent, Outcome
 from store import SqliteEventStore
 from tests.e2e.live import TIMEOUT, Live, running
-from tests.gateway.support import next_event
+from tests.gateway.support import next_event, until
 
 READ_TOOLS = {"list_agents", "agent_status", "list_approvals", "story", "search_log"}
 ALL_TOOLS = READ_TOOLS | {"send_message", "call_agent", "emergency_stop", "resume", "approve",
@@ -293,3 +295,108 @@ async def test_the_stdio_bridge_forwards_to_the_gateway(tmp_path: Path) -> None:
                 "eth heard via stdio"
             refused = error(await session.call_tool("emergency_stop", {"agentId": "zzz"}))
             assert refused["code"] == "unknown_agent"
+
+
+class Loop:
+    """``ping`` and ``pong`` call each other over MCP, each as itself (its own agent-scoped
+    token): every run sends one ``call_agent`` to the other and ends once the call is in the
+    other's log (it waits in the other's queue, and its run calls back in turn)."""
+
+    def __init__(self, calls: int = 6) -> None:
+        self.live: Live | None = None
+        self.most = calls
+        self.calls: list[asyncio.Task[dict[str, Any]]] = []
+
+    def __call__(self, _agent_id: str) -> Loop:
+        return self
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        assert self.live is not None
+        other = "pong" if ctx.agent_id == "ping" else "ping"
+        if len(self.calls) < self.most:  # (bounded, should the depth limit not hold)
+            request_id = f"{ctx.run_id}-asks-{other}"
+            self.calls.append(asyncio.ensure_future(self._call(ctx.agent_id, other,
+                                                               request_id)))
+            await _received(self.live, other, request_id)
+        return RunResult(outcome=Outcome.NO_TRADE, answer=f"{ctx.agent_id} asked {other}")
+
+    async def _call(self, caller: str, target: str, request_id: str) -> dict[str, Any]:
+        assert self.live is not None
+        async with mcp(self.live, f"{caller}-secret") as session:
+            return body(await session.call_tool("call_agent", {
+                "agentId": target, "message": f"{caller} asks", "requestId": request_id,
+                "ifBusy": "queue", "timeoutSeconds": TIMEOUT}))
+
+
+async def _received(live: Live, agent_id: str, request_id: str) -> dict[str, Any]:
+    """The request ``request_id`` as ``agent_id``'s log received it (waits for it)."""
+    async def find() -> dict[str, Any]:
+        async with contextlib.aclosing(live.engine.store.follow()) as events:
+            async for record in events:
+                if record.stream == agent_id and record.type == "RequestReceived":
+                    request: dict[str, Any] = json.loads(record.data)["request"]
+                    if request["requestId"] == request_id:
+                        return request
+        raise AssertionError("the log ended")
+    return await asyncio.wait_for(find(), TIMEOUT)
+
+
+async def test_a_loop_of_agents_calling_each_other_over_mcp_ends_at_the_depth_limit(
+        tmp_path: Path) -> None:
+    loop = Loop()
+    agents = {"ping": AgentConfig(mode=Mode.QUEUE), "pong": AgentConfig(mode=Mode.QUEUE)}
+    tokens = {"ping-secret": Principal("ping", Role.CONTROL, frozenset({"pong"})),
+              "pong-secret": Principal("pong", Role.CONTROL, frozenset({"ping"}))}
+    async with running(SqliteEventStore(tmp_path / "events.db"), agents, loop,
+                       tokens=tokens) as live:
+        loop.live = live
+        async with mcp(live, "control-secret") as session:
+            body(await session.call_tool("send_message", {"agentId": "ping",
+                                                          "message": "start"}))
+        await _received(live, "ping", "pong-r2-asks-ping")  # (the fourth call)
+        answers = await asyncio.wait_for(asyncio.gather(*loop.calls), TIMEOUT)
+        # ping (a message: depth 0) -> pong (1) -> ping (2) -> pong (3) -> ping (4): refused
+        # by ping's maxCallDepth (3), as a sub-agent call of that depth would be
+        assert [a["status"] for a in answers] == ["returned"] * 3 + ["refused"], answers
+        assert answers[3]["reason"] == "agent_call depth 4 exceeds the limit of 3"
+        received = [await _received(live, "pong" if n % 2 == 0 else "ping",
+                                    call.result()["requestId"])
+                    for n, call in enumerate(loop.calls)]
+        assert [r["payload"]["depth"] for r in received] == [1, 2, 3, 4]
+        assert [r["source"] for r in received] == ["agent:ping", "agent:pong"] * 2
+        # each made by the run its caller was in
+        assert [r["payload"]["parentRunId"] for r in received] == [
+            "ping-r1", "pong-r1", "ping-r2", "pong-r2"]
+
+
+async def test_calls_in_flight_wait_on_one_follower_of_the_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(held=frozenset({"btc", "eth"}))
+    script.hold.clear()
+    async with gateway(tmp_path, script) as live, mcp(live, "control-secret") as session:
+        engine = live.engine
+        store = engine.store
+        opened: list[int] = []
+
+        def counted(follow: Any) -> Any:
+            def following(*args: Any) -> Any:
+                opened.append(args[0] if args else 0)
+                return follow(*args)
+            return following
+        for name in ("follow", "follow_batches"):
+            monkeypatch.setattr(store, name, counted(getattr(store, name)))
+        asked = [("btc", "one"), ("eth", "two"), ("eth", "three")]
+        calls = [asyncio.ensure_future(session.call_tool("call_agent", {
+            "agentId": agent, "message": message, "ifBusy": "queue",
+            "timeoutSeconds": TIMEOUT})) for agent, message in asked]
+
+        async def taken() -> bool:  # each call in its agent's run or queue
+            states = [engine.state(agent) for agent in ("btc", "eth")]
+            return sum(len(s.pending) + (s.active is not None) for s in states) == 3
+        await until(taken, "the three calls taken")
+        assert len(opened) <= 1, opened
+        script.hold.set()
+        answers = [body(await asyncio.wait_for(call, TIMEOUT)) for call in calls]
+        assert [(a["status"], a["answer"]) for a in answers] == [
+            ("returned", f"{agent} heard {message}") for agent, message in asked]
+        assert len(opened) == 1, opened  # (one follower for the three: it was one each)

@@ -1,0 +1,86 @@
+"""The worker hub's part in a cluster (`gateway.runtime.workers.WorkerHub`): a run with no
+worker connected waits for one up to the hub's ``wait_ms`` (a member that just joined is
+connected to within a renewal) and fails after it; the workers connected are told when the
+cluster's members change."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.base.clock import SystemClock
+from gateway.llm.port import ToolResult
+from gateway.llm.reasoner import RunContext, RunResult
+from gateway.runtime.workers import NoWorker, ResultGiven, WorkerHub, WorkerJob, WorkerReasoner
+from lanes.events import Outcome
+from lanes.requests import AgentRequest
+from tests.gateway.support import TIMEOUT, request
+
+
+class Link:
+    """A worker that answers every run at once, and keeps what it was told."""
+
+    def __init__(self, hub: WorkerHub) -> None:
+        self.hub = hub
+        self.name = "fake"
+        self.last_seen = 0.0
+        self.told: list[list[str]] = []
+
+    def serves(self, agent_id: str) -> bool:
+        return True
+
+    def dispatch(self, job: WorkerJob) -> None:
+        job.offer(ResultGiven(RunResult(outcome=Outcome.NO_TRADE, answer="done")))
+
+    def granted(self, run_id: str) -> None:
+        raise AssertionError("no slot is asked")
+
+    def answered(self, run_id: str, step: int, results: Sequence[ToolResult],
+                 steers: Sequence[AgentRequest]) -> None:
+        raise AssertionError("no step is made")
+
+    def cancel(self, run_id: str, reason: str) -> None:
+        raise AssertionError("nothing is cancelled")
+
+    def members(self, urls: Sequence[str]) -> None:
+        self.told.append(list(urls))
+
+    def drop(self) -> None:
+        raise AssertionError("never silent")
+
+
+def context(run_id: str = "desk-r1") -> RunContext:
+    return RunContext(agent_id="desk", run_id=run_id, requests=[request("desk")],
+                      summary=None, depth=0, clock=SystemClock(),
+                      report_steerable=lambda _: None)
+
+
+async def test_a_run_with_no_worker_waits_for_one_up_to_the_hubs_wait() -> None:
+    hub = WorkerHub(wait_ms=int(TIMEOUT * 1000))
+    reasoner = WorkerReasoner(hub, "desk")
+    run = asyncio.ensure_future(reasoner.run(context()))
+    await asyncio.sleep(0)  # (it is waiting: no worker yet)
+    assert not run.done()
+    hub.attach(Link(hub))
+    result = await asyncio.wait_for(run, TIMEOUT)
+    assert result.answer == "done"
+
+
+async def test_a_run_with_no_worker_fails_once_the_wait_is_over() -> None:
+    for wait_ms in (0, 30):
+        reasoner = WorkerReasoner(WorkerHub(wait_ms=wait_ms), "desk")
+        with pytest.raises(NoWorker):
+            await asyncio.wait_for(reasoner.run(context()), TIMEOUT)
+
+
+def test_the_workers_are_told_when_the_members_change_and_only_then() -> None:
+    hub = WorkerHub()
+    link = Link(hub)
+    hub.attach(link)
+    hub.cluster("http://a", ["http://b", "http://a"])
+    hub.cluster("http://a", ["http://a", "http://b"])
+    hub.cluster("http://a", ["http://a"])
+    assert link.told == [["http://a", "http://b"], ["http://a"]]
+    assert (hub.member, hub.members) == ("http://a", ["http://a"])
