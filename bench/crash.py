@@ -52,7 +52,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from gateway.client import ConnectionLost, ControlClient, FeedClient, GatewayClientError
 from gateway.edge.protocol import AckFrame, ErrorFrame
@@ -234,9 +234,9 @@ async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] =
                 url = line.split()[-1]
                 break
         deadline = time.monotonic() + TIMEOUT
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             while True:
-                with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(httpx2.HTTPError):
                     if (await http.get("/healthz")).status_code == 200:
                         return process, url
                 if time.monotonic() > deadline:
@@ -251,9 +251,9 @@ async def ready(url: str) -> None:
     """Return once ``/readyz`` answers 200 (a server without it: at once, its ``/healthz``
     answered already)."""
     deadline = time.monotonic() + TIMEOUT
-    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+    async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
         while True:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx2.HTTPError):
                 status = (await http.get("/readyz")).status_code
                 if status in (200, 404):
                     return

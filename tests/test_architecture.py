@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 IMPURE_MODULES = {
     "asyncio", "sqlalchemy", "aiosqlite", "sqlite3", "alembic", "starlette", "websockets",
-    "uvicorn", "httpx", "anthropic", "openai", "socket", "threading", "subprocess", "time",
-    "random", "secrets", "uuid", "os", "io", "pathlib", "gateway", "store",
+    "uvicorn", "httpx", "httpx2", "anthropic", "openai", "socket", "threading", "subprocess",
+    "time", "random", "secrets", "uuid", "os", "io", "pathlib", "gateway", "store",
 }
 CLOCK_CALLS = {("datetime", "now"), ("datetime", "utcnow"), ("date", "today"),
                ("datetime", "today")}
@@ -213,3 +213,18 @@ def test_the_edge_reads_the_log_through_its_narrow_port(package: str) -> None:
         allowed = 1 if path.name == "service.py" else 0  # (`Service.log` itself)
         assert text.count("engine.store") == allowed, path
         assert not re.search(r"\bEventStore\b", text), path
+
+
+def test_one_http_client_library() -> None:
+    """The runtime depends on one HTTP client, httpx2 (the provider SDKs and the MCP SDK need
+    it); no code of ours imports the older httpx, and no dependency list names it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = [*project["project"]["dependencies"],
+              *(d for group in project["dependency-groups"].values() for d in group)]
+    names = [re.split(r"[=<>!~;\[ ]", entry, maxsplit=1)[0].lower() for entry in listed]
+    assert "httpx2" in names and "httpx" not in names
+    for package in ("gateway", "lanes", "store", "migrations", "bench", "tests", "examples"):
+        for path in python_files(package):
+            assert "httpx" not in imported_roots(ast.parse(path.read_text())), path

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, read_log, start
@@ -89,7 +89,7 @@ async def test_a_write_lock_held_elsewhere_refuses_writes_clearly_and_recovers(
     process, url = await start(config, db, log)
     try:
         async with ControlClient(url, CONTROL_TOKEN, reconnect=False, retries=0) as client, \
-                httpx.AsyncClient(base_url=url, timeout=TIMEOUT,
+                httpx2.AsyncClient(base_url=url, timeout=TIMEOUT,
                                   headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}) as http:
             before = [request(f"before-{n}", agent) for n, agent in
                       enumerate(["btc", "eth", "sol"] * 3)]
