@@ -18,6 +18,7 @@ from gateway.edge.auth import Principal
 from gateway.edge.http import Routes, streamed
 from gateway.edge.openapi import openapi_document
 from gateway.errors import storage_fault_kind
+from gateway.runtime.schedules import LATE_MS
 from lanes.gate import GateStatus
 from store.port import StoreError
 
@@ -145,7 +146,8 @@ class ObserveRoutes(Routes):
         yield "\n".join(lines) + "\n"
         async for piece in family_pieces(series, len(FAMILIES) - 1, FAMILIES[-1]):
             yield piece
-        lines = [*self._connection_metrics(), *self._cluster_metrics(),
+        lines = [*self._connection_metrics(), *self._schedule_metrics(),
+                 *self._cluster_metrics(),
                  *self._gate_metrics(now), *self._desk_metrics(now),
                  *process_lines(_version())]
         yield "\n".join(lines) + "\n"
@@ -172,6 +174,22 @@ class ObserveRoutes(Routes):
             *family("gateway_asyncio_tasks", "gauge",
                     "Tasks alive in the server's event loop (connections, commits, runs).",
                     [f"gateway_asyncio_tasks {len(asyncio.all_tasks())}"]),
+        ]
+
+    def _schedule_metrics(self) -> list[str]:
+        scheduler = self.engine.schedules.scheduler
+        return [
+            *family("gateway_schedule_firings_total", "counter",
+                    "Schedule firings this process submitted (runs by hand not counted).",
+                    [f"gateway_schedule_firings_total {scheduler.fired}"]),
+            *family("gateway_schedule_late_firings_total", "counter",
+                    f"Of those, firings that went out over {LATE_MS / 1000:g} s after their "
+                    "fire time (a stalled loop, a log refusing writes, a catch-up).",
+                    [f"gateway_schedule_late_firings_total {scheduler.late}"]),
+            *family("gateway_schedule_missed_firings_total", "counter",
+                    "Fire times that never fired: passed while no process ran the schedule "
+                    "(skipped by its catch-up), or passed over by a late firing.",
+                    [f"gateway_schedule_missed_firings_total {scheduler.missed}"]),
         ]
 
     def _desk_metrics(self, now: int) -> list[str]:
