@@ -212,15 +212,15 @@ class Ledger:
         self.acks[answer.request_id] = Ack(answer.decision, answer.position, agent or "")
 
 
-async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] = ()
-                ) -> tuple[asyncio.subprocess.Process, str]:
-    """Spawn the gateway (under ``prefix``: ``nsenter ...``, say); return it and its URL
-    once ``/healthz`` answers 200."""
+async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] = (),
+                options: Sequence[str] = ()) -> tuple[asyncio.subprocess.Process, str]:
+    """Spawn the gateway (under ``prefix``: ``nsenter ...``, say; with more ``options`` of
+    ``gateway serve``); return it and its URL once ``/healthz`` answers 200."""
     stderr = log.open("ab")
     try:
         process = await asyncio.create_subprocess_exec(
             *prefix, sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-            "--db", str(db), "--port", "0", cwd=ROOT,
+            "--db", str(db), "--port", "0", *options, cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=stderr)
     finally:
         stderr.close()
