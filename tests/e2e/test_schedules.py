@@ -14,6 +14,7 @@ from lanes.schedules import Schedule
 from store import MemoryEventStore
 from tests.e2e.live import Live, running
 from tests.gateway.support import ManualReasoner, log_of, until
+from tests.gateway.test_schedules import fired, looked
 
 ADMIN = "admin-secret"
 BASE = "/api/agents/desk/schedules"
@@ -85,7 +86,6 @@ async def test_firings_late_firings_and_missed_fire_times_are_counters_on_metric
         live: Live) -> None:
     clock = live.engine.clock
     assert isinstance(clock, FakeClock)
-    scheduler = live.engine.schedules.scheduler
 
     async def scraped() -> dict[str, int]:
         async with live.client("viewer-secret") as viewer:
@@ -96,30 +96,16 @@ async def test_firings_late_firings_and_missed_fire_times_are_counters_on_metric
         assert kinds and all(line.endswith(" counter") for line in kinds), kinds
         return {name: int(value) for name, value in found}
 
-    async def looked() -> None:
-        target = scheduler.passes + 1
-
-        async def probe() -> bool:
-            return scheduler.passes >= target
-
-        await until(probe, "a look at the schedules")
-
-    async def fired(count: int) -> None:
-        async def probe() -> bool:
-            return scheduler.fired >= count
-
-        await until(probe, f"{count} firings")
-
     assert await scraped() == {"firings": 0, "late_firings": 0, "missed_firings": 0}
     async with live.client(ADMIN) as admin:
         added = await admin.put(f"{BASE}/tick", json={"everyMs": 60_000})
         assert added.status_code == 200, added.text
-        await looked()
+        await looked(live.engine)
         clock.advance(60_000)  # its first fire time, on time
-        await fired(1)
+        await fired(live.engine, 1)
         assert await scraped() == {"firings": 1, "late_firings": 0, "missed_firings": 0}
         clock.advance(3 * 60_000 + 5_000)  # a loop stalled through three fire times
-        await fired(2)
+        await fired(live.engine, 2)
         ran = await admin.post(f"{BASE}/tick/run")  # by hand: not one of the scheduler's
         assert ran.json()["decision"] == "accepted"
         assert await scraped() == {"firings": 2, "late_firings": 1, "missed_firings": 2}
