@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
-import httpx
+import httpx2
 
 from bench.common import Figure, run
 from bench.crash import (
@@ -304,10 +304,10 @@ async def _start_members(running: list[Member], members: int, config: Path, db: 
 async def ready(members: list[Member], deadline_s: float) -> None:
     """Wait until every live member answers ``/readyz`` 200 (polled, with a deadline)."""
     began = time.monotonic()
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+    async with httpx2.AsyncClient(timeout=TIMEOUT) as http:
         for member in members:
             while member.alive:
-                with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(httpx2.HTTPError):
                     if (await http.get(f"{member.url}/readyz")).status_code in (200, 404):
                         break
                 if time.monotonic() - began > deadline_s:

@@ -52,7 +52,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from gateway.client import (
     AckFrame,
@@ -218,15 +218,15 @@ class Ledger:
         self.acks[answer.request_id] = Ack(answer.decision, answer.position, agent or "")
 
 
-async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] = ()
-                ) -> tuple[asyncio.subprocess.Process, str]:
-    """Spawn the gateway (under ``prefix``: ``nsenter ...``, say); return it and its URL
-    once ``/healthz`` answers 200."""
+async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] = (),
+                options: Sequence[str] = ()) -> tuple[asyncio.subprocess.Process, str]:
+    """Spawn the gateway (under ``prefix``: ``nsenter ...``, say; with more ``options`` of
+    ``gateway serve``); return it and its URL once ``/healthz`` answers 200."""
     stderr = log.open("ab")
     try:
         process = await asyncio.create_subprocess_exec(
             *prefix, sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-            "--db", str(db), "--port", "0", cwd=ROOT,
+            "--db", str(db), "--port", "0", *options, cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=stderr)
     finally:
         stderr.close()
@@ -240,9 +240,9 @@ async def start(config: Path, db: Path | str, log: Path, prefix: Sequence[str] =
                 url = line.split()[-1]
                 break
         deadline = time.monotonic() + TIMEOUT
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             while True:
-                with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(httpx2.HTTPError):
                     if (await http.get("/healthz")).status_code == 200:
                         return process, url
                 if time.monotonic() > deadline:
@@ -257,9 +257,9 @@ async def ready(url: str) -> None:
     """Return once ``/readyz`` answers 200 (a server without it: at once, its ``/healthz``
     answered already)."""
     deadline = time.monotonic() + TIMEOUT
-    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+    async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
         while True:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx2.HTTPError):
                 status = (await http.get("/readyz")).status_code
                 if status in (200, 404):
                     return

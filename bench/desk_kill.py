@@ -34,7 +34,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import uvicorn
 
 from bench.common import Figure, run
@@ -155,7 +155,7 @@ async def one_kill(scratch: Path, agents: int, orders: int, per_agent: bool = Fa
                 raise RuntimeError("the holding runs did not start")
             await asyncio.sleep(0.01)
         await engine.flush()
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT, headers={
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT, headers={
                 "Authorization": f"Bearer {CONTROL_TOKEN}"}) as client:
             start = time.perf_counter()
             if per_agent:

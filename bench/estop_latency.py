@@ -39,7 +39,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from websockets.asyncio.client import connect
 
 from bench import estop_probe
@@ -244,7 +244,7 @@ async def _control(url: str, names: list[str], stops: int, first_ns: int,
     http_url = url.replace("ws://", "http://", 1)
     headers = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
     async with ControlClient(url, CONTROL_TOKEN) as client, \
-            httpx.AsyncClient(base_url=http_url, headers=headers, timeout=TIMEOUT) as http:
+            httpx2.AsyncClient(base_url=http_url, headers=headers, timeout=TIMEOUT) as http:
 
         async def stop_then_resume(n: int, agent: str, run_id: str) -> None:
             stop = _control_request(agent, "emergency_stop", n)
@@ -266,7 +266,7 @@ async def _control(url: str, names: list[str], stops: int, first_ns: int,
     return done
 
 
-async def _active_run(http: httpx.AsyncClient, agent: str) -> str | None:
+async def _active_run(http: httpx2.AsyncClient, agent: str) -> str | None:
     """The id of the agent's active run, from its status (``GET /api/agents/{id}``, which
     costs the gateway far less than a subscription); a few tries if it has none yet."""
     for attempt in range(20):

@@ -51,7 +51,8 @@ CAPACITY_DONE = """(after) => {
   const section = document.getElementById("capacity-view");
   const status = document.getElementById("capacity-status");
   if (section && !section.hidden && section.dataset.position && status
-      && status.textContent.startsWith("From the log") && !status.textContent.includes("reading the log")
+      && status.textContent.startsWith("From the log")
+      && !status.textContent.includes("reading the log")
       && Number(section.dataset.position) >= after) {
     window.__capacityAt = performance.now();
     return true;

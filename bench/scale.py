@@ -218,14 +218,14 @@ async def stall_probe(tick: float = 0.001) -> AsyncIterator[Callable[[], tuple[f
 def _ask(url: str, read: str, times: int) -> tuple[float, int]:
     """In the client's process: ``read`` asked ``times`` times one after the other; the
     slowest answer (ms) and the size of the last (characters)."""
-    import httpx
+    import httpx2
     from websockets.sync.client import connect
 
     agent = "agent0"
     paths = {"agent list": "/api/agents", "metrics": "/metrics",
              "story": f"/api/agents/{agent}/story", "moment": f"/api/agents/{agent}/moment"}
     slowest, size = 0.0, 0
-    with httpx.Client(base_url=url, timeout=600,
+    with httpx2.Client(base_url=url, timeout=600,
                       headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         for _ in range(times):
             began = time.perf_counter()

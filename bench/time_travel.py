@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from bench.common import Figure, run
 from bench.replay_speed import _write, make_log
@@ -85,7 +85,7 @@ async def _measure(db: Path, events: int, picks: int) -> list[Figure]:
     panel_ms: list[float] = []
     stall_ms: list[float] = []
     async with serving(build_service(config, db)) as running, \
-            httpx.AsyncClient(base_url=running.url, timeout=600,
+            httpx2.AsyncClient(base_url=running.url, timeout=600,
                               headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
             _stalls() as stall:
         for n, position in enumerate([last // 2, *positions]):

@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 IMPURE_MODULES = {
     "asyncio", "sqlalchemy", "aiosqlite", "sqlite3", "alembic", "starlette", "websockets",
-    "uvicorn", "httpx", "anthropic", "openai", "socket", "threading", "subprocess", "time",
-    "random", "secrets", "uuid", "os", "io", "pathlib", "gateway", "store",
+    "uvicorn", "httpx", "httpx2", "anthropic", "openai", "socket", "threading", "subprocess",
+    "time", "random", "secrets", "uuid", "os", "io", "pathlib", "gateway", "store",
 }
 CLOCK_CALLS = {("datetime", "now"), ("datetime", "utcnow"), ("date", "today"),
                ("datetime", "today")}
@@ -216,7 +216,7 @@ def test_the_edge_reads_the_log_through_its_narrow_port(package: str) -> None:
         assert not re.search(r"\bEventStore\b", text), path
 
 
-CLIENT_DEPENDENCIES = {"pydantic", "websockets", "httpx"}
+CLIENT_DEPENDENCIES = {"pydantic", "websockets", "httpx2"}
 """What `gateway.client` may import besides the standard library and itself: the
 dependencies of its own distribution (clients/python/pyproject.toml)."""
 
@@ -244,7 +244,7 @@ def test_the_client_stands_alone() -> None:
     assert paths
     assert [f"{path.name}: {sorted(found)}" for path in paths
             if (found := foreign_imports(path.read_text()))] == []
-    http = [path.name for path in paths if "httpx" in imported_roots(ast.parse(path.read_text()))]
+    http = [path.name for path in paths if "httpx2" in imported_roots(ast.parse(path.read_text()))]
     assert http == ["http.py"]
 
 
@@ -253,3 +253,18 @@ def test_the_client_check_can_fail() -> None:
               "from gateway.edge.protocol import Hello\nfrom .wire import parse\n")
     assert foreign_imports(source) == {"lanes", "gateway.edge.protocol",
                                                          "..edge"}
+
+
+def test_one_http_client_library() -> None:
+    """The runtime depends on one HTTP client, httpx2 (the provider SDKs and the MCP SDK need
+    it); no code of ours imports the older httpx, and no dependency list names it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = [*project["project"]["dependencies"],
+              *(d for group in project["dependency-groups"].values() for d in group)]
+    names = [re.split(r"[=<>!~;\[ ]", entry, maxsplit=1)[0].lower() for entry in listed]
+    assert "httpx2" in names and "httpx" not in names
+    for package in ("gateway", "lanes", "store", "migrations", "bench", "tests", "examples"):
+        for path in python_files(package):
+            assert "httpx" not in imported_roots(ast.parse(path.read_text())), path

@@ -17,6 +17,10 @@ FORMATS: Final = ("text", "json")
 CONTEXT: Final = {"agent_id": "agentId", "request_id": "requestId", "run_id": "runId",
                   "principal": "principal"}
 """Record attributes (``extra=``) copied into a JSON line, and their keys there."""
+CHATTY: Final = ("httpx2", "httpcore2", "mcp", "alembic.runtime.plugins")
+"""Libraries' loggers that say something at INFO for each request or session (an HTTP
+call of a webhook, a peer or a provider SDK; an MCP session) or a dozen set-up lines at each
+start: held at WARNING unless the level is ``debug``."""
 
 
 class SettingError(ValueError):
@@ -63,7 +67,8 @@ def chosen(flag: str | None, variable: str, allowed: tuple[str, ...], default: s
 
 
 def configure(level: str = "warning", form: str = "text") -> None:
-    """Send the process's log lines to stderr at ``level``, as ``form``."""
+    """Send the process's log lines (uvicorn's too, see `gateway.edge.server`) to stderr at
+    ``level``, as ``form``; the `CHATTY` libraries' at WARNING or above unless debugging."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLines() if form == "json" else logging.Formatter(TEXT))
     root = logging.getLogger()
@@ -71,3 +76,5 @@ def configure(level: str = "warning", form: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(logging.NOTSET if level == "debug" else logging.WARNING)

@@ -11,7 +11,7 @@
         async with client.subscribe(["agent_btc_5m"]) as events:
             async for event in events: ...
 
-The package stands alone: it needs pydantic, websockets and httpx, and nothing else of the
+The package stands alone: it needs pydantic, websockets and httpx2, and nothing else of the
 gateway (it is also built as a distribution of its own, ``clients/python``). A refusal raises
 the `GatewayClientError` subclass of its code, carrying the gateway's code and message.
 """

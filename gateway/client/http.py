@@ -1,7 +1,7 @@
 """The HTTP transport of `gateway.client.HttpClient`: one connection pool, bearer
 authentication, JSON in and out, typed errors, and retries of what the gateway did not take.
 
-This is the only module of the client that imports the HTTP library (``httpx``), so that
+This is the only module of the client that imports the HTTP library (``httpx2``), so that
 another one with the same API can take its place here alone.
 """
 
@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
-import httpx
+import httpx2
 from pydantic import BaseModel
 
 from gateway.client.errors import RETRYABLE_CODES, ConnectionLost, GatewayClientError
@@ -41,12 +41,12 @@ class HttpBase:
 
     def __init__(self, url: str, token: str | None, *, timeout_s: float = 30.0,
                  retries: int = 3, max_backoff_s: float = 5.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx2.AsyncBaseTransport | None = None) -> None:
         self.url = http_url(url)
         headers = {"Accept": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
+        self._http = httpx2.AsyncClient(base_url=self.url, headers=headers,
                                        timeout=timeout_s, transport=transport)
         self._retries = retries
         self._max_backoff = max_backoff_s
@@ -87,7 +87,7 @@ class HttpBase:
         return response.text
 
     async def _send(self, method: str, where: str, query: Query | None, body: Any,
-                    idempotent: bool) -> httpx.Response:
+                    idempotent: bool) -> httpx2.Response:
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
         content = None if body is None else json.dumps(body, separators=(",", ":"))
         headers = {} if content is None else {"Content-Type": "application/json"}
@@ -96,7 +96,7 @@ class HttpBase:
             try:
                 response = await self._http.request(method, where, params=params,
                                                     content=content, headers=headers)
-            except httpx.TransportError as error:
+            except httpx2.TransportError as error:
                 raise ConnectionLost(f"{method} {where}: {error!r}") from error
             delay = self._retry_delay(response, attempt, idempotent)
             if delay is None:
@@ -104,7 +104,7 @@ class HttpBase:
             attempt += 1
             await asyncio.sleep(delay)
 
-    def _retry_delay(self, response: httpx.Response, attempt: int,
+    def _retry_delay(self, response: httpx2.Response, attempt: int,
                      idempotent: bool) -> float | None:
         """How long to wait before sending the call again (None: do not)."""
         if response.status_code != 503 or attempt >= self._retries:
@@ -120,7 +120,7 @@ class HttpBase:
         return min(self._max_backoff, float(after)) if after.isdecimal() else backoff
 
 
-def _body(response: httpx.Response) -> Any:
+def _body(response: httpx2.Response) -> Any:
     try:
         return response.json()
     except ValueError:
@@ -129,7 +129,7 @@ def _body(response: httpx.Response) -> Any:
                                  status=response.status_code) from None
 
 
-def _error(response: httpx.Response) -> GatewayClientError:
+def _error(response: httpx2.Response) -> GatewayClientError:
     """The typed error of an error answer (the gateway's code and message; ``http_error``
     for an answer that is not one of the gateway's errors)."""
     try:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
-import httpx
+import httpx2
 
 from gateway.base.tasks import spawn
 from gateway.errors import BadFrame, GatewayError
@@ -70,9 +70,9 @@ class Peers:
     def __init__(self, secret: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
         self._secret = secret
         self._tasks: set[asyncio.Task[None]] = set()
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
+        self._client = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(timeout_s, connect=5.0),
+            limits=httpx2.Limits(max_connections=200, max_keepalive_connections=50))
 
     async def close(self) -> None:
         """Close every connection."""
@@ -86,9 +86,9 @@ class Peers:
         try:
             response = await self._client.post(
                 owner + path, json=body, headers={SECRET_HEADER: self._secret},
-                timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s)
+                timeout=httpx2.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s)
             answer = response.json()
-        except (httpx.HTTPError, ValueError) as error:
+        except (httpx2.HTTPError, ValueError) as error:
             raise PeerUnreachable(f"the gateway process at {owner} did not answer ({error!r}); "
                             "nothing is known to be taken: retry with the same "
                             "requestId") from None
@@ -111,12 +111,12 @@ class Peers:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def request(self, method: str, url: str, **options: Any) -> httpx.Response:
+    async def request(self, method: str, url: str, **options: Any) -> httpx2.Response:
         """Any HTTP call to another process (an operator's call passed on to the owner),
         without the cluster's secret; `PeerError` if it went unanswered."""
         try:
             return await self._client.request(method, url, **options)
-        except httpx.HTTPError as error:
+        except httpx2.HTTPError as error:
             raise PeerError(f"the gateway process at {url} did not answer ({error!r}); "
                             "nothing is known to be taken: retry") from None
 

@@ -355,10 +355,11 @@ def _stop_overdue(seconds: float) -> None:
 def uvicorn_config(service: Service, lifespan: Callable[[Any], Any]) -> uvicorn.Config:
     """How uvicorn serves ``service``: the gateway's HTTP and WebSocket protocols (bounded
     requests, closes that never wait for a client that does not read, answers written
-    together), graceful stop within 5 s."""
+    together), graceful stop within 5 s. Its log lines go through the process's handlers
+    (``log_config=None``: no text handlers of its own beside a JSON log)."""
     return uvicorn.Config(create_app(service, lifespan=lifespan), lifespan="on",
                           http=http_protocol(service.request_timeout_s), ws=WebSocketProtocol,
-                          log_level="warning",
+                          log_level="warning", log_config=None,
                           ws_max_size=4 * service.max_frame_bytes, timeout_graceful_shutdown=5)
 
 
@@ -456,5 +457,7 @@ async def serve_forever(service: Service, host: str, port: int,
         log.info("started: serving %d agents on %s", len(service.engine.agent_ids), running.url)
         if on_ready is not None:
             on_ready(running)
-        await running.task
-    log.info("stopped")
+        try:
+            await running.task
+        finally:  # (uvicorn raises the signal that stopped it again once it has stopped:
+            log.info("stopped")  # our SIGTERM handler's SystemExit comes through here)

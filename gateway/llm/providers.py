@@ -99,7 +99,7 @@ def parse_duration_ms(value: str) -> int | None:
 def parse_retry_after_ms(headers: Mapping[str, str], now_ms: int) -> int | None:
     """``retry-after-ms``, else ``retry-after`` in seconds or as an HTTP date, in ms from now.
 
-    ``headers`` must have lower-case names (httpx headers do).
+    ``headers`` must have lower-case names (httpx2 headers do).
     """
     exact = _number(headers.get("retry-after-ms"))
     if exact is not None:

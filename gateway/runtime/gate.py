@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.base.clock import Clock
+from gateway.base.metrics import WAIT_BUCKETS, Histogram
 from gateway.errors import GatewayError, StorageFailed, Unstorable
 from gateway.llm.reasoner import CallGate
 from gateway.runtime.core import Commit, EventIds, StreamCore
@@ -135,6 +136,8 @@ class ProviderGate:
         view of its stream (`mirror`), and runs ask the owner for slots."""
         self.on_fenced: Callable[[str], None] = lambda _stream: None
         """Told when an append was fenced (the gate's lease is another process's)."""
+        self.waits = Histogram(WAIT_BUCKETS)
+        """From a slot's request to its grant, for the slots granted here (``/metrics``)."""
 
     async def start(self, *, load: bool = True) -> None:
         """Fold the gate from its stream and, with ``load``, decide for it from now on.
@@ -287,11 +290,14 @@ class ProviderGate:
         slot_id = slot_id or f"{run_id}/{self._ids()}"
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         self._waiters[slot_id] = future
-        self._feed(SlotRequested(at=self.clock.now_ms(), slot_id=slot_id, agent_id=agent_id,
+        asked = self.clock.now_ms()
+        self._feed(SlotRequested(at=asked, slot_id=slot_id, agent_id=agent_id,
                                  run_id=run_id, priority=priority, input_tokens=input_tokens,
                                  output_tokens=output_tokens, weight=weight))
         try:
-            return await future
+            slot = await future
+            self.waits.observe((self.clock.now_ms() - asked) / 1000)
+            return slot
         except BaseException:
             self.cancel(slot_id)  # withdrawn (aborted) or failed: never left behind
             raise

@@ -17,10 +17,14 @@ What happens to a control that cannot be stored, by what went wrong:
 When the agent leaves this process (another one of a cluster takes it over) with controls
 still held, they go to its new owner, in the order they came (`gateway.runtime.holding`),
 which stores them as any request (a control stored meanwhile is found there by its id).
+
+A control whose client was told it is held is said in the server's log once, when it is
+stored at last (``gateway.controls``; a stop at WARNING, as any halt).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections import deque
 from collections.abc import Container
@@ -39,6 +43,8 @@ MAX_HELD: Final = 100
 NOT_DECIDED: Final = sys.maxsize
 """The version of a held control that was not decided (its agent was being rebuilt)."""
 
+log = logging.getLogger("gateway.controls")
+
 
 @dataclass(slots=True)
 class HeldControls:
@@ -51,6 +57,8 @@ class HeldControls:
     """Other controls (resume, release) refused during a storage fault, by request id."""
     superseded: set[str] = field(default_factory=set)
     """Of those, the ones a held control came after: a retry of one is refused."""
+    promised: set[str] = field(default_factory=set)
+    """Held controls whose clients were told so (said in the log once stored)."""
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -84,6 +92,7 @@ class HeldControls:
         elif request.request_id not in self.held:
             return error  # stored meanwhile after all (a commit reported failed went through)
         self._supersede()
+        self.promised.add(request.request_id)
         if isinstance(error, StorageFailed):
             return StorageFailed(error.detail, held=True)
         return StorageFailed("the agent is being rebuilt from the log" + (
@@ -97,12 +106,12 @@ class HeldControls:
     def committed(self, version: int) -> None:
         """The agent's appends up to ``version`` are committed (they commit in order)."""
         if self.held:
-            self.held = {rid: held for rid, held in self.held.items() if held[1] > version}
+            self._keep({rid: held for rid, held in self.held.items() if held[1] > version})
 
     def rebuilt(self, seen: Container[str]) -> list[RequestReceived]:
         """The agent was folded from the log again (``seen``: the request ids it holds):
         the controls still to store, in the order they came."""
-        self.held = {rid: held for rid, held in self.held.items() if rid not in seen}
+        self._keep({rid: held for rid, held in self.held.items() if rid not in seen})
         return [received for received, _ in self.held.values()]
 
     def clear(self) -> list[RequestReceived]:
@@ -112,9 +121,29 @@ class HeldControls:
         self.held.clear()
         self.refused.clear()
         self.superseded.clear()
+        self.promised.clear()
         return left
+
+    def _keep(self, held: dict[str, tuple[RequestReceived, int]]) -> None:
+        """Hold only ``held`` from now on: the others are stored."""
+        for request_id in self.promised - held.keys():
+            if request_id in self.held:
+                _said_stored(self.held[request_id][0])
+        self.promised &= held.keys()
+        self.held = held
 
     def _supersede(self) -> None:
         if self.refused:  # a stop after a refused resume: that resume must not follow
             self.superseded.update(self.refused)
             self.refused.clear()
+
+
+def _said_stored(received: RequestReceived) -> None:
+    request = received.request
+    action = request.action
+    log.log(logging.WARNING if action is ControlAction.EMERGENCY_STOP else logging.INFO,
+            "control %s of %s by %s (%s): stored, held while the event log refused writes",
+            action.value if action is not None else "?", request.agent_id,
+            received.principal or request.source or "?", request.request_id,
+            extra={"agent_id": request.agent_id, "request_id": request.request_id,
+                   "principal": received.principal})

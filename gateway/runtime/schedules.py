@@ -9,7 +9,8 @@ schedule's ``last_fire`` on in the log: a restart never fires a time twice.
 Catch-up (`plan`): fire times missed while no process ran the schedule (the gateway was
 down, or the agent's owner died) are skipped (``catchUp = "skip"``, the default) or run once,
 for the latest missed time (``"once"``). A firing that is merely late while the gateway runs
-(a stalled loop) fires once, for the latest time due.
+(a stalled loop) fires once, for the latest time due. The `Scheduler` counts its firings,
+the late ones and the fire times missed, for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ SCAN_STEP = 200
 takes turns)."""
 RETRY_MS = 1_000
 """A firing the engine could not take (the log refused it, say) is tried again after this."""
+LATE_MS = 1_000
+"""A firing that goes out more than this after its fire time counts as late."""
+CRON_COUNT_STEPS = 24
+"""Fire times of a cron schedule counted one by one in a gap (each costs a croniter step,
+tens of microseconds); past them the rest of the gap is counted from their mean spacing."""
 
 
 def check(schedule: Schedule) -> None:
@@ -108,6 +114,32 @@ def prev_fire(schedule: Schedule, at_ms: int) -> int:
         return at_ms // schedule.every_ms * schedule.every_ms
     assert schedule.cron is not None
     return round(croniter(schedule.cron, _zoned(schedule, at_ms + 1)).get_prev(float) * 1000)
+
+
+def count_between(schedule: Schedule, after_ms: int, before_ms: int) -> int:
+    """How many fire times lie strictly between ``after_ms`` and ``before_ms``: exact for an
+    interval; for cron, exact up to `CRON_COUNT_STEPS` and estimated past them."""
+    if before_ms - after_ms < 2:
+        return 0
+    if schedule.every_ms is not None:
+        every = schedule.every_ms
+        return max(0, (before_ms - 1) // every - after_ms // every)
+    assert schedule.cron is not None
+    times = croniter(schedule.cron, _zoned(schedule, after_ms))
+    first = last = None
+    count = 0
+    while count < CRON_COUNT_STEPS:
+        fire = round(times.get_next(float) * 1000)
+        if fire <= after_ms:  # (a start on a whole second may name itself)
+            continue
+        if fire >= before_ms:
+            return count
+        first = fire if first is None else first
+        last = fire
+        count += 1
+    assert first is not None and last is not None
+    spacing = max(1, (last - first) // (count - 1))
+    return count + (before_ms - 1 - last) // spacing
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +220,16 @@ class Scheduler:
         schedule whose plan would not change is not planned again before then."""
         self._seen: set[str] = set()
         self._wake = asyncio.Event()
+        self._marks: dict[tuple[str, str], int] = {}
+        """Up to when each schedule's fire times are accounted for (fired or missed)."""
         self.fired = 0
-        """Firings submitted by this process."""
+        """Firings submitted by this process (a counter, for ``/metrics``)."""
+        self.late = 0
+        """Of those, firings that went out more than `LATE_MS` after their fire time."""
+        self.missed = 0
+        """Fire times that never fired and never will: passed while nobody ran the schedule
+        (skipped by its catch-up, or all but the latest with ``once``), or passed over by a
+        late firing (which fires once, for the latest time due)."""
         self.passes = 0
         """Times it looked at every schedule (for tests that wait for a look)."""
 
@@ -217,6 +257,7 @@ class Scheduler:
         now = self.clock.now_ms()
         wake = now + RESCAN_MS
         floors: dict[tuple[str, str], int] = {}
+        marks: dict[tuple[str, str], int] = {}
         plans: dict[tuple[str, str], tuple[object, int, int, int]] = {}
         states = list(self._states())
         present: set[str] = set()
@@ -244,6 +285,7 @@ class Scheduler:
                 if state.schedules.get(schedule_id) is not entry or entry.schedule.paused:
                     continue  # (removed, replaced or paused while this pass awaited a firing)
                 through = entry.fired_through
+                mark = marks[key] = max(self._marks.get(key, through), through)
                 cached = self._plans.get(key)
                 if cached is not None and cached[:3] == (entry.schedule, through, floor) \
                         and cached[3] > now:
@@ -261,11 +303,21 @@ class Scheduler:
                         wake = min(wake, now + RETRY_MS)
                         continue
                     self.fired += 1
+                    if now - step.fire > LATE_MS:
+                        self.late += 1
+                    self.missed += count_between(entry.schedule, mark, step.fire)
+                    mark = marks[key] = max(mark, step.fire)
                     through = max(entry.fired_through, step.fire)
                     step = plan(entry.schedule, through, floor, now)
+                if step.fire is None and mark < floor - 1:
+                    # Nothing is due: the times up to now that did not fire (before the
+                    # floor, all of them) were skipped by the catch-up.
+                    self.missed += count_between(entry.schedule, mark, now + 1)
+                    marks[key] = now
                 plans[key] = (entry.schedule, through, floor, step.wake)
                 wake = min(wake, step.wake)
         self._floors = floors  # (an agent handed over and back is taken up afresh)
+        self._marks = marks
         self._plans = plans
         self._seen &= present
         self.passes += 1

@@ -6,27 +6,27 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import httpx2
 
 Out = Callable[[str], None]
 TIMEOUT_S = 30.0
 
 
 def kill_command(url: str, token: str, reason: str | None, listing: bool, out: Out,
-                 transport: httpx.BaseTransport | None = None) -> int:
+                 transport: httpx2.BaseTransport | None = None) -> int:
     """Kill the desk (or, ``listing``, name the agents a kill would halt): 0 when every
     agent of the scope is HALTED, 1 when one is not (or the gateway refused), 2 when the
     gateway cannot be reached."""
     headers = {"Authorization": f"Bearer {token}"}
     try:
-        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S,
+        with httpx2.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S,
                           transport=transport) as client:
             if listing:
                 response = client.get("/api/desk/kill")
             else:
                 body = {} if reason is None else {"reason": reason}
                 response = client.post("/api/desk/kill", json=body)
-    except httpx.HTTPError as error:
+    except httpx2.HTTPError as error:
         out(f"kill: cannot reach {url}: {error}")
         return 2
     answer: Any = _json(response)
@@ -43,7 +43,7 @@ def kill_command(url: str, token: str, reason: str | None, listing: bool, out: O
     return _report(answer, out)
 
 
-def _json(response: httpx.Response) -> Any:
+def _json(response: httpx2.Response) -> Any:
     try:
         return response.json()
     except ValueError:

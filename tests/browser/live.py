@@ -11,7 +11,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from gateway.base.clock import SystemClock
 from gateway.config import GatewayConfig, validate_config
@@ -95,9 +95,9 @@ def request(agent_id: str, kind: str = "hook_trigger", **fields: Any) -> dict[st
     return body
 
 
-def http(running: Running, token: str = CONTROL) -> httpx.AsyncClient:
+def http(running: Running, token: str = CONTROL) -> httpx2.AsyncClient:
     """An HTTP client of the gateway itself (not through any relay)."""
-    return httpx.AsyncClient(base_url=running.url, timeout=TIMEOUT,
+    return httpx2.AsyncClient(base_url=running.url, timeout=TIMEOUT,
                              headers={"Authorization": f"Bearer {token}"})
 
 

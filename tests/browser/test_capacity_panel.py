@@ -109,7 +109,7 @@ async def test_the_capacity_view_shows_the_desk_and_the_gate_zooms_by_brushing_a
 
         async def settled() -> bool:
             body = await capacity_of(running)
-            return sum(body["desk"]["runs"]) >= 6 and sum(body["gates"][0]["waits"]) >= 6
+            return bool(sum(body["desk"]["runs"]) >= 6 and sum(body["gates"][0]["waits"]) >= 6)
 
         await until(settled, "six runs done, each having waited at the gate")
         page = await open_panel(running.url, CONTROL, init_script=TEXTS)

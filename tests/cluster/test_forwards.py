@@ -11,7 +11,7 @@ import time
 import warnings
 from typing import Any, cast
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.cluster.peers import Peers
@@ -60,18 +60,18 @@ class _Member:
 
 
 def _router(member: _Member, asked: list[str]) -> Router:
-    async def answer(http: httpx.Request) -> httpx.Response:
+    async def answer(http: httpx2.Request) -> httpx2.Response:
         owner = f"{http.url.scheme}://{http.url.host}:{http.url.port}"
         asked.append(owner)
         if owner == PAUSED:
             await asyncio.Event().wait()  # a paused process: never answers
         body = json.loads(http.content)
-        return httpx.Response(200, json={"results": [
+        return httpx2.Response(200, json={"results": [
             {"type": "ack", "requestId": r["requestId"], "decision": "accepted", "position": 7}
             for r in body["requests"]]})
 
     peers = Peers("secret")
-    peers._client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    peers._client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
     router = Router(peers)
     router.attach(cast(Any, _Engine()), cast(Any, _Replicas()), cast(Any, member))
     return router

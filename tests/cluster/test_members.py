@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -130,7 +130,7 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
         await spread([one, two])
         theirs = sorted(owned(two))[0]
         headers = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
-        async with httpx.AsyncClient(base_url=one.url, headers=headers,
+        async with httpx2.AsyncClient(base_url=one.url, headers=headers,
                                      timeout=TIMEOUT) as http:
             stop = await http.post(f"/api/agents/{theirs}/control",
                                    json={"action": "emergency_stop", "requestId": "stop-1"})
@@ -307,7 +307,7 @@ async def test_reads_from_a_replica_that_fell_behind_say_so_until_it_follows_aga
         reason = replicas.behind_reason()
         assert reason is not None and "cannot fold" in reason
         headers = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
-        async with httpx.AsyncClient(base_url=one.url, headers=headers,
+        async with httpx2.AsyncClient(base_url=one.url, headers=headers,
                                      timeout=TIMEOUT) as http:
             agent = (await http.get(f"/api/agents/{theirs}")).json()
             assert agent["behind"]["reason"] == reason and agent["behind"]["since"] > 0

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import httpx2
 
 from bench.cluster import read_log
 from gateway.base.tasks import spawn
@@ -102,7 +102,7 @@ async def working(at: Running) -> AsyncIterator[tuple[Worker, list[str]]]:
 
 async def ask(via: Running, agents: tuple[str, ...] | list[str], tag: str) -> None:
     """A message to each of ``agents``, sent to the member ``via`` (forwarded to owners)."""
-    async with httpx.AsyncClient(base_url=via.url, timeout=TIMEOUT,
+    async with httpx2.AsyncClient(base_url=via.url, timeout=TIMEOUT,
                                  headers={"Authorization": f"Bearer {OPS}"}) as http:
         for agent in agents:
             answer = await http.post(f"/api/agents/{agent}/requests", json={

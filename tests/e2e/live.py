@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
@@ -57,10 +57,10 @@ class Live:
     engine: Engine
     service: Service
 
-    def client(self, token: str | None = "control-secret") -> httpx.AsyncClient:
+    def client(self, token: str | None = "control-secret") -> httpx2.AsyncClient:
         """An HTTP client with that bearer token."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(base_url=self.http, headers=headers, timeout=TIMEOUT)
+        return httpx2.AsyncClient(base_url=self.http, headers=headers, timeout=TIMEOUT)
 
     @contextlib.asynccontextmanager
     async def socket(self, endpoint: str = "control", token: str | None = "control-secret",

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
@@ -49,7 +49,7 @@ ADMIN = {"Authorization": "Bearer admin-token-secret-5678"}
 
 async def test_each_route_answers_in_the_shape_its_document_names(tmp_path: Path) -> None:
     service = build_service(parse_config(GATED), tmp_path / "events.db")
-    async with serving(service) as running, httpx.AsyncClient(
+    async with serving(service) as running, httpx2.AsyncClient(
             base_url=running.url, timeout=TIMEOUT, headers=ADMIN) as http:
 
         async def get(path: str, **params: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from gateway.edge.server import Running
 from tests.browser.live import (
@@ -22,7 +22,7 @@ from tests.browser.live import (
 from tests.gateway.support import until
 
 
-async def hold_the_only_slot(running: Running, client: httpx.AsyncClient) -> None:
+async def hold_the_only_slot(running: Running, client: httpx2.AsyncClient) -> None:
     """Let the provider allow one call at a time, and have delta's run hold it."""
     async with http(running, ADMIN) as admin:
         limited = await admin.post("/api/providers/sim-llm/limits", json={"maxConcurrent": 1})

@@ -1,5 +1,5 @@
 """The client's own distribution (clients/python): its wheel holds `gateway.client` alone,
-needs only pydantic, websockets and httpx, and, installed in a fresh virtual environment
+needs only pydantic, websockets and httpx2, and, installed in a fresh virtual environment
 without the gateway, talks to a live gateway over HTTP and WebSocket."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ async def test_the_client_wheel_alone_talks_to_a_live_gateway(tmp_path: Path) ->
     run(uv, "build", "--wheel", "--out-dir", tmp_path / "dist", ROOT / "clients" / "python",
         cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("gateway_client-*.whl")
-    assert requirements(wheel) == {"pydantic", "websockets", "httpx"}
+    assert requirements(wheel) == {"pydantic", "websockets", "httpx2"}
     venv = tmp_path / "venv"
     run(uv, "venv", "--quiet", "--python", sys.executable, venv, cwd=tmp_path)
     python = venv / "bin" / "python"

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from lanes import request_outcomes, verify
@@ -70,7 +70,7 @@ async def test_the_demo_serves_the_panel_and_a_status_api_and_stops_cleanly(
     ):
         url = next(line.split()[-1] for line in lines if line.startswith("panel:"))
         token = next(line.split()[-1] for line in lines if line.startswith("control token"))
-        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        async with httpx2.AsyncClient(timeout=TIMEOUT) as http:
             page = await http.get(url)
             assert page.status_code == 200 and "Trading agent gateway" in page.text
             agents = await http.get(f"{url}api/agents",
@@ -107,7 +107,7 @@ async def test_serve_stops_on_sigterm_with_the_run_recorded_and_nothing_lost(
     args = ("serve", "--config", str(config), "--db", str(db), "--port", "0")
     async with command(*args, until="gateway serving on") as (process, lines):
         url = lines[-1].split()[-1]
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT,
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT,
                                      headers={"Authorization": "Bearer ops-secret"}) as http:
             ids = []
             for n in range(3):
@@ -138,7 +138,7 @@ async def test_a_signal_to_the_whole_process_group_stops_it_with_its_last_snapsh
     args = ("serve", "--config", str(config), "--db", str(db), "--port", "0")
     async with command(*args, until="gateway serving on", group=True) as (process, lines):
         url = lines[-1].split()[-1]
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT,
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT,
                                      headers={"Authorization": "Bearer ops-secret"}) as http:
             body = {"requestId": "r0", "createdAt": datetime.now(UTC).isoformat(),
                     "agentId": "desk", "kind": "hook_trigger"}

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.config import ConfigError, parse_config
@@ -42,7 +42,7 @@ async def serve(cwd: Path, env: dict[str, str], *args: str, tokens: bool = False
             printed.append(line.rstrip())
             if line.startswith("gateway serving on "):
                 url = line.split()[-1]
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             assert (await http.get("/livez")).status_code == 200
         while tokens and not printed[-1].startswith("event log:"):
             line = (await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)).decode()

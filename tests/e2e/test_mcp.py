@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import httpx2
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -96,7 +95,7 @@ def error(result: CallToolResult) -> dict[str, Any]:
 
 
 async def test_no_token_or_an_unknown_one_is_answered_401(tmp_path: Path) -> None:
-    async with gateway(tmp_path) as live, httpx.AsyncClient(base_url=live.http) as http:
+    async with gateway(tmp_path) as live, httpx2.AsyncClient(base_url=live.http) as http:
         hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
         bare = await http.post("/mcp", json=hello)
         assert bare.status_code == 401 and bare.json()["code"] == "unauthorized"

@@ -9,7 +9,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from gateway.edge.openapi import openapi_document
 from gateway.llm.reasoner import RunContext, RunResult
@@ -200,7 +200,7 @@ async def test_bad_parameters_get_typed_errors_and_change_nothing(tmp_path: Path
             repeated = await client.get("/api/orders?limit=1&limit=2")
             unknown = await client.get("/api/orders", params={"agent": "ghost"})
             missing = await client.get("/api/agents/ghost/orders")
-        async with httpx.AsyncClient(base_url=live.http) as anonymous:
+        async with httpx2.AsyncClient(base_url=live.http) as anonymous:
             nobody = await anonymous.get("/api/orders")
         await live.engine.flush()
         after = await live.engine.store.last_position()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +14,7 @@ from lanes.schedules import Schedule
 from store import MemoryEventStore
 from tests.e2e.live import Live, running
 from tests.gateway.support import ManualReasoner, log_of, until
+from tests.gateway.test_schedules import fired, looked
 
 ADMIN = "admin-secret"
 BASE = "/api/agents/desk/schedules"
@@ -78,6 +80,35 @@ async def test_schedules_are_managed_over_http_and_recorded(live: Live) -> None:
     assert manual[0].request.payload["scope"] == "positions"
     assert replay(log)["desk"] == live.engine.state("desk")
     assert verify(log) is None
+
+
+async def test_firings_late_firings_and_missed_fire_times_are_counters_on_metrics(
+        live: Live) -> None:
+    clock = live.engine.clock
+    assert isinstance(clock, FakeClock)
+
+    async def scraped() -> dict[str, int]:
+        async with live.client("viewer-secret") as viewer:
+            text = (await viewer.get("/metrics")).text
+        found = re.findall(r"^gateway_schedule_(\w+)_total (\d+)$", text, re.M)
+        kinds = [line for line in text.splitlines()
+                 if line.startswith("# TYPE gateway_schedule_")]
+        assert kinds and all(line.endswith(" counter") for line in kinds), kinds
+        return {name: int(value) for name, value in found}
+
+    assert await scraped() == {"firings": 0, "late_firings": 0, "missed_firings": 0}
+    async with live.client(ADMIN) as admin:
+        added = await admin.put(f"{BASE}/tick", json={"everyMs": 60_000})
+        assert added.status_code == 200, added.text
+        await looked(live.engine)
+        clock.advance(60_000)  # its first fire time, on time
+        await fired(live.engine, 1)
+        assert await scraped() == {"firings": 1, "late_firings": 0, "missed_firings": 0}
+        clock.advance(3 * 60_000 + 5_000)  # a loop stalled through three fire times
+        await fired(live.engine, 2)
+        ran = await admin.post(f"{BASE}/tick/run")  # by hand: not one of the scheduler's
+        assert ran.json()["decision"] == "accepted"
+        assert await scraped() == {"firings": 2, "late_firings": 1, "missed_firings": 2}
 
 
 @pytest.mark.parametrize(("token", "method", "path", "body", "status", "words"), [

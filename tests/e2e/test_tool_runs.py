@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.base.clock import SystemClock
@@ -207,7 +207,7 @@ async def test_an_order_above_the_notional_waits_for_a_human_over_http(
     ops = {"Authorization": "Bearer control-token-secret-1234"}
     viewer = {"Authorization": "Bearer viewer-token-secret-9012"}
     store = service.engine.store
-    async with serving_gateway(service) as running, httpx.AsyncClient(
+    async with serving_gateway(service) as running, httpx2.AsyncClient(
             base_url=running.url, timeout=10) as http:
         submitted = await http.post("/api/agents/desk/requests", headers=ops, json={
             "requestId": "hook-1", "createdAt": datetime.now(UTC).isoformat(),

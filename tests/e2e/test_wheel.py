@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from tests.e2e.live import START_TIMEOUT, TIMEOUT
@@ -50,7 +50,7 @@ async def test_the_wheel_installed_elsewhere_serves_the_panel_and_migrates(tmp_p
             assert line, "the demo ended without saying where it serves"
             if line.startswith("gateway serving on "):
                 url = line.split()[-1]
-        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+        async with httpx2.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             panel = await http.get("/")
             assert panel.status_code == 200 and "<html" in panel.text.lower()
             assert (await http.get("/js/main.js")).status_code == 200

@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
+import httpx2
 from websockets.asyncio.client import connect
 
 from gateway.config import parse_config
@@ -128,7 +128,7 @@ async def test_the_provider_gate_is_visible_over_http_metrics_and_the_status_str
     admin = {"Authorization": "Bearer admin-token-secret-5678"}
     viewer = {"Authorization": "Bearer viewer-token-secret-9012"}
     scoped = {"Authorization": "Bearer scoped-token-secret-3456"}
-    async with serving(service) as running, httpx.AsyncClient(
+    async with serving(service) as running, httpx2.AsyncClient(
         base_url=running.url, timeout=TIMEOUT
     ) as http:
         ws_url = running.url.replace("http", "ws") + "/ws/control"

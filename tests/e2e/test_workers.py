@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -91,20 +91,20 @@ latency_ms = [1, 2]
 
 @contextlib.asynccontextmanager
 async def gateway(tmp_path: Path, heartbeat_ms: int = 200, missed: int = 50,
-                  mode: str = "followup") -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
+                  mode: str = "followup") -> AsyncIterator[tuple[Running, httpx2.AsyncClient]]:
     """A gateway serving the config (a worker silent ``heartbeat_ms`` x ``missed`` is lost:
     10 s by default, so that only the test of heartbeats loses a silent one)."""
     service = build_service(parse_config(CONFIG.format(
         ops=OPS, w1=W1, w2=W2, other=OTHER, heartbeat_ms=heartbeat_ms, missed=missed,
         mode=mode)),
         tmp_path / "events.db")
-    async with serving(service) as running, httpx.AsyncClient(
+    async with serving(service) as running, httpx2.AsyncClient(
             base_url=running.url, timeout=TIMEOUT,
             headers={"Authorization": f"Bearer {OPS}"}) as http:
         yield running, http
 
 
-async def submit(http: httpx.AsyncClient, request_id: str, agent: str = "desk") -> None:
+async def submit(http: httpx2.AsyncClient, request_id: str, agent: str = "desk") -> None:
     answer = await http.post(f"/api/agents/{agent}/requests", json={
         "requestId": request_id, "createdAt": datetime.now(UTC).isoformat(),
         "agentId": agent, "kind": "user_control", "payload": {"message": "look"}})

@@ -4,8 +4,9 @@ requests, and the checks of the log against what the clients were acknowledged."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -112,3 +113,33 @@ async def check_log(db: Path, ledger: Ledger) -> Report:
     if verify.returncode != 0:
         report.problems.append(f"gateway verify exited {verify.returncode}: {out.decode()}")
     return report
+
+
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()  # held until the test says so (or goes away: end of file)
+db.execute("ROLLBACK")
+db.close()
+"""
+
+
+@contextlib.asynccontextmanager
+async def write_lock(db: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Another process holding the write lock of ``db`` for as long as the block runs."""
+    locker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LOCKER, str(db),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert locker.stdin is not None and locker.stdout is not None
+    try:
+        line = await asyncio.wait_for(locker.stdout.readline(), TIMEOUT)
+        assert line == b"locked\n", line
+        yield locker
+    finally:
+        if locker.returncode is None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                locker.stdin.write(b"release\n")
+                await locker.stdin.drain()
+            await asyncio.wait_for(locker.wait(), TIMEOUT)

@@ -10,16 +10,13 @@ every acknowledged request exactly once and verifies clean.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import signal
 import sqlite3
-import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, read_log, start
@@ -43,6 +40,7 @@ from tests.faults.storage import (
     server_log,
     until,
     write_config,
+    write_lock,
 )
 from tests.gateway.support import ManualReasoner
 from tests.gateway.support import request as agent_request
@@ -50,36 +48,6 @@ from tests.gateway.support import request as agent_request
 pytestmark = pytest.mark.slow  # several seconds each (see pyproject.toml)
 
 BUSY_TIMEOUT_MS = 1000
-LOCKER = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
-db.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-sys.stdin.readline()  # held until the test says so (or goes away: end of file)
-db.execute("ROLLBACK")
-db.close()
-"""
-
-
-@contextlib.asynccontextmanager
-async def write_lock(db: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Another process holding the write lock of ``db`` for as long as the block runs."""
-    locker = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", LOCKER, str(db),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    assert locker.stdin is not None and locker.stdout is not None
-    try:
-        line = await asyncio.wait_for(locker.stdout.readline(), TIMEOUT)
-        assert line == b"locked\n", line
-        yield locker
-    finally:
-        if locker.returncode is None:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                locker.stdin.write(b"release\n")
-                await locker.stdin.drain()
-            await asyncio.wait_for(locker.wait(), TIMEOUT)
-
-
 async def test_a_write_lock_held_elsewhere_refuses_writes_clearly_and_recovers(
         tmp_path: Path) -> None:
     config, db = write_config(tmp_path, busy_timeout_ms=BUSY_TIMEOUT_MS)
@@ -88,7 +56,7 @@ async def test_a_write_lock_held_elsewhere_refuses_writes_clearly_and_recovers(
     process, url = await start(config, db, log)
     try:
         async with ControlClient(url, CONTROL_TOKEN, reconnect=False, retries=0) as client, \
-                httpx.AsyncClient(base_url=url, timeout=TIMEOUT,
+                httpx2.AsyncClient(base_url=url, timeout=TIMEOUT,
                                   headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}) as http:
             before = [request(f"before-{n}", agent) for n, agent in
                       enumerate(["btc", "eth", "sol"] * 3)]

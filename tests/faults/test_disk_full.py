@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from bench.crash import CONTROL_TOKEN, Ledger, Report, kill, start
@@ -115,7 +115,7 @@ async def test_a_full_log_refuses_writes_clearly_keeps_reading_and_recovers(
     process, url = await start(config, db, log)
     try:
         async with ControlClient(url, CONTROL_TOKEN, reconnect=False, retries=0) as client, \
-                httpx.AsyncClient(base_url=url, timeout=TIMEOUT,
+                httpx2.AsyncClient(base_url=url, timeout=TIMEOUT,
                                   headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}) as http:
             limit_files(process.pid, tmp_path)
             batch, errors = await fill(client, ledger)
@@ -376,7 +376,7 @@ async def test_a_full_tmpfs_refuses_writes_as_a_full_disk_and_recovers_when_it_g
         try:
             async with ControlClient(url, CONTROL_TOKEN, reconnect=False, retries=0
                                      ) as client, \
-                    httpx.AsyncClient(base_url=url, timeout=TIMEOUT, headers={
+                    httpx2.AsyncClient(base_url=url, timeout=TIMEOUT, headers={
                         "Authorization": f"Bearer {CONTROL_TOKEN}"}) as http:
                 batch, errors = await fill(client, ledger)
                 print(f"\nfull after {len(ledger.acks)} acked requests: {errors[0].message}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.edge.app import create_app
@@ -29,13 +29,13 @@ from tests.gateway.test_history import START, desk, later, two_runs_one_waiting
 WINDOW = {"from": START, "to": START + 10_000, "step": 5_000}
 
 
-def client(engine: Engine, token: str = "viewer-secret") -> httpx.AsyncClient:
+def client(engine: Engine, token: str = "viewer-secret") -> httpx2.AsyncClient:
     app = create_app(Service(engine=engine, tokens=TokenBook(TOKENS.items())))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw",
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gw",
                              headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT)
 
 
-async def capacity_of(http: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
+async def capacity_of(http: httpx2.AsyncClient, **params: Any) -> dict[str, Any]:
     response = await http.get("/api/capacity", params=params)
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()

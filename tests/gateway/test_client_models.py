@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from pydantic import BaseModel
 from starlette.routing import Match, Route
@@ -181,14 +181,14 @@ async def test_every_route_of_the_http_api_has_a_call_of_the_client() -> None:
     app_routes = [r for r in app().routes if isinstance(r, Route)]
     called: set[tuple[str, str]] = set()
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         scope = {"type": "http", "method": request.method, "path": request.url.path}
         matched = [r for r in app_routes if r.matches(scope)[0] is Match.FULL]
         assert matched, f"{request.method} {request.url.path} is no route of the gateway"
         called.add((request.method, matched[0].path))
-        return httpx.Response(404, json={"type": "error", "code": "not_found", "message": "-"})
+        return httpx2.Response(404, json={"type": "error", "code": "not_found", "message": "-"})
 
-    async with HttpClient("http://gateway", "t", transport=httpx.MockTransport(answer)) as api:
+    async with HttpClient("http://gateway", "t", transport=httpx2.MockTransport(answer)) as api:
         for name, call in inspect.getmembers(api, inspect.iscoroutinefunction):
             if name.startswith("_") or name == "aclose":
                 continue

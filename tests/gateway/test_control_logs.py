@@ -8,8 +8,11 @@ import logging
 
 import pytest
 
+from gateway.errors import StorageFailed
 from gateway.runtime.engine import Engine
+from gateway.runtime.held import HeldControls
 from lanes import AgentConfig
+from lanes.events import RequestReceived
 from store import MemoryEventStore
 from tests.gateway.support import control, request
 
@@ -33,3 +36,25 @@ async def test_controls_are_logged_once_each_and_requests_are_not(
     assert lines[2][1].endswith("HALTED -> ACTIVE")
     assert all(getattr(r, "agent_id", None) == "desk" for r in caplog.records
                if r.name == "gateway.controls")
+
+
+def test_a_held_stop_is_logged_once_when_stored_and_a_plain_one_not_by_the_holder(
+        caplog: pytest.LogCaptureFixture) -> None:
+    held = HeldControls()
+    plain = RequestReceived(at=0, request=control("desk", "emergency_stop"), principal="ops")
+    refused = RequestReceived(at=0, request=control("desk", "emergency_stop"), principal="ops")
+    with caplog.at_level(logging.INFO, logger="gateway.controls"):
+        held.decided(plain, 3)  # stored at once: said by the intake, not here
+        held.committed(3)
+        held.decided(refused, 5)
+        answer = held.refuse(refused, StorageFailed("the disk is full"), None)
+        assert isinstance(answer, StorageFailed) and answer.held
+        held.committed(4)  # (an earlier append)
+        assert caplog.records == []
+        held.decided(refused, 6)  # stored at last, after a rebuild
+        held.committed(6)
+        held.committed(7)
+    [line] = caplog.records
+    assert line.levelname == "WARNING" and "stored, held while" in line.getMessage()
+    assert getattr(line, "agent_id", None) == "desk"
+    assert getattr(line, "request_id", None) == refused.request.request_id

@@ -51,7 +51,7 @@ async def test_an_unexpected_failure_is_answered_500_and_logged_once(
     (uvicorn: "Exception in ASGI application"): the handler itself logs nothing more."""
     import logging
 
-    import httpx
+    import httpx2
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
@@ -65,13 +65,13 @@ async def test_an_unexpected_failure_is_answered_500_and_logged_once(
     app = Starlette(routes=[Route("/boom", boom)],
                     exception_handlers={GatewayError: answer_error, Exception: answer_error})
     caplog.set_level(logging.DEBUG)
-    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    transport = httpx2.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as client:
         answered = await client.get("/boom")
     assert (answered.status_code, answered.json()["code"]) == (500, "internal")
     assert "a bug" not in answered.text
     assert [r.getMessage() for r in caplog.records if r.name.startswith("gateway")] == []
     with pytest.raises(KeyError):  # what the server logs
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app),
                                      base_url="http://gw") as client:
             await client.get("/boom")

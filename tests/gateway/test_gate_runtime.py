@@ -58,6 +58,28 @@ async def test_over_the_limit_a_run_waits_for_the_window_and_is_served_in_turn()
     await gate.stop()
 
 
+async def test_the_wait_for_each_granted_slot_is_a_histogram() -> None:
+    clock, store = FakeClock(), MemoryEventStore()
+    gate = await started(store, clock, requests_per_minute=1)
+    first = await gate.acquire("a", "a-r1")  # at once
+    second = asyncio.create_task(gate.acquire("b", "b-r1"))
+    aborted = asyncio.create_task(gate.acquire("c", "c-r1"))
+    await next_event(store, "SlotQueued")
+    aborted.cancel()  # a wait that ends without a slot is not one
+    with pytest.raises(asyncio.CancelledError):
+        await aborted
+    gate.release(first, CallOutcome.OK)
+    clock.advance(60_000)  # the window turns: the second's wait was a minute
+    gate.release(await asyncio.wait_for(second, TIMEOUT), CallOutcome.OK)
+    lines = gate.waits.lines("w", 'provider="anthropic"')
+    assert 'w_bucket{provider="anthropic",le="0.005"} 1' in lines
+    assert 'w_bucket{provider="anthropic",le="30.0"} 1' in lines
+    assert 'w_bucket{provider="anthropic",le="60.0"} 2' in lines
+    assert lines[-2:] == ['w_sum{provider="anthropic"} 60.000000',
+                          'w_count{provider="anthropic"} 2']
+    await gate.stop()
+
+
 async def test_an_aborted_run_gives_its_place_back() -> None:
     clock, store = FakeClock(), MemoryEventStore()
     gate = await started(store, clock, max_concurrent=1)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.base.clock import FakeClock
@@ -39,9 +39,9 @@ class Desk:
     clock: FakeClock
     client: ScriptedLLM
 
-    def http(self, token: str = "viewer-secret") -> httpx.AsyncClient:
+    def http(self, token: str = "viewer-secret") -> httpx2.AsyncClient:
         app = create_app(Service(engine=self.engine, tokens=TokenBook(TOKENS.items())))
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw",
+        return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gw",
                                  headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT)
 
     async def settle(self) -> None:

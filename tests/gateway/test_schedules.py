@@ -15,10 +15,13 @@ from gateway.base.clock import FakeClock
 from gateway.errors import AgentUnavailable, BadFrame
 from gateway.runtime.engine import Engine
 from gateway.runtime.schedules import (
+    CRON_COUNT_STEPS,
+    LATE_MS,
     RETRY_MS,
     SCAN_STEP,
     Scheduler,
     check,
+    count_between,
     next_fire,
     plan,
     prev_fire,
@@ -342,6 +345,8 @@ async def test_a_firing_the_engine_cannot_take_is_tried_again_not_counted_as_mis
     failing = False
     await scheduler.step()
     assert fired == [T0 + 4 * MINUTE]
+    # Counted: one firing, on time; the three times it passed over are missed.
+    assert (scheduler.fired, scheduler.late, scheduler.missed) == (1, 0, 3)
 
 
 def test_fire_times_are_whole_utc_instants() -> None:
@@ -365,3 +370,118 @@ async def test_a_pass_over_a_big_desk_takes_turns_of_the_event_loop() -> None:
         turns += 1
     await passing
     assert turns >= 4 and scheduler.passes == 1
+
+
+# ------------------------------------------------------------------- counted for /metrics
+
+
+def scheduled(*found: Schedule, since: int = T0) -> AgentState:
+    """An agent whose ``found`` schedules were defined at ``since`` and never fired."""
+    state = AgentState(agent_id="desk")
+    for schedule in found:
+        decide(state, ScheduleChanged(at=since, schedule_id=schedule.id, schedule=schedule))
+    return state
+
+
+def counting(clock: FakeClock, state: AgentState) -> Scheduler:
+    """A scheduler over ``state`` whose firings are folded into it, as the engine's are."""
+    async def fire(request: AgentRequest) -> None:
+        decide(state, RequestReceived(at=clock.now_ms(), request=request, principal=SCHEDULER))
+
+    return Scheduler(clock, lambda: [state], fire)
+
+
+def counts(scheduler: Scheduler) -> tuple[int, int, int]:
+    return scheduler.fired, scheduler.late, scheduler.missed
+
+
+async def test_firings_on_time_are_counted_and_none_is_late_or_missed() -> None:
+    clock = FakeClock()
+    scheduler = counting(clock, scheduled(Schedule(id="a", every_ms=MINUTE)))
+    await scheduler.step()
+    for n in range(1, 4):
+        clock.advance(MINUTE)
+        await scheduler.step()
+        assert counts(scheduler) == (n, 0, 0)
+    clock.advance(MINUTE + LATE_MS)  # a second late is still on time
+    await scheduler.step()
+    assert counts(scheduler) == (4, 0, 0)
+
+
+async def test_a_stalled_loop_makes_one_late_firing_and_misses_the_times_passed_over() -> None:
+    clock = FakeClock()
+    state = scheduled(Schedule(id="a", every_ms=MINUTE))
+    scheduler = counting(clock, state)
+    await scheduler.step()
+    clock.advance(3 * MINUTE + 5_000)  # no step for 3 fire times: the last fires, 5 s late
+    await scheduler.step()
+    assert counts(scheduler) == (1, 1, 2)
+    assert state.schedules["a"].last_fire == T0 + 3 * MINUTE
+    clock.advance(55_000)
+    await scheduler.step()
+    assert counts(scheduler) == (2, 1, 2)
+
+
+@pytest.mark.parametrize(("catch_up", "expected"), [
+    (CatchUp.SKIP, [(0, 0, 10), (1, 0, 10)]),  # the ten times while down: missed at take-up
+    (CatchUp.ONCE, [(1, 1, 9), (2, 1, 9)]),  # the latest of them fires (late), nine missed
+])
+async def test_fire_times_passed_while_nobody_ran_the_schedule_are_missed_by_its_catch_up(
+        catch_up: CatchUp, expected: list[tuple[int, int, int]]) -> None:
+    clock = FakeClock(T0 + 30_000)  # defined at T0 - 10 min, taken up at T0 + 30 s
+    state = scheduled(Schedule(id="a", every_ms=MINUTE, catch_up=catch_up),
+                      since=T0 - 10 * MINUTE)
+    scheduler = counting(clock, state)
+    await scheduler.step()
+    assert counts(scheduler) == expected[0]
+    await scheduler.step()  # counted once, however often it looks
+    assert counts(scheduler) == expected[0]
+    clock.advance(30_000)  # T0 + 1 min: on time
+    await scheduler.step()
+    assert counts(scheduler) == expected[1]
+
+
+async def test_a_paused_schedule_misses_nothing_while_paused() -> None:
+    clock = FakeClock()
+    audit = Schedule(id="a", every_ms=MINUTE)
+    state = scheduled(audit)
+    scheduler = counting(clock, state)
+    await scheduler.step()
+    decide(state, ScheduleChanged(at=T0, schedule_id="a",
+                                  schedule=audit.model_copy(update={"paused": True})))
+    clock.advance(5 * MINUTE)
+    await scheduler.step()
+    decide(state, ScheduleChanged(at=clock.now_ms(), schedule_id="a", schedule=audit))
+    await scheduler.step()
+    clock.advance(MINUTE)
+    await scheduler.step()
+    assert counts(scheduler) == (1, 0, 0)
+
+
+@given(st.integers(1, 7_200), st.integers(0, 10 * 86_400_000), st.integers(0, 86_400_000))
+def test_the_fire_times_of_an_interval_between_two_instants_are_counted_exactly(
+        seconds: int, start: int, length: int) -> None:
+    schedule = Schedule(id="s", every_ms=seconds * 1000)
+    after, before = T0 + start, T0 + start + length
+    brute, fire = 0, next_fire(schedule, after)
+    while fire < before:
+        brute, fire = brute + 1, fire + seconds * 1000
+    assert count_between(schedule, after, before) == brute
+
+
+@pytest.mark.parametrize(("cron", "days"), [
+    ("*/5 * * * *", 0.05), ("*/5 * * * *", 1), ("0 9 * * 1-5", 20), ("0 9 * * 1-5", 60),
+    ("0 0 * * *", 3), ("15 3 1 * *", 100),
+])
+def test_cron_fire_times_between_two_instants_are_counted_and_estimated_past_a_few(
+        cron: str, days: float) -> None:
+    schedule = Schedule(id="s", cron=cron, timezone="America/New_York")
+    after, before = T0 + 1, T0 + round(days * 86_400_000)
+    brute, fire = 0, next_fire(schedule, after)
+    while fire < before:
+        brute, fire = brute + 1, next_fire(schedule, fire)
+    counted = count_between(schedule, after, before)
+    if brute <= CRON_COUNT_STEPS:
+        assert counted == brute
+    else:  # past the few counted one by one, an estimate from their spacing
+        assert abs(counted - brute) <= brute * 0.3, (counted, brute)

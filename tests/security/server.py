@@ -11,7 +11,7 @@ from collections.abc import Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import httpx
+import httpx2
 
 from lanes import AgentConfig, Entry, Mode
 from lanes.events import RequestReceived
@@ -45,13 +45,13 @@ class Threaded:
 
         return self.call(read())
 
-    def http(self, token: str | None = None) -> httpx.Client:
+    def http(self, token: str | None = None) -> httpx2.Client:
         """A sync HTTP client, with that bearer token. One connection per request: with
         keep-alive each answer waits ~40 ms for a delayed ACK (Nagle), 25x slower here."""
         headers = {"Connection": "close"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        return httpx.Client(base_url=self.live.http, timeout=TIMEOUT, headers=headers)
+        return httpx2.Client(base_url=self.live.http, timeout=TIMEOUT, headers=headers)
 
     @property
     def host(self) -> str:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
@@ -31,7 +31,7 @@ def gw() -> Iterator[Threaded]:
 
 
 @pytest.fixture(scope="module")
-def http(gw: Threaded) -> Iterator[httpx.Client]:
+def http(gw: Threaded) -> Iterator[httpx2.Client]:
     """One client for the module (making one costs more than a hundred requests)."""
     with gw.http() as client:
         yield client
@@ -135,7 +135,7 @@ def _expected(table: dict[str, Any], token: str | None) -> Any:
 @pytest.mark.parametrize(("method", "path", "body", "table"), MATRIX,
                          ids=[f"{m} {p}" for m, p, _, _ in MATRIX])
 def test_every_route_answers_each_role_and_scope_as_documented(
-    http: httpx.Client, method: str, path: str, body: str | None, table: dict[str, Any]
+    http: httpx2.Client, method: str, path: str, body: str | None, table: dict[str, Any]
 ) -> None:
     agent = path.split("/")[3] if path.startswith("/api/agents/") else "btc"
     for token in ROLES:
@@ -384,7 +384,7 @@ def test_the_panel_itself_is_served(gw: Threaded) -> None:
 
 def test_a_browser_app_on_an_allowed_origin_gets_its_preflight_answered_and_no_other(
         gw: Threaded) -> None:
-    with httpx.Client(base_url=gw.live.http, timeout=TIMEOUT) as http:
+    with httpx2.Client(base_url=gw.live.http, timeout=TIMEOUT) as http:
         asked = {"Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization, content-type"}
         allowed = http.options("/api/agents/btc/control",

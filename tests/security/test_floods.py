@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
+import httpx2
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -120,8 +120,8 @@ class Gateway:
         assert found is not None
         return int(found.group(1))
 
-    def http(self, token: str = CONTROL, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT,
+    def http(self, token: str = CONTROL, **kwargs: Any) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.url, timeout=TIMEOUT,
                                  headers={"Authorization": f"Bearer {token}"}, **kwargs)
 
     async def metrics(self) -> dict[str, float]:
@@ -251,7 +251,7 @@ async def operator(gw: Gateway, token: str = CONTROL) -> AsyncIterator[ClientCon
         yield ws
 
 
-async def client_round(gw: Gateway, ws: ClientConnection, http: httpx.AsyncClient) -> float:
+async def client_round(gw: Gateway, ws: ClientConnection, http: httpx2.AsyncClient) -> float:
     """What an operator does in a flood: a submit over its open WebSocket and an emergency
     stop over HTTP, both acknowledged; the seconds the slower one took."""
     body = request("desk")

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -240,7 +240,7 @@ bodies = (
 )
 
 
-def _check(response: httpx.Response) -> None:
+def _check(response: httpx2.Response) -> None:
     assert response.status_code < 500 or response.status_code == 503, response.text
     if response.status_code >= 400:
         body = response.json()

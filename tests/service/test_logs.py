@@ -10,7 +10,15 @@ import sys
 
 import pytest
 
-from gateway.base.logs import FORMATS, LEVELS, JsonLines, SettingError, chosen, configure
+from gateway.base.logs import (
+    CHATTY,
+    FORMATS,
+    LEVELS,
+    JsonLines,
+    SettingError,
+    chosen,
+    configure,
+)
 
 
 def test_the_command_line_wins_over_the_environment_and_a_bad_value_names_its_source() -> None:
@@ -39,18 +47,25 @@ def test_configure_sends_lines_in_the_chosen_format_at_the_chosen_level(
         capsys: pytest.CaptureFixture[str]) -> None:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    chatty = {name: logging.getLogger(name).level for name in CHATTY}
     try:
         configure("info", "json")
         logging.getLogger("gateway.test").info("hello")
         logging.getLogger("gateway.test").debug("not shown")
+        logging.getLogger("httpx2").info("HTTP Request: POST https://hooks.example/ 200")
+        logging.getLogger("mcp.server.streamable_http_manager").info("Created new transport")
         configure("warning", "text")
         logging.getLogger("gateway.test").warning("careful")
+        configure("debug", "text")  # (everything, libraries' requests too)
+        assert logging.getLogger("httpx2").isEnabledFor(logging.DEBUG)
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
         for handler in handlers:
             root.addHandler(handler)
         root.setLevel(level)
+        for name, was in chatty.items():
+            logging.getLogger(name).setLevel(was)
     lines = capsys.readouterr().err.splitlines()
     assert json.loads(lines[0])["message"] == "hello" and len(lines) == 2
     assert " WARNING gateway.test careful" in lines[1]

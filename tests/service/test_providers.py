@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
+import httpx2
 import openai
 import pytest
 import pytest_asyncio
@@ -431,7 +431,7 @@ class TestTheFakesLimits:
         fake.reset(FakeProviderConfig(requests_per_minute=1))
         body = {"model": MODEL, "max_tokens": 10,
                 "messages": [{"role": "user", "content": "hi"}]}
-        async with httpx.AsyncClient(base_url=base_url) as raw:
+        async with httpx2.AsyncClient(base_url=base_url) as raw:
             await raw.post("/v1/messages", json=body)
             claude = await raw.post("/v1/messages", json=body)
             gpt = await raw.post("/v1/chat/completions", json=body)
@@ -475,7 +475,7 @@ async def test_the_fake_refuses_calls_over_its_concurrency(kind: str) -> None:
     path = "/v1/messages" if kind == "anthropic" else "/v1/chat/completions"
     body = {"model": MODEL, "max_tokens": 10, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}
-    async with serving(provider) as base_url, httpx.AsyncClient(base_url=base_url) as raw:
+    async with serving(provider) as base_url, httpx2.AsyncClient(base_url=base_url) as raw:
         async with raw.stream("POST", path, json=body) as stalled:
             assert (stalled.status_code, provider.active) == (200, 1)
             async with opened(kind, base_url, clock) as llm:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anthropic.types
-import httpx
+import httpx2
 import openai.types.chat
 import pytest
 import pytest_asyncio
@@ -171,7 +171,7 @@ async def test_a_whole_answer_with_tool_calls_reads_as_the_sdks_own_types(
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 100, "tools": tools,
                             "messages": [{"role": "user", "content": "hi"}]}
     path = "/v1/messages" if kind == "anthropic" else "/v1/chat/completions"
-    async with httpx.AsyncClient(base_url=server[1]) as http:
+    async with httpx2.AsyncClient(base_url=server[1]) as http:
         answer = (await http.post(path, json=body)).json()
     if kind == "anthropic":
         message = anthropic.types.Message.model_validate(answer)

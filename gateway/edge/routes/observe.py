@@ -18,6 +18,7 @@ from gateway.edge.auth import Principal
 from gateway.edge.http import Routes, streamed
 from gateway.edge.openapi import openapi_document
 from gateway.errors import storage_fault_kind
+from gateway.runtime.schedules import LATE_MS
 from lanes.gate import GateStatus
 from store.port import StoreError
 
@@ -116,6 +117,10 @@ class ObserveRoutes(Routes):
             *family("gateway_requests_received_total", "counter",
                     "Requests received (its rate is the ingest rate).",
                     [f"gateway_requests_received_total {engine.requests_received}"]),
+            *family("gateway_storage_fault", "gauge",
+                    "1 while the event log refuses writes (requests are refused, to be sent "
+                    "again; /readyz says why).",
+                    [f"gateway_storage_fault {int(engine.faults.current is not None)}"]),
             *family("gateway_commit_backlog", "gauge", "Appends waiting for their commit.",
                     [f"gateway_commit_backlog {engine.backlog}"]),
             *family("gateway_log_backlog_events", "gauge",
@@ -145,7 +150,8 @@ class ObserveRoutes(Routes):
         yield "\n".join(lines) + "\n"
         async for piece in family_pieces(series, len(FAMILIES) - 1, FAMILIES[-1]):
             yield piece
-        lines = [*self._connection_metrics(), *self._cluster_metrics(),
+        lines = [*self._connection_metrics(), *self._schedule_metrics(),
+                 *self._cluster_metrics(),
                  *self._gate_metrics(now), *self._desk_metrics(now),
                  *process_lines(_version())]
         yield "\n".join(lines) + "\n"
@@ -172,6 +178,22 @@ class ObserveRoutes(Routes):
             *family("gateway_asyncio_tasks", "gauge",
                     "Tasks alive in the server's event loop (connections, commits, runs).",
                     [f"gateway_asyncio_tasks {len(asyncio.all_tasks())}"]),
+        ]
+
+    def _schedule_metrics(self) -> list[str]:
+        scheduler = self.engine.schedules.scheduler
+        return [
+            *family("gateway_schedule_firings_total", "counter",
+                    "Schedule firings this process submitted (runs by hand not counted).",
+                    [f"gateway_schedule_firings_total {scheduler.fired}"]),
+            *family("gateway_schedule_late_firings_total", "counter",
+                    f"Of those, firings that went out over {LATE_MS / 1000:g} s after their "
+                    "fire time (a stalled loop, a log refusing writes, a catch-up).",
+                    [f"gateway_schedule_late_firings_total {scheduler.late}"]),
+            *family("gateway_schedule_missed_firings_total", "counter",
+                    "Fire times that never fired: passed while no process ran the schedule "
+                    "(skipped by its catch-up), or passed over by a late firing.",
+                    [f"gateway_schedule_missed_firings_total {scheduler.missed}"]),
         ]
 
     def _desk_metrics(self, now: int) -> list[str]:
@@ -254,6 +276,14 @@ class ObserveRoutes(Routes):
                       "Requests granted in the last 60 s.", lambda v: v.window_requests),
             *per_gate("gateway_provider_requests_per_minute_limit", "gauge",
                       "The requests-per-minute limit.", lambda v: v.limits.requests_per_minute),
+            *per_gate("gateway_provider_input_tokens_per_minute_limit", "gauge",
+                      "The input-tokens-per-minute limit.",
+                      lambda v: v.limits.input_tokens_per_minute),
+            *per_gate("gateway_provider_output_tokens_per_minute_limit", "gauge",
+                      "The output-tokens-per-minute limit.",
+                      lambda v: v.limits.output_tokens_per_minute),
+            *per_gate("gateway_provider_max_concurrent_limit", "gauge",
+                      "The most slots granted at once.", lambda v: v.limits.max_concurrent),
             *per_gate("gateway_provider_window_input_tokens", "gauge",
                       "Input tokens charged in the last 60 s.", lambda v: v.window_input_tokens),
             *per_gate("gateway_provider_window_output_tokens", "gauge",
@@ -263,6 +293,11 @@ class ObserveRoutes(Routes):
                       lambda v: v.in_flight),
             *per_gate("gateway_provider_waiting", "gauge", "Requests waiting for a slot.",
                       lambda v: v.waiting),
+            *family("gateway_provider_wait_seconds", "histogram",
+                    "From a slot's request to its grant (slots granted by this process).",
+                    [line for name, gate in sorted(self.engine.gates.items())
+                     for line in gate.waits.lines("gateway_provider_wait_seconds",
+                                                  f'provider="{label(name)}"')]),
             *per_gate("gateway_provider_oldest_wait_seconds", "gauge",
                       "The longest current wait for a slot.",
                       lambda v: max((a.oldest_wait_ms for a in v.waiting_agents), default=0)
