@@ -52,6 +52,7 @@ from gateway.client.desk import (
     Approval,
     Approvals,
     Blotter,
+    Capacity,
     DeskBudget,
     DeskScope,
     Feed,
@@ -310,6 +311,17 @@ class DeskCalls(HttpBase):
     async def feed(self) -> Feed:
         """Feed health: connectors, each symbol's last data, warnings, the hook rules."""
         return await self._get(Feed, "/api/feed")
+
+    async def capacity(self, *, start: int | None = None, end: int | None = None,
+                       step: int | None = None, agents: Sequence[str] = (),
+                       providers: Sequence[str] = (), busiest: int | None = None
+                       ) -> Capacity:
+        """Capacity over time (ms since the epoch; ``step`` in ms): queue depth and run
+        latency of the desk and of the named ``agents`` (else the ``busiest`` few), and the
+        provider gates' waits and use of their limits, folded from the log."""
+        return await self._get(Capacity, "/api/capacity", {
+            "from": start, "to": end, "step": step, "busiest": busiest,
+            "agent": ",".join(agents) or None, "provider": ",".join(providers) or None})
 
     async def set_hooks(self, paused: bool, reason: str | None = None) -> HooksChanged:
         """Pause or resume the hook rules (control or admin, not scoped)."""

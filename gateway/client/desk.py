@@ -1,9 +1,12 @@
 """What the HTTP API answers about the desk, as the client reads it: the blotter, P&L,
-orders awaiting approval, the desk kill's scope, budgets, alerts and feed health."""
+orders awaiting approval, the desk kill's scope, budgets, alerts, feed health and capacity
+over time."""
 
 from __future__ import annotations
 
 from typing import Literal
+
+from pydantic import Field
 
 from gateway.client.frames import Answer, JsonObject
 
@@ -250,3 +253,52 @@ class HooksChanged(Answer):
 
     changed: bool
     hooks: Hooks
+
+
+# ------------------------------------------------------------------------------ capacity
+
+
+class CapacitySeries(Answer):
+    """The desk's (``agents``: how many) or one agent's (``agent_id``) capacity per step:
+    pending requests, runs ended and their latency p50/p95 (ms; None: none ended)."""
+
+    agent_id: str | None = None
+    agents: int | None = None
+    depth: list[int]
+    runs: list[int]
+    p50: list[int | None]
+    p95: list[int | None]
+
+
+class GateCapacity(Answer):
+    """A provider gate's capacity per step: requests waiting, waits ended and their p50/p95
+    (ms), requests and tokens granted in the 60 s window and their share of the limits."""
+
+    provider: str
+    limits: dict[str, int | None]
+    waiting: list[int]
+    waits: list[int]
+    wait_p50: list[int | None]
+    wait_p95: list[int | None]
+    requests: list[int]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    request_use: list[float | None]
+    token_use: list[float | None]
+
+
+class Capacity(Answer):
+    """Capacity over ``from_``..``to`` in steps of ``step`` ms, folded from the log up to
+    ``position`` (``behind``: events still to read; ask again), with the window's marks."""
+
+    from_: int = Field(alias="from")
+    to: int
+    step: int
+    position: int
+    since: int | None
+    behind: int
+    busiest: bool
+    desk: CapacitySeries
+    agents: list[CapacitySeries]
+    gates: list[GateCapacity]
+    marks: list[JsonObject]

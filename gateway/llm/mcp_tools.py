@@ -30,6 +30,9 @@ from gateway.llm.port import ToolSpec
 
 log = logging.getLogger("gateway.mcp")
 RECONNECT_S = 5.0
+START_S = 30.0
+"""The least time a server is given to start and list its tools (a stdio server is a process
+that imports its SDK first: seconds on a loaded machine), whatever its calls' bound."""
 """The least time between two attempts to open a server's connection."""
 SEPARATOR = "__"
 
@@ -96,8 +99,9 @@ class McpServer:
                         StdioServerParameters(command=spec.command[0],
                                               args=list(spec.command[1:]))))
                 session = await stack.enter_async_context(ClientSession(read, write))
-                await asyncio.wait_for(session.initialize(), spec.timeout_ms / 1000)
-                listed = await asyncio.wait_for(session.list_tools(), spec.timeout_ms / 1000)
+                start = max(START_S, spec.timeout_ms / 1000)
+                await asyncio.wait_for(session.initialize(), start)
+                listed = await asyncio.wait_for(session.list_tools(), start)
                 self.tools = {tool.name: tool for tool in listed.tools}
                 missing = [t for t in spec.tools if t not in self.tools]
                 if missing:

@@ -88,6 +88,8 @@ PAIRS: list[tuple[type[BaseModel], type[BaseModel]]] = [
     (desk.DeskBudget, shapes.DeskBudgetJson), (desk.Alert, shapes.AlertJson),
     (desk.Alerts, shapes.AlertsJson), (desk.Hooks, shapes.HooksJson), (desk.Feed, shapes.FeedJson),
     (desk.HooksChanged, shapes.HooksChangedJson),
+    (desk.CapacitySeries, shapes.CapacitySeriesJson), (desk.GateCapacity, shapes.GateCapacityJson),
+    (desk.Capacity, shapes.CapacityJson),
 ]
 """Each client model and the server model whose JSON it reads."""
 

@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 from gateway.base.clock import SystemClock
-from gateway.llm.mcp_tools import McpServerSpec, McpTools
+from gateway.llm.mcp_tools import START_S, McpServerSpec, McpTools
 from gateway.llm.port import Completion, ToolCall
 from gateway.llm.reasoner import LLMReasoner
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode, verify
 from store import MemoryEventStore
-from tests.gateway.support import TIMEOUT, control, log_of, next_event, request, until
+from tests.gateway.support import control, log_of, next_event, request, until
 from tests.gateway.test_gate_engine import ScriptedLLM, answer
 
 SERVER = str(Path(__file__).with_name("mcp_news_server.py"))
@@ -52,7 +52,7 @@ async def test_an_agent_calls_an_mcp_servers_tools_and_every_failure_is_a_tool_e
 
     async def listed() -> bool:
         return len(mcp.specs("btc", TOOLS)) == 3
-    await until(listed, "the MCP server's tools", within_s=TIMEOUT)
+    await until(listed, "the MCP server's tools", within_s=START_S)
     await engine.submit(request("btc"))
     await next_event(store, "ModelCalled")
     stop = await engine.submit(control("btc", "pause"))  # the control lane never waits
