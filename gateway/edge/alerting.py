@@ -133,11 +133,13 @@ class Alerter:
         self._tasks: list[asyncio.Task[None]] = []
         self._seq = 0
 
-    def start(self) -> None:
-        """Follow the log from its end now, watch the feed, start the webhooks."""
+    async def start(self) -> None:
+        """Follow the log from its end now (every event committed once this returns is
+        looked at), watch the feed, start the webhooks."""
+        after = await self._log.last_position()
         for webhook in self.webhooks:
             webhook.start()
-        self._tasks = [spawn(self._follow(), "alerts: the log"),
+        self._tasks = [spawn(self._follow(after), "alerts: the log"),
                        spawn(self._watch_feed(), "alerts: the feed")]
 
     async def stop(self) -> None:
@@ -157,8 +159,7 @@ class Alerter:
         for webhook in self.webhooks:
             webhook.offer(alert)
 
-    async def _follow(self) -> None:
-        after = await self._log.last_position()
+    async def _follow(self, after: int) -> None:
         async with contextlib.aclosing(self._log.follow(after)) as records:
             async for record in records:
                 alert = alert_of(record)

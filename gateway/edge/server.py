@@ -382,7 +382,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
         if mcp is not None:  # the agents' MCP servers, connected in the background
             mcp.start()
         if service.alerter is not None:
-            service.alerter.start()
+            await service.alerter.start()
         if extra is not None:
             extra_task.append(spawn(extra(service), "extra"))
         try:

@@ -96,7 +96,7 @@ async def test_alerts_reach_a_webhook_signed_after_it_fails_and_hangs_and_the_pa
         async with running(store, AGENTS, Trader(), clock, feed=feed,
                            alerter=alerter) as live:
             await until(lambda: _started(live), "the engine")
-            alerter.start()
+            await alerter.start()
             stop = await live.engine.submit(control("btc", "emergency_stop"))
             assert stop.effect is not None and stop.effect.to_state.value == "HALTED"
             await live.engine.submit(control("eth", "pause"))  # REDUCING: a buy is refused
@@ -151,7 +151,7 @@ async def test_a_webhook_that_never_answers_counts_dead_letters_and_holds_nothin
                                                             queue=1))
         async with running(store, AGENTS, Trader(), feed=feed, alerter=alerter) as live:
             await until(lambda: _started(live), "the engine")
-            alerter.start()
+            await alerter.start()
             for agent in ("btc", "eth"):
                 ack = await live.engine.submit(control(agent, "emergency_stop"))
                 assert ack.decision == "accepted"  # (never behind the webhook)
