@@ -214,7 +214,8 @@ class Intake:
                 future.set_exception(bug)
                 continue
             future.set_result(ack)
-            if item.received.request.kind is _CONTROL and item.received.request.action:
+            if item.received.request.kind is _CONTROL and item.received.request.action \
+                    and not ack.repeated:  # (a control sent again was said the first time)
                 said_control(item.received, ack)
 
     def _refused(self, received: RequestReceived, error: GatewayError) -> GatewayError:

@@ -23,7 +23,10 @@ async def test_controls_are_logged_once_each_and_requests_are_not(
     await engine.start()
     with caplog.at_level(logging.INFO, logger="gateway.controls"):
         await engine.submit(request("desk"), "ops")
-        await engine.submit(control("desk", "emergency_stop"), "ops")
+        stop = control("desk", "emergency_stop")
+        await engine.submit(stop, "ops")
+        again = await engine.submit(stop, "ops")  # the same request sent again: no line
+        assert again.repeated
         await engine.submit(control("desk", "pause"), "ops")  # refused while HALTED
         await engine.submit(control("desk", "resume"), "ops")
     await engine.stop()
