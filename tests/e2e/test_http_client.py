@@ -89,9 +89,10 @@ async def traded(api: HttpClient) -> None:
     ack = await api.submit(message("btc", "look and buy"))
     assert ack.decision == "accepted" and ack.position > 0
 
-    async def waiting() -> bool:
-        return bool(await api.approvals())
-    await until(waiting, "btc's order to wait for approval")
+    async def waiting() -> bool:  # (its order waits from its tool step, before the run ends)
+        runs = (await api.runs("btc")).runs
+        return bool(await api.approvals()) and bool(runs) and runs[-1].outcome != "running"
+    await until(waiting, "btc's run to end with its order waiting for approval")
 
 
 async def test_agents_queues_providers_and_probes_read_as_their_models(live: Running) -> None:
