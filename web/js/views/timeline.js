@@ -540,5 +540,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     /** Pick the event at or just before a log position (deep links: #/agent/ID?at=P). */
     travelTo: travel,
     redraw: draw,
+    /** The picked log position (null while following live). */
+    position: () => (index === null ? null : entries[index].position),
   };
 }
