@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench import (
+    drill,
     fanout,
     gate,
     mcp_call,
@@ -112,3 +113,10 @@ def test_the_worker_dispatch_bench_times_both_reasoners_at_the_model_latency() -
                                                                                 latency_ms=5)}
     assert figures["simulated reasoner p50"] >= 5
     assert figures["worker over /ws/worker p50"] >= 5
+
+
+def test_drill_measures_each_ask_and_its_longest_stall() -> None:
+    figures = drill.measure(events=3_000)
+    assert figures[0].value >= 3_000
+    assert len(figures) == 1 + 2 * 7 and all(f.value >= 0 for f in figures)
+    assert all(f.unit == "ms" for f in figures[1:])

@@ -187,6 +187,30 @@ async def _back(store: LogReads, stream: str, top: int) -> AsyncIterator[Recorde
         low = page[0].version - 1
 
 
+class _Kept:
+    """What a scan back through a stream keeps: the records offered as wanted and, for each
+    decision among them, the input it was decided of (the next input met going back), so
+    that a long stream is never held whole."""
+
+    def __init__(self) -> None:
+        self.records: list[RecordedEvent] = []
+        self.seen = 0
+        self.wanting = False
+        """A decision kept waits for its input."""
+
+    def offer(self, record: RecordedEvent, wanted: bool) -> None:
+        """The next record going back; kept if ``wanted`` or the input a kept one needs."""
+        self.seen += 1
+        is_input = record.type in _INPUT_NAMES
+        if wanted or (self.wanting and is_input):
+            self.records.append(record)
+            self.wanting = not is_input
+
+    def ordered(self) -> list[RecordedEvent]:
+        """What was kept, in stream order."""
+        return self.records[::-1]
+
+
 def _step(stage: str, record: RecordedEvent, event: Event, cause: tuple[RecordedEvent, Event]
           | None) -> dict[str, Any]:
     """One step of a life: the event worded as the timeline words it, and its input."""
@@ -231,12 +255,12 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
     """The life of one order of ``agent_id`` (whose stream ends at version ``top``), oldest
     step first, with the run that decided it; `BadFrame` ``not_found`` if no order of that
     id is in the stream's last `MAX_DRILL_SCAN` events."""
-    kept: list[RecordedEvent] = []
+    kept = _Kept()
     run_id: str | None = None
     async for record in _back(store, agent_id, top):
-        kept.append(record)
-        if run_id is None and order_id in record.data and record.type in (
-                "OrderAccepted", "ApprovalRequested"):
+        mentions = order_id in record.data
+        kept.offer(record, mentions or record.type == "ApprovalDecided")
+        if run_id is None and mentions and record.type in ("OrderAccepted", "ApprovalRequested"):
             event = reader.decode(record)
             if isinstance(event, OrderAccepted | ApprovalRequested) and \
                     event.order_id == order_id:
@@ -246,15 +270,14 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
             if isinstance(started, RunStarted) and started.run_id == run_id:
                 break
     if run_id is None:
-        raise BadFrame("not_found", f"no order {order_id!r} in the last {len(kept):,} events "
+        raise BadFrame("not_found", f"no order {order_id!r} in the last {kept.seen:,} events "
                        f"of {agent_id}; the blotter lists its orders")
-    kept.reverse()
     steps: list[dict[str, Any]] = []
     approvals: set[str] = set()
     cause = _Cause(reader)
     intent: dict[str, Any] | None = None
     placed_at: int | None = None
-    for record in kept:
+    for record in kept.ordered():
         if record.type in _INPUT_NAMES:
             cause.record = record
         if order_id not in record.data and not any(a in record.data for a in approvals):
@@ -384,25 +407,24 @@ async def run_detail(store: LogReads, reader: LogReader, agent_id: str, run_id: 
     (the requests it started with, as the model read them), each model call with its text and
     tool calls (arguments, results), the steers it took, its answer, orders and outcome;
     `BadFrame` ``not_found`` if it is not in the stream's last `MAX_DRILL_SCAN` events."""
-    kept: list[RecordedEvent] = []
+    kept = _Kept()
     start: RecordedEvent | None = None
     async for record in _back(store, agent_id, top):
-        kept.append(record)
-        if start is not None and record.type in _INPUT_NAMES:
-            break  # (the input it started on: when it started)
+        kept.offer(record, _is_of(record, run_id))
+        if start is not None and not kept.wanting:
+            break  # (with the input it started on: when it started)
         if start is None and record.type == "RunStarted" and _is_of(record, run_id):
             started = reader.decode(record)
             if isinstance(started, RunStarted) and started.run_id == run_id:
                 start = record
     if start is None:
-        raise BadFrame("not_found", f"no run {run_id!r} in the last {len(kept):,} events of "
+        raise BadFrame("not_found", f"no run {run_id!r} in the last {kept.seen:,} events of "
                        f"{agent_id}; its run history lists its runs")
-    kept.reverse()
     run = _Run(run_id)
     cause = _Cause(reader)
     ended = False
     steer_inputs: dict[str, tuple[RecordedEvent, RequestReceived]] = {}
-    for record in kept:
+    for record in kept.ordered():
         if record.type in _INPUT_NAMES:
             if ended:
                 break  # (the decisions of the input that ended it are in; nothing after)

@@ -3,33 +3,41 @@ was at a log position (replayed from the log), then its recorded inputs after it
 under another config (`lanes.whatif.whatif_from`, the model of ``gateway whatif``), and
 recorded against what-if, measure by measure, as the CLI prints them.
 
-The simulation is CPU work: it runs in a worker thread, one at a time per process (another
-ask meanwhile is answered busy), over at most `MAX_WHATIF_EVENTS` events of the stream.
+The simulation is CPU work: it runs in a process of its own, one at a time (another ask
+meanwhile is answered busy), over at most `MAX_WHATIF_EVENTS` events of the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
 
 from gateway.base.quarantine import LogReader
-from gateway.errors import BadFrame, Busy
+from gateway.errors import Busy
 from gateway.reads.replays import Replayed
 from gateway.tools.what_if import WHATIF_ROWS
 from lanes import AgentConfig
 from lanes.events import INPUT_TYPES
 from lanes.evolve import evolve
-from lanes.replay import Entry
 from lanes.requests import MAX_INT, WireModel
 from lanes.state import AgentState
 from lanes.whatif import AgentWhatIf, whatif_from
-from store.port import LogReads
+from store.port import LogReads, RecordedEvent
 
 MAX_WHATIF_EVENTS = 200_000
 """Events of the agent's stream after the position that one what-if re-runs at most."""
-PAGE = 5_000
+MAX_WORKER_FOLD = 200_000
+"""Events before the position the worker folds itself; past it, it is given the agent as
+time travel's cache has it (a longer wait for its pickling, none for the fold)."""
+PAGE = 1_000
 _INPUTS = tuple(INPUT_TYPES)
 
 
@@ -78,57 +86,138 @@ class WhatIfJson(WireModel):
 
 
 class WhatIfs:
-    """Runs what-ifs one at a time (the CPU is shared with everything the gateway does)."""
+    """Runs what-ifs one at a time in a worker process (a fresh interpreter at a low
+    priority, started at the first ask and kept: it takes seconds to start): the decoding and
+    deciding of up to `MAX_WHATIF_EVENTS` events, and the garbage they make, never hold the
+    gateway's event loop."""
 
-    def __init__(self) -> None:
-        self._running = False
+    _pool: ProcessPoolExecutor | None = None
+    """The worker, shared by every app of the process (ended with the process)."""
+    _running = False
 
-    async def run(self, store: LogReads, reader: LogReader, replayed: Replayed[AgentState],
-                  position: int, config: AgentConfig, now: int) -> dict[str, Any]:
-        """What-if from ``replayed`` (the agent at log ``position``) under ``config``, until
-        ``now`` (what the log holds was recorded up to then)."""
-        if self._running:
+    @classmethod
+    def _worker(cls) -> ProcessPoolExecutor:
+        if cls._pool is None:
+            cls._pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"),  # (no fork of threads)
+                initializer=os.nice, initargs=(19,))  # the gateway's own work comes first
+        return cls._pool
+
+    async def run(self, store: LogReads, url: str | None, reader: LogReader, agent_id: str,
+                  position: int, before: int, top: int, config: AgentConfig, now: int,
+                  replayed: Callable[[], Awaitable[Replayed[AgentState]]]) -> dict[str, Any]:
+        """What-if from ``agent_id`` as it was at log ``position`` (``before`` events of its
+        stream are at or before it; it is at version ``top`` now) under ``config``, until
+        ``now`` (the log was recorded up to then). Where another process can read the log
+        (``url``) and the stream before the position is not long, the worker replays the
+        agent to the position and reads what follows itself; else it is given ``replayed()``
+        (the time-travel cache's) and the records."""
+        cls = type(self)
+        if cls._running:
             raise Busy(1_000)
-        self._running = True
+        cls._running = True
         try:
-            state = replayed.state
-            entries = await _after(store, reader, state)
-            start_at = state.now
-            report = await asyncio.to_thread(_simulate, state, entries, config, now)
+            moment = None if url is not None and before <= MAX_WORKER_FOLD \
+                else await replayed()
+            records = None if moment is None else await _after(store, agent_id,
+                                                               moment.state.version, top)
+            asked = _Asked(url, agent_id, position, top, config, now, dict(reader.replacements))
+            try:
+                found: _Found = await asyncio.get_running_loop().run_in_executor(
+                    cls._worker(), whatif_in_worker, asked, moment, records)
+            except BrokenProcessPool:  # (the worker died: a new one next time)
+                cls._pool = None
+                raise
         finally:
-            self._running = False
-        until = max([now, *(e.event.at for e in entries
-                            if isinstance(e.event, _INPUTS))])
-        return whatif_json(report, position, replayed.event_position, start_at, until,
-                           len(entries))
+            cls._running = False
+        return whatif_json(found.report, position, found.event_position, found.at,
+                           found.until, found.events)
 
 
-async def _after(store: LogReads, reader: LogReader, state: AgentState) -> list[Entry]:
-    """The agent's entries after ``state`` (its stream version), at most
-    `MAX_WHATIF_EVENTS`."""
-    records = []
-    after = state.version
-    while True:
-        page = await store.read_stream(state.agent_id, after_version=after, limit=PAGE)
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What the worker is asked."""
+
+    url: str | None
+    agent_id: str
+    position: int
+    top: int
+    config: AgentConfig
+    now: int
+    replacements: dict[int, tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What the worker answers."""
+
+    report: AgentWhatIf
+    until: int
+    events: int
+    event_position: int
+    at: int
+
+
+async def _after(store: LogReads, agent_id: str, after: int, top: int) -> list[RecordedEvent]:
+    """The agent's records after version ``after`` up to version ``top``."""
+    records: list[RecordedEvent] = []
+    while after < top:
+        page = await store.read_stream(agent_id, after_version=after,
+                                       limit=min(PAGE, top - after))
+        if not page:
+            break
         records += page
-        if len(records) > MAX_WHATIF_EVENTS:
-            raise BadFrame("invalid", f"more than {MAX_WHATIF_EVENTS:,} events of "
-                           f"{state.agent_id} follow this position: pick a later one (or run "
-                           "gateway whatif on the log)", field="position")
-        if len(page) < PAGE:
-            return reader.entries(records)
         after = page[-1].version
+    return records
 
 
-def _simulate(state: AgentState, entries: list[Entry], config: AgentConfig, now: int
-              ) -> AgentWhatIf:
-    """(In a worker thread.) The decisions of the input the moment is in are taken in
-    first: what-if starts at the next input."""
+def whatif_in_worker(asked: _Asked, moment: Replayed[AgentState] | None,
+                     records: list[RecordedEvent] | None) -> _Found:
+    """(In the worker process.) The what-if: from ``moment`` and the ``records`` after it,
+    or, when they are not given, replayed and read from the log at ``asked.url``."""
+    reader = LogReader(asked.replacements)
+    if moment is None or records is None:
+        moment, records = asyncio.run(_replay(asked, reader))
+    if len(records) > MAX_WHATIF_EVENTS:
+        raise ValueError(f"{len(records)} events follow the moment")  # (checked before)
+    state = moment.state
+    at = state.now
+    report, until = _simulate(reader, state, records, asked.config, asked.now)
+    return _Found(report, until, len(records), moment.event_position, at)
+
+
+async def _replay(asked: _Asked, reader: LogReader
+                  ) -> tuple[Replayed[AgentState], list[RecordedEvent]]:
+    """The agent at the position, folded from the log, and its records after it."""
+    from store import open_store
+
+    store = await open_store(asked.url or "")
+    try:
+        records = await _after(store, asked.agent_id, 0, asked.top)
+    finally:
+        await store.close()
+    state = AgentState(agent_id=asked.agent_id)
+    folded, event_position = 0, 0
+    for record in records:
+        if record.position > asked.position:
+            break
+        evolve(state, reader.decode(record))
+        folded, event_position = folded + 1, record.position
+    return Replayed(state, event_position), records[folded:]
+
+
+def _simulate(reader: LogReader, state: AgentState, records: list[RecordedEvent],
+              config: AgentConfig, now: int) -> tuple[AgentWhatIf, int]:
+    """The report, and where the simulation ends. The decisions of the input the moment is
+    in are taken in first: what-if starts at the next input."""
+    entries = reader.entries(records)
+    until = max([now, *(e.event.at for e in entries
+                        if isinstance(e.event, _INPUTS))])
     first = 0
     while first < len(entries) and not isinstance(entries[first].event, _INPUTS):
         evolve(state, entries[first].event)
         first += 1
-    return whatif_from(state, entries[first:], config, now)
+    return whatif_from(state, entries[first:], config, now), until
 
 
 def whatif_json(report: AgentWhatIf, position: int, event_position: int, at: int, until: int,

@@ -67,6 +67,18 @@ async def open_panel(browser: Browser) -> AsyncIterator[OpenPanel]:
     assert errors == [], errors
 
 
+async def resize(page: Page, width: int, height: int) -> None:
+    """Make the window ``width`` x ``height`` and wait until the page has taken it."""
+    await page.set_viewport_size({"width": width, "height": height})
+    await expect(page.locator("html")).to_have_js_property("clientWidth", width)
+
+
+async def fits(page: Page, width: int) -> None:
+    """Nothing makes the page wider than the window (``width``)."""
+    wide = await page.evaluate("document.documentElement.scrollWidth")
+    assert wide <= width, (width, wide)
+
+
 async def screenshot(page: Page, name: str, full_page: bool = False) -> None:
     """Keep a picture of a view as a test artefact (``tests/browser/artefacts``)."""
     ARTEFACTS.mkdir(exist_ok=True)

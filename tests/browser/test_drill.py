@@ -10,17 +10,22 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from playwright.async_api import Page, expect
+from playwright.async_api import expect
 
 from gateway.config import GatewayConfig
 from gateway.config.market import MarketConfig, SymbolConfig
-from gateway.edge.server import Running
 from gateway.market.events import Tick
-from tests.browser.conftest import OpenPanel, screenshot
-from tests.browser.live import CONTROL, agent, live_gateway, panel_config, request, submit
-from tests.gateway.support import until
+from tests.browser.conftest import OpenPanel, fits, resize, screenshot
+from tests.browser.live import (
+    CONTROL,
+    agent,
+    live_gateway,
+    panel_config,
+    request,
+    state_is,
+    submit,
+)
 
 WIDTHS = ((1280, 800), (390, 844))
 
@@ -31,21 +36,7 @@ def with_ticks(config: GatewayConfig) -> GatewayConfig:
         symbols=(SymbolConfig(symbol="BTCUSD", tick=0.5),))})
 
 
-async def resize(page: Page, width: int, height: int) -> None:
-    await page.set_viewport_size({"width": width, "height": height})
-    await expect(page.locator("html")).to_have_js_property("clientWidth", width)
 
-
-async def fits(page: Page, width: int) -> None:
-    """Nothing makes the page wider than the window."""
-    wide: Any = await page.evaluate("document.documentElement.scrollWidth")
-    assert wide <= width, (width, wide)
-
-
-async def state_is(running: Running, agent_id: str, test: Any, what: str) -> None:
-    async def holds() -> bool:
-        return bool(test(running.service.engine.state(agent_id)))
-    await until(holds, what)
 
 
 async def test_an_order_opens_its_life_the_run_that_placed_it_and_that_runs_tool_steps(
@@ -185,7 +176,8 @@ async def test_what_if_from_a_time_travel_position_compares_the_recorded_runs_wi
             await form.get_by_role("button", name="Run what-if from here").click()
             table = page.locator("#whatif-table")
             runs = table.locator('tr[data-measure="runs"] td')
-            await expect(runs).to_have_text(["1", "4", "+3"])
+            # (the first what-if starts the worker process: seconds on a busy machine)
+            await expect(runs).to_have_text(["1", "4", "+3"], timeout=60_000)
             await expect(table.locator('tr[data-measure="suppressions"] td')).to_have_text(
                 ["1", "0", "-1"])
             await expect(page.locator("#whatif-changes")).to_contain_text(

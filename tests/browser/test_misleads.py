@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
 
-from playwright.async_api import Page, expect
+from playwright.async_api import expect
 
 from gateway.edge.server import Running
-from tests.browser.conftest import ZONED, OpenPanel, screenshot
+from tests.browser.conftest import ZONED, OpenPanel, fits, resize, screenshot
 from tests.browser.live import (
     ADMIN,
     CONTROL,
@@ -24,20 +23,9 @@ from tests.browser.live import (
     live_gateway,
     panel_config,
     request,
+    state_is,
     submit,
 )
-from tests.gateway.support import until
-
-
-async def resize(page: Page, width: int, height: int) -> None:
-    await page.set_viewport_size({"width": width, "height": height})
-    await expect(page.locator("html")).to_have_js_property("clientWidth", width)
-
-
-async def state_is(running: Running, agent_id: str, test: Any, what: str) -> None:
-    async def holds() -> bool:
-        return bool(test(running.service.engine.state(agent_id)))
-    await until(holds, what)
 
 
 async def one_at_a_time(running: Running) -> None:
@@ -135,8 +123,7 @@ async def test_the_agent_page_is_no_wider_than_the_window_with_pending_requests(
             await resize(page, width, height)
             await page.goto(f"{running.url}/#/agent/{busy}")
             await expect(page.locator("#pending-table tr[data-request-id]")).to_have_count(4)
-            wide: Any = await page.evaluate("document.documentElement.scrollWidth")
-            assert wide <= width, (width, wide)
+            await fits(page, width)
             await page.locator("#pending-table").scroll_into_view_if_needed()
             await screenshot(page, f"mislead-pending-{width}")
 

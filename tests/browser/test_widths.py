@@ -11,7 +11,7 @@ from typing import Any
 from playwright.async_api import Locator, Page, expect
 
 from gateway.config import GatewayConfig
-from tests.browser.conftest import ZONED, OpenPanel, screenshot
+from tests.browser.conftest import ZONED, OpenPanel, resize, screenshot
 from tests.browser.live import CONTROL, agent, live_gateway, panel_config, request, submit
 
 AGENTS = ["alpha", "momentum_scalper_btcusd_5m_with_a_long_name", "mean_reversion_eth",
@@ -42,10 +42,6 @@ def overlap(a: Box, b: Box) -> bool:
     return (a["x"] < b["x"] + b["width"] - 1 and b["x"] < a["x"] + a["width"] - 1
             and a["y"] < b["y"] + b["height"] - 1 and b["y"] < a["y"] + a["height"] - 1)
 
-
-async def resize(page: Page, width: int, height: int) -> None:
-    await page.set_viewport_size({"width": width, "height": height})
-    await expect(page.locator("html")).to_have_js_property("clientWidth", width)
 
 
 async def name_and_stop_in_view(page: Page, agent_id: str) -> None:

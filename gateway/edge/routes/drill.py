@@ -6,8 +6,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.edge.http import Routes, _json, _position_param
+from gateway.errors import BadFrame
 from gateway.reads.drill import OrderLifeJson, RunDetailJson, order_life, run_detail
-from gateway.reads.whatif import WhatIfBody, WhatIfs
+from gateway.reads.history import first_version
+from gateway.reads.whatif import MAX_WHATIF_EVENTS, WhatIfBody, WhatIfs
 from gateway.tools.story import answer
 
 
@@ -42,10 +44,16 @@ class DrillRoutes(Routes):
     async def whatif(self, request: Request) -> Response:
         """What-if from a log position: the agent as it was there, then its recorded inputs
         re-run under ``config`` (``gateway whatif``'s model), recorded against what-if."""
-        agent_id, _ = self._readable(request)
+        agent_id, top = self._readable(request)
         body: WhatIfBody = await self._body(request, WhatIfBody)
         last = await self.log.last_position()
         position = _position_param({"position": str(body.position)}, "position", last, last)
-        replayed = await self._replayed(agent_id, position)
-        return _json(await self.whatifs.run(self.log, self.engine.reader, replayed, position,
-                                            body.config, self.engine.clock.now_ms()))
+        after = await first_version(self.log, agent_id, top, lambda r: r.position > position)
+        if top - after + 1 > MAX_WHATIF_EVENTS:
+            raise BadFrame("invalid", f"more than {MAX_WHATIF_EVENTS:,} events of {agent_id} "
+                           "follow this position: pick a later one (or run gateway whatif on "
+                           "the log)", field="position")
+        return _json(await self.whatifs.run(
+            self.log, self.engine.store.url, self.engine.reader, agent_id, position,
+            after - 1, top, body.config, self.engine.clock.now_ms(),
+            lambda: self._replayed(agent_id, position)))
