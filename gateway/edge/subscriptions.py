@@ -29,7 +29,7 @@ from gateway.edge.views import (
 from gateway.errors import BadFrame, Forbidden, NotRunning
 from gateway.market.events import from_ms
 from gateway.reads.pnl import pnl_view
-from lanes.blotter import ORDER_EVENT_TYPES
+from lanes.blotter import ORDER_EVENT_TYPES, Blotter
 
 if TYPE_CHECKING:
     from gateway.edge.sessions import Session
@@ -157,8 +157,11 @@ class Subscriptions:
         while not session.closing and self.task is follower:
             changed = set(traded)
             traded.clear()
-            blotters = await service.blotters.blotters(service.log, engine.reader, wanted,
-                                                       changed)
+            # An agent that never had an order accepted has no fill: nothing to read for it.
+            dealt = [a for a in wanted if engine.state(a).counters.orders_accepted]
+            read = dict(await service.blotters.blotters(service.log, engine.reader, dealt,
+                                                        changed))
+            blotters = [(a, read.get(a) or Blotter()) for a in wanted]
             view = pnl_view(blotters, engine.runs.toolbox.market, engine.clock.now_ms())
             if self.task is not follower:
                 return
