@@ -80,7 +80,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
         router = Router(peers)
         run_gates = {name: RoutedGate(gate, peers, router.owner_of)
                      for name, gate in gates.items()}
-    market = MarketBook()
+    market = MarketBook(ticks=config.market.ticks(), tick=config.market.tick)
     servers = {entry.id: [server.spec() for server in entry.mcp]
                for entry in config.agents if entry.mcp}
     engine = Engine(store, config.agent_configs(), clock=clock, market=market,

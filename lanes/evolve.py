@@ -485,7 +485,10 @@ def _ignored(state: AgentState, event: RunResultIgnored) -> None:
 @EVOLVERS.on(RunsSuppressed)
 def _suppressed(state: AgentState, event: RunsSuppressed) -> None:
     state.suppressed = (event.reason, event.until)
-    state.counters.suppressions += 1
+    if event.reason == "cooldown":
+        state.counters.cooldowns += 1
+    else:
+        state.counters.suppressions += 1
 
 
 @EVOLVERS.on(RunsResumed)

@@ -103,6 +103,9 @@ class Counters:
     aborts: int = 0
     steers: int = 0
     suppressions: int = 0
+    """Times runs were held back by a runs budget (per hour, per day)."""
+    cooldowns: int = 0
+    """Times runs waited for the cooldown after a no-trade run (not a budget: counted apart)."""
     holds: int = 0
     """Times the agent was paused because its LLM provider refused for spend."""
     orders_accepted: int = 0

@@ -123,12 +123,18 @@ _COUNTED: dict[type, str] = {
 """Decisions `tally` only counts, with the `Tally` field each one adds to."""
 
 
-def tally(entries: Iterable[Entry]) -> dict[str, Tally]:
-    """The `Tally` of every agent stream of a log (entries in position order)."""
+def tally(entries: Iterable[Entry],
+          waiting: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Tally]:
+    """The `Tally` of every agent stream of a log (entries in position order). ``waiting``:
+    per stream, requests accepted before these entries and still waiting (id -> arrival
+    time), whose waits count when a run takes them (a tally from a moment on)."""
     counters: dict[str, Counter[str]] = {}
     arrivals: dict[str, dict[str, int]] = {}
     waits: dict[str, dict[str, int]] = {}
     now: dict[str, int] = {}
+    for stream, pending in (waiting or {}).items():
+        counters[stream], arrivals[stream], waits[stream] = Counter(), dict(pending), {}
+        now[stream] = 0
     for entry in entries:
         stream, event = entry.stream, entry.event
         if not is_agent_stream(stream):
@@ -219,9 +225,10 @@ class RunBook:
     """The most common outcome of completed runs (no trade if none completed)."""
 
 
-def run_book(entries: Sequence[Entry]) -> RunBook:
-    """The recorded runs of one agent's stream (in position order)."""
-    runs: dict[str, RecordedRun] = {}
+def run_book(entries: Sequence[Entry], going: RecordedRun | None = None) -> RunBook:
+    """The recorded runs of one agent's stream (in position order); ``going``: a run that
+    started before these entries (its script is read from them)."""
+    runs: dict[str, RecordedRun] = {} if going is None else {going.run_id: going}
     holders: dict[str, list[RecordedRun]] = {}
     now = 0
     for entry in entries:
@@ -272,13 +279,17 @@ class Simulation:
     """One agent's recorded inputs replayed under a config (see the module docstring)."""
 
     def __init__(self, agent_id: str, entries: Sequence[Entry], config: AgentConfig | None,
-                 end: int) -> None:
+                 end: int, start: AgentState | None = None) -> None:
         self.agent_id = agent_id
         self.entries = entries
         self.config = config
         self.end = end
-        self.book = run_book(entries)
-        self.state = AgentState(agent_id=agent_id)
+        run = None if start is None else start.active
+        going = None if run is None else RecordedRun(
+            run.run_id, run.started_at, [p.request.request_id for p in run.requests])
+        self.book = run_book(entries, going)
+        self.state = AgentState(agent_id=agent_id) if start is None else start
+        """From an empty state, or from ``start`` (the agent at a moment: its own copy)."""
         self.log: list[Entry] = []
         self._queue: list[tuple[int, int, int, _Scheduled]] = []
         self._seq = 0
@@ -288,6 +299,10 @@ class Simulation:
         self._timer_at: int | None = None
         self._fired_idle: int | None = None
         """A timer at this time decided nothing: do not fire another one then."""
+        if going is not None:  # the run going at the start plays its own recorded script
+            self._play(going.run_id, going.started_at, going)
+        if start is not None:
+            self._schedule_timer()
 
     def run(self, progress: Callable[[int], None] | None = None) -> list[Entry]:
         """Simulate; the simulated log (positions count from 1 within the agent)."""
@@ -368,12 +383,16 @@ class Simulation:
         nth = self._starts[first]
         self._starts[first] += 1
         holders = self.book.holders.get(first)
-        begin = self.state.now
         recorded = holders[min(nth, len(holders) - 1)] if holders else None
+        self._play(started.run_id, self.state.now, recorded)
+
+    def _play(self, run_id: str, begin: int, recorded: RecordedRun | None) -> None:
+        """Schedule the script of ``recorded`` (or a median run) for the simulated run
+        ``run_id`` that started at ``begin``."""
         steps: list[ScriptStep] = []
         cut_at = 0
         if recorded is not None:
-            self._standing[recorded.run_id] = started.run_id
+            self._standing[recorded.run_id] = run_id
             steps = list(recorded.steps)
             if recorded.ended_at is not None:
                 cut_at = recorded.ended_at - recorded.started_at
@@ -385,7 +404,7 @@ class Simulation:
                 steps.append(ScriptStep(max(median, cut_at + 1), _LAST, RunFinished(
                     at=0, run_id="", outcome=self.book.outcome, usage=Usage())))
         for step in steps:
-            self._push(begin + step.offset, step.order, _Scheduled(started.run_id, step.report))
+            self._push(begin + step.offset, step.order, _Scheduled(run_id, step.report))
 
 
 def _replace_run(report: Input, run_id: str | None, at: int) -> Input:
@@ -479,3 +498,23 @@ def _last_config(stream: Sequence[Entry]) -> AgentConfig | None:
             return entry.event.config
     return None
 
+
+
+def whatif_from(start: AgentState, after: Sequence[Entry], config: AgentConfig,
+                end: int | None = None) -> AgentWhatIf:
+    """What-if from a moment: the agent as it was (``start``, its own copy: it is advanced),
+    then its recorded entries ``after`` that moment, in position order, re-run with
+    ``config`` from the first input on (a run going at the moment plays its own recorded
+    script). Both tallies count only what happened after the moment; a request waiting then
+    counts its wait from its arrival. The simulation ends at ``end`` (for a live log: now,
+    up to which the recording went on), and never before the last input of ``after``."""
+    waiting = {start.agent_id: {p.request.request_id: p.at for p in start.pending}}
+    last = max((e.event.at for e in after if type(e.event) in INPUTS),  # type: ignore[union-attr]
+               default=start.now)
+    end = last if end is None else max(end, last)
+    recorded_config = start.config
+    simulated = Simulation(start.agent_id, after, config, end, start).run()
+    return AgentWhatIf(
+        agent_id=start.agent_id, recorded_config=recorded_config, config=config,
+        recorded=tally(after, waiting).get(start.agent_id, Tally()),
+        whatif=tally(simulated, waiting).get(start.agent_id, Tally()))

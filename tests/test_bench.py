@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench import (
+    drill,
     fanout,
     gate,
     mcp_call,
@@ -124,3 +125,10 @@ def test_the_panel_load_bench_times_the_overview_and_the_capacity_view() -> None
     assert figures["open the panel -> overview with all 30 agents"] > 0
     assert figures["capacity view, the gateway's first ask"] > 0
     assert figures["capacity view again"] > 0
+
+
+def test_drill_measures_each_ask_and_its_longest_stall() -> None:
+    figures = drill.measure(events=3_000)
+    assert figures[0].value >= 3_000
+    assert len(figures) == 1 + 2 * 7 and all(f.value >= 0 for f in figures)
+    assert all(f.unit == "ms" for f in figures[1:])

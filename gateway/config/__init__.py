@@ -11,6 +11,7 @@
                     # base_url, timeout_s, [providers.limits] (a `lanes.gate.events.GateLimits`)
 [[agents]]          # id, every `lanes.config.AgentConfig` field, [agents.reasoner]
 [[hooks]]           # a `gateway.market.hooks` rule: kind = price_cross | green_candles | ...
+[market]            # tick, [[market.symbols]] (symbol, tick): each symbol's price step
 ```
 
 Keys may be written in snake_case (the TOML custom) or camelCase (the wire's). A problem

@@ -27,6 +27,7 @@ from gateway.base.process import EventLoop
 from gateway.base.roles import Role
 from gateway.config.alerts import AlertsConfig as AlertsConfig
 from gateway.config.base import ConfigModel as ConfigModel
+from gateway.config.market import MarketConfig as MarketConfig
 from gateway.config.mcp import McpServerConfig as McpServerConfig
 from gateway.config.reasoners import REASONER_KINDS as REASONER_KINDS
 from gateway.config.reasoners import LLMReasonerConfig as LLMReasonerConfig
@@ -437,6 +438,7 @@ class GatewayConfig(ConfigModel):
     hooks: tuple[HookRule, ...] = ()
     desk: DeskConfig = Field(default_factory=DeskConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    market: MarketConfig = Field(default_factory=MarketConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:

@@ -50,8 +50,12 @@ FAMILIES = (
     Family("gateway_drops_total", "counter", "Requests dropped.", lambda v: v.counters.drops),
     Family("gateway_dedupes_total", "counter", "Requests deduped.",
            lambda v: v.counters.dedupes),
-    Family("gateway_budget_suppressions_total", "counter", "Times runs were held by a budget.",
+    Family("gateway_budget_suppressions_total", "counter",
+           "Times runs were held by a runs budget (per hour, per day).",
            lambda v: v.counters.suppressions),
+    Family("gateway_cooldowns_total", "counter",
+           "Times runs waited for the cooldown after a no-trade run.",
+           lambda v: v.counters.cooldowns),
     Family("gateway_suppressed", "gauge", "1 while a budget suppresses the agent's runs.",
            lambda v: int(v.suppressed_until is not None)),
     Family("gateway_held", "gauge", "1 while the agent's runs are held until a resume "

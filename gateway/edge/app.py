@@ -112,6 +112,11 @@ def create_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/api/approvals", api.approvals),
         Route("/api/pnl", api.pnl),
         Route("/api/agents/{agent_id}/orders", api.agent_orders),
+        # Drill-down (gateway.reads.drill): an order's life, a run in full, what-if from here.
+        Route("/api/agents/{agent_id}/orders/{order_id}", api.order_life),
+        Route("/api/agents/{agent_id}/runs/{run_id}", api.run_detail),
+        Route("/api/agents/{agent_id}/whatif", api.whatif, methods=["POST"]),
+        Route("/api/market", api.market),
         Route("/mcp", mcp),  # the same tools over MCP (gateway.edge.mcp)
         WebSocketRoute("/ws/feed", partial_ws(service, "feed")),
         WebSocketRoute("/ws/control", partial_ws(service, "control")),

@@ -22,7 +22,6 @@ from gateway.edge.service import Service
 from gateway.edge.views import agent_summary, gate_waits_of
 from gateway.errors import BadFrame, Forbidden, GatewayError, NotOwner, UnknownProvider
 from gateway.reads.alerts import AlertBook
-from gateway.reads.blotter import BlotterBook
 from gateway.reads.capacity import CapacityBook
 from gateway.reads.replays import Replayed, agent_replays, gate_replays
 from gateway.reads.stories import Stories, call_events
@@ -80,7 +79,7 @@ class Routes:
         self.service = service
         self.engine = service.engine
         self.log = service.log
-        self.blotters = BlotterBook()
+        self.blotters = service.blotters
         self.alerts_read = AlertBook()
         self.capacity_book = CapacityBook()
         self.replays = agent_replays()

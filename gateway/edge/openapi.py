@@ -54,10 +54,12 @@ def _op(summary: str, ok: str | dict[str, Any], body: str | None = None,
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for every HTTP route (the WebSocket protocol is in docs/protocol.md)."""
     from gateway.edge.http import ControlBody
-    from gateway.edge.routes.feed import HooksBody
+    from gateway.edge.routes.feed import HooksBody, MarketJson
     from gateway.edge.shapes import ANSWERS
     from gateway.reads.blotter import BlotterView
+    from gateway.reads.drill import DRILL_ANSWERS
     from gateway.reads.pnl import PnlView
+    from gateway.reads.whatif import WhatIfBody, WhatIfJson
     from gateway.tools.story import RESPONSES  # the answers of the story routes
 
     schemas: dict[str, Any] = {}
@@ -72,13 +74,14 @@ def openapi_document() -> dict[str, Any]:
                         ("AckFrame", AckFrame), ("ErrorFrame", ErrorFrame),
                         ("ControlBody", ControlBody), ("GateLimits", GateLimits),
                         ("Schedule", Schedule), ("DeskKillBody", DeskKillBody),
-                        ("HooksBody", HooksBody)):
+                        ("HooksBody", HooksBody), ("WhatIfBody", WhatIfBody)):
         add(name, model, "validation")
     add("DeskKillAck", DeskKillAck, "serialization")
     add("DeskScope", DeskScope, "serialization")
     # Answers: described as they are sent (every field present, null when none).
-    answers: dict[str, Any] = {**ANSWERS, **RESPONSES, "BlotterView": BlotterView,
-                               "PnlView": PnlView}
+    answers: dict[str, Any] = {**ANSWERS, **RESPONSES, **DRILL_ANSWERS,
+                               "BlotterView": BlotterView, "PnlView": PnlView,
+                               "WhatIfJson": WhatIfJson, "MarketJson": MarketJson}
     for name, shape in answers.items():
         add(name, shape, "serialization")
     agent = "/api/agents/{agent_id}"
@@ -240,5 +243,20 @@ def openapi_document() -> dict[str, Any]:
             f"{agent}/orders": {"get": _op(
                 "One agent's blotter (open orders, fills, cancels, rejections, positions)",
                 "BlotterView", query=(("symbol", "string"), ("limit", "integer")))},
+            f"{agent}/orders/{{order_id}}": {"get": _op(
+                "One order's life from the log (placed, approval, broker reports, fills, "
+                "cancels, how it closed, each with its cause) and the run that decided it",
+                "OrderLifeJson", params=("agent_id", "order_id"))},
+            f"{agent}/runs/{{run_id}}": {"get": _op(
+                "One run in full from the log: the requests it started with as the model "
+                "read them, each model call with its text and tool calls, steers, answer, "
+                "orders", "RunDetailJson", params=("agent_id", "run_id"))},
+            f"{agent}/whatif": {"post": _op(
+                "What-if from a log position: the agent as it was there, its recorded inputs "
+                "after it re-run under another config; recorded against what-if",
+                "WhatIfJson", "WhatIfBody")},
+            "/api/market": {"get": _op(
+                "Each symbol's tick (its smallest price step), by which prices are rounded "
+                "for people", "MarketJson", params=(), errors=(401, 403))},
         },
     }

@@ -14,6 +14,7 @@ from pydantic import Field, StrictBool, StrictStr, TypeAdapter
 
 from gateway.errors import BadFrame
 from gateway.market.events import MarketEvent
+from gateway.reads.pnl import PnlView
 from gateway.runtime.desk import DeskKilled
 from gateway.runtime.effects import ControlEffect
 from lanes.requests import MAX_INT, AgentRequest, WireModel
@@ -26,6 +27,8 @@ MAX_SUBSCRIBED = 10_000
 MAX_JSON_NESTING = 200
 """The deepest nesting of a frame or body (a request's payload allows less: see
 `lanes.requests.MAX_JSON_DEPTH`)."""
+PNL_EVERY_MS = 1_000
+"""How often a subscription with ``pnl`` looks whether its P&L changed."""
 EVENTS_PER_FRAME = 500
 """The most events in one `EventsFrame` (fewer when they are big: about 256 KiB at most)."""
 ClientId = Annotated[str | None, Field(default=None, max_length=128)]
@@ -106,6 +109,9 @@ class Subscribe(WireModel):
     """Events come as `EventsFrame`s, each holding the events ready at once (up to
     `EVENTS_PER_FRAME`), instead of one `EventFrame` each: far less work per event for a busy
     follower (a browser's main thread, say)."""
+    pnl: bool = False
+    """Also `PnlFrame`s: the subscribed agents' P&L (as ``GET /api/pnl``) after the
+    snapshot, then whenever it changed (a fill, a price), at most every `PNL_EVERY_MS`."""
     id: ClientId = None
 
 
@@ -284,9 +290,17 @@ class Heartbeat(WireModel):
     at: datetime
 
 
+class PnlFrame(WireModel):
+    """The P&L of a subscription's agents and of them together (``pnl``: as ``GET
+    /api/pnl`` answers), for a subscription with ``pnl``."""
+
+    type: Literal["pnl"] = "pnl"
+    pnl: PnlView
+
+
 ServerFrame = Annotated[
     Hello | AckFrame | AcksFrame | MarketAck | ErrorFrame | BusyFrame | Snapshot | EventFrame
-    | EventsFrame | Pong | Heartbeat | DeskKillAck,
+    | EventsFrame | Pong | Heartbeat | DeskKillAck | PnlFrame,
     Field(discriminator="type"),
 ]
 

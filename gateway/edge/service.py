@@ -22,6 +22,7 @@ from gateway.llm.port import LLMClient
 from gateway.market.events import MarketEvent
 from gateway.market.health import FeedHealth
 from gateway.market.hooks import HookEngine
+from gateway.reads.blotter import BlotterBook
 from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import WayIn, in_steps
@@ -173,6 +174,9 @@ class Service:
     pacer: Pacer = field(default_factory=Pacer)
     """The feed's work takes turns on the event loop, so that a control waits for at most
     one unit of it (`gateway.base.pacing`)."""
+    blotters: BlotterBook = field(default_factory=BlotterBook)
+    """Every agent's blotter folded from the log, for the blotter and P&L (HTTP and the
+    subscriptions' ``pnl`` frames alike)."""
 
     @property
     def log(self) -> LogReads:

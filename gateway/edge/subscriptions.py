@@ -9,7 +9,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.base.tasks import spawn
-from gateway.edge.protocol import EVENTS_PER_FRAME, ErrorFrame, Heartbeat, Subscribe
+from gateway.edge.protocol import (
+    EVENTS_PER_FRAME,
+    PNL_EVERY_MS,
+    ErrorFrame,
+    Heartbeat,
+    PnlFrame,
+    Subscribe,
+)
 from gateway.edge.views import (
     agent_summary,
     event_frame_text,
@@ -21,6 +28,8 @@ from gateway.edge.views import (
 )
 from gateway.errors import BadFrame, Forbidden, NotRunning
 from gateway.market.events import from_ms
+from gateway.reads.pnl import pnl_view
+from lanes.blotter import ORDER_EVENT_TYPES, Blotter
 
 if TYPE_CHECKING:
     from gateway.edge.sessions import Session
@@ -108,9 +117,15 @@ class Subscriptions:
         follow = session.service.log.follow_batches(after, EVENTS_PER_FRAME)
         beating = spawn(self._heartbeats(asyncio.current_task()), "heartbeats") \
             if session.service.heartbeat_s else None
+        traded: set[str] | None = None  # agents with order events not yet in a pnl frame
+        if frame.pnl:
+            traded = set(wanted)
+            beating_pnl = spawn(self._pnl(asyncio.current_task(), wanted, traded), "pnl")
         try:
             async with contextlib.aclosing(follow) as batches:
                 async for batch in batches:
+                    if traded is not None:
+                        traded.update(r.stream for r in batch if r.type in ORDER_EVENT_TYPES)
                     texts = [event_frame_text(r) for r in batch if r.stream in agents]
                     for text in events_frames(texts) if frame.batch else texts:
                         if session.closing:
@@ -127,6 +142,37 @@ class Subscriptions:
         finally:
             if beating is not None:
                 beating.cancel()
+            if traded is not None:
+                beating_pnl.cancel()
+
+    async def _pnl(self, follower: asyncio.Task[Any] | None, wanted: list[str],
+                   traded: set[str]) -> None:
+        """A `PnlFrame` of ``wanted`` at once, then whenever it changed (looked at every
+        `PNL_EVERY_MS`): the blotters of ``traded`` agents (order events seen since) are read
+        again, the others' marked to the latest prices only. None once the subscription is
+        replaced or ended."""
+        session = self.session
+        engine, service = session.engine, session.service
+        said: dict[str, Any] | None = None
+        while not session.closing and self.task is follower:
+            changed = set(traded)
+            traded.clear()
+            # An agent that never had an order accepted has no fill: nothing to read for it.
+            dealt = [a for a in wanted if engine.state(a).counters.orders_accepted]
+            read = dict(await service.blotters.blotters(service.log, engine.reader, dealt,
+                                                        changed))
+            blotters = [(a, read.get(a) or Blotter()) for a in wanted]
+            view = pnl_view(blotters, engine.runs.toolbox.market, engine.clock.now_ms())
+            if self.task is not follower:
+                return
+            body = view.model_dump(mode="json", exclude={"at"})
+            for agent in body["agents"]:  # (ages change all the time: a client counts them)
+                for position in agent["positions"]:
+                    position.pop("markAgeMs")
+            if body != said:
+                await session.send(PnlFrame(pnl=view))
+                said = body
+            await engine.clock.sleep(PNL_EVERY_MS)
 
     async def _heartbeats(self, follower: asyncio.Task[Any] | None) -> None:
         """A heartbeat whenever the subscription (its ``follower``) has sent nothing for

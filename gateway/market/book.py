@@ -4,6 +4,7 @@ candles per interval (bounded), read by ``market_snapshot`` and ``candles``."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.market.events import Candle, MarketEvent, Tick, from_ms, iso, to_ms
@@ -12,13 +13,20 @@ CANDLES_KEPT = 500
 """Candles kept per symbol and interval (the most a ``candles`` call returns)."""
 STALE_MS = 60_000
 """A price older than this is marked stale."""
+TICK = 0.01
+"""The tick of a symbol with none configured."""
 
 
 class MarketBook:
     """The latest market data by symbol, from every market event the gateway sees."""
 
-    def __init__(self, stale_ms: int = STALE_MS) -> None:
+    def __init__(self, stale_ms: int = STALE_MS, ticks: Mapping[str, float] | None = None,
+                 tick: float = TICK) -> None:
         self.stale_ms = stale_ms
+        self.ticks = dict(ticks or {})
+        """Each symbol's tick (its smallest price step), from ``[market]``..."""
+        self.tick = tick
+        """... and that of a symbol not listed."""
         self._ticks: dict[str, Tick] = {}
         self._candles: dict[tuple[str, str], deque[Candle]] = {}
 
@@ -35,6 +43,10 @@ class MarketBook:
                 kept[-1] = event  # (the same bar, updated)
             elif not kept or event.start > kept[-1].start:
                 kept.append(event)
+
+    def tick_of(self, symbol: str) -> float:
+        """The smallest step of ``symbol``'s price."""
+        return self.ticks.get(symbol, self.tick)
 
     def symbols(self) -> list[str]:
         """The symbols seen, sorted."""

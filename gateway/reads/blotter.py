@@ -6,7 +6,7 @@ to date by reading only what was appended since, and its answer (``GET /api/orde
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -191,11 +191,19 @@ class BlotterBook:
         self._folded: dict[str, _Folded] = {}
         self._lock = asyncio.Lock()
 
-    async def blotters(self, store: LogReads, reader: LogReader, agents: Iterable[str]
-                       ) -> list[tuple[str, Blotter]]:
-        """The blotters of ``agents``, each up to date with what its stream holds now."""
+    async def blotters(self, store: LogReads, reader: LogReader, agents: Iterable[str],
+                       changed: Container[str] | None = None) -> list[tuple[str, Blotter]]:
+        """The blotters of ``agents``, each up to date with what its stream holds now (with
+        ``changed``: only those are read again, the others are as last read, if ever)."""
         async with self._lock:  # two folds of the same new events would count them twice
-            return [(agent, await self._catch_up(store, reader, agent)) for agent in agents]
+            found = []
+            for agent in agents:
+                folded = self._folded.get(agent)
+                if changed is not None and folded is not None and agent not in changed:
+                    found.append((agent, folded.blotter))
+                else:
+                    found.append((agent, await self._catch_up(store, reader, agent)))
+            return found
 
     async def _catch_up(self, store: LogReads, reader: LogReader, agent: str) -> Blotter:
         folded = self._folded.get(agent)

@@ -6,6 +6,7 @@ from lanes.events import (
     AgentCallDispatched,
     AgentCallQueued,
     AgentCallRejected,
+    BrokerReport,
     CallAnswered,
     CallBatchOpened,
     CallEnded,
@@ -87,6 +88,11 @@ def describe(event: Event) -> str:
             return f"{oid} {i.side} {i.qty:g} {i.symbol}"
         case OrderRejected(intent=i, reason=reason):
             return f"{i.side} {i.qty:g} {i.symbol}: {reason}"
+        case BrokerReport(order_id=oid, status=status, filled_qty=filled, price=price,
+                          reason=reason):
+            at = "" if price is None else f" at {price:g}"
+            why = f": {reason}" if reason else ""
+            return f"{oid} {status.replace('_', ' ')}, {filled:g} filled{at}{why}"
         case AgentCallDispatched(call_id=cid, target=target, depth=depth):
             return f"{cid} -> {target} (depth {depth})"
         case AgentCallRejected(target=target, reason=reason):

@@ -390,17 +390,39 @@ def _waiting_json(gate: GateState, entry: Waiting) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- diff
 
 
+COUNTER_NAMES = {
+    "received": "requests received", "accepted": "requests accepted",
+    "repeats": "repeated request ids", "dedupes": "requests deduped",
+    "drops": "requests dropped", "summarized": "requests summarized",
+    "rejected": "requests rejected", "fallbacks": "mode fallbacks",
+    "controls": "controls applied", "runs": "runs started", "completed": "runs completed",
+    "failed": "runs failed", "aborts": "runs aborted", "steers": "requests steered into runs",
+    "suppressions": "budget suppressions", "cooldowns": "no-trade cooldowns",
+    "holds": "runs held for spend", "orders_accepted": "orders accepted",
+    "orders_rejected": "orders rejected", "calls_dispatched": "sub-agent calls sent",
+    "calls_rejected": "sub-agent calls refused", "input_tokens": "input tokens used",
+    "output_tokens": "output tokens used",
+}
+"""The agent's counters (`lanes.state.Counters`) as a person names them."""
+HELD_BACK_BY = {"hourly": "runs per hour budget", "daily": "runs per day budget",
+                "cooldown": "no-trade cooldown", "tokens": "desk token budget",
+                "spend": "desk spend budget", "desk": "desk budget"}
+"""What holds runs back (a `RunsSuppressed` reason), in words."""
+
+
 def _facts(state: AgentState) -> dict[str, str | int]:
     """What a person compares between two moments of one agent, by label."""
     view = status(state, state.now)
     config = state.config
     budgets = config.budgets
+    held_back = None if state.suppressed is None else state.suppressed[0]
     facts: dict[str, str | int] = {
         "trading": view.trading.value,
         "lane": "idle" if state.active is None else f"running {state.active.run_id}",
         "held": state.held or "no",
-        "runs suppressed until": "no" if state.suppressed is None else state.suppressed[1],
-        "suppressed by budget": "none" if state.suppressed is None else state.suppressed[0],
+        "runs held back until": "no" if state.suppressed is None else state.suppressed[1],
+        "runs held back by": "nothing" if held_back is None
+        else HELD_BACK_BY.get(held_back, held_back),
         "cooldown until": state.cooldown_until or "none",
         "runs in the last hour": view.runs_last_hour,
         "runs in the last day": view.runs_last_day,
@@ -413,7 +435,7 @@ def _facts(state: AgentState) -> dict[str, str | int]:
         "schedules": len(state.schedules),
     }
     for name in state.counters.__dataclass_fields__:
-        facts[f"counter {name}"] = getattr(state.counters, name)
+        facts[COUNTER_NAMES.get(name, name.replace("_", " "))] = getattr(state.counters, name)
     return facts
 
 

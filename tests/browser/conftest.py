@@ -17,6 +17,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTEFACTS = Path(__file__).resolve().parent / "artefacts"
 WAIT_MS = 10_000
+ZONED = r"\d\d:\d\d:\d\d (?:UTC|GMT(?:[+-]\d{1,2}(?::\d\d)?)?|[A-Z]{2,5})"
+"""A time to the second as the panel shows every time: 24-hour, with its zone."""
 
 OpenPanel = Callable[..., Awaitable[Page]]
 expect.set_options(timeout=WAIT_MS)
@@ -45,9 +47,9 @@ async def open_panel(browser: Browser) -> AsyncIterator[OpenPanel]:
 
     async def open_(url: str, token: str, scheme: Literal["light", "dark"] = "light",
                     on_websocket: Callable[[WebSocket], None] | None = None,
-                    init_script: str | None = None) -> Page:
+                    init_script: str | None = None, timezone_id: str | None = None) -> Page:
         context = await browser.new_context(viewport={"width": 1440, "height": 900},
-                                            color_scheme=scheme)
+                                            color_scheme=scheme, timezone_id=timezone_id)
         context.set_default_timeout(WAIT_MS)
         if init_script is not None:  # (run in the page before its own scripts)
             await context.add_init_script(init_script)
@@ -63,6 +65,18 @@ async def open_panel(browser: Browser) -> AsyncIterator[OpenPanel]:
 
     yield open_
     assert errors == [], errors
+
+
+async def resize(page: Page, width: int, height: int) -> None:
+    """Make the window ``width`` x ``height`` and wait until the page has taken it."""
+    await page.set_viewport_size({"width": width, "height": height})
+    await expect(page.locator("html")).to_have_js_property("clientWidth", width)
+
+
+async def fits(page: Page, width: int) -> None:
+    """Nothing makes the page wider than the window (``width``)."""
+    wide = await page.evaluate("document.documentElement.scrollWidth")
+    assert wide <= width, (width, wide)
 
 
 async def screenshot(page: Page, name: str, full_page: bool = False) -> None:

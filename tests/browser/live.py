@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from itertools import count
 from pathlib import Path
@@ -18,6 +18,8 @@ from gateway.config import GatewayConfig, validate_config
 from gateway.edge.server import Running, serving
 from gateway.market.feed import SyntheticFeed
 from gateway.wiring import build_service, feed_market
+from lanes.state import AgentState
+from tests.gateway.support import until
 
 CONTROL = "panel-control-secret"
 VIEWER = "panel-viewer-secret"
@@ -99,6 +101,14 @@ def http(running: Running, token: str = CONTROL) -> httpx2.AsyncClient:
     """An HTTP client of the gateway itself (not through any relay)."""
     return httpx2.AsyncClient(base_url=running.url, timeout=TIMEOUT,
                              headers={"Authorization": f"Bearer {token}"})
+
+
+async def state_is(running: Running, agent_id: str, test: Callable[[AgentState], object],
+                   what: str) -> None:
+    """Wait until the agent's state passes ``test`` (``what`` names it if it never does)."""
+    async def holds() -> bool:
+        return bool(test(running.service.engine.state(agent_id)))
+    await until(holds, what)
 
 
 async def submit(running: Running, body: dict[str, Any]) -> dict[str, Any]:

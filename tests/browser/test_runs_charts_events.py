@@ -16,11 +16,11 @@ from gateway.edge.server import Running
 from gateway.runtime.intake import take_all
 from lanes import parse_request
 from lanes.events import BrokerReport
-from tests.browser.conftest import OpenPanel, screenshot
+from tests.browser.conftest import ZONED, OpenPanel, screenshot
 from tests.browser.live import CONTROL, agent, http, live_gateway, panel_config, request, submit
 from tests.gateway.support import until
 
-TIME = r"(\d{1,2} [A-Z][a-z]{2} )?\d\d:\d\d:\d\d"
+TIME = rf"(\d{{1,2}} [A-Z][a-z]{{2}} )?{ZONED}"
 """A time as the panel shows it: local, with the date when not today."""
 
 
@@ -213,8 +213,8 @@ async def test_the_event_search_finds_an_old_event_the_page_never_loaded(
         shown = f"{qty:g}"
         for kind, text in [
                 ("OrderAccepted", rf"^(BUY|SELL) {shown} BTCUSD @ market accepted \({order_id}\)$"),
-                ("BrokerReport", rf"^fill {shown} @ 63,990 \({order_id}\)$"),
-                ("OrderFilled", rf"^fill {shown} @ 63,990 \({order_id}\)$"),
+                ("BrokerReport", rf"^fill {shown} @ 63,990.00 \({order_id}\)$"),
+                ("OrderFilled", rf"^fill {shown} @ 63,990.00 \({order_id}\)$"),
                 ("OrderClosed", rf"^{order_id} filled$")]:
             await expect(page.locator(f'#event-list .row[data-type="{kind}"] .what')).to_have_text(
                 re.compile(text))
@@ -230,6 +230,6 @@ async def test_the_event_search_finds_an_old_event_the_page_never_loaded(
                     f.describe('OrderRejected', {run_id: 'r', intent,
                                                  reason: 'insufficient margin'})];
         }""")
-        assert summaries == ["BUY 0.5 BTC-USD @ 64,000 accepted (o-12)",
-                             "partial fill 0.2 @ 63,990 (o-12)",
-                             "BUY 0.5 BTC-USD @ 64,000 rejected: insufficient margin"]
+        assert summaries == ["BUY 0.5 BTC-USD @ 64,000.00 accepted (o-12)",
+                             "partial fill 0.2 @ 63,990.00 (o-12)",
+                             "BUY 0.5 BTC-USD @ 64,000.00 rejected: insufficient margin"]

@@ -14,7 +14,7 @@ from playwright.async_api import Page, expect
 from gateway.config import validate_config
 from gateway.edge.server import Running
 from gateway.llm.fake_provider import Fault, FaultKind, create_fake_provider, serving
-from tests.browser.conftest import OpenPanel, screenshot
+from tests.browser.conftest import ZONED, OpenPanel, screenshot
 from tests.browser.live import (
     ADMIN,
     CONTROL,
@@ -27,7 +27,7 @@ from tests.browser.live import (
     submit,
 )
 
-TIME = r"\d\d:\d\d:\d\d"
+TIME = ZONED
 WHY = 'td[data-col="why"] .why-text'
 """The words of a row's reason (a halted row has its Resume button before them)."""
 

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import parse_config
 from gateway.edge.openapi import openapi_document
+from gateway.edge.routes.feed import MarketJson
 from gateway.edge.server import serving
 from gateway.edge.shapes import (
     AgentEventsJson,
@@ -39,6 +40,8 @@ from gateway.edge.shapes import (
     ScheduleChangedJson,
     SchedulesJson,
 )
+from gateway.reads.drill import OrderLifeJson, RunDetailJson
+from gateway.reads.whatif import WhatIfJson
 from gateway.wiring import build_service
 from tests.e2e.live import TIMEOUT
 from tests.e2e.test_wiring import GATED
@@ -102,6 +105,14 @@ async def test_each_route_answers_in_the_shape_its_document_names(tmp_path: Path
         assert checks[-2][1]["marks"], "the stop is marked"
         assert checks[-1][1]["marks"] and checks[-1][1]["gates"], "the stop and the gate"
         assert checks[-3][1]["runs"][0]["orders"], "the run's order is listed"
+        ran = checks[-3][1]["runs"][0]
+        [order] = ran["orders"]
+        checks += [
+            (OrderLifeJson, await get(f"/api/agents/desk/orders/{order['orderId']}")),
+            (RunDetailJson, await get(f"/api/agents/desk/runs/{ran['runId']}")),
+            (WhatIfJson, await send("POST", "/api/agents/desk/whatif",
+                                    {"position": 6, "config": {"mode": "queue"}})),
+            (MarketJson, await get("/api/market"))]
         for shape, body in checks:
             try:
                 TypeAdapter(shape).validate_python(body)

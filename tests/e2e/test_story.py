@@ -207,7 +207,7 @@ async def test_the_diff_says_what_changed_between_two_positions(desk: Desk) -> N
     last = await desk.live.engine.store.last_position()  # the stop and what it caused
     stopped = await diff(desk, marks["suppressed"], last)
     assert {"what": "trading", "before": "ACTIVE", "after": "HALTED"} in stopped["changes"]
-    assert {"what": "counter controls", "before": 0, "after": 1} in stopped["changes"]
+    assert {"what": "controls applied", "before": 0, "after": 1} in stopped["changes"]
     assert stopped["pending"] == {"added": [], "removed": []}
     [order] = stopped["orders"]  # the stop asked to cancel the open order
     assert order["change"] == "changed" and order["cancelRequested"] is True

@@ -338,3 +338,30 @@ def test_kept_demo_tokens_survive_a_role_added_since(tmp_path: Path) -> None:
     assert {role: again[role] for role in Role if role is not Role.WORKER} == \
         {role: first[role] for role in Role if role is not Role.WORKER}
     assert again[Role.WORKER] and json.loads(kept.read_text())["worker"] == again[Role.WORKER]
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "words"),
+    [
+        (MINIMAL + "[market]\ntick = 0\n", "market.tick", "greater than 0"),
+        (MINIMAL + '[[market.symbols]]\nsymbol = "BTCUSD"\n', "market.symbols[0].tick",
+         "missing"),
+        (MINIMAL + '[[market.symbols]]\nsymbol = "BTC USD"\ntick = 1\n',
+         "market.symbols[0].symbol", "pattern"),
+        (MINIMAL + '[[market.symbols]]\nsymbol = "BTCUSD"\ntick = 0.5\n'
+         '[[market.symbols]]\nsymbol = "BTCUSD"\ntick = 1\n', "market",
+         "symbols[1].symbol: BTCUSD is listed twice"),
+    ],
+)
+def test_each_tick_problem_names_its_key(text: str, path: str, words: str) -> None:
+    found = problems(text)
+    assert path in found, found
+    assert words in found[path]
+
+
+def test_a_symbols_tick_defaults_to_the_markets(tmp_path: Path) -> None:
+    config = parse_config(MINIMAL + '[market]\ntick = 0.001\n[[market.symbols]]\n'
+                                    'symbol = "BTCUSD"\ntick = 0.5\n')
+    market = build_service(config, tmp_path / "events.db").engine.runs.toolbox.market
+    assert (market.tick_of("BTCUSD"), market.tick_of("ETHUSD")) == (0.5, 0.001)
+    assert parse_config(MINIMAL).market.tick == 0.01

@@ -2,7 +2,7 @@
 // `attention` level of an agent's status (see gateway/reads/blocked.py), for the overview rows, the
 // agent page and the halted banner.
 
-import {clock, duration} from "./format.js";
+import {duration, hms} from "./format.js";
 import {Model} from "./model.js";
 
 /** Sort rank of an attention level: what needs a look first (info and none alike). */
@@ -15,10 +15,8 @@ const LIMITS = {
 };
 const BUDGETS = {runsPerHour: "runs/hour", runsPerDay: "runs/day"};
 
-/** "14:05:00" (local) of an ISO time; "–" for none. */
-export function hms(iso) {
-  return iso ? clock(Date.parse(iso)).slice(0, 8) : "–";
-}
+/** "14:05:00 UTC" (local, with the zone) of an ISO time; "–" for none. */
+export {hms};
 
 /**
  * An agent's reasons, agreeing with its trading state: the model applies a stop or a resume
@@ -80,13 +78,19 @@ export function reasonsText(a, brief = true) {
 
 /**
  * The badge an agent wears: its trading state, except that an ACTIVE agent that cannot run
- * (runs suppressed by a budget, held, a long wait at the gate) does not look healthy.
+ * (runs suppressed by a budget, held, waiting at the provider gate however briefly, waiting
+ * for its no-trade cooldown) does not look healthy.
  */
 export function badgeState(a) {
   if (a.trading !== "ACTIVE") return a.held && a.trading === "REDUCING" ? "HELD" : a.trading;
-  const kinds = new Set(reasonsOf(a).map((r) => r.kind));
+  const reasons = reasonsOf(a);
+  const kinds = new Set(reasons.map((r) => r.kind));
   if (kinds.has("held")) return "HELD";
   if (kinds.has("suppressed")) return "SUPPRESSED";
-  if (kinds.has("gate") && attention(a) === "warning") return "WAITING";
+  if (kinds.has("gate")) return "WAITING";
+  if (reasons.some((r) => r.kind === "cooldown" && r.suppressing)) return "COOLDOWN";
   return "ACTIVE";
 }
+
+/** The words of a badge, in the summary line ("3 active · 1 waiting"), in order. */
+export const BADGES = ["ACTIVE", "WAITING", "COOLDOWN", "SUPPRESSED", "HELD", "REDUCING", "HALTED"];

@@ -1,7 +1,8 @@
 // The WebSocket side: authenticate at the handshake (the token as a subprotocol), subscribe
-// (resuming from the last position seen), and reconnect by itself with backoff. Emits
-// "status", "hello", "snapshot", "event" (one per event, also for those that came batched in
-// one frame), "denied" and "gap" as DOM events on the connection object.
+// (resuming from the last position seen; with the P&L frames), and reconnect by itself with
+// backoff. Emits "status", "hello", "snapshot", "event" (one per event, also for those that
+// came batched in one frame), "pnl", "denied" and "gap" as DOM events on the connection
+// object.
 //
 // Liveness: the gateway sends a heartbeat whenever a subscription had nothing else to send
 // for `heartbeatMs` (its hello says how often). A connection that hears nothing for
@@ -98,6 +99,8 @@ export class Connection extends EventTarget {
         for (const event of frame.events) this._event(event);
       } else if (frame.type === "event") {
         this._event(frame);
+      } else if (frame.type === "pnl") {
+        this._emit("pnl", frame.pnl);  // the P&L of the agents followed, when it changed
       } else if (frame.type === "hello") {
         this.hello = frame;
         this._emit("hello", frame);
@@ -111,7 +114,7 @@ export class Connection extends EventTarget {
           const from = frame.position - MAX_CATCH_UP;
           this._emit("gap", {from: this.lastPosition, to: from});
           this.lastPosition = from;
-          ws.send(JSON.stringify({type: "subscribe", id: "panel", after: from, batch: true,
+          ws.send(JSON.stringify({type: "subscribe", id: "panel", after: from, batch: true, pnl: true,
             providers: this.hello.agents === null}));
           return;
         }
@@ -151,7 +154,7 @@ export class Connection extends EventTarget {
       this.firstAfter = after;
     }
     if (this.ws?.readyState !== WebSocket.OPEN) return;
-    this.ws.send(JSON.stringify({type: "subscribe", id: "panel", after, batch: true,
+    this.ws.send(JSON.stringify({type: "subscribe", id: "panel", after, batch: true, pnl: true,
       providers: hello.agents === null}));
   }
 

@@ -11,12 +11,28 @@ export function duration(ms) {
   return `${Math.floor(seconds / 3600)}h ${String(Math.floor(seconds / 60) % 60).padStart(2, "0")}m`;
 }
 
-/** Local wall-clock time with milliseconds. */
-export function clock(epochMs) {
+/** The name of the zone every time of the panel is shown in (the browser's): "UTC", "GMT+1". */
+export const ZONE = new Intl.DateTimeFormat("en", {timeZoneName: "short"}).formatToParts(new Date())
+  .find((part) => part.type === "timeZoneName")?.value ?? "local time";
+
+const pad = (n, w = 2) => String(n).padStart(w, "0");
+
+/** "14:05:00.250" (24-hour, local) with no zone: for axes and columns whose heading names it. */
+export function bareClock(epochMs) {
   if (!epochMs) return "–";
   const d = new Date(epochMs);
-  const pad = (n, w = 2) => String(n).padStart(w, "0");
   return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+
+/** Local wall-clock time with milliseconds and the zone: "14:05:00.250 UTC". */
+export function clock(epochMs) {
+  return epochMs ? `${bareClock(epochMs)} ${ZONE}` : "–";
+}
+
+/** Local time to the second with the zone: "14:05:00 UTC" (an ISO string or ms). */
+export function hms(at) {
+  const ms = typeof at === "string" ? Date.parse(at) : at;
+  return ms ? `${bareClock(ms).slice(0, 8)} ${ZONE}` : "–";
 }
 
 const COUNT = new Intl.NumberFormat("en");
@@ -96,18 +112,19 @@ export const CONTROL_TYPES = new Set(["ControlApplied", "OperatorApplied", "Oper
 
 // Orders and broker reports, and times for people (runs, charts and the event log).
 
-const PRICE = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
+const QTY = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
 
-/** "BUY 0.5 BTCUSD @ 64,000" (or "@ market") for an order intent (either case of keys). */
+/** "BUY 0.5 BTCUSD @ 64,000.00" (or "@ market") for an order intent (either case of keys). */
 export function orderText(intent) {
   const i = intent || {};
   const limit = i.limitPrice ?? i.limit_price;
-  return `${String(i.side ?? "?").toUpperCase()} ${PRICE.format(i.qty ?? 0)} ${i.symbol ?? "?"} @ ${limit ? PRICE.format(limit) : "market"}`;
+  return `${String(i.side ?? "?").toUpperCase()} ${QTY.format(i.qty ?? 0)} ${i.symbol ?? "?"} @ ${limit ? price(limit, i.symbol) : "market"}`;
 }
 
 /** One line for an order or broker event, or null for other types. */
 export function describeOrder(type, d) {
-  const qty = (q, p) => `${PRICE.format(q ?? 0)}${p === null || p === undefined ? "" : ` @ ${PRICE.format(p)}`}`;
+  const order = {orderId: d.order_id};
+  const qty = (q, p) => `${QTY.format(q ?? 0)}${p === null || p === undefined ? "" : ` @ ${price(p, order)}`}`;
   switch (type) {
     case "OrderAccepted": return `${orderText(d.intent)} accepted (${d.order_id})`;
     case "OrderRejected": return `${orderText(d.intent)} rejected: ${d.reason}`;
@@ -139,13 +156,50 @@ export function age(epochMs, now = Date.now()) {
   return words === "now" ? "just now" : ms >= 0 ? `${words} ago` : `in ${words}`;
 }
 
-/** Local time, with the date when it is not today: "14:03:05" or "26 Nov 14:03:05". */
+/** Local time with its zone, and the date when it is not today: "14:03:05 UTC" or
+ * "26 Nov 14:03:05 UTC" (24-hour, as every time of the panel). */
 export function when(epochMs, now = Date.now()) {
   if (!epochMs) return "–";
-  const d = new Date(epochMs);
-  const time = clock(epochMs).slice(0, 8);
+  const d = new Date(typeof epochMs === "string" ? Date.parse(epochMs) : epochMs);
+  const time = hms(d.getTime());
   if (d.toDateString() === new Date(now).toDateString()) return time;
   const date = d.toLocaleDateString("en-GB", {day: "numeric", month: "short",
     year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric"});
   return `${date} ${time}`;
+}
+
+// Prices by the symbol's tick (GET /api/market): each shown with the tick's decimals,
+// rounded to a whole number of ticks.
+
+const market = {tick: 0.01, ticks: new Map(), orders: new Map()};
+
+/** The ticks of GET /api/market: `{tick, ticks: {symbol: tick}}`. */
+export function setTicks(answer) {
+  market.tick = answer.tick;
+  market.ticks = new Map(Object.entries(answer.ticks));
+}
+
+/** Remember an order's symbol (events about it name the order only). */
+export function rememberOrder(orderId, symbol) {
+  if (!orderId || !symbol) return;
+  market.orders.set(orderId, symbol);
+  if (market.orders.size > 50_000) market.orders.delete(market.orders.keys().next().value);
+}
+
+/** The tick of a symbol (or of the symbol of an order: `{orderId}`). */
+export function tickOf(symbol) {
+  const name = typeof symbol === "object" && symbol !== null ? market.orders.get(symbol.orderId) : symbol;
+  return market.ticks.get(name) ?? market.tick;
+}
+
+const FORMATS = new Map();
+
+/** A price rounded to the symbol's tick, with as many decimals as the tick has: "64,012.50". */
+export function price(value, symbol) {
+  if (value === null || value === undefined) return "–";
+  const tick = tickOf(symbol);
+  const decimals = Math.min(12, Math.max(0, Math.ceil(-Math.log10(tick) - 1e-9)));
+  let format = FORMATS.get(decimals);
+  if (!format) FORMATS.set(decimals, format = new Intl.NumberFormat("en", {minimumFractionDigits: decimals, maximumFractionDigits: decimals}));
+  return format.format(Math.round(value / tick) * tick);
 }

@@ -6,7 +6,7 @@ import {Api} from "./api.js";
 import {Connection} from "./connection.js";
 import {Controls} from "./controls.js";
 import {setText} from "./dom.js";
-import {clock, num} from "./format.js";
+import {hms, num, setTicks} from "./format.js";
 import {createHaltedBanner} from "./halted.js";
 import {Model} from "./model.js";
 import {createAgentView} from "./views/agent.js";
@@ -65,7 +65,7 @@ function showConnection({state, attempt = 0, since = null, nextTry = null, silen
     const seconds = Math.floor(silentMs / 1000);
     pill.textContent = `Stale · no heartbeat for ${seconds} s`;
     // Words that do not change while it lasts: an alert is read out again at every change.
-    setText(banner, `Nothing heard from the gateway since ${clock(lastHeard).slice(0, 8)}: `
+    setText(banner, `Nothing heard from the gateway since ${hms(lastHeard)}: `
       + "the gateway or the link may be frozen. Figures shown may be out of date; controls may get no answer.");
     banner.hidden = false;
   } else if (state === "connecting") {
@@ -73,7 +73,7 @@ function showConnection({state, attempt = 0, since = null, nextTry = null, silen
   } else if (state === "closed") {
     pill.textContent = "Disconnected";
     const wait = nextTry ? Math.max(0, Math.ceil((nextTry - Date.now()) / 1000)) : 0;
-    banner.textContent = `Disconnected from the gateway since ${clock(since).slice(0, 8)} — reconnecting by itself `
+    banner.textContent = `Disconnected from the gateway since ${hms(since)} — reconnecting by itself `
       + `(attempt ${attempt}${wait ? `, next try in ${wait} s` : ""}). Figures shown may be stale.`;
     banner.hidden = false;
   } else {
@@ -133,6 +133,11 @@ async function login(token) {
     sessionStorage.removeItem(TOKEN_KEY);
     return;
   }
+  try {
+    setTicks(await api.get("/api/market"));  // prices are shown to each symbol's tick
+  } catch {
+    // an older gateway: cents
+  }
   sessionStorage.setItem(TOKEN_KEY, token);
   const connection = new Connection(token);
   session = {api, model, connection, views: null, current: null, lastStatus: {}};
@@ -147,6 +152,7 @@ async function login(token) {
     if (snapshots++ > 0) toast(`Reconnected; resuming from position ${num(connection.lastPosition)}.`);
   });
   connection.addEventListener("event", (event) => model.applyEvent(event.detail));
+  connection.addEventListener("pnl", (event) => model.applyPnl(event.detail));
   connection.addEventListener("gap", (event) => toast(
     `Too far behind to replay everything: events ${event.detail.from + 1}–${event.detail.to} are not in the log view.`, false));
   connection.addEventListener("denied", () => logout("The gateway refused this token."));

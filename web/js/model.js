@@ -5,7 +5,7 @@
 // most; only unmistakable facts (a trading state change, a run ending) are applied at once.
 // Views hear of changes once per animation frame, with the new events of that frame.
 
-import {describe} from "./format.js";
+import {describe, rememberOrder} from "./format.js";
 
 const LOG_CAPACITY = 20_000;
 const REFRESH_MS = 250;
@@ -79,8 +79,16 @@ export class Model extends EventTarget {
     this.refreshTimer = null;
     this.refreshing = false;
     this.fresh = [];
-    this.flags = {agents: false, providers: false, reset: false};
+    this.flags = {agents: false, providers: false, reset: false, pnl: false};
     this.frame = null;
+    this.pnl = null;              // the P&L of the subscription's pnl frames (GET /api/pnl shape) + _at
+    this.slots = new Map();       // a provider gate's slot id -> the agent it is for
+  }
+
+  /** A pnl frame: the P&L of every agent followed, as it changed. */
+  applyPnl(view) {
+    this.pnl = {...view, _at: Date.now()};
+    this._changed({pnl: true});
   }
 
   /** Which event types are inputs (and check the token can read at all). */
@@ -130,6 +138,7 @@ export class Model extends EventTarget {
       recordedAt: raw.recordedAt, input: this.inputs.has(type),
       provider: raw.stream.startsWith("provider:"), kind: null, _summary: null, _search: null,
     };
+    if ((type === "OrderAccepted" || type === "ApprovalRequested") && data.intent) rememberOrder(data.order_id, data.intent.symbol);
     if (type === "RequestReceived" && data.request) {
       entry.kind = data.request.kind;
       this.kinds.set(data.request.requestId, data.request.kind);
@@ -156,6 +165,9 @@ export class Model extends EventTarget {
       this.clockOffset = this.clockOffset === null ? gap : Math.max(this.clockOffset, gap);
       if (entry.provider) {
         this.providersDirty = true;
+        // An agent's wait at the gate is part of its status (why it waits, behind whom,
+        // since when): read again the agents this event moves, not at the next full read.
+        for (const id of this._atGate(entry)) if (this.agents.has(id)) this.dirty.add(id);
       } else {
         this._applyFact(entry);
         this.dirty.add(entry.stream);
@@ -164,6 +176,20 @@ export class Model extends EventTarget {
     }
     this.fresh.push(entry);
     this._changed({});
+  }
+
+  /** The agents a provider gate's event concerns: its own, and those waiting there. */
+  _atGate(entry) {
+    const d = entry.data;
+    if (entry.type === "SlotRequested" || entry.type === "SlotQueued") this.slots.set(d.slot_id, d.agent_id);
+    const ids = new Set(d.agent_id ? [d.agent_id] : []);
+    const owner = this.slots.get(d.slot_id);
+    if (owner) ids.add(owner);
+    if (entry.type === "SlotFreed" || entry.type === "SlotRefused") this.slots.delete(d.slot_id);
+    if (this.slots.size > 10_000) this.slots.delete(this.slots.keys().next().value);
+    const gate = this.providers.get(entry.stream.slice("provider:".length));
+    for (const w of gate?.waitingAgents ?? []) ids.add(w.agentId);
+    return ids;
   }
 
   /** The facts a person must see at once, before the status is read again. */
@@ -256,6 +282,7 @@ export class Model extends EventTarget {
   _changed(flags) {
     if (flags.agents) this.flags.agents = true;
     if (flags.providers) this.flags.providers = true;
+    if (flags.pnl) this.flags.pnl = true;
     if (this.fresh.length > LOG_CAPACITY) {
       this.fresh = [];
       this.flags.reset = true;
@@ -267,7 +294,7 @@ export class Model extends EventTarget {
     this.frame = null;
     const detail = {...this.flags, events: this.fresh};
     this.fresh = [];
-    this.flags = {agents: false, providers: false, reset: false};
+    this.flags = {agents: false, providers: false, reset: false, pnl: false};
     this.dispatchEvent(new CustomEvent("change", {detail}));
   }
 }

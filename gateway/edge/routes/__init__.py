@@ -6,6 +6,7 @@ from __future__ import annotations
 from gateway.edge.routes.agents import AgentRoutes
 from gateway.edge.routes.capacity import CapacityRoutes
 from gateway.edge.routes.desk import DeskRoutes
+from gateway.edge.routes.drill import DrillRoutes
 from gateway.edge.routes.feed import FeedRoutes
 from gateway.edge.routes.log import LogRoutes
 from gateway.edge.routes.observe import ObserveRoutes
@@ -16,7 +17,7 @@ from gateway.edge.routes.story import StoryRoutes
 
 
 class Api(AgentRoutes, DeskRoutes, ScheduleRoutes, LogRoutes, StoryRoutes, OrderRoutes,
-          ProviderRoutes, ObserveRoutes, FeedRoutes, CapacityRoutes):
+          ProviderRoutes, ObserveRoutes, FeedRoutes, CapacityRoutes, DrillRoutes):
     """Every route of the HTTP API: one method each."""
 
 

@@ -24,8 +24,26 @@ class HooksBody(WireModel):
     reason: str | None = Field(default=None, max_length=500)
 
 
+class MarketJson(WireModel):
+    """``GET /api/market``: each symbol's tick (its smallest price step, ``[market]`` in the
+    config), by which a client rounds the prices it shows."""
+
+    tick: float
+    """The tick of a symbol not listed."""
+    ticks: dict[str, float]
+    """The tick of each symbol the config lists or the feed has sent."""
+
+
 class FeedRoutes(Routes):
     """Feed health and the hook rules' pause."""
+
+    async def market(self, request: Request) -> Response:
+        """Each symbol's tick (viewer and up)."""
+        self._principal(request).check_read()
+        book = self.engine.runs.toolbox.market
+        ticks = {symbol: book.tick_of(symbol) for symbol in book.symbols()}
+        return JSONResponse(MarketJson(tick=book.tick, ticks={**ticks, **book.ticks})
+                            .model_dump(mode="json"))
 
     async def feed(self, request: Request) -> Response:
         """Each connector's latest status, each symbol's last data and its age (stale past

@@ -3,7 +3,7 @@
 
 import {attention, badgeState, reasonsOf, reasonText} from "../blocked.js";
 import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
-import {budget, clock, duration} from "../format.js";
+import {budget, clock, duration, when} from "../format.js";
 import {Model} from "../model.js";
 import {ACTIONS} from "../controls.js";
 import {pendingTable, runCard} from "./queue.js";
@@ -11,6 +11,9 @@ import {createTimeline} from "./timeline.js";
 import {createCallTree, isCallEvent} from "./calls.js";
 import {createRunHistory} from "./runs.js";
 import {createAgentBlotter} from "./blotter.js";
+import {createDrill} from "./drill.js";
+import {createMessageBox} from "./message.js";
+import {createWhatIf} from "./whatif.js";
 
 const PAGE = 1000;
 const QUEUE_REFRESH_MS = 250;
@@ -76,11 +79,41 @@ export function createAgentView(ctx) {
   let calls = null;
   let runs = null;
   let blotter = null;
+  let drill = null;
   let parts = null;
 
-  function build(id) {
+  /** Whether the token may see an agent of this id (the model's list, or the gateway). */
+  async function known(id) {
+    if (ctx.model.agents.size) return ctx.model.agents.has(id);
+    try {
+      await ctx.api.get(`/api/agents/${encodeURIComponent(id)}`);
+      return true;
+    } catch (error) {
+      return error.status !== 404 && error.status !== 403;  // (unreachable now: try the page)
+    }
+  }
+
+  /** An id no agent in the token's scope has: say so, and offer no control at all. */
+  function missing(id) {
+    agentId = id;
+    parts = null;
+    timeline = calls = runs = blotter = drill = null;
+    replace(section,
+      h("p", {}, h("a", {href: "#/overview"}, "← All agents")),
+      h("h2", {id: "agent-title"}, id),
+      h("p", {class: "error", id: "no-such-agent", role: "alert"},
+        `No such agent: “${id}” is not an agent of this gateway that this token may see. Check the id, or pick an agent on the overview.`));
+  }
+
+  async function build(id) {
     agentId = id;
     generation += 1;
+    const mine = generation;
+    if (!await known(id)) {
+      if (mine === generation) missing(id);
+      return;
+    }
+    if (mine !== generation) return;
     stream = [];
     more = false;
     loaded = false;
@@ -104,6 +137,9 @@ export function createAgentView(ctx) {
     calls = createCallTree(ctx, id);
     runs = createRunHistory(ctx, id);
     blotter = createAgentBlotter(ctx, id);
+    drill = createDrill(ctx, id);
+    const whatif = createWhatIf(ctx, id, {position: () => timeline.position()});
+    timeline.el.append(whatif.el);
     const controls = ctx.controls ? h("div", {class: "controls", role: "toolbar", "aria-label": `Controls for ${id}`},
       h("span", {class: "who-for", "aria-hidden": "true"}, `${id}:`),
       Object.keys(ACTIONS).map((action) => ctx.controls.button(id, action, report))) : null;
@@ -111,7 +147,7 @@ export function createAgentView(ctx) {
       h("p", {}, h("a", {href: "#/overview"}, "← All agents")),
       h("div", {class: "agent-head"}, h("h2", {id: "agent-title"}, id), parts.badge, parts.mode, parts.lane),
       parts.why,
-      parts.missing, controls, controls ? result : null,
+      parts.missing, controls, controls ? result : null, createMessageBox(ctx, id), drill.el,
       h("div", {class: "lanes live"},
         h("section", {class: "card", "aria-labelledby": "control-lane-title"},
           h("h3", {id: "control-lane-title"}, "Control lane"), parts.controlFacts,
@@ -191,6 +227,7 @@ export function createAgentView(ctx) {
   }
 
   function renderHead() {
+    if (!parts) return;  // (no such agent)
     const a = ctx.model.agents.get(agentId);
     if (!a) {
       if (ctx.model.agents.size) {
@@ -202,6 +239,7 @@ export function createAgentView(ctx) {
     parts.missing.hidden = true;
     const badge = badgeState(a);
     setState(parts.badge, badge);
+    setAttr(parts.badge, "data-attention", attention(a));
     setAttr(parts.badge, "title", badge === a.trading ? null : `trading state ${a.trading}`);
     setText(parts.mode, `mode ${a.mode}`);
     setText(parts.lane, a.activeRun ? "busy" : "idle");
@@ -218,7 +256,8 @@ export function createAgentView(ctx) {
       h("dt", {}, "Runs today"), h("dd", {}, budget(a.runsLastDay, a.budgets?.maxRunsPerDay)),
       h("dt", {}, "Cooldown"), h("dd", {}, a.cooldownRemainingMs > elapsed ? duration(a.cooldownRemainingMs - elapsed) : "–"),
       h("dt", {}, "Aborts · drops · dedupes"), h("dd", {}, `${a.counters.aborts} · ${a.counters.drops} · ${a.counters.dedupes}`),
-      h("dt", {}, "Budget suppressions"), h("dd", {}, String(a.counters.suppressions)));
+      h("dt", {}, "Budget suppressions"), h("dd", {id: "budget-suppressions"}, String(a.counters.suppressions)),
+      h("dt", {}, "No-trade cooldowns"), h("dd", {id: "cooldowns"}, String(a.counters.cooldowns ?? 0)));
   }
 
   /** The reasons at the top, most severe first, coloured by what they mean. */
@@ -256,8 +295,8 @@ export function createAgentView(ctx) {
       h("span", {class: "muted"}, `${s.cron ?? `every ${duration(s.everyMs)}`} (${s.timezone}) · ${s.priority} · catch-up ${s.catchUp}`),
       " → ",
       s.paused ? h("span", {class: "tag warn"}, "paused")
-        : h("span", {class: "next-fire"}, `next ${new Date(s.nextFireAt).toLocaleString()}`),
-      h("span", {class: "muted"}, ` · last ${s.lastFireAt ? new Date(s.lastFireAt).toLocaleString() : "never"} · fired ${s.fired}`))));
+        : h("span", {class: "next-fire"}, `next ${when(s.nextFireAt)}`),
+      h("span", {class: "muted"}, ` · last ${s.lastFireAt ? when(s.lastFireAt) : "never"} · fired ${s.fired}`))));
   }
 
   function renderActions() {
@@ -279,13 +318,17 @@ export function createAgentView(ctx) {
     title: "Agent",
     async show(params) {
       if (params.id !== agentId) await build(params.id);
-      else await catchUp();
+      else if (parts) await catchUp();
+      if (!parts) return;  // (no such agent)
       renderHead();
+      if (params.order) drill.order(params.order);
+      else if (params.run) drill.run(params.run);
+      else drill.close();
       if (params.at !== undefined) await timeline.travelTo(Number(params.at));
       timeline.redraw();
     },
     change(detail) {
-      if (!agentId) return;
+      if (!agentId || !parts) return;
       let mine = false;
       if (loaded) {
         for (const e of detail.events) {
@@ -307,6 +350,7 @@ export function createAgentView(ctx) {
       if (detail.agents) renderHead();
     },
     tick() {
+      if (!parts) return;
       renderHead();
       renderLanes();
       blotter?.tick();

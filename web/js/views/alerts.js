@@ -5,7 +5,7 @@
 // many orders wait for approval and how many alerts came since the list was last looked at.
 
 import {h, replace, setText} from "../dom.js";
-import {clock} from "../format.js";
+import {hms} from "../format.js";
 
 const ALERT_EVENTS = new Set(["ControlApplied", "OrderRejected", "OrderClosed", "BreakerOpened",
   "BudgetAlert", "RunsHeld", "DeskBudgetApplied", "ApprovalRequested", "ApprovalDecided", "DeskKilled"]);
@@ -133,7 +133,7 @@ export function createAlerts(ctx, center) {
     setText(status, `${shown.length} alert${shown.length === 1 ? "" : "s"} · rules: ${body.rules.join(", ") || "none"}`);
     replace(list, shown.length ? shown.map((a) => h("li", {class: `alert ${a.severity}`, "data-alert": a.id, "data-kind": a.kind},
       h("span", {class: a.severity === "critical" ? "tag bad" : a.severity === "warning" ? "tag warn" : "tag"}, a.kind.replace("_", " ")),
-      " ", h("time", {datetime: new Date(a.at).toISOString()}, clock(a.at).slice(0, 8)), " ",
+      " ", h("time", {datetime: new Date(a.at).toISOString()}, hms(a.at)), " ",
       a.agentId ? h("a", {href: `#/agent/${encodeURIComponent(a.agentId)}`}, a.agentId) : null, " ",
       h("span", {class: "text"}, a.text)))
       : [h("li", {class: "muted"}, "No alert.")]);

@@ -4,7 +4,7 @@
 // reject). Read again when an approval event arrives, and each second for the time left.
 
 import {h, replace, setText} from "../dom.js";
-import {duration} from "../format.js";
+import {duration, price} from "../format.js";
 import {confirmDialog} from "../controls.js";
 
 const APPROVAL_EVENTS = new Set(["ApprovalRequested", "ApprovalDecided"]);
@@ -16,8 +16,8 @@ export function isApprovalEvent(event) {
 }
 
 function words(order) {
-  const price = order.limitPrice ? ` at ${order.limitPrice}` : "";
-  return `${order.side} ${order.qty} ${order.symbol} ${order.orderType}${price}`;
+  const limit = order.limitPrice ? ` at ${price(order.limitPrice, order.symbol)}` : "";
+  return `${order.side} ${order.qty} ${order.symbol} ${order.orderType}${limit}`;
 }
 
 /** What the answer to an approve or reject says, as {ok, kind, text} (the controls' shape). */

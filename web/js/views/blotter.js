@@ -1,20 +1,20 @@
 // The blotter: positions, open orders, fills, cancels and rejections (with their reasons), read
 // from GET /api/orders (the desk: every agent in scope, filterable by agent and symbol) or
 // GET /api/agents/{id}/orders (a card on the agent page). Folded from the log by the gateway,
-// so it is whole after a reload; read again when order events arrive.
+// so it is whole after a reload; read again when order events arrive. The desk's P&L comes
+// with the subscription (its pnl frames), as prices and fills move it.
 
 import {h, replace, setText} from "../dom.js";
-import {age, clock, duration, num, when as timeOf} from "../format.js";
+import {age, duration, hms, num, price as priced, when as timeOf} from "../format.js";
 import {confirmDialog} from "../controls.js";
 import {createApprovals, isApprovalEvent} from "./approvals.js";
 import {money, pnlSection} from "./pnl.js";
+import {orderLink} from "./drill.js";
 
 const ORDER_EVENTS = new Set(["OrderAccepted", "OrderRejected", "OrderCancelRequested",
   "OrderFilled", "OrderClosed"]);
 const REFRESH_MS = 400;
-const PNL_EVERY_MS = 3_000;  // (marks move with the feed, not only with order events)
 const QTY = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
-const PRICE = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 8});
 
 /** Whether an event of the log changes a blotter. */
 export function isOrderEvent(event) {
@@ -22,7 +22,7 @@ export function isOrderEvent(event) {
 }
 
 const qty = (n) => QTY.format(n);
-const price = (n) => (n === null || n === undefined ? "–" : PRICE.format(n));
+const price = (n, symbol) => priced(n, symbol);  // (rounded to the symbol's tick)
 
 /** A time for people (the date too when not today), how long ago in its tooltip. */
 function when(ms) {
@@ -54,7 +54,7 @@ function positionRows(body, desk) {
     return h("tr", {"data-position": `${p.agentId}/${p.symbol}`, "data-net": p.netQty, class: `pos ${word}`},
       agentCell(p, desk), h("td", {}, h("strong", {}, p.symbol)),
       h("td", {class: "num net"}, `${flat ? "" : p.netQty > 0 ? "+" : "−"}${qty(Math.abs(p.netQty))} ${word}`),
-      h("td", {class: "num"}, price(p.avgPrice)),
+      h("td", {class: "num"}, price(p.avgPrice, p.symbol)),
       h("td", {class: "num"}, qty(p.boughtQty)), h("td", {class: "num"}, qty(p.soldQty)),
       h("td", {class: "num"}, num(p.fills)), h("td", {class: "num"}, money(p.realizedPnl)));
   });
@@ -62,9 +62,9 @@ function positionRows(body, desk) {
 
 function openRows(body, elapsed, desk, cancel) {
   return body.openOrders.map((o) => h("tr", {"data-order": o.orderId},
-    agentCell(o, desk), h("td", {class: "mono"}, o.orderId), h("td", {}, o.symbol), h("td", {}, side(o.side)),
+    agentCell(o, desk), h("td", {class: "mono"}, orderLink(o.agentId, o.orderId)), h("td", {}, o.symbol), h("td", {}, side(o.side)),
     h("td", {class: "num"}, qty(o.qty)), h("td", {class: "num"}, qty(o.filledQty)),
-    h("td", {}, o.orderType), h("td", {class: "num"}, price(o.limitPrice)),
+    h("td", {}, o.orderType), h("td", {class: "num"}, price(o.limitPrice, o.symbol)),
     h("td", {class: "num age", "data-age": o.ageMs, title: `placed at ${timeOf(o.placedAt)}`}, duration(o.ageMs + elapsed)),
     h("td", {}, o.cancelRequestedBy ? h("span", {class: "tag warn"}, `cancel asked by ${o.cancelRequestedBy} at ${timeOf(o.cancelRequestedAt)}`)
       : h("span", {class: "tag"}, o.filledQty > 0 ? "partly filled" : "working")),
@@ -74,16 +74,16 @@ function openRows(body, elapsed, desk, cancel) {
 function fillRows(body, desk) {
   return body.fills.map((f) => h("tr", {"data-fill": f.orderId},
     agentCell(f, desk), h("td", {}, when(f.at)), h("td", {}, f.symbol), h("td", {}, side(f.side)),
-    h("td", {class: "num"}, qty(f.qty)), h("td", {class: "num"}, price(f.price)),
-    h("td", {class: "num"}, price(f.decisionPrice)),
+    h("td", {class: "num"}, qty(f.qty)), h("td", {class: "num"}, price(f.price, f.symbol)),
+    h("td", {class: "num"}, price(f.decisionPrice, f.symbol)),
     h("td", {class: "num", title: "per unit, worse than the decision price (negative: better)"},
-      f.slippage === null || f.slippage === undefined ? "–" : price(f.slippage)),
-    h("td", {class: "mono"}, f.orderId)));
+      f.slippage === null || f.slippage === undefined ? "–" : price(f.slippage, f.symbol)),
+    h("td", {class: "mono"}, orderLink(f.agentId, f.orderId))));
 }
 
 function cancelRows(body, desk) {
   return body.cancels.map((c) => h("tr", {"data-cancel": c.orderId},
-    agentCell(c, desk), h("td", {}, when(c.requestedAt)), h("td", {class: "mono"}, c.orderId), h("td", {}, c.symbol),
+    agentCell(c, desk), h("td", {}, when(c.requestedAt)), h("td", {class: "mono"}, orderLink(c.agentId, c.orderId)), h("td", {}, c.symbol),
     h("td", {}, c.by, c.action ? h("span", {class: "muted"}, ` (${c.action})`) : null),
     h("td", {}, h("span", {class: c.status === "cancelled" ? "tag good" : c.status === "pending" ? "tag warn" : "tag"},
       c.status === "pending" ? "pending" : `${c.status} at ${timeOf(c.closedAt)}`))));
@@ -234,7 +234,7 @@ function summary(body) {
   const open = body.openOrders.length;
   const held = body.positions.filter((p) => Math.abs(p.netQty) >= 1e-9).length;
   return `${num(open)} open order${open === 1 ? "" : "s"} · ${num(held)} open position${held === 1 ? "" : "s"}`
-    + ` · read from the log at ${clock(body.at).slice(0, 8)}`;
+    + ` · read from the log at ${hms(body.at)}`;
 }
 
 /** The blotter card of one agent's page; `change(detail)` reads it again on its order events. */
@@ -316,14 +316,29 @@ export function createBlotter(ctx) {
       h("label", {for: "blotter-agent"}, "Agent"), agent, h("label", {for: "blotter-symbol"}, "Symbol"), symbol),
     approvals.el, status, ctx.controls ? result : null, pnlPart, parts);
 
-  let pnlAt = 0;
+  /** The P&L: from the subscription's pnl frames (as they change), read over HTTP only until
+   * the first one comes; for the one agent filtered to, if any. */
   async function loadPnl() {
-    pnlAt = Date.now();
+    if (ctx.model.pnl) {
+      drawPnl();
+      return;
+    }
     try {
       replace(pnlPart, pnlSection(await ctx.api.get("/api/pnl", {agent: filters.agent})));
     } catch (error) {
       replace(pnlPart, h("p", {class: "result bad"}, `Cannot load the P&L: ${error.message}`));
     }
+  }
+
+  function drawPnl() {
+    const view = ctx.model.pnl;
+    if (!filters.agent) {
+      replace(pnlPart, pnlSection(view));
+      return;
+    }
+    const agent = view.agents.find((a) => a.agentId === filters.agent);
+    replace(pnlPart, pnlSection({...view, agents: agent ? [agent] : [], desk: agent ? agent.totals
+      : {marketValue: 0, exposure: 0, unrealized: 0, realized: 0, total: 0, complete: true, stale: false}}));
   }
 
   function draw(body) {
@@ -347,12 +362,12 @@ export function createBlotter(ctx) {
     },
     change(detail) {
       if (detail.agents) fillAgents();
-      if (detail.events.some(isOrderEvent)) { reader.schedule(); loadPnl(); }
+      if (detail.events.some(isOrderEvent)) reader.schedule();
+      if (detail.pnl) drawPnl();
       if (detail.events.some(isApprovalEvent)) approvals.load();
     },
     tick() {
       reader.tick(); approvals.tick();
-      if (Date.now() - pnlAt >= PNL_EVERY_MS) loadPnl();
     },
   };
 }

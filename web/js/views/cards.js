@@ -46,6 +46,7 @@ export function createCards(ctx) {
       keep.add(a.agentId);
       const p = li._parts;
       setState(p.badge, badgeState(a));
+      setAttr(p.badge, "data-attention", attention(a));
       if (p.act && (a.trading === "HALTED" || Boolean(a.held)) !== Boolean(p.resume)) {  // as the table's rows
         if (p.resume) {
           p.resume.remove();

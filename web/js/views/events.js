@@ -236,6 +236,10 @@ export function createEvents(ctx) {
     render();
     const mine = ++detailSeq;
     replace(detail, h("h3", {id: "event-detail-title"}, `Event ${position}`), h("p", {class: "muted"}, "Loading…"));
+    // On a narrow screen the detail is under the list, below the fold: bring it into view.
+    if (detail.getBoundingClientRect().top >= list.getBoundingClientRect().bottom - 1) {
+      detail.scrollIntoView({block: "start"});
+    }
     let answer;
     try {
       answer = await ctx.api.get(`/api/events/${position}`);

@@ -3,11 +3,10 @@
 // tokens for the whole desk may pause and resume the rules: POST /api/feed/hooks).
 
 import {h, replace, setText} from "../dom.js";
-import {clock, duration, num} from "../format.js";
+import {clock, duration, hms, num, price} from "../format.js";
 import {confirmDialog} from "../controls.js";
 
 const POLL_MS = 2_000;
-const PRICE = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 8});
 
 function statusTag(status) {
   return h("span", {class: status === "up" ? "tag good" : status === "down" ? "tag bad" : "tag warn"}, status);
@@ -28,7 +27,7 @@ function symbols(body) {
   return h("table", {class: "plain", "aria-label": "Symbols"},
     h("thead", {}, h("tr", {}, ["Symbol", "Last price", "Last data", "Ticks", "Candles", ""].map((c) => h("th", {scope: "col"}, c)))),
     h("tbody", {}, body.symbols.map((s) => h("tr", {"data-symbol": s.symbol, class: s.stale ? "stale" : null},
-      h("td", {}, h("strong", {}, s.symbol)), h("td", {class: "num"}, PRICE.format(s.price)),
+      h("td", {}, h("strong", {}, s.symbol)), h("td", {class: "num"}, price(s.price, s.symbol)),
       h("td", {title: clock(s.lastAt)}, `${duration(s.ageMs)} ago`),
       h("td", {class: "num"}, num(s.ticks)), h("td", {class: "num"}, num(s.candles)),
       h("td", {}, s.stale ? h("span", {class: "tag warn"}, "stale") : h("span", {class: "tag good"}, "fresh"))))));
@@ -70,8 +69,8 @@ export function createFeed(ctx) {
     last = answer;
     const hooks = answer.hooks;
     setText(status, `${answer.connectors.length} connectors · ${answer.symbols.length} symbols · hook rules `
-      + (hooks.paused ? `paused by ${hooks.by} at ${clock(hooks.at).slice(0, 8)} (${num(hooks.suppressed)} requests not sent)` : "on")
-      + ` · read at ${clock(answer.at).slice(0, 8)}`);
+      + (hooks.paused ? `paused by ${hooks.by} at ${hms(hooks.at)} (${num(hooks.suppressed)} requests not sent)` : "on")
+      + ` · read at ${hms(answer.at)}`);
     replace(warnings, answer.warnings.map((w) => h("li", {class: "warn"}, w)));
     toggle.hidden = false;
     setText(toggle, hooks.paused ? "Resume hook rules" : "Pause hook rules");

@@ -2,10 +2,10 @@
 // counters, budget use — sortable (by default: those needing attention first), filterable,
 // virtualised, with live durations; a halted row has its own Resume.
 
-import {attention, badgeState, RANK, reasonsText} from "../blocked.js";
+import {attention, BADGES, badgeState, RANK, reasonsOf, reasonsText} from "../blocked.js";
 import {h, replace, setAttr, setState, setText, stateBadge} from "../dom.js";
 import {resumeButton} from "../halted.js";
-import {budget, clock, duration, num} from "../format.js";
+import {budget, duration, hms, num} from "../format.js";
 import {Model} from "../model.js";
 import {VirtualTable} from "../virtual.js";
 import {NARROW, createCards} from "./cards.js";
@@ -103,6 +103,7 @@ export function createOverview(ctx) {
     setAttr(tr, "data-attention", level);
     const badge = badgeState(a);
     setState(c.badge, badge);
+    setAttr(c.badge, "data-attention", level);
     setAttr(c.badge, "title", badge === a.trading ? null : `trading state ${a.trading}`);
     const why = reasonsText(a);
     setText(c.whyText, why);
@@ -120,8 +121,12 @@ export function createOverview(ctx) {
     setText(c.pending, num(a.pending));
     setText(c.oldest, a.oldestPendingAgeMs === null ? "–" : duration(age(a)));
     setText(c.runText, a.activeRun ? `${a.activeRun.runId} · ${duration(runFor(a))}` : "idle");
+    const reasons = reasonsOf(a);
+    const capped = reasons.find((r) => r.kind === "suppressed");
+    const cooling = reasons.find((r) => r.kind === "cooldown" && r.suppressing);
     const tag = a.held ? ["held", "tag bad", `runs held until resume: ${a.held}`]
-      : a.suppressedUntil ? ["suppressed", "tag warn", `runs suppressed by a budget until ${clock(a.suppressedUntil)}`]
+      : capped ? ["suppressed", "tag warn", `runs suppressed by a budget until ${hms(capped.until)}`]
+      : cooling ? ["cooldown", "tag", `runs wait for the no-trade cooldown until ${hms(cooling.until)}`]
       : ["", "tag", null];
     setText(c.runTag, tag[0]);
     setAttr(c.runTag, "class", tag[1]);
@@ -152,15 +157,19 @@ export function createOverview(ctx) {
   function render() {
     const list = items();
     const agents = ctx.model.agents;
-    const counts = {ACTIVE: 0, REDUCING: 0, HALTED: 0};
+    // Counted by the badge each row wears: an ACTIVE agent that waits or is suppressed is
+    // not counted active.
+    const counts = Object.fromEntries(BADGES.map((b) => [b, 0]));
     let pending = 0;
     for (const a of agents.values()) {
-      counts[a.trading] += 1;
+      counts[badgeState(a)] += 1;
       pending += a.pending;
     }
+    const states = BADGES.filter((b) => counts[b] || ["ACTIVE", "REDUCING", "HALTED"].includes(b))
+      .map((b) => `${counts[b]} ${b.toLowerCase()}`);
     const rate = ctx.model.charts.rate.get(Math.floor(ctx.model.serverNow() / 1000) - 1) || 0;
-    setText(summary, `${agents.size} agents · ${counts.ACTIVE} active · ${counts.REDUCING} reducing · `
-      + `${counts.HALTED} halted · ${num(pending)} pending · log position ${num(ctx.model.position)} · ${num(rate)} events/s`);
+    setText(summary, `${agents.size} agents · ${states.join(" · ")} · `
+      + `${num(pending)} pending · log position ${num(ctx.model.position)} · ${num(rate)} events/s`);
     summary.dataset.position = ctx.model.position;
     for (const th of heads.slice(0, COLUMNS.length)) {
       setAttr(th, "aria-sort", th.dataset.col === sort.key ? (sort.dir > 0 ? "ascending" : "descending") : null);

@@ -1,15 +1,13 @@
 // P&L on the desk blotter: each position marked to the feed's latest price, realized and
-// unrealized, exposure, and totals per agent and for the desk (GET /api/pnl). Read with the
-// blotter and again every few seconds, as prices move.
+// unrealized, exposure, and totals per agent and for the desk: the subscription's pnl frames
+// (as fills and prices move it), or GET /api/pnl until the first one comes. Prices to the
+// symbol's tick.
 
 import {h} from "../dom.js";
-import {duration} from "../format.js";
+import {duration, price} from "../format.js";
 
 const MONEY = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 2});
 const QTY = new Intl.NumberFormat("en", {maximumFractionDigits: 8});
-const PRICE = new Intl.NumberFormat("en", {minimumFractionDigits: 2, maximumFractionDigits: 8});
-
-const price = (n) => (n === null || n === undefined ? "–" : PRICE.format(n));
 
 /** A signed amount of money, coloured by its sign ("–" when not known). */
 export function money(n) {
@@ -21,7 +19,7 @@ export function money(n) {
 function markCell(p) {
   if (p.mark === null) return h("td", {class: "num"}, h("span", {class: "tag warn"}, "no price"));
   const aged = p.markAgeMs === null ? "" : `${duration(p.markAgeMs)} old`;
-  return h("td", {class: "num", title: aged}, price(p.mark),
+  return h("td", {class: "num", title: aged}, price(p.mark, p.symbol),
     p.stale ? h("span", {class: "tag warn", title: aged}, " stale") : null);
 }
 
@@ -30,7 +28,7 @@ function rows(body, desk) {
     const row = h("tr", {"data-pnl": `${a.agentId}/${p.symbol}`, class: p.stale ? "stale" : null},
       desk ? h("td", {}, h("a", {href: `#/agent/${encodeURIComponent(a.agentId)}`}, a.agentId)) : null,
       h("td", {}, h("strong", {}, p.symbol)), h("td", {class: "num"}, QTY.format(p.netQty)),
-      h("td", {class: "num"}, price(p.avgPrice)), markCell(p),
+      h("td", {class: "num"}, price(p.avgPrice, p.symbol)), markCell(p),
       h("td", {class: "num"}, p.exposure === null ? "–" : MONEY.format(p.exposure)),
       h("td", {class: "num"}, money(p.unrealized)), h("td", {class: "num"}, money(p.realized)));
     const heads = [...(desk ? ["Agent"] : []), "Symbol", "Net qty", "Avg price", "Mark", "Exposure", "Unrealized", "Realized"];

@@ -5,7 +5,8 @@
 // starts or ends.
 
 import {h, replace, setText} from "../dom.js";
-import {age, duration, num, orderText, when} from "../format.js";
+import {age, duration, num, orderText, when, ZONE} from "../format.js";
+import {orderLink, runLink} from "./drill.js";
 
 const PAGE = 20;
 const REFRESH_MS = 1000;
@@ -25,12 +26,11 @@ function outcome(run) {
   }
 }
 
-function orders(run) {
+function orders(agentId, run) {
   if (!run.orders.length) return h("span", {class: "muted"}, "–");
-  const said = (o) => o.status === "accepted" ? `accepted (${o.orderId})`
-    : o.status === "rejected" ? `rejected: ${o.reason}` : `${o.status} (${o.orderId})`;
   return h("ul", {class: "run-orders"}, run.orders.map((o) => h("li", {class: o.status === "rejected" ? "error" : ""},
-    `${orderText(o)} ${said(o)}`)));
+    `${orderText(o)} `, o.status === "rejected" ? `rejected: ${o.reason}`
+      : [`${o.status} (`, orderLink(agentId, o.orderId), ")"])));
 }
 
 /** A tool loop's steps: each model call with the tools it asked for and how each ended. */
@@ -86,7 +86,7 @@ export function createRunHistory(ctx, agentId) {
   const table = h("table", {id: "runs-table", class: "runs"},
     h("caption", {class: "sr-only"}, `Runs of ${agentId}, newest first`),
     h("thead", {}, h("tr", {},
-      ["Started", "Run", "Outcome", "Gate wait", "Model", "Tokens in + out", "Orders", "Calls", "Answer"].map((t, i) =>
+      [`Started (${ZONE})`, "Run", "Outcome", "Gate wait", "Model", "Tokens in + out", "Orders", "Calls", "Answer"].map((t, i) =>
         h("th", {scope: "col", class: i >= 3 && i <= 5 ? "num" : null}, t)))),
     body);
   const more = h("button", {type: "button", id: "runs-more", hidden: true}, "Older runs");
@@ -149,14 +149,16 @@ export function createRunHistory(ctx, agentId) {
       h("td", {"data-col": "started", title: new Date(run.startedAt).toString()},
         when(run.startedAt, now), h("span", {class: "muted"}, ` · ${age(run.startedAt, now)}`)),
       h("td", {"data-col": "run", class: "mono"},
-        h("a", {href: `#/agent/${encodeURIComponent(agentId)}?at=${run.position}`, title: "Time travel to this run's start"}, run.runId),
+        runLink(agentId, run.runId), " ",
+        h("a", {href: `#/agent/${encodeURIComponent(agentId)}?at=${run.position}`, title: "Time travel to this run's start",
+          "aria-label": `Time travel to the start of ${run.runId}`, class: "small-link"}, "⏱"),
         run.requests.length > 1 ? h("span", {class: "muted"}, ` (${run.requests.length} requests)`) : null,
         run.steers ? h("span", {class: "muted"}, ` · ${run.steers} steered`) : null,
         steps(run)),
       h("td", {"data-col": "outcome"}, outcome(run)),
       gateCells(run),
       h("td", {"data-col": "tokens", class: "num"}, `${num(run.usage.inputTokens)} + ${num(run.usage.outputTokens)}`),
-      h("td", {"data-col": "orders"}, orders(run)),
+      h("td", {"data-col": "orders"}, orders(agentId, run)),
       h("td", {"data-col": "calls"}, run.calls
         ? h("button", {type: "button", class: "small", onclick: () => showCalls(run.runId),
           title: "Show this run's calls in the call tree"}, `${run.calls} call${run.calls === 1 ? "" : "s"}`)

@@ -5,7 +5,7 @@
 // the next or previous stop, drop or suppression, and the diff between two positions.
 
 import {h, keepingFocus, replace, setAttr, setText, stateBadge} from "../dom.js";
-import {budget, clock, duration, num} from "../format.js";
+import {budget, clock, duration, num, ZONE} from "../format.js";
 import {pendingTable, runCard} from "./queue.js";
 
 const DEBOUNCE_MS = 120;
@@ -523,7 +523,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     axis.replaceChildren(...parts);
     axis.dataset.spanMs = String(Math.round(span));
     axis.dataset.stepMs = String(stepMs);
-    setText(range, `${tickLabel(start, 1, withDate)} – ${tickLabel(end, 1, withDate)} · ${duration(span)} shown`
+    setText(range, `${tickLabel(start, 1, withDate)} – ${tickLabel(end, 1, withDate)} ${ZONE} · ${duration(span)} shown`
       + `${view ? "" : " (all loaded events)"} · ticks every ${duration(stepMs)}`);
   }
 
@@ -540,5 +540,7 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     /** Pick the event at or just before a log position (deep links: #/agent/ID?at=P). */
     travelTo: travel,
     redraw: draw,
+    /** The picked log position (null while following live). */
+    position: () => (index === null ? null : entries[index].position),
   };
 }
