@@ -221,6 +221,10 @@ class LogReads(Protocol):
         """Events committed per second of the writer's busy time, recently (None before the
         first commit): with `backlog`, how long new work would wait for its commit."""
 
+    @property
+    def url(self) -> str | None:
+        """Where another process can open this log to read it (None: nowhere)."""
+
     async def read(
         self, after: int = 0, limit: int | None = None
     ) -> list[RecordedEvent]:

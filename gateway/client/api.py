@@ -59,6 +59,7 @@ from gateway.client.desk import (
     HooksChanged,
     Pnl,
 )
+from gateway.client.drill import Market, OrderLife, RunDetail, WhatIf
 from gateway.client.errors import GatewayClientError
 from gateway.client.frames import AckFrame, DeskKillAck, JsonObject
 from gateway.client.http import HttpBase, path
@@ -311,6 +312,23 @@ class DeskCalls(HttpBase):
     async def feed(self) -> Feed:
         """Feed health: connectors, each symbol's last data, warnings, the hook rules."""
         return await self._get(Feed, "/api/feed")
+
+    async def order_life(self, agent_id: str, order_id: str) -> OrderLife:
+        """An order's life from the log, and the run that decided it."""
+        return await self._get(OrderLife, path("api", "agents", agent_id, "orders", order_id))
+
+    async def run_detail(self, agent_id: str, run_id: str) -> RunDetail:
+        """A run in full: its prompt, model calls, tool calls and results, steers, orders."""
+        return await self._get(RunDetail, path("api", "agents", agent_id, "runs", run_id))
+
+    async def whatif(self, agent_id: str, position: int, config: JsonObject) -> WhatIf:
+        """What-if from a moment (a log position) under another lane config."""
+        return await self._post(WhatIf, path("api", "agents", agent_id, "whatif"),
+                                {"position": position, "config": config}, idempotent=True)
+
+    async def market(self) -> Market:
+        """Each symbol's tick."""
+        return await self._get(Market, "/api/market")
 
     async def capacity(self, *, start: int | None = None, end: int | None = None,
                        step: int | None = None, agents: Sequence[str] = (),

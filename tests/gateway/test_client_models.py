@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 from starlette.routing import Match, Route
 
-from gateway.client import HttpClient, answers, desk, frames
+from gateway.client import HttpClient, answers, desk, drill, frames
 from gateway.client.errors import (
     ERROR_CLASSES,
     Conflict,
@@ -28,9 +28,11 @@ from gateway.edge import protocol, shapes, worker_protocol
 from gateway.edge.app import create_app
 from gateway.edge.auth import TokenBook
 from gateway.edge.openapi import openapi_document
+from gateway.edge.routes import feed as feed_routes
 from gateway.edge.service import Service
 from gateway.errors import CODES
-from gateway.reads import blotter, pnl
+from gateway.reads import blotter, pnl, whatif
+from gateway.reads import drill as reads_drill
 from gateway.runtime import desk as runtime_desk
 from gateway.runtime import effects
 from gateway.runtime.engine import Engine
@@ -90,6 +92,13 @@ PAIRS: list[tuple[type[BaseModel], type[BaseModel]]] = [
     (desk.HooksChanged, shapes.HooksChangedJson),
     (desk.CapacitySeries, shapes.CapacitySeriesJson), (desk.GateCapacity, shapes.GateCapacityJson),
     (desk.Capacity, shapes.CapacityJson),
+    (drill.LifeCause, reads_drill.LifeCause), (drill.LifeStep, reads_drill.LifeStep),
+    (drill.OrderLife, reads_drill.OrderLifeJson), (drill.RunRequest, reads_drill.RequestJson),
+    (drill.Prompt, reads_drill.PromptJson), (drill.RunToolCall, reads_drill.ToolCallJson),
+    (drill.RunStep, reads_drill.StepJson), (drill.RunOrder, reads_drill.RunOrderJson),
+    (drill.RunDetail, reads_drill.RunDetailJson), (drill.SettingChange, whatif.SettingChange),
+    (drill.MeasureRow, whatif.MeasureRow), (drill.WhatIf, whatif.WhatIfJson),
+    (drill.Market, feed_routes.MarketJson),
 ]
 """Each client model and the server model whose JSON it reads."""
 
@@ -113,7 +122,8 @@ def test_the_field_check_can_fail() -> None:
 SERVER_ANSWERS: dict[str, type[BaseModel]] = {
     **shapes.ANSWERS, **story.RESPONSES, "BlotterView": blotter.BlotterView,
     "PnlView": pnl.PnlView, "DeskScope": protocol.DeskScope, "DeskKillAck": protocol.DeskKillAck,
-    "AckFrame": protocol.AckFrame}
+    "AckFrame": protocol.AckFrame, **reads_drill.DRILL_ANSWERS, "WhatIfJson": whatif.WhatIfJson,
+    "MarketJson": feed_routes.MarketJson}
 """The server's models of the answers `/openapi.json` names, by name."""
 
 

@@ -54,6 +54,6 @@ class DrillRoutes(Routes):
                            "follow this position: pick a later one (or run gateway whatif on "
                            "the log)", field="position")
         return _json(await self.whatifs.run(
-            self.log, self.engine.store.url, self.engine.reader, agent_id, position,
+            self.log, self.log.url, self.engine.reader, agent_id, position,
             after - 1, top, body.config, self.engine.clock.now_ms(),
             lambda: self._replayed(agent_id, position)))
