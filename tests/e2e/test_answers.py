@@ -43,7 +43,7 @@ from gateway.edge.shapes import (
 from gateway.reads.drill import OrderLifeJson, RunDetailJson
 from gateway.reads.whatif import WhatIfJson
 from gateway.wiring import build_service
-from tests.e2e.live import TIMEOUT
+from tests.e2e.live import START_TIMEOUT
 from tests.e2e.test_wiring import GATED
 from tests.gateway.support import next_event
 
@@ -53,7 +53,8 @@ ADMIN = {"Authorization": "Bearer admin-token-secret-5678"}
 async def test_each_route_answers_in_the_shape_its_document_names(tmp_path: Path) -> None:
     service = build_service(parse_config(GATED), tmp_path / "events.db")
     async with serving(service) as running, httpx2.AsyncClient(
-            base_url=running.url, timeout=TIMEOUT, headers=ADMIN) as http:
+            base_url=running.url, timeout=START_TIMEOUT, headers=ADMIN) as http:
+        # (the first what-if starts its worker process: a cold start, seconds under load)
 
         async def get(path: str, **params: Any) -> Any:
             answer = await http.get(path, params=params)
