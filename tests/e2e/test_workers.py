@@ -257,6 +257,7 @@ async def test_a_worker_that_ignores_a_cancel_changes_nothing_and_bad_frames_are
         assert stopped.status_code == 200, stopped.text
         cancel = await receive(ws, "cancel")
         assert cancel == {"type": "cancel", "runId": "desk-r1", "reason": "aborted"}
+        await next_event(store, "SlotCancelled")  # (the run's slot given back: the stop's)
         before = await store.last_position()
         state = running.service.engine.state("desk")
         # the worker ignores the cancel: its step and result come anyway, twice
