@@ -3,7 +3,7 @@ budget.
 
 Feed work that cannot be committed soon only queues: it delays every commit behind it (an
 emergency stop's included) and is acknowledged late anyway. So before a feed frame is turned
-into work, `Intake.admit` compares what waits for the log (`LogReads.backlog`) with what
+into work, `Intake.check` compares what waits for the log (`LogReads.backlog`) with what
 the log commits in ``budget_ms`` (`LogReads.commit_rate`); past it the frame waits, unread
 further, for the log to catch up (`Intake.room`, at most ``hold_ms``): the connection is not
 read meanwhile, so TCP pushes back on the sender, and a flood costs the gateway nothing per
@@ -60,16 +60,8 @@ class Intake:
             return self.floor_events
         return max(self.floor_events, int(rate * self.budget_ms / 1000))
 
-    def admit(self, holder: object) -> int | None:
-        """None if a frame of ``holder`` (a connection) may be taken now; else the
-        milliseconds after which to try again (counted as refused)."""
-        retry = self.check(holder)
-        if retry is not None:
-            self.refused += 1
-        return retry
-
     async def room(self, holder: object) -> int | None:
-        """`admit`, except that a frame with no room waits for it, up to ``hold_ms``, while
+        """`check`, except that a frame with no room waits for it, up to ``hold_ms``, while
         the log commits what is ahead of it: None once it may be taken, else (still no room)
         the milliseconds after which to try again (counted as refused)."""
         retry = self.check(holder)
@@ -89,7 +81,8 @@ class Intake:
         return retry
 
     def check(self, holder: object) -> int | None:
-        """`admit`, not counted."""
+        """None if a frame of ``holder`` (a connection) may be taken now; else the
+        milliseconds after which to try again (not counted as refused)."""
         budget = self.budget()
         backlog = self.store.backlog
         holders = len(self._holders) + (holder not in self._holders)
