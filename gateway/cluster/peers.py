@@ -18,7 +18,7 @@ from typing import Any, Final
 import httpx2
 
 from gateway.base.tasks import spawn
-from gateway.errors import BadFrame, GatewayError
+from gateway.errors import BadFrame, GatewayError, NotOwner
 from gateway.runtime.acks import Ack
 from gateway.runtime.effects import ControlEffect
 from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
@@ -123,7 +123,7 @@ class Peers:
     async def submit_many(self, owner: str, requests: Sequence[AgentRequest],
                           principal: str | None) -> list[Ack | GatewayError]:
         """Submit ``requests`` at their owner: an ack or an error for each, as the owner
-        answered."""
+        answered (`NotOwner` for an agent that left it meanwhile)."""
         body = {"principal": principal,
                 "requests": [r.model_dump(mode="json", by_alias=True, exclude_none=True)
                              for r in requests]}
@@ -132,8 +132,12 @@ class Peers:
         except GatewayError as error:
             return [error for _ in requests]
         results: list[Ack | GatewayError] = []
-        for item in answer["results"]:
-            if item.get("type") == "ack":
+        for request, item in zip(requests, answer["results"], strict=True):
+            if isinstance(item.get("moved"), dict):  # the agent left that process meanwhile
+                moved_to = item["moved"].get("owner")
+                results.append(NotOwner(request.agent_id,
+                                        moved_to if isinstance(moved_to, str) else None))
+            elif item.get("type") == "ack":
                 effect = item.get("effect")
                 results.append(Ack(item["requestId"], item["decision"], item["position"],
                                    item.get("reason"), item.get("repeated", False),

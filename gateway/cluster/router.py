@@ -125,19 +125,22 @@ class Router:
 
     async def _forward(self, items: list[tuple[int, AgentRequest]], principal: str | None,
                        answers: list[asyncio.Future[Ack]],
-                       silent: frozenset[str] = frozenset()) -> None:
+                       silent: frozenset[str] = frozenset(),
+                       left: frozenset[str] = frozenset()) -> None:
         """Send requests to their owners (one call per owner, all at once). An owner that
         does not answer within the lease (paused, cut off, gone) is passed over: its
         requests go once to whoever owns their agents then (``silent``: the owners passed
-        over), else they are answered `unavailable`."""
+        over), else they are answered `unavailable`. An owner the agent left meanwhile
+        (handed over as a member joined, say) answers `NotOwner`: the request goes on
+        once to whoever owns the agent then (``left``: the owners it left)."""
         owners: dict[str, list[tuple[int, AgentRequest]]] = {}
         for index, request in items:
             error = self.missing(request.agent_id)
             if not isinstance(error, NotOwner):
                 _settle(answers[index], error)
                 continue
-            owner = await (self._relocate(request.agent_id, silent) if silent
-                           else self._locate(request.agent_id))
+            owner = await (self._relocate(request.agent_id, silent | left)
+                           if silent or left else self._locate(request.agent_id))
             if owner is None:
                 _settle(answers[index],
                     Unanswered(request.agent_id, sorted(silent), self.lease_ms) if silent
@@ -153,10 +156,16 @@ class Router:
                         _settle(answers[index], Unanswered(
                             request.agent_id, sorted(silent | {owner}), self.lease_ms))
                 else:
-                    await self._forward(part, principal, answers, silent | {owner})
+                    await self._forward(part, principal, answers, silent | {owner}, left)
                 return
-            for (index, _), result in zip(part, results, strict=True):
-                _settle(answers[index], result)
+            moved: list[tuple[int, AgentRequest]] = []
+            for (index, request), result in zip(part, results, strict=True):
+                if isinstance(result, NotOwner) and not left:
+                    moved.append((index, request))
+                else:
+                    _settle(answers[index], result)
+            if moved:  # once more, wherever the agents went
+                await self._forward(moved, principal, answers, silent, left | {owner})
 
         await asyncio.gather(*(send(owner, part) for owner, part in owners.items()))
 

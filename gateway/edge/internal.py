@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from gateway.cluster.peers import SECRET_HEADER
 from gateway.edge.protocol import load_json
-from gateway.errors import BadFrame, GatewayError, UnknownProvider
+from gateway.errors import BadFrame, GatewayError, NotOwner, UnknownProvider
 from gateway.runtime.gate import GateMoved, ProviderGate, Slot, SlotRefusedError
 from gateway.runtime.intake import in_steps, settled
 from lanes.gate.events import CallOutcome
@@ -77,7 +77,8 @@ class _Internal:
 
     async def submit(self, request: Request, body: dict[str, Any]) -> Response:
         """Requests forwarded by another process, for agents this one owns (never forwarded
-        again: an agent that moved meanwhile is answered ``unavailable``)."""
+        again: an agent that moved meanwhile is answered ``unavailable``, marked ``moved``
+        with its owner as this process knows it, for the asker to send it on)."""
         from gateway.edge.answers import ack_frame, error_frame
 
         try:
@@ -92,6 +93,9 @@ class _Internal:
              else error_frame(answer, request_id=r.request_id)).model_dump(
                 mode="json", by_alias=True, exclude_none=True)
             for r, answer in zip(requests, answers, strict=True)]
+        for result, answer in zip(results, answers, strict=True):
+            if isinstance(answer, NotOwner):  # (the asker sends it on to the new owner)
+                result["moved"] = {"owner": answer.owner}
         return JSONResponse({"results": results})
 
     def _gate(self, request: Request) -> ProviderGate:

@@ -16,12 +16,14 @@ import pytest
 
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NotOwner
 from lanes import AgentState
 from tests.gateway.support import request
 
 PAUSED = "http://paused:1"
 TAKER = "http://taker:2"
+LEFT = "http://left:3"
+"""An owner the agent left meanwhile: it answers that the agent moved."""
 LEASE_MS = 300
 
 
@@ -41,12 +43,13 @@ class _Member:
     lease_ms = LEASE_MS
     period_ms = LEASE_MS // 5
 
-    def __init__(self, after: str | None) -> None:
+    def __init__(self, after: str | None, first: str = PAUSED) -> None:
         self.after = after
+        self.first = first
         self.reread = False
 
     def owner_of(self, _stream: str) -> str | None:
-        return self.after if self.reread else PAUSED
+        return self.after if self.reread else self.first
 
     async def locate(self, stream: str) -> str | None:
         return self.owner_of(stream)
@@ -59,13 +62,19 @@ class _Member:
         return url != PAUSED  # (its lease expired: it did not renew it)
 
 
-def _router(member: _Member, asked: list[str]) -> Router:
+def _router(member: _Member, asked: list[str], left: frozenset[str] = frozenset({LEFT})
+            ) -> Router:
     async def answer(http: httpx2.Request) -> httpx2.Response:
         owner = f"{http.url.scheme}://{http.url.host}:{http.url.port}"
         asked.append(owner)
         if owner == PAUSED:
             await asyncio.Event().wait()  # a paused process: never answers
         body = json.loads(http.content)
+        if owner in left:  # as `gateway.edge.internal` answers for an agent that moved
+            return httpx2.Response(200, json={"results": [
+                {"type": "error", "code": "unavailable", "requestId": r["requestId"],
+                 "message": "agent has no gateway process right now", "moved": {"owner": None}}
+                for r in body["requests"]]})
         return httpx2.Response(200, json={"results": [
             {"type": "ack", "requestId": r["requestId"], "decision": "accepted", "position": 7}
             for r in body["requests"]]})
@@ -136,3 +145,26 @@ def test_a_router_closed_with_forwards_under_way_cancels_them_cleanly() -> None:
         gc.collect()
     assert answers[0].cancelled()
     assert not [w for w in caught if "never awaited" in str(w.message)], caught
+
+
+async def test_a_forward_to_an_owner_the_agent_left_meanwhile_goes_on_to_its_new_owner() -> None:
+    # (the asker's view of the leases was read before a member joined and took the agent)
+    asked: list[str] = []
+    router = _router(_Member(after=TAKER, first=LEFT), asked)
+    [answer] = router.take([request("a")], None)
+    ack = await asyncio.wait_for(answer, 5 * LEASE_MS / 1000)
+    assert ack.decision == "accepted" and asked == [LEFT, TAKER]
+    await router.close()
+    await router.peers.close()
+
+
+async def test_an_agent_that_moved_again_meanwhile_is_answered_unavailable_after_one_more_try(
+        ) -> None:
+    asked: list[str] = []
+    router = _router(_Member(after=TAKER, first=LEFT), asked, left=frozenset({LEFT, TAKER}))
+    [answer] = router.take([request("a")], None)
+    with pytest.raises(NotOwner) as raised:
+        await asyncio.wait_for(answer, 5 * LEASE_MS / 1000)
+    assert raised.value.code == "unavailable" and asked == [LEFT, TAKER]
+    assert "retry with the same requestId" in str(raised.value)
+    await router.peers.close()

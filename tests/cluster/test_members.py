@@ -158,6 +158,24 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
                 await until(halted, f"{theirs} HALTED at {running.url}")
 
 
+async def test_a_member_sent_a_request_for_an_agent_it_does_not_own_says_it_moved(
+    postgres_url: str,
+) -> None:
+    # (what a member answers a forward from one whose view of the leases is behind: the
+    # asker sends it on, `tests/cluster/test_forwards.py`)
+    async with member(postgres_url) as one, member(postgres_url) as two:
+        await spread([one, two])
+        theirs = sorted(owned(two) & set(AGENTS))[0]
+        assert one.cluster is not None
+        [answer] = await one.cluster.router.peers.submit_many(
+            one.url, [parse_request(request(1, theirs))], None)
+        # (typed, not an error frame: where to, if its view of the leases says; a view read
+        # before it handed the agent over says nobody, and the asker reads the leases)
+        assert isinstance(answer, NotOwner) and answer.owner in (None, two.url), answer
+    records = await read_log(postgres_url)
+    assert not [r for r in records if r.type == "RequestReceived"]
+
+
 @pytest.mark.slow
 async def test_a_member_that_stops_hands_its_agents_over_at_once(postgres_url: str) -> None:
     async with member(postgres_url, lease_ms=60_000) as one:
