@@ -365,17 +365,24 @@ async def crash_run(workdir: Path, db: str, *, members: int = 3, kills: int = 10
             with contextlib.suppress(ConnectionLost, GatewayClientError):
                 await loading
             running[victim] = await start_member(config, db, running[victim].log)
-        for member in running:  # graceful: runs recorded aborted (shutdown), leases given up
-            await kill(member.process, signal.SIGTERM)
-            if member.process.returncode != 0:
-                report.problems.append(f"a member's graceful stop exited "
-                                       f"{member.process.returncode}")
+        await stop_all(running, report)
     finally:
         for member in running:
             await kill(member.process)
     report.lease_losses = lease_losses([m.log for m in running])
     await check_log(db, ledger, report)
     return report
+
+
+async def stop_all(members: list[Member], report: ClusterReport) -> None:
+    """SIGTERM each member in turn, waiting for it to exit (graceful: runs recorded aborted,
+    ``shutdown``, leases given up); an exit other than 0 is a problem (70: its stop outlasted
+    ``shutdown_timeout_s``, what it held left to a member that may not come)."""
+    for member in members:
+        await kill(member.process, signal.SIGTERM)
+        if member.process.returncode != 0:
+            report.problems.append(f"a member's graceful stop exited "
+                                   f"{member.process.returncode}")
 
 
 async def check_log(db: str, ledger: Ledger, report: ClusterReport) -> list[RecordedEvent]:
@@ -427,8 +434,7 @@ async def pause_run(workdir: Path, db: str, *, lease_ms: int = 1_000,
         finally:
             victim.process.send_signal(signal.SIGCONT)
         await _load_round(running, load, lease_ms / 1000 * 2, rng)  # it rejoins meanwhile
-        for member in running:
-            await kill(member.process, signal.SIGTERM)
+        await stop_all(running, report)
     finally:
         for member in running:
             if member.process.returncode is None:

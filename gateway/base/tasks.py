@@ -20,6 +20,14 @@ def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
     return task
 
 
+async def cancel(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel ``tasks`` (None: none) and wait until they have ended."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 def _finished(task: asyncio.Task[Any]) -> None:
     _running.discard(task)
     if not task.cancelled() and (error := task.exception()) is not None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from gateway.base.clock import Clock, Timer
-from gateway.base.tasks import spawn
+from gateway.base.tasks import cancel, spawn
 from gateway.cluster.adoption import catch_up, catch_up_gate
 from gateway.cluster.replicas import Replicas
 from gateway.cluster.router import Router
@@ -125,7 +125,8 @@ class Cluster:
         self._wakeup = asyncio.Event()
         self._due = asyncio.Event()
         """A renewal went through (or failed): rebalance."""
-        self._tasks: list[asyncio.Task[None]] = []
+        self._renewer: asyncio.Task[None] | None = None
+        self._balancer: asyncio.Task[None] | None = None
         self._stopped = False
         self.on_handed_over: Callable[[str], None] = lambda _url: None
         """Told the URL of a member this one handed streams over to (to wake it)."""
@@ -194,36 +195,43 @@ class Cluster:
             gate.on_fenced = self.fenced
         await self._join()
         self._tell_members()
-        self._tasks = [spawn(self._renewing(), "cluster lease"),
-                       spawn(self._rebalancing(), "cluster rebalance")]
+        self._renewer = spawn(self._renewing(), "cluster lease")
+        self._balancer = spawn(self._rebalancing(), "cluster rebalance")
         async with self._balancing:
             await self._rebalance(self.view)
         await self.adopted()
 
     async def stop(self) -> None:
-        """Hand every owned stream over, wake the members they go to, and leave (the others
-        take them at once); again: nothing."""
+        """Hand over every stream whose lease this member holds (those it was still loading
+        are loaded first: a run their last owner was cut off in is recorded, not left for a
+        member that may never come), wake the members they go to, and leave; again:
+        nothing. The lease is renewed until then: a hand-over that outlasts the rest of it
+        must not end in the watchdog dropping the streams not handed over yet (their runs
+        left open in the log)."""
         if self._stopped:
             return
         self._stopped = True
-        tasks = [*self._tasks, *([self._adopter] if self._adopter is not None else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks, self._adopter = [], None
-        self._adopting.clear()  # (their leases go with the member's, below)
-        others = sorted(m for m in self.view.members if m != self.member)
-        wanted = assign(self.owned, others)
+        handed: list[str] = []
         try:  # (a log that does not answer must not hold the stop: the leases expire)
             async with asyncio.timeout(max(2.0, 2 * self.lease_ms / 1000)):
-                for stream in self.owned:
-                    await self._hand_over(stream)
+                async with self._balancing:  # a rebalance under way ends; none after it
+                    await cancel(self._balancer)
+                handed = self.owned
+                await self._hand_over(handed)
+                await self.adopted()  # (after: what it decides for is not held up by it)
+                loaded = self.owned
+                await self._hand_over(loaded)
+                handed += loaded
+                await cancel(self._renewer)
                 with contextlib.suppress(StoreError):
                     await self.store.leave(self.member)
         except TimeoutError:
             log.warning("stopping: the log did not take the hand-over within %d ms; the "
                         "others take the streams when the leases expire", 2 * self.lease_ms)
-        for member in set(wanted.values()):
+        await cancel(self._balancer, self._renewer, self._adopter)
+        self._adopting.clear()  # (their leases go with the member's)
+        others = sorted(m for m in self.view.members if m != self.member)
+        for member in set(assign(handed, others).values()):
             self.on_handed_over(url_of(member))
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -295,8 +303,11 @@ class Cluster:
             async with asyncio.timeout(self.lease_ms / 2000):  # a stuck renewal is a failed one
                 view = await self.store.renew(self.member, self.lease_ms)
         except LeaseLost as lost:
-            log.error("%s: stopping every stream it owned; joining again", lost)
+            log.error("%s: stopping every stream it owned%s", lost,
+                      "" if self._stopped else "; joining again")
             self._lose_all()
+            if self._stopped:
+                return False
             self.member = owner_id(self.url)
             view = await self._join()
         except (StoreError, TimeoutError) as error:
@@ -370,8 +381,7 @@ class Cluster:
             with contextlib.suppress(StoreError):
                 await self.store.release(me, [stream])
         handed = [s for s in self._fences if wanted.get(s) != me]
-        for stream in handed:
-            await self._hand_over(stream)
+        await self._hand_over(handed)
         for member in {wanted[s] for s in handed if s in wanted}:
             self.on_handed_over(url_of(member))  # it takes them now, not at its next renewal
         free = [s for s, member in wanted.items() if member == me and s not in self._fences
@@ -392,7 +402,7 @@ class Cluster:
         is left as it is (the adoption copies it, and reads the rest from the log)."""
         if stream in self._adopting:
             return True
-        gate = self._gate(stream)
+        gate = gate_of(self.engine, stream)
         return gate.loaded if gate is not None else self.engine.holds(stream)
 
     def _streams(self) -> list[str]:
@@ -418,7 +428,7 @@ class Cluster:
         return self._adopting.get(stream, (None,))[0] is fence
 
     async def _adopt(self, stream: str, fence: Fence, alive: frozenset[str]) -> None:
-        gate = self._gate(stream)
+        gate = gate_of(self.engine, stream)
         try:
             if gate is not None:  # granted slots of runs still alive elsewhere are kept
                 gate_state = await catch_up_gate(self.store, stream,
@@ -445,25 +455,21 @@ class Cluster:
         self._fences[stream] = fence
         self.takeovers += 1
 
-    async def _hand_over(self, stream: str) -> None:
-        self._fences.pop(stream, None)
-        gate = self._gate(stream)
-        if gate is not None:
-            await gate.unload()
-        else:
-            await self.engine.holding.unload(stream)
-        self.replicas.refresh(stream)
-        with contextlib.suppress(StoreError):
-            await self.store.release(self.member, [stream])
+    async def _hand_over(self, streams: list[str]) -> None:
+        """`unload` ``streams`` and give their leases up."""
+        for stream in streams:
+            self._fences.pop(stream, None)
+        await unload(self.engine, streams)
+        for stream in streams:
+            self.replicas.refresh(stream)
+        if streams:
+            with contextlib.suppress(StoreError):
+                await self.store.release(self.member, streams)
 
     def _lose(self, stream: str) -> None:
         self._fences.pop(stream, None)
         self._adopting.pop(stream, None)
-        gate = self._gate(stream)
-        if gate is not None:
-            gate.drop()
-        else:
-            self.engine.holding.drop(stream)
+        drop(self.engine, stream)
         self.replicas.refresh(stream)
 
     def _lose_all(self) -> None:
@@ -471,9 +477,30 @@ class Cluster:
         for stream in list(self._fences):
             self._lose(stream)
 
-    def _gate(self, stream: str) -> ProviderGate | None:
-        for gate in self.engine.gates.values():
-            if gate.stream == stream:
-                return gate
-        return None
+
+def gate_of(engine: Engine, stream: str) -> ProviderGate | None:
+    """The provider gate whose stream ``stream`` is (None: an agent's)."""
+    for gate in engine.gates.values():
+        if gate.stream == stream:
+            return gate
+    return None
+
+
+async def unload(engine: Engine, streams: Sequence[str]) -> None:
+    """Stop deciding for ``streams`` gracefully, all at once (their runs in flight recorded
+    aborted, ``shutdown``, in one commit), the agents before the gates their runs give slots
+    back to."""
+    gates = [gate for stream in streams if (gate := gate_of(engine, stream)) is not None]
+    await asyncio.gather(*(engine.holding.unload(stream) for stream in streams
+                           if gate_of(engine, stream) is None))
+    await asyncio.gather(*(gate.unload() for gate in gates))
+
+
+def drop(engine: Engine, stream: str) -> None:
+    """Stop deciding for ``stream`` at once (its lease is another member's already)."""
+    gate = gate_of(engine, stream)
+    if gate is not None:
+        gate.drop()
+    else:
+        engine.holding.drop(stream)
 

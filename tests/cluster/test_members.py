@@ -207,12 +207,13 @@ async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_m
 ) -> None:
     async with member(postgres_url) as one, member(postgres_url) as two:
         await spread([one, two])
-        assert two.cluster is not None and two.cluster._tasks
+        assert two.cluster is not None and two.cluster._renewer is not None
         lost = owned(two)
         old = two.cluster.member
         # As if its process had been paused: its renewals stop (and its own watchdog, which
         # would stop its agents before the lease runs out), its lease runs out.
-        for task in two.cluster._tasks:
+        for task in (two.cluster._renewer, two.cluster._balancer):
+            assert task is not None
             task.cancel()
         if two.cluster._watchdog is not None:
             two.cluster._watchdog.cancel()
