@@ -222,6 +222,14 @@ class LogReads(Protocol):
         first commit): with `backlog`, how long new work would wait for its commit."""
 
     @property
+    def committed_events(self) -> int:
+        """Events this process committed since it opened the log (a counter)."""
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the writer was kept busy since the log was opened (a counter)."""
+
+    @property
     def url(self) -> str | None:
         """Where another process can open this log to read it (None: nowhere)."""
 

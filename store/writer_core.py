@@ -174,6 +174,8 @@ class WriterCore(ABC):
         self._rate_seconds = 0.0
         """Events committed and seconds the writer was busy, both decayed over about
         `RATE_HORIZON_S`: their ratio is the commit rate."""
+        self._committed_events = 0
+        self._busy_seconds = 0.0
 
     @property
     def max_batch(self) -> int:
@@ -199,7 +201,20 @@ class WriterCore(ABC):
             return None
         return self._rate_events / self._rate_seconds
 
+    @property
+    def committed_events(self) -> int:
+        """Events this process committed to the log since it opened it (a counter)."""
+        return self._committed_events
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the writer was kept busy since the log was opened (a counter: the
+        committed events' increase over this one's is the commit rate)."""
+        return self._busy_seconds
+
     def _measure(self, events: int, seconds: float) -> None:
+        self._committed_events += events
+        self._busy_seconds += seconds
         decay = math.exp(-seconds / RATE_HORIZON_S)
         self._rate_events = self._rate_events * decay + events
         self._rate_seconds = self._rate_seconds * decay + seconds

@@ -60,8 +60,6 @@ FAMILIES = (
            lambda v: int(v.suppressed_until is not None)),
     Family("gateway_held", "gauge", "1 while the agent's runs are held until a resume "
            "(the provider refused for spend).", lambda v: int(v.held is not None)),
-    Family("gateway_runs_held", "gauge", "1 while runs are held after a provider spend limit.",
-           lambda v: int(v.held is not None)),
     Family("gateway_approvals_pending", "gauge", "Orders waiting for a human's approval.",
            lambda v: v.pending_approvals),
 )
@@ -143,10 +141,9 @@ def pick(attention: Sequence[bool], depth: Sequence[int], cap: int) -> list[int]
 
 
 async def series_pieces(series: AgentSeries) -> AsyncIterator[str]:
-    """The text of each per-agent family except the last (`gateway_runs_held`, which a
-    scrape has always put after the histograms), `SAMPLES_PER_STEP` samples a piece, a turn
-    of the loop between two pieces; each piece ends with a newline."""
-    for j, fam in enumerate(FAMILIES[:-1]):
+    """The text of each per-agent family, `SAMPLES_PER_STEP` samples a piece, a turn of the
+    loop between two pieces; each piece ends with a newline."""
+    for j, fam in enumerate(FAMILIES):
         async for piece in family_pieces(series, j, fam):
             yield piece
 

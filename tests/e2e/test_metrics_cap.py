@@ -121,3 +121,47 @@ def _idle(engine: Engine, agent_id: str) -> Callable[[], Awaitable[bool]]:
     async def probe() -> bool:
         return engine.state(agent_id).active is None
     return probe
+
+
+TYPE = re.compile(r"^# TYPE (\w+) (\w+)$")
+
+
+async def test_a_scrape_names_each_family_once_and_counts_rather_than_computes_rates() -> None:
+    agents = dict(list(AGENTS.items())[:5])
+    async with running(MemoryEventStore(), agents, lambda _: ManualReasoner(),
+                       metrics_max_agents=20) as live, live.client() as http:
+        await until(_started(live.engine), "the engine's start")
+        before = (await http.get("/metrics")).text
+        await take_all(live.engine, [request(a) for a in agents])
+        after = (await http.get("/metrics")).text
+    kinds = [m.groups() for m in map(TYPE.match, after.splitlines()) if m]
+    names = [name for name, _ in kinds]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    # One family per meaning (gateway_runs_held said what gateway_held says), and rates are
+    # Prometheus's to compute: a gauge of a rate over the process's own window says nothing
+    # a scrape interval can check.
+    assert "gateway_runs_held" not in names and "gateway_held" in names
+    assert not [n for n in names if "rate" in n or n.endswith("per_second")], names
+    # Each family's samples follow its own # TYPE line, in one block.
+    families_seen = [_family_of(line, names) for line in after.splitlines()
+                     if line and not line.startswith("#")]
+    blocks = [f for i, f in enumerate(families_seen) if i == 0 or families_seen[i - 1] != f]
+    assert len(blocks) == len(set(blocks)), "a family's samples are split"
+    committed = _value(after, "gateway_log_committed_events_total")
+    assert dict(kinds)["gateway_log_committed_events_total"] == "counter"
+    assert dict(kinds)["gateway_log_writer_busy_seconds_total"] == "counter"
+    assert committed >= _value(before, "gateway_log_committed_events_total") + len(agents)
+    assert _value(after, "gateway_log_writer_busy_seconds_total") > 0
+
+
+def _family_of(line: str, names: list[str]) -> str:
+    name = re.split(r"[{ ]", line, maxsplit=1)[0]
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name not in names and name.endswith(suffix):
+            name = name.removesuffix(suffix)
+    return name
+
+
+def _value(text: str, name: str) -> float:
+    [line] = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])

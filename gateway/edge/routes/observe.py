@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.base.metrics import family, label, process_lines
-from gateway.edge.agent_series import FAMILIES, agent_series, family_pieces, series_pieces
+from gateway.edge.agent_series import agent_series, series_pieces
 from gateway.edge.auth import Principal
 from gateway.edge.http import Routes, streamed
 from gateway.edge.openapi import openapi_document
@@ -126,10 +126,13 @@ class ObserveRoutes(Routes):
             *family("gateway_log_backlog_events", "gauge",
                     "Events appended and not committed yet.",
                     [f"gateway_log_backlog_events {self.log.backlog}"]),
-            *family("gateway_log_commit_rate_events_per_second", "gauge",
-                    "Events the log commits per second of its writer's busy time, lately.",
-                    [f"gateway_log_commit_rate_events_per_second "
-                     f"{self.log.commit_rate or 0:.0f}"]),
+            *family("gateway_log_committed_events_total", "counter",
+                    "Events this process committed to the log.",
+                    [f"gateway_log_committed_events_total {self.log.committed_events}"]),
+            *family("gateway_log_writer_busy_seconds_total", "counter",
+                    "Seconds the log's writer was kept busy (committed events' rate over "
+                    "this one's: what the log takes when kept busy).",
+                    [f"gateway_log_writer_busy_seconds_total {self.log.busy_seconds:.6f}"]),
             *family("gateway_intake_budget_events", "gauge",
                     "Events the log commits in the intake's latency budget: feed frames past "
                     "it are answered busy.",
@@ -147,10 +150,7 @@ class ObserveRoutes(Routes):
             *family("gateway_run_duration_seconds", "histogram", "Run durations.",
                     engine.runs.durations.lines("gateway_run_duration_seconds")),
         ]
-        yield "\n".join(lines) + "\n"
-        async for piece in family_pieces(series, len(FAMILIES) - 1, FAMILIES[-1]):
-            yield piece
-        lines = [*self._connection_metrics(), *self._schedule_metrics(),
+        lines += [*self._connection_metrics(), *self._schedule_metrics(),
                  *self._cluster_metrics(),
                  *self._gate_metrics(now), *self._desk_metrics(now),
                  *process_lines(_version())]
