@@ -84,8 +84,9 @@ def describe(event: Event) -> str:
             return f"{run_id} {'can' if flag else 'cannot'} take steers"
         case RunsSuppressed(reason=reason, detail=detail):
             return f"runs suppressed ({reason}): {detail}"
-        case OrderAccepted(order_id=oid, intent=i):
-            return f"{oid} {i.side} {i.qty:g} {i.symbol}"
+        case OrderAccepted(order_id=oid, intent=i, by=by):
+            flatten = "" if by is None else f" (operator flatten, request {by})"
+            return f"{oid} {i.side} {i.qty:g} {i.symbol}{flatten}"
         case OrderRejected(intent=i, reason=reason):
             return f"{i.side} {i.qty:g} {i.symbol}: {reason}"
         case BrokerReport(order_id=oid, status=status, filled_qty=filled, price=price,
