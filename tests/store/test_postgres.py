@@ -27,6 +27,7 @@ from store import (
     migrate,
     open_store,
     pg_server,
+    pg_sql,
 )
 from store import postgres as postgres_module
 from store.engine import create_engine, database_url
@@ -295,7 +296,7 @@ async def test_a_lock_held_too_long_fails_the_batch_and_the_store_goes_on(
         holder = await asyncpg.connect(postgres_url)
         try:
             await holder.execute("BEGIN")
-            await holder.execute(f"SELECT pg_advisory_xact_lock({postgres_module.POSITION_LOCK})")
+            await holder.execute(f"SELECT pg_advisory_xact_lock({pg_sql.POSITION_LOCK})")
             error = await fails(store.append(app("s")), WriteFailed)
             assert "locked by another process" in str(error)
             assert "SELECT" not in str(error)
