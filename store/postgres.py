@@ -108,6 +108,9 @@ class PostgresEventStore(GroupCommitStore):
         self._writer_conn: asyncpg.Connection[Any] | None = None
         self._writer_pid = 0
         self._pool: asyncpg.Pool[Any] | None = None
+        self._own_conn: asyncpg.Connection[Any] | None = None
+        """The connection of this member's own lease (`_lease_transaction`)."""
+        self._own_lock = asyncio.Lock()
         self._listener: asyncpg.Connection[Any] | None = None
         self._listening: asyncio.Task[None] | None = None
         # The relay: what followers were handed, in order, and what is still to hand out.
@@ -158,8 +161,8 @@ class PostgresEventStore(GroupCommitStore):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._relay = self._listening = None
-        conns = [self._writer_conn, self._listener]
-        self._writer_conn = self._listener = None
+        conns = [self._writer_conn, self._listener, self._own_conn]
+        self._writer_conn = self._listener = self._own_conn = None
         pool, self._pool = self._pool, None
         for conn in conns:
             if conn is not None:
@@ -224,23 +227,35 @@ class PostgresEventStore(GroupCommitStore):
             self._writer_conn = None
 
     async def _lease_transaction(
-            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]],
+            own: bool = False) -> T:
         # Apart from the commits (no position lock): a process stopped in the middle of a
         # commit, holding the lock, must not keep the others from renewing their leases.
         # Changes of hands wait for a commit that checked the old hands' fence (it locked
         # the rows it read), so a stream never changes hands under a commit of its old owner.
+        # A member's own lease has a connection of its own: reads that take every pooled
+        # one (a takeover's) must not make its renewal late.
         pool = self._pool
         if pool is None:
             raise StoreClosedError("the store is not open")
-        async with pool.acquire() as conn:
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
-                    return await work(_PostgresTransaction(conn))  # type: ignore[arg-type]
-            except BaseException as exc:
-                if not refused(exc):  # cut off mid-operation, or broken: never reused
-                    conn.terminate()
-                raise
+        if not own:
+            async with pool.acquire() as conn:
+                return await self._in_lease_transaction(conn, work)
+        async with self._own_lock:
+            if self._own_conn is None or self._own_conn.is_closed():
+                self._own_conn = await asyncpg.connect(self._dsn)
+            return await self._in_lease_transaction(self._own_conn, work)
+
+    async def _in_lease_transaction(
+            self, conn: Any, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
+                return await work(_PostgresTransaction(conn))
+        except BaseException as exc:
+            if not refused(exc):  # cut off mid-operation, or broken: never reused
+                conn.terminate()
+            raise
 
     @property
     def url(self) -> str | None:

@@ -358,6 +358,26 @@ async def test_a_renewal_cut_off_mid_operation_leaves_the_leases_usable(
         await wait(store.append(app("s")))
 
 
+async def test_a_renewal_never_waits_for_reads_that_hold_every_pooled_connection(
+    postgres_url: str,
+) -> None:
+    """Issue 23, 1b: during a takeover a member's reads (streams adopted and read again,
+    leases looked up for forwards) took every pooled connection, and its renewals queued
+    behind them past half the lease: live members lost their leases."""
+    async with opened(postgres_url) as store:
+        await store.join("m1", 60_000)
+        assert store._pool is not None
+        held = [await store._pool.acquire() for _ in range(postgres_module.READ_POOL)]
+        try:
+            async with asyncio.timeout(2.0):
+                view = await store.renew("m1", 60_000)
+            assert "m1" in view.members
+        finally:
+            for conn in held:
+                await store._pool.release(conn)
+        await wait(store.leases())  # (the pool's reads go on as before)
+
+
 async def _sql_busy(url: str, pid: int) -> bool:
     rows = await _sql(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND "
                       "state = 'active' AND query LIKE '%pg_sleep%'", pid)
