@@ -52,6 +52,19 @@ class AgentUnavailable(GatewayError):
         self.agent_id = agent_id
 
 
+class TakingOver(GatewayError):
+    """This process has just taken the agent over and is still loading it; retry shortly
+    (never forwarded on: it is the owner)."""
+
+    code = "unavailable"
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent {agent_id!r} is being taken over by this gateway process "
+                         "(its last one stopped); nothing was taken: retry with the same "
+                         "requestId shortly")
+        self.agent_id = agent_id
+
+
 class NotOwner(GatewayError):
     """Several gateway processes share the log and another one owns this agent (``owner``:
     the URL it serves at), or none does right now (its owner died: another one takes it

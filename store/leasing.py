@@ -67,7 +67,7 @@ class LeaseWriter(WriterCore):
             rows[row.resource] = row
             return _view(now, rows)
 
-        return await self._leasing("joining the cluster", join)
+        return await self._leasing("joining the cluster", join, own=True)
 
     async def renew(self, member: str, ttl_ms: int) -> LeaseView:
         """Keep ``member`` live for another ``ttl_ms`` (`LeaseLost` if its lease expired)."""
@@ -84,7 +84,7 @@ class LeaseWriter(WriterCore):
             rows[row.resource] = row
             return _view(now, rows)
 
-        return await self._leasing("renewing a lease", renew)
+        return await self._leasing("renewing a lease", renew, own=True)
 
     async def acquire(self, member: str, resources: Sequence[str]) -> dict[str, int]:
         """Take the free leases of ``resources`` at a new epoch each, keep ``member``'s own;
@@ -146,23 +146,26 @@ class LeaseWriter(WriterCore):
         return await self._leasing("reading the leases", read)
 
     async def _leasing(self, what: str,
-                       work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
-        """``work`` in a transaction of its own (`_lease_transaction`); a database failure
-        is `WriteFailed`."""
+                       work: Callable[[WriteTransaction], Coroutine[Any, Any, T]],
+                       own: bool = False) -> T:
+        """``work`` in a transaction of its own (`_lease_transaction`; ``own``: a member's
+        own lease, never queued behind reads); a database failure is `WriteFailed`."""
         self._check_open()
         try:
-            return await self._lease_transaction(work)
+            return await self._lease_transaction(work, own)
         except StoreError:
             raise
         except Exception as exc:
             raise WriteFailed(what, self._describe(exc)) from exc
 
     async def _lease_transaction(
-            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]],
+            own: bool = False) -> T:
         """Run ``work`` in a transaction for leases: here, a write transaction of the
         writer's, between two commits (one process writes this log). An adapter whose log
         several processes write (PostgreSQL) runs it apart from the commits, so that a
-        process stuck in a commit never holds up the others' leases."""
+        process stuck in a commit never holds up the others' leases, and a member's ``own``
+        lease on a connection of its own, so that reads never hold up its renewal."""
         async def run() -> T:
             assert self._write_lock is not None
             async with self._write_lock:

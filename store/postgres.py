@@ -1,16 +1,17 @@
 """The PostgreSQL event store: the group-commit writer over asyncpg; several processes, each
 with its own store, may append to one log at the same time.
 
-**Positions.** Every write transaction first takes one advisory lock (`POSITION_LOCK`,
-``pg_advisory_xact_lock``) and holds it to its commit; only then does it read the last
-position and the versions of its streams (the writer trusts no cache: another process may
-have appended since) and insert its rows at the next positions. Write transactions thus
-commit one after the other in position order, and PostgreSQL makes a commit visible before it
-releases the lock: a reader that follows by position sees a gap-free prefix of the log and can
-never skip a transaction that commits late (the pitfall of positions drawn from a sequence).
-An expected version is checked under the lock, so a conflicting append from another process
-fails with `ConcurrencyError`; a unique key hit all the same (a writer that bypassed the lock)
-makes the writer plan the batch again from fresh reads, never write anything twice.
+**Positions.** Every write transaction first takes one advisory lock
+(`store.pg_sql.POSITION_LOCK`, ``pg_advisory_xact_lock``) and holds it to its commit; only
+then does it read the last position and the versions of its streams (the writer trusts no
+cache: another process may have appended since) and insert its rows at the next positions.
+Write transactions thus commit one after the other in position order, and PostgreSQL makes a
+commit visible before it releases the lock: a reader that follows by position sees a
+gap-free prefix of the log and can never skip a transaction that commits late (the pitfall
+of positions drawn from a sequence). An expected version is checked under the lock, so a
+conflicting append from another process fails with `ConcurrencyError`; a unique key hit all
+the same (a writer that bypassed the lock) makes the writer plan the batch again from fresh
+reads, never write anything twice.
 
 **Followers.** A commit that wrote events sends ``NOTIFY gateway_events, '<last position>'``
 inside its transaction (delivered only once it committed). Each store listens on a connection
@@ -29,13 +30,10 @@ from contextlib import aclosing, asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import asyncpg
-from sqlalchemy import BigInteger, String, any_, bindparam, delete, func, insert, select
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.sql import ClauseElement
-from sqlalchemy.sql.compiler import SQLCompiler
 
+from . import pg_sql as sql
 from .batch import LeaseRow
 from .engine import BUSY_TIMEOUT_MS, check_busy_timeout, create_engine, database_url, is_postgres
 from .migration import upgrade_engine
@@ -48,7 +46,6 @@ from .port import (
     StoreClosedError,
     StoreError,
 )
-from .schema import events, snapshots
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
     DEFAULT_MAX_BATCH,
@@ -63,10 +60,6 @@ from .writer import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-POSITION_LOCK: Final = 0x6761_7465_7761_7970
-"""Advisory lock key every write transaction holds to its commit (``pg_advisory_xact_lock``)."""
-CHANNEL: Final = "gateway_events"
-"""The LISTEN/NOTIFY channel; a notification's payload is the last position committed."""
 IDLE_IN_TRANSACTION_MS: Final = 60_000
 """A write transaction idle this long (its process hung or vanished) is ended by the server,
 which releases the position lock."""
@@ -74,85 +67,6 @@ READ_POOL: Final = 4
 """Most connections a store reads on at once."""
 RECONNECT_S: Final = (0.1, 5.0)
 """First and longest wait between attempts to reconnect the listening connection."""
-
-
-_DIALECT: Final = URL.create("postgresql+asyncpg").get_dialect()()
-
-
-def _sql(statement: ClauseElement, *params: str) -> str:
-    """``statement`` compiled for asyncpg, its ``$n`` parameters checked to be ``params``."""
-    compiled = statement.compile(dialect=_DIALECT)
-    order = tuple(compiled.positiontup or ()) if isinstance(compiled, SQLCompiler) else ()
-    if order != params:
-        raise AssertionError(f"parameters {order} where {params} were meant")
-    return str(compiled)
-
-
-_COLUMNS: Final = tuple(events.columns)
-_LOCK: Final = f"BEGIN; SELECT pg_advisory_xact_lock({POSITION_LOCK})"
-_INSERT: Final = _sql(insert(events), *(c.name for c in _COLUMNS))
-_MAX_POSITION: Final = _sql(select(func.max(events.c.position)))
-_READ: Final = _sql(
-    select(*_COLUMNS).where(events.c.position > bindparam("after"))
-    .order_by(events.c.position).limit(bindparam("limit")), "after", "limit")
-_READ_STREAM: Final = _sql(
-    select(*_COLUMNS).where(events.c.stream == bindparam("stream"),
-                            events.c.version > bindparam("after"))
-    .order_by(events.c.version).limit(bindparam("limit")), "stream", "after", "limit")
-_FIND: Final = _sql(
-    select(*_COLUMNS).where(events.c.event_id == any_(bindparam("ids", type_=ARRAY(String)))),
-    "ids")
-# The last position (in the row whose stream is NULL) and one index probe per stream (a GROUP
-# BY over the streams would read all their entries): one round trip for both.
-_HEAD: Final = (
-    "SELECT NULL, max(position) FROM events UNION ALL "
-    "SELECT s.stream, (SELECT max(e.version) FROM events e WHERE e.stream = s.stream) "
-    "FROM unnest($1::varchar[]) AS s(stream)")
-_STREAM_VERSIONS: Final = _sql(
-    select(events.c.stream, func.max(events.c.version)).group_by(events.c.stream))
-_SNAPSHOT_INFO: Final = _sql(select(
-    snapshots.c.position, snapshots.c.fingerprint, snapshots.c.checksum,
-    snapshots.c.created_at, func.length(snapshots.c.data),
-).order_by(snapshots.c.position.desc()))
-_READ_SNAPSHOT: Final = _sql(select(
-    snapshots.c.position, snapshots.c.fingerprint, snapshots.c.checksum,
-    snapshots.c.created_at, snapshots.c.data,
-).where(snapshots.c.position == bindparam("position")), "position")
-_DELETE_SNAPSHOT: Final = _sql(
-    delete(snapshots).where(snapshots.c.position == bindparam("position")), "position")
-_INSERT_SNAPSHOT: Final = _sql(insert(snapshots), *(c.name for c in snapshots.columns))
-_KEEP_SNAPSHOTS: Final = _sql(delete(snapshots).where(snapshots.c.position.not_in(
-    select(snapshots.c.position).order_by(snapshots.c.position.desc())
-    .limit(bindparam("keep")).scalar_subquery())), "keep")
-_DELETE_SNAPSHOTS: Final = _sql(delete(snapshots).where(
-    snapshots.c.position == any_(bindparam("positions", type_=ARRAY(BigInteger)))),
-    "positions")
-_DELETE_ALL_SNAPSHOTS: Final = _sql(delete(snapshots))
-# The database's clock (one for every host) in the row whose resource is NULL, then the
-# lease rows asked for (all of them for a NULL array): one round trip.
-_LEASE_ROWS: Final = (
-    "SELECT NULL::varchar, NULL::varchar, NULL::bigint, "
-    "(extract(epoch FROM clock_timestamp()) * 1000)::bigint UNION ALL "
-    "SELECT resource, owner, epoch, expires_at FROM leases "
-    "WHERE $1::varchar[] IS NULL OR resource = ANY($1::varchar[])")
-_LOCK_LEASES: Final = (
-    "WITH locked AS (SELECT resource, owner, epoch, expires_at FROM leases "
-    "WHERE resource = ANY($1::varchar[]) ORDER BY resource COLLATE \"C\" FOR SHARE) "
-    "SELECT NULL::varchar, NULL::varchar, NULL::bigint, "
-    "(extract(epoch FROM clock_timestamp()) * 1000)::bigint UNION ALL "
-    "SELECT * FROM locked")
-_INSERT_LEASE: Final = (
-    "INSERT INTO leases (resource, owner, epoch, expires_at) VALUES ($1, $2, $3, $4) "
-    "ON CONFLICT (resource) DO NOTHING")
-_SWAP_LEASE: Final = (
-    "UPDATE leases SET owner = $2, epoch = $3, expires_at = $4 WHERE resource = $1 AND "
-    "owner IS NOT DISTINCT FROM $5 AND epoch = $6 AND expires_at = $7")
-_DELETE_LEASES: Final = "DELETE FROM leases WHERE resource = ANY($1::varchar[])"
-
-
-def _deleted(status: str) -> int:
-    """The row count of a ``DELETE n`` command status."""
-    return int(status.rsplit(" ", 1)[-1])
 
 
 class PostgresEventStore(GroupCommitStore):
@@ -194,6 +108,9 @@ class PostgresEventStore(GroupCommitStore):
         self._writer_conn: asyncpg.Connection[Any] | None = None
         self._writer_pid = 0
         self._pool: asyncpg.Pool[Any] | None = None
+        self._own_conn: asyncpg.Connection[Any] | None = None
+        """The connection of this member's own lease (`_lease_transaction`)."""
+        self._own_lock = asyncio.Lock()
         self._listener: asyncpg.Connection[Any] | None = None
         self._listening: asyncio.Task[None] | None = None
         # The relay: what followers were handed, in order, and what is still to hand out.
@@ -227,7 +144,7 @@ class PostgresEventStore(GroupCommitStore):
         self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=READ_POOL)
         try:
             conn = await self._connect_writer()
-            last = int(await conn.fetchval(_MAX_POSITION) or 0)
+            last = int(await conn.fetchval(sql.MAX_POSITION) or 0)
             await self._listen()
         except BaseException:
             await self._stop()
@@ -244,8 +161,8 @@ class PostgresEventStore(GroupCommitStore):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._relay = self._listening = None
-        conns = [self._writer_conn, self._listener]
-        self._writer_conn = self._listener = None
+        conns = [self._writer_conn, self._listener, self._own_conn]
+        self._writer_conn = self._listener = self._own_conn = None
         pool, self._pool = self._pool, None
         for conn in conns:
             if conn is not None:
@@ -276,7 +193,7 @@ class PostgresEventStore(GroupCommitStore):
         try:
             yield txn
             if txn.last is not None:
-                await conn.execute(f"NOTIFY {CHANNEL}, '{txn.last}'; COMMIT")
+                await conn.execute(f"NOTIFY {sql.CHANNEL}, '{txn.last}'; COMMIT")
             else:
                 await conn.execute("COMMIT")
         except BaseException as exc:
@@ -293,7 +210,7 @@ class PostgresEventStore(GroupCommitStore):
             if conn is None or conn.is_closed():
                 conn = await self._connect_writer()
             try:
-                await conn.execute(_LOCK)
+                await conn.execute(sql.LOCK)
                 return conn
             except BaseException as exc:
                 if not await rolled_back(conn, exc):
@@ -310,23 +227,35 @@ class PostgresEventStore(GroupCommitStore):
             self._writer_conn = None
 
     async def _lease_transaction(
-            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+            self, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]],
+            own: bool = False) -> T:
         # Apart from the commits (no position lock): a process stopped in the middle of a
         # commit, holding the lock, must not keep the others from renewing their leases.
         # Changes of hands wait for a commit that checked the old hands' fence (it locked
         # the rows it read), so a stream never changes hands under a commit of its old owner.
+        # A member's own lease has a connection of its own: reads that take every pooled
+        # one (a takeover's) must not make its renewal late.
         pool = self._pool
         if pool is None:
             raise StoreClosedError("the store is not open")
-        async with pool.acquire() as conn:
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
-                    return await work(_PostgresTransaction(conn))  # type: ignore[arg-type]
-            except BaseException as exc:
-                if not refused(exc):  # cut off mid-operation, or broken: never reused
-                    conn.terminate()
-                raise
+        if not own:
+            async with pool.acquire() as conn:
+                return await self._in_lease_transaction(conn, work)
+        async with self._own_lock:
+            if self._own_conn is None or self._own_conn.is_closed():
+                self._own_conn = await asyncpg.connect(self._dsn)
+            return await self._in_lease_transaction(self._own_conn, work)
+
+    async def _in_lease_transaction(
+            self, conn: Any, work: Callable[[WriteTransaction], Coroutine[Any, Any, T]]) -> T:
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = {self._lock_timeout_ms}")
+                return await work(_PostgresTransaction(conn))
+        except BaseException as exc:
+            if not refused(exc):  # cut off mid-operation, or broken: never reused
+                conn.terminate()
+            raise
 
     @property
     def url(self) -> str | None:
@@ -355,7 +284,7 @@ class PostgresEventStore(GroupCommitStore):
         """Events with position > ``after`` in position order, at most ``limit``."""
         check_limit(limit)
         async with self._reading() as conn:
-            rows = await conn.fetch(_READ, after, limit)
+            rows = await conn.fetch(sql.READ, after, limit)
         return [RecordedEvent(*row) for row in rows]
 
     async def read_stream(
@@ -364,30 +293,30 @@ class PostgresEventStore(GroupCommitStore):
         """One stream's events with version > ``after_version`` in version order."""
         check_limit(limit)
         async with self._reading() as conn:
-            rows = await conn.fetch(_READ_STREAM, stream, after_version, limit)
+            rows = await conn.fetch(sql.READ_STREAM, stream, after_version, limit)
         return [RecordedEvent(*row) for row in rows]
 
     async def last_position(self) -> int:
         """The position of the last committed event (0 when empty)."""
         async with self._reading() as conn:
-            return int(await conn.fetchval(_MAX_POSITION) or 0)
+            return int(await conn.fetchval(sql.MAX_POSITION) or 0)
 
     async def stream_versions(self) -> dict[str, int]:
         """Every stream with its current version."""
         async with self._reading() as conn:
-            rows = await conn.fetch(_STREAM_VERSIONS)
+            rows = await conn.fetch(sql.STREAM_VERSIONS)
         return {stream: int(version) for stream, version in rows}
 
     async def snapshots(self) -> list[SnapshotInfo]:
         """Every stored snapshot, newest (highest position) first."""
         async with self._reading() as conn:
-            rows = await conn.fetch(_SNAPSHOT_INFO)
+            rows = await conn.fetch(sql.SNAPSHOT_INFO)
         return [SnapshotInfo(*row) for row in rows]
 
     async def read_snapshot(self, position: int) -> Snapshot | None:
         """The snapshot at ``position``, if there is one."""
         async with self._reading() as conn:
-            row = await conn.fetchrow(_READ_SNAPSHOT, position)
+            row = await conn.fetchrow(sql.READ_SNAPSHOT, position)
         return None if row is None else Snapshot(*row)
 
     # ----------------------------------------------------------------- followers
@@ -486,9 +415,9 @@ class PostgresEventStore(GroupCommitStore):
         been committed meanwhile."""
         conn = await asyncpg.connect(self._dsn)
         try:
-            await conn.add_listener(CHANNEL, self._notified)
+            await conn.add_listener(sql.CHANNEL, self._notified)
             conn.add_termination_listener(self._listener_lost)
-            last = int(await conn.fetchval(_MAX_POSITION) or 0)
+            last = int(await conn.fetchval(sql.MAX_POSITION) or 0)
         except BaseException:
             conn.terminate()
             raise
@@ -539,12 +468,12 @@ class _PostgresTransaction:
 
     async def last_position(self) -> int:
         if self._position is None:
-            self._position = int(await self._conn.fetchval(_MAX_POSITION) or 0)
+            self._position = int(await self._conn.fetchval(sql.MAX_POSITION) or 0)
         return self._position
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
         found: dict[str, int] = {}
-        for stream, value in await self._conn.fetch(_HEAD, list(streams)):
+        for stream, value in await self._conn.fetch(sql.HEAD, list(streams)):
             if stream is None:
                 self._position = int(value or 0)
             elif value is not None:
@@ -552,13 +481,13 @@ class _PostgresTransaction:
         return found
 
     async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
-        rows = await self._conn.fetch(_FIND, list(event_ids))
+        rows = await self._conn.fetch(sql.FIND, list(event_ids))
         return {row[3]: RecordedEvent(*row) for row in rows}
 
     async def insert(self, rows: Sequence[RecordedEvent]) -> None:
         self._position = None
         try:
-            await self._conn.executemany(_INSERT, rows)
+            await self._conn.executemany(sql.INSERT, rows)
         except asyncpg.UniqueViolationError as exc:
             raise KeyConflict(reason(exc)) from exc
         if rows:
@@ -566,23 +495,23 @@ class _PostgresTransaction:
 
     async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
         conn = self._conn
-        await conn.execute(_DELETE_SNAPSHOT, snapshot.position)
-        await conn.execute(_INSERT_SNAPSHOT, *snapshot)
-        await conn.execute(_KEEP_SNAPSHOTS, keep)
+        await conn.execute(sql.DELETE_SNAPSHOT, snapshot.position)
+        await conn.execute(sql.INSERT_SNAPSHOT, *snapshot)
+        await conn.execute(sql.KEEP_SNAPSHOTS, keep)
 
     async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
         if positions is None:
-            return _deleted(await self._conn.execute(_DELETE_ALL_SNAPSHOTS))
-        return _deleted(await self._conn.execute(_DELETE_SNAPSHOTS, list(positions)))
+            return sql.deleted(await self._conn.execute(sql.DELETE_ALL_SNAPSHOTS))
+        return sql.deleted(await self._conn.execute(sql.DELETE_SNAPSHOTS, list(positions)))
 
     async def lease_rows(self, resources: Sequence[str] | None, lock: bool = False
                          ) -> tuple[int, dict[str, LeaseRow]]:
         now, rows = 0, {}
         if lock and resources is not None:  # (in the commit, under the position lock)
-            found = await self._conn.fetch(_LOCK_LEASES, list(resources))
+            found = await self._conn.fetch(sql.LOCK_LEASES, list(resources))
         else:
             found = await self._conn.fetch(
-                _LEASE_ROWS, None if resources is None else list(resources))
+                sql.LEASE_ROWS, None if resources is None else list(resources))
         for resource, owner, epoch, expires_at in found:
             if resource is None:
                 now = int(expires_at)
@@ -592,9 +521,9 @@ class _PostgresTransaction:
 
     async def swap_lease(self, old: LeaseRow | None, new: LeaseRow) -> bool:
         if old is None:
-            return await self._conn.execute(_INSERT_LEASE, *new) == "INSERT 0 1"
-        status = await self._conn.execute(_SWAP_LEASE, *new, *old[1:])
+            return await self._conn.execute(sql.INSERT_LEASE, *new) == "INSERT 0 1"
+        status = await self._conn.execute(sql.SWAP_LEASE, *new, *old[1:])
         return bool(status == "UPDATE 1")
 
     async def delete_leases(self, resources: Sequence[str]) -> None:
-        await self._conn.execute(_DELETE_LEASES, list(resources))
+        await self._conn.execute(sql.DELETE_LEASES, list(resources))

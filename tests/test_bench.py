@@ -143,3 +143,24 @@ def test_drill_measures_each_ask_and_its_longest_stall() -> None:
     assert figures[0].value >= 3_000
     assert len(figures) == 1 + 2 * 7 and all(f.value >= 0 for f in figures)
     assert all(f.unit == "ms" for f in figures[1:])
+
+
+def test_the_long_cluster_bench_times_every_takeover_and_both_kinds_of_stop(
+    postgres_server: pg_server.PostgresServer,
+) -> None:
+    from bench import cluster_long
+
+    report, figures = cluster_long.measure(events=20_000, warmup=2.0, after=1.0,
+                                           server=postgres_server)
+    assert report.events >= 20_000
+    # Every agent of the killed member was acked again (within the lease + 10 s: live).
+    assert report.victim_agents
+    assert set(report.takeover_s) == set(report.victim_agents)
+    assert all(t < float("inf") for t in report.takeover_s.values())
+    assert report.others, "no stop was sent"
+    assert all(s.acked is not None for s in report.others + report.in_window)
+    assert report.feed_acked > 0
+    names = [f.name for f in figures]
+    assert "kill -9 -> agent acked again at its new owner, max" in names
+    assert "member leases lost by live members" in names
+    assert any(n.startswith("emergency stops in their dead owner's lease window") for n in names)

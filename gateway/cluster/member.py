@@ -31,11 +31,10 @@ from typing import Final
 
 from gateway.base.clock import Clock, Timer
 from gateway.base.tasks import cancel, spawn
-from gateway.cluster.adoption import catch_up, catch_up_gate
 from gateway.cluster.replicas import Replicas
 from gateway.cluster.router import Router
+from gateway.cluster.takeover import drop, gate_of, next_renewal_ms, take_over, unload
 from gateway.runtime.engine import Engine
-from gateway.runtime.gate import ProviderGate
 from store.port import Fence, LeaseLost, LeaseView, StoreError
 from store.writer import GroupCommitStore
 
@@ -256,9 +255,11 @@ class Cluster:
             await asyncio.shield(self._adopter)
 
     async def _renewing(self) -> None:
-        """Renew the lease every period (or when poked), whatever else is under way."""
+        """Renew the lease every period (or when poked, or when another member's lease runs
+        out: its streams are taken at once), whatever else is under way."""
         while True:
-            sleeping = asyncio.ensure_future(self.clock.sleep(self.period_ms))
+            sleeping = asyncio.ensure_future(self.clock.sleep(
+                next_renewal_ms(self.view, self.member, self.period_ms)))
             waking = asyncio.ensure_future(self._wakeup.wait())
             try:
                 await asyncio.wait([sleeping, waking], return_when=asyncio.FIRST_COMPLETED)
@@ -428,25 +429,10 @@ class Cluster:
         return self._adopting.get(stream, (None,))[0] is fence
 
     async def _adopt(self, stream: str, fence: Fence, alive: frozenset[str]) -> None:
-        gate = gate_of(self.engine, stream)
-        try:
-            if gate is not None:  # granted slots of runs still alive elsewhere are kept
-                gate_state = await catch_up_gate(self.store, stream,
-                                                 self.replicas.gate_state(stream))
-                if not self._adopting_at(stream, fence):
-                    return
-                gate.adopt(gate_state, fence, lambda agent_id: agent_id in alive)
-            else:  # from its replica and the tail; the calls on their way known first
-                await self.replicas.reach(await self.store.last_position())
-                holding = self.engine.holding
-                adopted = await catch_up(self.store, self.engine.reader, stream,
-                                         self.replicas.state(stream),
-                                         holding.file_config(stream))
-                if not self._adopting_at(stream, fence):
-                    return
-                holding.adopt(stream, adopted.state, fence, adopted.file_changed,
-                              list(self.replicas.calls.values()),
-                              list(self.replicas.answers.values()))
+        try:  # (granted slots of gates' runs still alive elsewhere are kept)
+            if not await take_over(self.engine, self.replicas, stream, fence, alive,
+                                   lambda: self._adopting_at(stream, fence)):
+                return
         except StoreError as error:  # its stream could not be read: give the lease back
             log.warning("could not take %s over (%s); giving its lease back", stream, error)
             with contextlib.suppress(StoreError):
@@ -476,31 +462,3 @@ class Cluster:
         self._adopting.clear()
         for stream in list(self._fences):
             self._lose(stream)
-
-
-def gate_of(engine: Engine, stream: str) -> ProviderGate | None:
-    """The provider gate whose stream ``stream`` is (None: an agent's)."""
-    for gate in engine.gates.values():
-        if gate.stream == stream:
-            return gate
-    return None
-
-
-async def unload(engine: Engine, streams: Sequence[str]) -> None:
-    """Stop deciding for ``streams`` gracefully, all at once (their runs in flight recorded
-    aborted, ``shutdown``, in one commit), the agents before the gates their runs give slots
-    back to."""
-    gates = [gate for stream in streams if (gate := gate_of(engine, stream)) is not None]
-    await asyncio.gather(*(engine.holding.unload(stream) for stream in streams
-                           if gate_of(engine, stream) is None))
-    await asyncio.gather(*(gate.unload() for gate in gates))
-
-
-def drop(engine: Engine, stream: str) -> None:
-    """Stop deciding for ``stream`` at once (its lease is another member's already)."""
-    gate = gate_of(engine, stream)
-    if gate is not None:
-        gate.drop()
-    else:
-        engine.holding.drop(stream)
-

@@ -21,12 +21,12 @@ from typing import Any, Final
 from gateway.base.clock import Clock
 from gateway.base.quarantine import PLAIN, LogReader, log_reader
 from gateway.base.tasks import spawn
-from gateway.cluster.adoption import catch_up
+from gateway.cluster.adoption import catch_up, catch_up_gate
 from gateway.runtime.gate import ProviderGate
 from gateway.runtime.snapshots import fold_log
 from lanes import AgentState
 from lanes.evolve import fold as fold_events
-from lanes.gate import GateState, decode_gate_event, evolve_gate, fold_gate
+from lanes.gate import GateState, decode_gate_event, evolve_gate
 from lanes.replay import Answer, Call, track_call
 from lanes.streams import is_agent_stream
 from store.port import EventStore, RecordedEvent, StoreError
@@ -67,6 +67,9 @@ class Replicas:
         self._followed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refreshing: dict[str, int] = {}
+        """Streams being read again (`refresh`), each with the last version of it the
+        follower passed over meanwhile (left to the read: it copies the replica)."""
 
     async def start(self) -> None:
         """Fold the whole log once, then follow it in the background."""
@@ -130,34 +133,49 @@ class Replicas:
                 return
 
     def refresh(self, stream: str) -> None:
-        """Fold a stream from the log again, in the background (it left this process, or
-        the follower missed some of it)."""
+        """Read what the replica of a stream lacks from the log, in the background (it left
+        this process, or the follower missed some of it): from the replica's version on
+        (it is a fold of a prefix of the stream), one read at a time per stream, a read
+        under way going on to the stream's end."""
+        if stream in self._refreshing:
+            return
+        self._refreshing[stream] = 0
         task = spawn(self._refresh(stream), f"refresh {stream}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _refresh(self, stream: str) -> None:
+        try:
+            while not self._holds(stream):
+                self._refreshing[stream] = 0
+                try:
+                    version = await self._read_again(stream)
+                except StoreError:
+                    await self._clock.sleep(RESTART_MS)
+                    continue
+                # Done unless the follower passed over an event the read did not reach.
+                if version is None or self._refreshing[stream] <= version:
+                    return
+        finally:
+            self._refreshing.pop(stream, None)
+
+    async def _read_again(self, stream: str) -> int | None:
+        """The replica of ``stream`` caught up with the log, a chunk at a time (the loop
+        given back in between); its version (None: this process decides for it now)."""
         gate = self._gates.get(stream)
-        while not self._holds(stream):
-            try:
-                if gate is None:  # a chunk at a time: a long stream never holds the loop
-                    agent = (await catch_up(self._store, self._reader, stream, None,
-                                            None)).state
-                else:
-                    records = await self._store.read_stream(stream)
-            except StoreError:
-                await self._clock.sleep(RESTART_MS)
-                continue
+        if gate is None:
+            agent = (await catch_up(self._store, self._reader, stream,
+                                    self.states.get(stream), None)).state
             if self._holds(stream):
-                return
-            if gate is None:
-                self.states[stream] = agent
-            else:
-                state = self._gate_states[stream] = fold_gate(
-                    GateState(provider=stream),
-                    (decode_gate_event(r.type, r.data) for r in records))
-                gate.mirror(state)
-            return
+                return None
+            self.states[stream] = agent
+            return agent.version
+        state = await catch_up_gate(self._store, stream, self._gate_states.get(stream))
+        if self._holds(stream):
+            return None
+        self._gate_states[stream] = state
+        gate.mirror(state)
+        return state.version
 
     async def _supervise(self) -> None:
         """Follow the log; started again from where it was if it fails."""
@@ -201,7 +219,7 @@ class Replicas:
             state = self.states.get(stream)
             if state is None:
                 state = self.states[stream] = AgentState(agent_id=stream)
-            if self._holds(stream):
+            if self._holds(stream) or self._passed_over(stream, record):
                 return
             if record.version == state.version + 1:
                 fold_events(state, [event])
@@ -209,9 +227,16 @@ class Replicas:
                 self.refresh(stream)
             return
         gate_state = self._gate_states.get(stream)
-        if gate_state is None or self._holds(stream):
+        if gate_state is None or self._holds(stream) or self._passed_over(stream, record):
             return
         if record.version == gate_state.version + 1:
             evolve_gate(gate_state, decode_gate_event(record.type, record.data))
         elif record.version > gate_state.version + 1:
             self.refresh(stream)
+
+    def _passed_over(self, stream: str, record: RecordedEvent) -> bool:
+        """Whether ``record`` is left to a read of its stream under way (noted for it)."""
+        if stream not in self._refreshing:
+            return False
+        self._refreshing[stream] = max(self._refreshing[stream], record.version)
+        return True

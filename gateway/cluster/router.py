@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gateway.base.tasks import spawn
 from gateway.cluster.peers import CALL_TIMEOUT_S, Peers, PeerUnreachable, Unanswered
 from gateway.cluster.replicas import Replicas
-from gateway.errors import GatewayError, NotOwner, UnknownAgent
+from gateway.errors import GatewayError, NotOwner, TakingOver, UnknownAgent
 from gateway.runtime.acks import Ack
 from gateway.runtime.intake import Batch
 from lanes import AgentRequest, AgentState
@@ -52,11 +52,14 @@ class Router:
 
     def missing(self, agent_id: str) -> GatewayError:
         """`NotOwner` for an agent of the log that another process (or none, a moment)
-        decides for; `UnknownAgent` for one nobody has (not known before joining)."""
+        decides for; `TakingOver` for one this process is still adopting; `UnknownAgent`
+        for one nobody has (not known before joining)."""
         if self._replicas is None:
             return NotOwner(agent_id, None)
         if self._replicas.state(agent_id) is None:
             return UnknownAgent(agent_id)
+        if self._member is not None and agent_id in self._member.adopting:
+            return TakingOver(agent_id)  # (not `NotOwner`: an asker would look elsewhere)
         return NotOwner(agent_id, self.owner_of(agent_id))
 
     def fenced(self, stream: str) -> None:

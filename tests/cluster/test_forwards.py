@@ -47,6 +47,7 @@ class _Member:
         self.after = after
         self.first = first
         self.reread = False
+        self.adopting: list[str] = []
 
     def owner_of(self, _stream: str) -> str | None:
         return self.after if self.reread else self.first
@@ -167,4 +168,20 @@ async def test_an_agent_that_moved_again_meanwhile_is_answered_unavailable_after
         await asyncio.wait_for(answer, 5 * LEASE_MS / 1000)
     assert raised.value.code == "unavailable" and asked == [LEFT, TAKER]
     assert "retry with the same requestId" in str(raised.value)
+    await router.peers.close()
+
+
+async def test_an_agent_its_member_is_still_adopting_is_unavailable_there_not_moved() -> None:
+    """Issue 23, 1b: a request forwarded to the member that just took the agent over, while
+    it was still loading it, was answered "no owner" and marked moved, so the asker waited
+    a whole lease for another owner (there was none) before answering: the agent acked
+    again seconds after it was loaded. Now it is `unavailable` for a moment (retry), never
+    moved."""
+    member = _Member(after=None, first=TAKER)
+    member.adopting = ["a"]
+    router = _router(member, [])
+    error = router.missing("a")
+    assert not isinstance(error, NotOwner)
+    assert error.code == "unavailable" and "retry" in str(error)
+    assert isinstance(router.missing("b"), NotOwner)  # (one it is not adopting)
     await router.peers.close()

@@ -15,7 +15,7 @@ from gateway.cluster.adoption import catch_up, copy_state
 from gateway.cluster.member import Cluster
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
-from gateway.errors import NotOwner
+from gateway.errors import TakingOver
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, AgentState, Mode
 from lanes import replay as fold
@@ -93,7 +93,7 @@ async def test_the_lease_is_renewed_while_an_adoption_is_slow() -> None:
             await until(renewed, "a renewal while the adoption waits", TIMEOUT)
         assert member._watchdog is not None  # never fired: the lease held throughout
         # Until it is loaded, the agent is unavailable here (typed: retry shortly).
-        with pytest.raises(NotOwner):
+        with pytest.raises(TakingOver):
             await asyncio.wait_for(engine.submit(request("a")), TIMEOUT)
         store.stall.set()
         await asyncio.wait_for(member.adopted(), TIMEOUT)

@@ -153,7 +153,7 @@ async def test_a_member_stopped_while_it_loads_an_agent_records_its_cut_off_run(
         await loading.wait()
         return await catch_up(*args)
 
-    monkeypatch.setattr("gateway.cluster.member.catch_up", slow_catch_up)
+    monkeypatch.setattr("gateway.cluster.takeover.catch_up", slow_catch_up)
     try:
         assert member.owned == [] and await open_runs(store, engine) == {"a": "a-r1"}
         await store.renew("m0", 0)  # m0 is dead: "a" is free

@@ -27,6 +27,7 @@ from store import (
     migrate,
     open_store,
     pg_server,
+    pg_sql,
 )
 from store import postgres as postgres_module
 from store.engine import create_engine, database_url
@@ -295,7 +296,7 @@ async def test_a_lock_held_too_long_fails_the_batch_and_the_store_goes_on(
         holder = await asyncpg.connect(postgres_url)
         try:
             await holder.execute("BEGIN")
-            await holder.execute(f"SELECT pg_advisory_xact_lock({postgres_module.POSITION_LOCK})")
+            await holder.execute(f"SELECT pg_advisory_xact_lock({pg_sql.POSITION_LOCK})")
             error = await fails(store.append(app("s")), WriteFailed)
             assert "locked by another process" in str(error)
             assert "SELECT" not in str(error)
@@ -355,6 +356,26 @@ async def test_a_renewal_cut_off_mid_operation_leaves_the_leases_usable(
         for _ in range(2 * postgres_module.READ_POOL):
             await wait(store.renew("m1", 60_000))
         await wait(store.append(app("s")))
+
+
+async def test_a_renewal_never_waits_for_reads_that_hold_every_pooled_connection(
+    postgres_url: str,
+) -> None:
+    """Issue 23, 1b: during a takeover a member's reads (streams adopted and read again,
+    leases looked up for forwards) took every pooled connection, and its renewals queued
+    behind them past half the lease: live members lost their leases."""
+    async with opened(postgres_url) as store:
+        await store.join("m1", 60_000)
+        assert store._pool is not None
+        held = [await store._pool.acquire() for _ in range(postgres_module.READ_POOL)]
+        try:
+            async with asyncio.timeout(2.0):
+                view = await store.renew("m1", 60_000)
+            assert "m1" in view.members
+        finally:
+            for conn in held:
+                await store._pool.release(conn)
+        await wait(store.leases())  # (the pool's reads go on as before)
 
 
 async def _sql_busy(url: str, pid: int) -> bool:
