@@ -63,7 +63,7 @@ class ControlEffect(Answer):
     unheld: bool = False
     started_run: str | None = None
     calls_cancelled: int = 0
-    flatten_orders: list[FlattenOrder] = Field(default_factory=list)
+    flatten_orders: list[FlattenOrder] | None = None
 
 
 class AckFrame(Answer):

@@ -24,6 +24,7 @@ from lanes.events import (
     RunSteered,
     RunsUnheld,
 )
+from lanes.requests import ControlAction
 from store.port import RecordedEvent
 
 
@@ -84,4 +85,5 @@ def control_effect(applied: ControlApplied, after: Sequence[Decision]) -> Contro
     return ControlEffect(from_state=applied.from_state, to_state=applied.to_state,
                          changed=changed, aborted_run=aborted, cancels_requested=cancels,
                          unheld=unheld, started_run=started, calls_cancelled=calls,
-                         flatten_orders=flatten)
+                         flatten_orders=flatten if applied.action is ControlAction.FLATTEN
+                         else None)

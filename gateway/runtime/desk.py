@@ -173,7 +173,7 @@ async def _flatten(way_in: WayIn, killed: list[AgentKilled], principal: str, kil
 def _flattened(answer: Ack | GatewayError) -> dict[str, object]:
     if isinstance(answer, GatewayError):
         return {"flatten_orders": [], "flatten_note": f"{answer.code}: {answer}"}
-    orders = [] if answer.effect is None else answer.effect.flatten_orders
+    orders = [] if answer.effect is None else answer.effect.flatten_orders or []
     note = None if answer.decision == "accepted" else answer.reason or answer.decision
     return {"flatten_orders": orders, "flatten_note": note}
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from lanes.events import TradingState
 from lanes.requests import WireModel
 
@@ -37,5 +35,6 @@ class ControlEffect(WireModel):
     """The run it let start (a resume with work pending)."""
     calls_cancelled: int = 0
     """Sub-agent calls of the agent it ended (a stop)."""
-    flatten_orders: list[FlattenOrder] = Field(default_factory=list)
-    """The closing orders it sent (a flatten), one per symbol that was not flat."""
+    flatten_orders: list[FlattenOrder] | None = None
+    """The closing orders it sent, one per symbol that was not flat (a flatten; None, left
+    out on the wire, for any other control)."""
