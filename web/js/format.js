@@ -194,11 +194,17 @@ export function tickOf(symbol) {
 
 const FORMATS = new Map();
 
+/** The decimals of a tick, as the server words prices: 2 for 0.01 and 0.25, 1 for 0.5, 0 for 5. */
+function tickDecimals(tick) {
+  const [mantissa, exponent] = String(tick).split("e-");
+  return Math.min(12, (mantissa.split(".")[1] || "").length + Number(exponent || 0));
+}
+
 /** A price rounded to the symbol's tick, with as many decimals as the tick has: "64,012.50". */
 export function price(value, symbol) {
   if (value === null || value === undefined) return "–";
   const tick = tickOf(symbol);
-  const decimals = Math.min(12, Math.max(0, Math.ceil(-Math.log10(tick) - 1e-9)));
+  const decimals = tickDecimals(tick);
   let format = FORMATS.get(decimals);
   if (!format) FORMATS.set(decimals, format = new Intl.NumberFormat("en", {minimumFractionDigits: decimals, maximumFractionDigits: decimals}));
   return format.format(Math.round(value / tick) * tick);
