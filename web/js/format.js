@@ -156,16 +156,30 @@ export function age(epochMs, now = Date.now()) {
   return words === "now" ? "just now" : ms >= 0 ? `${words} ago` : `in ${words}`;
 }
 
+/** The date of a time and a space when it is not today ("26 Nov ", "3 Jan 2025 "), else "". */
+function dayOf(ms, now) {
+  const d = new Date(ms);
+  if (d.toDateString() === new Date(now).toDateString()) return "";
+  return `${d.toLocaleDateString("en-GB", {day: "numeric", month: "short",
+    year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric"})} `;
+}
+
 /** Local time with its zone, and the date when it is not today: "14:03:05 UTC" or
  * "26 Nov 14:03:05 UTC" (24-hour, as every time of the panel). */
 export function when(epochMs, now = Date.now()) {
   if (!epochMs) return "–";
-  const d = new Date(typeof epochMs === "string" ? Date.parse(epochMs) : epochMs);
-  const time = hms(d.getTime());
-  if (d.toDateString() === new Date(now).toDateString()) return time;
-  const date = d.toLocaleDateString("en-GB", {day: "numeric", month: "short",
-    year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric"});
-  return `${date} ${time}`;
+  const ms = typeof epochMs === "string" ? Date.parse(epochMs) : epochMs;
+  return `${dayOf(ms, now)}${hms(ms)}`;
+}
+
+/** A stretch of time with its zone once: "14:03:00–14:03:30 UTC" (the date first when not today). */
+export function between(fromMs, toMs, now = Date.now()) {
+  return `${dayOf(fromMs, now)}${bareClock(fromMs).slice(0, 8)}–${hms(toMs)}`;
+}
+
+/** A time in full, for tooltips: "29 Nov 2026 14:03:05.250 UTC". */
+export function stamp(epochMs) {
+  return `${new Date(epochMs).toLocaleDateString("en-GB", {day: "numeric", month: "short", year: "numeric"})} ${clock(epochMs)}`;
 }
 
 // Prices by the symbol's tick (GET /api/market): each shown with the tick's decimals,

@@ -5,7 +5,7 @@
 // with the subscription (its pnl frames), as prices and fills move it.
 
 import {h, replace, setText} from "../dom.js";
-import {age, duration, hms, num, price as priced, when as timeOf} from "../format.js";
+import {age, duration, hms, num, price as priced, stamp, when as timeOf} from "../format.js";
 import {confirmDialog} from "../controls.js";
 import {createApprovals, isApprovalEvent} from "./approvals.js";
 import {money, pnlSection} from "./pnl.js";
@@ -26,7 +26,7 @@ const price = (n, symbol) => priced(n, symbol);  // (rounded to the symbol's tic
 
 /** A time for people (the date too when not today), how long ago in its tooltip. */
 function when(ms) {
-  return h("time", {datetime: new Date(ms).toISOString(), title: `${new Date(ms).toLocaleString()} (${age(ms)})`},
+  return h("time", {datetime: new Date(ms).toISOString(), title: `${stamp(ms)} (${age(ms)})`},
     timeOf(ms));
 }
 
