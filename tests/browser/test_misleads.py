@@ -16,7 +16,6 @@ from playwright.async_api import Page, expect
 
 from gateway.edge.server import Running
 from tests.browser.conftest import ZONED, OpenPanel, fits, resize, screenshot
-from tests.browser.test_capacity_panel import TEXTS
 from tests.browser.live import (
     ADMIN,
     CONTROL,
@@ -28,6 +27,7 @@ from tests.browser.live import (
     state_is,
     submit,
 )
+from tests.browser.test_capacity_panel import TEXTS
 
 
 async def one_at_a_time(running: Running) -> None:
@@ -271,7 +271,7 @@ async def test_every_chart_axis_names_its_zone(tmp_path: Path, open_panel: OpenP
         runs = page.locator("#chart-runs")
         await runs.hover()
         await expect(page.locator("#chart-tip strong")).to_have_text(
-            re.compile(r"\d\d:\d\d:\d\d–\d\d:\d\d:\d\d GMT\+5:30$"))
+            re.compile(r"\d\d:\d\d:\d\d\u2013\d\d:\d\d:\d\d GMT\+5:30$"))
         await screenshot(page, "mislead-axis-zone-charts")
 
         await page.get_by_role("link", name="Capacity").click()

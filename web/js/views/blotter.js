@@ -42,8 +42,9 @@ function table(label, columns, rows, empty, desk) {
   if (!rows.length) return h("p", {class: "muted empty"}, empty);
   const heads = desk ? ["Agent", ...columns] : columns;
   for (const row of rows) [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i]; });  // (phone cards)
+  const numeric = [...rows[0].cells].map((cell) => cell.classList.contains("num"));  // a heading sits as its column does
   return h("div", {class: "blotter-scroll"}, h("table", {class: "plain blotter-table", "aria-label": label},
-    h("thead", {}, h("tr", {}, heads.map((c) => h("th", {scope: "col", class: /qty|price|age|fills/i.test(c) ? "num" : null}, c)))),
+    h("thead", {}, h("tr", {}, heads.map((c, i) => h("th", {scope: "col", class: numeric[i] ? "num" : null}, c)))),
     h("tbody", {}, rows)));
 }
 
