@@ -10,11 +10,14 @@ wait of 0 ms read "0 ms, 0 ms, 1 ms, 1 ms, 1 ms"). Screenshots: ``review-*``."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from playwright.async_api import Page, expect
 
+from gateway.edge.server import Running
 from tests.browser.conftest import OpenPanel, fits, resize, screenshot
 from tests.browser.live import CONTROL, live_gateway
 from tests.browser.review_scene import LONG, WIDTHS, review_config, scene
@@ -45,12 +48,21 @@ async def view(page: Page, url: str, hash_: str) -> None:
     await expect(page.locator(READY[hash_]).first).to_be_attached()
 
 
-async def test_no_view_scrolls_the_page_sideways_at_any_width(
-        tmp_path: Path, open_panel: OpenPanel) -> None:
+@contextlib.asynccontextmanager
+async def reviewed(tmp_path: Path, open_panel: OpenPanel, width: int, height: int,
+                   init_script: str | None = None) -> AsyncIterator[tuple[Running, Page]]:
+    """The review desk, its scene played, and the panel open on it at ``width``."""
     db = tmp_path / "review.db"
     async with live_gateway(review_config(db), db, feed=False) as running:
         await scene(running)
-        page = await open_panel(running.url, CONTROL)
+        page = await open_panel(running.url, CONTROL, init_script=init_script)
+        await resize(page, width, height)
+        yield running, page
+
+
+async def test_no_view_scrolls_the_page_sideways_at_any_width(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    async with reviewed(tmp_path, open_panel, *WIDTHS[0]) as (running, page):
         for width, height in WIDTHS:
             await resize(page, width, height)
             for hash_ in READY:
@@ -70,11 +82,7 @@ async def test_no_view_scrolls_the_page_sideways_at_any_width(
 
 async def test_the_blotters_headings_sit_as_their_columns_do(
         tmp_path: Path, open_panel: OpenPanel) -> None:
-    db = tmp_path / "review.db"
-    async with live_gateway(review_config(db), db, feed=False) as running:
-        await scene(running)
-        page = await open_panel(running.url, CONTROL)
-        await resize(page, 1280, 800)
+    async with reviewed(tmp_path, open_panel, 1280, 800) as (running, page):
         await view(page, running.url, "#/blotter")
         tables = page.locator("#desk-blotter table.blotter-table")
         await expect(tables).to_have_count(4)  # (open orders, positions, fills, rejections)
@@ -100,14 +108,11 @@ async def cut_types(page: Page) -> list[str]:
 
 async def test_on_a_phone_the_event_log_shows_each_events_type_and_words(
         tmp_path: Path, open_panel: OpenPanel) -> None:
-    db = tmp_path / "review.db"
-    async with live_gateway(review_config(db), db, feed=False) as running:
-        await scene(running)
-        page = await open_panel(running.url, CONTROL)
+    async with reviewed(tmp_path, open_panel, 1280, 800) as (running, page):
         await view(page, running.url, "#/events")
         await expect(page.locator('#event-list .row[data-type="SteerabilityChanged"]').first
                      ).to_be_attached()
-        assert await cut_types(page) == []  # (at 1440 px: every type whole)
+        assert await cut_types(page) == []  # (at 1280 px: every type whole)
         await resize(page, 390, 844)
         await view(page, running.url, "#/events")
         row = page.locator('#event-list .row[data-type="ControlApplied"]').first
@@ -128,11 +133,8 @@ async def test_on_a_phone_the_event_log_shows_each_events_type_and_words(
 
 async def test_no_capacity_chart_labels_two_steps_of_its_axis_alike(
         tmp_path: Path, open_panel: OpenPanel) -> None:
-    db = tmp_path / "review.db"
-    async with live_gateway(review_config(db), db, feed=False) as running:
-        await scene(running)  # (no run waited at the gate: its waits are all 0 ms)
-        page = await open_panel(running.url, CONTROL, init_script=TEXTS)
-        await resize(page, 1280, 800)
+    # (no run waited at the gate: its waits are all 0 ms)
+    async with reviewed(tmp_path, open_panel, 1280, 800, TEXTS) as (running, page):
         await view(page, running.url, "#/capacity")
         for key in ("depth", "latency", "waiting", "waits", "rpm", "tpm"):
             canvas = f"capacity-{key}"
@@ -147,11 +149,7 @@ async def test_no_capacity_chart_labels_two_steps_of_its_axis_alike(
 
 async def test_on_a_phone_every_confirm_dialog_fits_the_screen(
         tmp_path: Path, open_panel: OpenPanel) -> None:
-    db = tmp_path / "review.db"
-    async with live_gateway(review_config(db), db, feed=False) as running:
-        await scene(running)
-        page = await open_panel(running.url, CONTROL)
-        await resize(page, 390, 844)
+    async with reviewed(tmp_path, open_panel, 390, 844) as (running, page):
         dialog = page.locator("#confirm")
         for hash_, opener in (
                 ("#/overview", page.get_by_role("button", name="Emergency stop all")),
