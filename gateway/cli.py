@@ -176,7 +176,7 @@ def _kill(args: argparse.Namespace) -> int:
         print(f"kill: the environment variable {args.token_env} holds no token",
               file=sys.stderr)
         return 2
-    return kill_command(args.url, token, args.reason, args.list, print)
+    return kill_command(args.url, token, args.reason, args.list, print, flatten=args.flatten)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -248,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kill.add_argument("--reason", help="recorded with the kill")
     kill.add_argument("--list", action="store_true",
                       help="only name the agents a kill would halt")
+    kill.add_argument("--flatten", action="store_true",
+                      help="also flatten positions: after the stops, one closing market "
+                           "order per symbol each agent holds")
     bridge = commands.add_parser(
         "mcp", help="a stdio MCP server for desktop MCP clients, forwarding to a gateway's "
                     "/mcp (docs/mcp.md)")

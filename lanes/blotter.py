@@ -65,6 +65,9 @@ class OrderRow:
     cancel_request: str | None = None
     cancel_action: str | None = None
     cancel_at: int | None = None
+    flatten_by: str | None = None
+    """An operator's flatten placed it (no run did): the principal of its request (else
+    the request's id)."""
 
     @property
     def avg_price(self) -> float | None:
@@ -190,7 +193,8 @@ class Blotter:
             self.open[event.order_id] = OrderRow(
                 event.order_id, event.run_id, intent.symbol, intent.side, intent.qty,
                 intent.order_type, intent.limit_price, self.now,
-                decision_price=prices.get(intent.symbol))
+                decision_price=prices.get(intent.symbol),
+                flatten_by=None if event.by is None else self._asker(event.by)[0])
         elif isinstance(event, OrderRejected):
             intent = event.intent
             self.rejections.append(Rejection(self.now, "gate", event.run_id, None, intent.symbol,

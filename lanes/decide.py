@@ -334,6 +334,9 @@ def _control(state: AgentState, request: AgentRequest, action: ControlAction, em
     if action in APPROVAL_ACTIONS:
         decide_approval(state, request, action, emit)
         return
+    if action is ControlAction.FLATTEN:
+        decide_flatten(state, request, emit)
+        return
     if action is ControlAction.CANCEL_ORDER:
         order_id = str(request.payload["orderId"])
         if order_id not in state.orders:
@@ -517,3 +520,4 @@ from lanes.decide_calls import (  # noqa: E402
     end_tool_batches,
 )
 from lanes.decide_policy import adopt_at_rest  # noqa: E402  (the policy versions)
+from lanes.flatten import decide_flatten  # noqa: E402  (the operator's flatten)

@@ -258,11 +258,13 @@ class RunsUnheld:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OrderAccepted:
-    """The trading gate accepted an order intent of a run."""
+    """The trading gate accepted an order intent of a run, or (``by`` set, ``run_id``
+    empty) the operator's flatten request ``by`` placed a closing order."""
 
     order_id: str
     run_id: str
     intent: OrderIntent
+    by: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

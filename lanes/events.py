@@ -112,6 +112,7 @@ WRITTEN_WHEN_SET: dict[type[Any], tuple[tuple[str, Any], ...]] = {
     AgentCallDispatched: (("deadline", None),),
     AgentCallRejected: (("call_id", ""), ("code", "")),
     CallBatchOpened: (("awaited_by", None),),
+    OrderAccepted: (("by", None),),
 }
 """Fields added after logs were written with their type: left out of the stored data while
 they hold their default, so an event that does not use them is stored as before."""

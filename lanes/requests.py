@@ -140,6 +140,9 @@ class ControlAction(StrEnum):
     """Let an order waiting for approval go to the trading gate (``approvalId``)."""
     REJECT = "reject"
     """Refuse an order waiting for approval (``approvalId``, an optional ``reason``)."""
+    FLATTEN = "flatten"
+    """The operator's: cancel every open order and close every position with a market
+    order (in every trading state, HALTED too: it only reduces). See `lanes.flatten`."""
 
 
 class WireModel(BaseModel):

@@ -27,6 +27,8 @@ TRADING_TRANSITIONS: dict[tuple[TradingState, ControlAction], TradingState] = {
     # So do decisions on approvals (an approved order still meets the trading gate).
     **{(s, ControlAction.APPROVE): s for s in TradingState},
     **{(s, ControlAction.REJECT): s for s in TradingState},
+    # The operator's flatten only reduces: legal in every state, HALTED included.
+    **{(s, ControlAction.FLATTEN): s for s in TradingState},
 }
 """(state, action) -> next state. A pair that is missing is refused: see `refusal`."""
 

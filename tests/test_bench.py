@@ -101,6 +101,17 @@ def test_the_desk_kill_bench_halts_every_agent_and_cancels_every_order() -> None
     assert all(f.value > 0 for f in figures.values())
 
 
+def test_the_desk_kill_bench_with_flatten_times_halted_and_the_flatten_orders() -> None:
+    from bench import desk_kill
+
+    figures = {f.name.split(" [")[0]: f
+               for f in desk_kill.measure(agents=3, orders=7, reps=1, flatten="yes")}
+    assert figures["desk kill: cancels requested per kill"].value == 7
+    halted = figures["desk kill: POST -> every agent HALTED (last stop committed), p50"]
+    sent = figures["desk kill: POST -> last flatten order sent to the broker, p50"]
+    assert halted.value >= 0 and sent.value > 0
+
+
 def test_the_mcp_bench_times_call_agent_round_trips_above_the_reasoners_latency() -> None:
     figures = {f.name.split(" (")[0]: f.value
                for f in mcp_call.measure(calls=3, latency_ms=20)}

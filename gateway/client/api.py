@@ -66,7 +66,7 @@ from gateway.client.http import HttpBase, path
 from gateway.client.wire import RequestLike, model_json, parse, request_json
 
 ControlAction = Literal["emergency_stop", "pause", "resume", "cancel_order", "cancel_all",
-                        "approve", "reject"]
+                        "approve", "reject", "flatten"]
 JumpKind = Literal["stop", "drop", "suppression"]
 Body = Mapping[str, Any] | BaseModel
 """A body as its wire JSON object, or as a model (the server's ``AgentConfig``, say)."""
@@ -295,11 +295,15 @@ class DeskCalls(HttpBase):
         """The agents a desk kill by this token would halt (what a confirm names)."""
         return await self._get(DeskScope, "/api/desk/kill")
 
-    async def desk_kill(self, reason: str | None = None) -> DeskKillAck:
-        """Halt every agent in the token's scope and cancel their open orders; answered
-        after the commit of the kill's record."""
-        return await self._post(DeskKillAck, "/api/desk/kill",
-                                {} if reason is None else {"reason": reason})
+    async def desk_kill(self, reason: str | None = None, *,
+                        flatten: bool = False) -> DeskKillAck:
+        """Halt every agent in the token's scope and cancel their open orders, then with
+        ``flatten`` close each one's positions; answered after the commit of the kill's
+        record."""
+        body: dict[str, Any] = {} if reason is None else {"reason": reason}
+        if flatten:
+            body["flatten"] = True
+        return await self._post(DeskKillAck, "/api/desk/kill", body)
 
     async def desk_budget(self) -> DeskBudget:
         """The desk's token and spend budgets, and until when runs are held back."""

@@ -195,12 +195,16 @@ class GatewayClient:
         return MarketAck(events=sum(a.events for a in answers),
                          triggered=[t for a in answers for t in a.triggered])
 
-    async def desk_kill(self, reason: str | None = None) -> DeskKillAck:
+    async def desk_kill(self, reason: str | None = None, *,
+                        flatten: bool = False) -> DeskKillAck:
         """Halt every agent in the token's scope and cancel their open orders (control and
-        admin tokens); answered after the commit of the kill's record."""
+        admin tokens), then with ``flatten`` close each one's positions; answered after the
+        commit of the kill's record."""
         frame: dict[str, Any] = {"type": "desk_kill"}
         if reason is not None:
             frame["reason"] = reason
+        if flatten:
+            frame["flatten"] = True
         return parse(DeskKillAck, await self._call(frame))
 
     async def ping(self) -> int:

@@ -30,6 +30,8 @@ class OpenOrder(Answer):
     age_ms: int
     cancel_requested_by: str | None = None
     cancel_requested_at: int | None = None
+    flatten_by: str | None = None
+    """An operator's flatten placed it (``run_id`` is empty): who sent it."""
 
 
 class Fill(Answer):

@@ -37,6 +37,8 @@ class OrderLife(Answer):
     placed_at: int | None
     status: str
     steps: list[LifeStep]
+    flatten_by: str | None = None
+    """An operator's flatten placed it, not a run: its request id."""
 
 
 class RunRequest(Answer):

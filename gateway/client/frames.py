@@ -43,6 +43,15 @@ class Hello(Answer):
     """A subscription hears at least this often (None: no heartbeats)."""
 
 
+class FlattenOrder(Answer):
+    """A closing market order an operator's flatten sent."""
+
+    order_id: str
+    symbol: str
+    side: str
+    qty: float
+
+
 class ControlEffect(Answer):
     """What an accepted control did, as committed (``changed``: false if nothing at all)."""
 
@@ -54,6 +63,7 @@ class ControlEffect(Answer):
     unheld: bool = False
     started_run: str | None = None
     calls_cancelled: int = 0
+    flatten_orders: list[FlattenOrder] = Field(default_factory=list)
 
 
 class AckFrame(Answer):
@@ -148,6 +158,10 @@ class AgentKilled(Answer):
     effect: ControlEffect | None = None
     error: str | None = None
     message: str | None = None
+    flatten_orders: list[FlattenOrder] | None = None
+    """With a flatten: the closing orders sent for it."""
+    flatten_note: str | None = None
+    """With a flatten: why no closing order was sent."""
 
 
 class DeskKilled(Answer):
@@ -158,6 +172,7 @@ class DeskKilled(Answer):
     principal: str
     reason: str | None = None
     scope: list[str] | None = None
+    flatten: bool = False
     agents: list[AgentKilled]
     position: int | None = None
 
@@ -171,6 +186,8 @@ class DeskKillAck(Answer):
     halted: int
     """Agents HALTED now (by this kill or already)."""
     cancels_requested: int
+    flatten_orders: int = 0
+    """Closing orders its flatten sent."""
 
 
 # -------------------------------------------------------------------------- /ws/worker

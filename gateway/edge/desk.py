@@ -6,12 +6,7 @@ from __future__ import annotations
 from gateway.edge.auth import Principal
 from gateway.edge.protocol import DeskKillAck, DeskKillBody
 from gateway.edge.service import Service
-from gateway.errors import BadFrame
 from gateway.runtime.desk import DeskKilled, desk_kill
-
-NO_FLATTEN = ("flatten is not supported: a HALTED agent may place no order at all, so a "
-              "desk kill cannot flatten positions through the agents; it halts them and "
-              "cancels their open orders (send flatten false, or leave it out)")
 
 
 def kill_scope(service: Service, principal: Principal) -> list[str]:
@@ -23,19 +18,19 @@ def kill_scope(service: Service, principal: Principal) -> list[str]:
 
 
 async def kill_desk(service: Service, principal: Principal, body: DeskKillBody) -> DeskKilled:
-    """Halt every agent of the caller's scope (`gateway.runtime.desk.desk_kill`), the
-    feed's bulk work waiting meanwhile; `Forbidden` for a token that may not, nothing
-    recorded then."""
+    """Halt every agent of the caller's scope (`gateway.runtime.desk.desk_kill`), and
+    flatten each with ``body.flatten``, the feed's bulk work waiting meanwhile;
+    `Forbidden` for a token that may not, nothing recorded then."""
     principal.check_control()
-    if body.flatten:
-        raise BadFrame("invalid", NO_FLATTEN, field="flatten")
     agents = kill_scope(service, principal)
     with service.pacer.urgent():
         return await desk_kill(service.engine, service.way_in, agents, principal.name,
-                               body.reason, None if principal.agents is None else agents)
+                               body.reason, None if principal.agents is None else agents,
+                               flatten=body.flatten)
 
 
 def kill_answer(kill: DeskKilled, id: str | None = None) -> DeskKillAck:
     """A desk kill on the wire: the record, with its totals."""
     return DeskKillAck(id=id, kill=kill, halted=kill.halted,
-                       cancels_requested=kill.cancels_requested)
+                       cancels_requested=kill.cancels_requested,
+                       flatten_orders=kill.flatten_orders)

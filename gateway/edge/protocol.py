@@ -128,7 +128,8 @@ class DeskKillBody(WireModel):
     reason: StrictStr | None = Field(default=None, max_length=500)
     """Recorded with the kill and with each agent's stop."""
     flatten: StrictBool = False
-    """Also close positions: refused (a HALTED agent may place no order)."""
+    """Also close positions: after the stops, each stopped agent's operator ``flatten``
+    (one closing market order per symbol it holds)."""
 
 
 class DeskScope(WireModel):
@@ -141,8 +142,9 @@ class DeskScope(WireModel):
 
 class DeskKill(DeskKillBody):
     """Halt every agent in the token's scope and cancel their open orders (control and
-    admin tokens): one emergency stop each, all at once, recorded as one ``DeskKilled``
-    event; answered by a `DeskKillAck` after its commit."""
+    admin tokens): one emergency stop each, all at once (then, with ``flatten``, one
+    flatten each), recorded as one ``DeskKilled`` event; answered by a `DeskKillAck` after
+    its commit."""
 
     type: Literal["desk_kill"]
     id: ClientId = None
@@ -278,6 +280,8 @@ class DeskKillAck(WireModel):
     """Agents HALTED now (by this kill or already)."""
     cancels_requested: int
     """Open orders whose cancel it sent."""
+    flatten_orders: int = 0
+    """Closing orders its flatten sent (0 without ``flatten``)."""
 
 
 class Heartbeat(WireModel):

@@ -52,6 +52,8 @@ class OpenOrderView(_Answer):
     cancel_requested_by: str | None = None
     """Who asked to cancel it (a principal, or the request id), while that is pending."""
     cancel_requested_at: int | None = None
+    flatten_by: str | None = None
+    """An operator's flatten placed it, not the agent (``runId`` is empty): who sent it."""
 
 
 class FillView(_Answer):
@@ -274,7 +276,7 @@ def _open_view(agent: str, order: OrderRow, now: int) -> OpenOrderView:
         order_type=order.order_type, limit_price=order.limit_price,
         avg_fill_price=order.avg_price, placed_at=order.placed_at,
         age_ms=max(0, now - order.placed_at), cancel_requested_by=order.cancel_by,
-        cancel_requested_at=order.cancel_at)
+        cancel_requested_at=order.cancel_at, flatten_by=order.flatten_by)
 
 
 def _cancel_view(agent: str, order: OrderRow) -> CancelView:

@@ -91,6 +91,8 @@ class OrderLifeJson(WireModel):
     """``open``, ``filled``, ``cancelled``, ``rejected``, or ``not placed`` (waiting for or
     refused at approval)."""
     steps: list[LifeStep]
+    flatten_by: str | None = None
+    """An operator's flatten placed it, not a run (``runId`` is empty): its request id."""
 
 
 class RequestJson(WireModel):
@@ -260,6 +262,7 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
     `MAX_DRILL_SCAN` events."""
     kept = _Kept()
     run_id: str | None = None
+    flatten_by: str | None = None
     async for record in _back(store, agent_id, top):
         mentions = order_id in record.data
         kept.offer(record, mentions or record.type == "ApprovalDecided")
@@ -268,6 +271,10 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
             if isinstance(event, OrderAccepted | ApprovalRequested) and \
                     event.order_id == order_id:
                 run_id = event.run_id
+                flatten_by = getattr(event, "by", None)
+        elif flatten_by is not None:  # no run to find: the flatten's request is enough
+            if not kept.wanting:
+                break
         elif run_id is not None and record.type == "RunStarted" and run_id in record.data:
             started = reader.decode(record)
             if isinstance(started, RunStarted) and started.run_id == run_id:
@@ -302,7 +309,7 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
     return {"agentId": agent_id, "orderId": order_id, "runId": run_id, "intent": intent,
             "placedAt": placed_at, "status": closed or ("open" if placed_at is not None
                                                          else "not placed"),
-            "steps": steps}
+            "steps": steps, "flattenBy": flatten_by}
 
 
 class _Cause:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.runtime.effects import ControlEffect
+from gateway.runtime.effects import ControlEffect, FlattenOrder
 from lanes.events import (
     CallEnded,
     CallWithdrawn,
     ControlApplied,
     Decision,
+    OrderAccepted,
     OrderCancelRequested,
     RequestDeduped,
     RequestDropped,
@@ -75,8 +76,12 @@ def control_effect(applied: ControlApplied, after: Sequence[Decision]) -> Contro
     cancels = sum(isinstance(d, OrderCancelRequested) for d in after)
     unheld = any(isinstance(d, RunsUnheld) for d in after)
     calls = sum(isinstance(d, CallEnded) for d in after)
+    flatten = [FlattenOrder(order_id=d.order_id, symbol=d.intent.symbol, side=d.intent.side,
+                            qty=d.intent.qty)
+               for d in after if isinstance(d, OrderAccepted) and d.by == applied.request_id]
     changed = (applied.from_state is not applied.to_state or aborted is not None
-               or started is not None or cancels > 0 or unheld or calls > 0)
+               or started is not None or cancels > 0 or unheld or calls > 0 or bool(flatten))
     return ControlEffect(from_state=applied.from_state, to_state=applied.to_state,
                          changed=changed, aborted_run=aborted, cancels_requested=cancels,
-                         unheld=unheld, started_run=started, calls_cancelled=calls)
+                         unheld=unheld, started_run=started, calls_cancelled=calls,
+                         flatten_orders=flatten)

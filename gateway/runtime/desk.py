@@ -13,10 +13,13 @@ the run aborted, the cancels requested) or why it was refused (an unknown agent,
 available now). It is a record for people and tools, never an input of any agent: replay
 and verify read past it (verify checks that it reads back).
 
-Flattening positions is not part of it: a HALTED agent may place no order at all (the
-control lane's table in the design), so there is no order a kill could flatten with that
-the agents' own rules would accept; a broker adapter that closes positions by itself would
-be the place for it.
+With ``flatten``, once every stop has answered, each agent that was stopped gets the
+operator's ``flatten`` control (`lanes.flatten`; request id the kill's id with
+`FLATTEN_SUFFIX`): one closing market order per symbol it holds, decided on its control
+lane although it is HALTED (the operator's, and it only reduces), sent to the broker after
+the commit like every order. The record says, per agent, the closing orders sent, or why
+there were none (``nothing to flatten``). Click-to-HALTED does not wait for the flatten:
+the stops are all committed before any flatten is taken.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pydantic import Field
 
 from gateway.errors import GatewayError
 from gateway.runtime.acks import Ack
-from gateway.runtime.effects import ControlEffect
+from gateway.runtime.effects import ControlEffect, FlattenOrder
 from gateway.runtime.intake import WayIn, in_steps, settled
 from lanes import parse_request
 from lanes.events import TradingState
@@ -48,6 +51,8 @@ RECORD_TYPE = "DeskKilled"
 """The type of a desk kill's event in `DESK_STREAM`."""
 KILL_PREFIX = "desk_kill_"
 """Of a desk kill's id, which is also the request id of each agent's stop."""
+FLATTEN_SUFFIX = "_flatten"
+"""Of the request id of each agent's flatten (after the kill's id)."""
 
 
 class AgentKilled(WireModel):
@@ -63,6 +68,10 @@ class AgentKilled(WireModel):
     error: str | None = None
     """The error code it was refused with (``unknown_agent``, ``unavailable``, ...)."""
     message: str | None = None
+    flatten_orders: list[FlattenOrder] | None = None
+    """With ``flatten``: the closing orders sent for it (None: no flatten was taken)."""
+    flatten_note: str | None = None
+    """With ``flatten``: why no closing order was sent (nothing to flatten, refused)."""
 
     @property
     def halted(self) -> bool:
@@ -81,6 +90,8 @@ class DeskKilled(WireModel):
     reason: str | None = None
     scope: list[str] | None = None
     """The caller's scope (None: every agent)."""
+    flatten: bool = False
+    """Each stopped agent's positions were flattened too."""
     agents: list[AgentKilled]
     """Every agent of the scope, in id order, with what the kill did to it."""
     position: int | None = None
@@ -96,6 +107,11 @@ class DeskKilled(WireModel):
         """Open orders whose cancel the kill sent."""
         return sum(a.effect.cancels_requested for a in self.agents if a.effect is not None)
 
+    @property
+    def flatten_orders(self) -> int:
+        """Closing orders the kill's flatten sent."""
+        return sum(len(a.flatten_orders or ()) for a in self.agents)
+
 
 def new_kill_id() -> str:
     """A fresh desk kill id."""
@@ -104,32 +120,62 @@ def new_kill_id() -> str:
 
 async def desk_kill(engine: Engine, way_in: WayIn, agents: Sequence[str], principal: str,
                     reason: str | None = None, scope: Sequence[str] | None = None,
-                    kill_id: str | None = None) -> DeskKilled:
+                    kill_id: str | None = None, flatten: bool = False) -> DeskKilled:
     """Stop every agent of ``agents`` at once (through ``way_in``: the engine, or a
-    cluster's router) and record one `DeskKilled` in ``engine``'s log with what each stop
-    did (an agent that does not exist or cannot be stopped now is recorded with its
-    error); answered after that record's commit, which follows every stop's."""
+    cluster's router), then (``flatten``) flatten each one stopped, and record one
+    `DeskKilled` in ``engine``'s log with what each did (an agent that does not exist or
+    cannot be stopped now is recorded with its error); answered after that record's
+    commit, which follows every stop's and flatten's."""
     kill_id = kill_id or new_kill_id()
     at = engine.clock.now_ms()
-    created = datetime.fromtimestamp(at / 1000, UTC)
-    payload = {"action": "emergency_stop", "reason": reason or "desk kill"}
-    requests = [parse_request({
-        "requestId": kill_id, "createdAt": created, "agentId": agent_id,
-        "kind": "user_control", "priority": "high", "source": f"desk:{principal}",
-        "payload": payload}) for agent_id in agents]
-    answers = await settled(await in_steps(way_in, requests, principal))
+    answers = await _controls(way_in, agents, principal, kill_id, at, "emergency_stop",
+                              reason)
+    killed = [_killed(a, answer) for a, answer in zip(agents, answers, strict=True)]
+    if flatten:
+        killed = await _flatten(way_in, killed, principal, kill_id, at, reason)
     record = DeskKilled(kill_id=kill_id, at=at, principal=principal, reason=reason,
-                        scope=None if scope is None else sorted(scope),
-                        agents=[_killed(a, answer) for a, answer in zip(agents, answers,
-                                                                        strict=True)])
+                        scope=None if scope is None else sorted(scope), flatten=flatten,
+                        agents=killed)
     text = record.model_dump_json(exclude_none=True, exclude={"position"})
     append = Append(DESK_STREAM, [NewEvent(kill_id, RECORD_TYPE, text)], None, urgent=True)
     recorded = await engine.store.append(append)
     refused = [a.agent_id for a in record.agents if a.error is not None]
-    log.warning("desk kill %s by %s: %d of %d agents HALTED, %d cancels sent%s", kill_id,
+    log.warning("desk kill %s by %s: %d of %d agents HALTED, %d cancels sent%s%s", kill_id,
                 principal, record.halted, len(agents), record.cancels_requested,
+                f", {record.flatten_orders} flatten orders sent" if flatten else "",
                 f"; not halted: {', '.join(refused)}" if refused else "")
     return record.model_copy(update={"position": recorded[0].position})
+
+
+async def _controls(way_in: WayIn, agents: Sequence[str], principal: str, request_id: str,
+                    at: int, action: str, reason: str | None) -> list[Ack | GatewayError]:
+    """One ``action`` control for each of ``agents``, all at once, each answered."""
+    created = datetime.fromtimestamp(at / 1000, UTC)
+    payload = {"action": action, "reason": reason or "desk kill"}
+    requests = [parse_request({
+        "requestId": request_id, "createdAt": created, "agentId": agent_id,
+        "kind": "user_control", "priority": "high", "source": f"desk:{principal}",
+        "payload": payload}) for agent_id in agents]
+    return await settled(await in_steps(way_in, requests, principal))
+
+
+async def _flatten(way_in: WayIn, killed: list[AgentKilled], principal: str, kill_id: str,
+                   at: int, reason: str | None) -> list[AgentKilled]:
+    """Flatten each agent the kill stopped; ``killed`` with what each flatten did."""
+    stopped = [a.agent_id for a in killed if a.error is None]
+    answers = dict(zip(stopped, await _controls(way_in, stopped, principal,
+                                                kill_id + FLATTEN_SUFFIX, at, "flatten",
+                                                reason), strict=True))
+    return [a if a.agent_id not in answers else a.model_copy(update=_flattened(
+        answers[a.agent_id])) for a in killed]
+
+
+def _flattened(answer: Ack | GatewayError) -> dict[str, object]:
+    if isinstance(answer, GatewayError):
+        return {"flatten_orders": [], "flatten_note": f"{answer.code}: {answer}"}
+    orders = [] if answer.effect is None else answer.effect.flatten_orders
+    note = None if answer.decision == "accepted" else answer.reason or answer.decision
+    return {"flatten_orders": orders, "flatten_note": note}
 
 
 def _killed(agent_id: str, answer: Ack | GatewayError) -> AgentKilled:

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+
 from lanes.events import TradingState
 from lanes.requests import WireModel
+
+
+class FlattenOrder(WireModel):
+    """A closing market order an operator's flatten sent."""
+
+    order_id: str
+    symbol: str
+    side: Literal["buy", "sell"]
+    qty: float
 
 
 class ControlEffect(WireModel):
@@ -24,3 +37,5 @@ class ControlEffect(WireModel):
     """The run it let start (a resume with work pending)."""
     calls_cancelled: int = 0
     """Sub-agent calls of the agent it ended (a stop)."""
+    flatten_orders: list[FlattenOrder] = Field(default_factory=list)
+    """The closing orders it sent (a flatten), one per symbol that was not flat."""

@@ -87,8 +87,9 @@ def describe(event: Event, words: PriceWords | None = None) -> str:
             return f"{run_id} {'can' if flag else 'cannot'} take steers"
         case RunsSuppressed(reason=reason, detail=detail):
             return f"runs suppressed ({reason}): {detail}"
-        case OrderAccepted(order_id=oid, intent=i):
-            return f"{oid} {words.intent(i)}"
+        case OrderAccepted(order_id=oid, intent=i, by=by):
+            flatten = "" if by is None else f" (operator flatten, request {by})"
+            return f"{oid} {words.intent(i)}{flatten}"
         case OrderRejected(intent=i, reason=reason):
             return f"{words.intent(i)}: {reason}"
         case BrokerReport(order_id=oid, status=status, filled_qty=filled, price=price,

@@ -13,8 +13,9 @@ TIMEOUT_S = 30.0
 
 
 def kill_command(url: str, token: str, reason: str | None, listing: bool, out: Out,
-                 transport: httpx2.BaseTransport | None = None) -> int:
-    """Kill the desk (or, ``listing``, name the agents a kill would halt): 0 when every
+                 transport: httpx2.BaseTransport | None = None, flatten: bool = False) -> int:
+    """Kill the desk, flattening each agent's positions with ``flatten`` (or,
+    ``listing``, name the agents a kill would halt): 0 when every
     agent of the scope is HALTED, 1 when one is not (or the gateway refused), 2 when the
     gateway cannot be reached."""
     headers = {"Authorization": f"Bearer {token}"}
@@ -24,7 +25,9 @@ def kill_command(url: str, token: str, reason: str | None, listing: bool, out: O
             if listing:
                 response = client.get("/api/desk/kill")
             else:
-                body = {} if reason is None else {"reason": reason}
+                body: dict[str, Any] = {} if reason is None else {"reason": reason}
+                if flatten:
+                    body["flatten"] = True
                 response = client.post("/api/desk/kill", json=body)
     except httpx2.HTTPError as error:
         out(f"kill: cannot reach {url}: {error}")
@@ -57,9 +60,15 @@ def _report(answer: Mapping[str, Any], out: Out) -> int:
         out(f"  {agent_line(agent)}")
     halted = answer["halted"]
     out(f"kill {kill['killId']} by {kill['principal']}: {halted} of {len(agents)} agents "
-        f"HALTED, {answer['cancelsRequested']} cancels sent (recorded at position "
+        f"HALTED, {answer['cancelsRequested']} cancels sent"
+        f"{_flatten_total(answer) if kill.get('flatten') else ''} (recorded at position "
         f"{kill.get('position')})")
     return 0 if halted == len(agents) else 1
+
+
+def _flatten_total(answer: Mapping[str, Any]) -> str:
+    count = answer.get("flattenOrders", 0)
+    return f", {count} flatten order{'' if count == 1 else 's'} sent"
 
 
 def agent_line(agent: Mapping[str, Any]) -> str:
@@ -77,4 +86,10 @@ def agent_line(agent: Mapping[str, Any]) -> str:
         done.append(f"{effect['cancelsRequested']} cancels sent")
     if not effect.get("changed"):
         done.append("nothing changed")
+    orders = agent.get("flattenOrders")
+    if orders:
+        done.append("flatten: " + ", ".join(
+            f"{o['side']} {o['qty']:g} {o['symbol']} ({o['orderId']})" for o in orders))
+    elif agent.get("flattenNote"):
+        done.append(f"flatten: {agent['flattenNote']}")
     return f"{name}: {', '.join(done)}"

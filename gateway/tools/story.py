@@ -126,6 +126,8 @@ class OrderNow(WireModel):
     qty: float
     filled: float
     cancel_requested: bool
+    flatten: bool = False
+    """An operator's flatten placed it, not the agent."""
 
 
 class GateWait(WireModel):
@@ -214,6 +216,8 @@ class OrderChange(WireModel):
     filled: float
     filled_before: float | None = None
     cancel_requested: bool | None = None
+    flatten: bool = False
+    """An operator's flatten placed it, not the agent."""
 
 
 class PositionChange(WireModel):
@@ -341,7 +345,8 @@ def moment_json(state: AgentState, gate: dict[str, Any] | None, position: int,
                     for p in state.pending],
         "orders": [{"orderId": o.order_id, "symbol": o.intent.symbol, "side": o.intent.side,
                     "qty": o.intent.qty, "filled": o.filled_qty,
-                    "cancelRequested": o.cancel_requested} for o in state.orders.values()],
+                    "cancelRequested": o.cancel_requested, "flatten": not o.run_id}
+                   for o in state.orders.values()],
         "positions": dict(sorted(state.positions.items())),
         "gate": gate,
     }
@@ -457,7 +462,7 @@ def diff_json(before: AgentState, after: AgentState, start: dict[str, int],
         if old is None and new is not None:
             orders.append({"orderId": order_id, "change": "opened", "symbol": new.intent.symbol,
                            "side": new.intent.side, "qty": new.intent.qty,
-                           "filled": new.filled_qty})
+                           "filled": new.filled_qty, "flatten": not new.run_id})
         elif new is None and old is not None:
             orders.append({"orderId": order_id, "change": "closed", "symbol": old.intent.symbol,
                            "side": old.intent.side, "qty": old.intent.qty,

@@ -73,3 +73,52 @@ async def test_stop_all_is_one_desk_kill_naming_the_agents_and_showing_each_resu
         [event] = found["events"]
         assert event["stream"] == "gateway:desk"
         assert [a["agentId"] for a in event["data"]["agents"]] == ["alpha", "bravo", "charlie"]
+
+
+async def test_stop_all_offers_to_flatten_positions_unticked_and_sends_it_when_ticked(
+        tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "panel.db"
+    async with live_gateway(desk(db), db, feed=False) as running:
+        page = await open_panel(running.url, CONTROL)
+        await page.set_viewport_size({"width": 1280, "height": 800})
+        bodies: list[str | None] = []
+        page.on("request", lambda r: bodies.append(r.post_data)
+                if r.method == "POST" and r.url.endswith("/api/desk/kill") else None)
+        stop_all = page.get_by_role("button", name="Emergency stop all")
+        confirm = page.locator("#confirm")
+        flatten = confirm.get_by_role("checkbox", name=re.compile("also flatten positions"))
+
+        await stop_all.click()  # first without: the box is there, unticked
+        await expect(flatten).to_be_visible()
+        await expect(flatten).not_to_be_checked()
+        await expect(confirm.locator("#confirm-list li")).to_have_text(
+            ["alpha", "bravo", "charlie"])
+        await confirm.get_by_role("button", name="Cancel").click()
+        await expect(confirm).to_be_hidden()
+        assert bodies == []
+
+        await stop_all.click()
+        await flatten.check()
+        await screenshot(page, "desk-kill-flatten-confirm-1280")
+        await confirm.get_by_role("button", name="Stop all").click()
+        results = page.locator("#kill-results")
+        await expect(results).to_be_visible()
+        await expect(results.locator("li")).to_have_text([
+            re.compile(rf"^{name} ACTIVE → HALTED.*; flatten: nothing to flatten")
+            for name in ("alpha", "bravo", "charlie")])
+        await expect(results.locator("#kill-results-summary")).to_have_text(re.compile(
+            r"; 0 order cancels, 0 flatten orders sent\. Recorded as desk_kill_"))
+        assert len(bodies) == 1 and '"flatten":true' in (bodies[0] or "").replace(" ", "")
+        await results.get_by_role("button", name="Close").click()
+
+        await stop_all.click()  # the box is unticked again for the next kill
+        await expect(flatten).not_to_be_checked()
+        await confirm.get_by_role("button", name="Cancel").click()
+
+        async with http(running) as client:
+            found = (await client.get("/api/events", params={"type": "DeskKilled"})).json()
+        [event] = found["events"]
+        assert event["data"]["flatten"] is True
+        assert {a["flattenNote"] for a in event["data"]["agents"]} == {
+            "nothing to flatten: no open position, no open order and no order waiting for "
+            "approval"}

@@ -205,7 +205,9 @@ async def _holds(running: Running, streams: set[str]) -> bool:
 async def test_a_member_whose_lease_expired_writes_nothing_more_and_its_agents_move(
     postgres_url: str,
 ) -> None:
-    async with member(postgres_url) as one, member(postgres_url) as two:
+    # (a lease of 2 s: the live member's must not run out on a starved machine meanwhile;
+    # the paused one's is ended by hand)
+    async with member(postgres_url, 2_000) as one, member(postgres_url, 2_000) as two:
         await spread([one, two])
         assert two.cluster is not None and two.cluster._renewer is not None
         lost = owned(two)

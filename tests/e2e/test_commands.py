@@ -180,7 +180,7 @@ async def test_a_second_gateway_on_the_same_log_refuses_to_start_until_the_first
         second = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", *args, cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(second.communicate(), TIMEOUT)
+        out, err = await asyncio.wait_for(second.communicate(), START_TIMEOUT)
         assert second.returncode == 2, (out, err)
         assert f"is in use by another gateway process (pid {first.pid})" in err.decode()
         assert b"serving" not in out and b"Traceback" not in err
@@ -201,7 +201,7 @@ async def test_a_log_that_cannot_be_opened_is_said_plainly(tmp_path: Path, where
         sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--db", db,
         "--port", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    out, err = await asyncio.wait_for(process.communicate(), START_TIMEOUT)
     text = err.decode()
     assert process.returncode == 2, (out, text)
     assert "gateway: cannot open the event log at " in text and "Traceback" not in text

@@ -125,7 +125,7 @@ async def test_a_token_that_may_not_act_gets_403_and_nothing_is_recorded(
     ({"flatten": "yes"}, "flatten"),
     ({"reason": 5}, "reason"),
     ({"reason": "x", "force": True}, "force"),
-    ({"flatten": True}, "flatten"),
+    ({"flatten": 1}, "flatten"),
     ({"reason": "x" * 501}, "reason"),
 ])
 async def test_bad_input_is_a_typed_error_naming_the_field_and_changes_nothing(

@@ -134,7 +134,7 @@ async def test_a_scrape_names_each_family_once_and_counts_rather_than_computes_r
         before = (await http.get("/metrics")).text
         await take_all(live.engine, [request(a) for a in agents])
         after = (await http.get("/metrics")).text
-    kinds = [m.groups() for m in map(TYPE.match, after.splitlines()) if m]
+    kinds = [(m.group(1), m.group(2)) for m in map(TYPE.match, after.splitlines()) if m]
     names = [name for name, _ in kinds]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     # One family per meaning (gateway_runs_held said what gateway_held says), and rates are

@@ -34,14 +34,26 @@ async def provider() -> AsyncIterator[tuple[FakeProvider, str]]:
         yield fake, url
 
 
-async def gateway(client: LLMClient, limits: GateLimits,
+@pytest.fixture
+async def closing() -> AsyncIterator[list[Engine | LLMClient]]:
+    """What a test started, stopped after it however it ended (an SDK client left open is
+    closed by its finalizer, in a later test's loop, and fails that test)."""
+    started: list[Engine | LLMClient] = []
+    yield started
+    for thing in reversed(started):
+        await (thing.stop() if isinstance(thing, Engine) else thing.close())
+
+
+async def gateway(client: LLMClient, limits: GateLimits, closing: list[Engine | LLMClient],
                   agents: Sequence[str] = AGENTS) -> tuple[Engine, MemoryEventStore]:
     store = MemoryEventStore()
     gate = ProviderGate(store, "claude", limits, clock=SystemClock())
     reasoner = LLMReasoner(client, max_turns=1, max_tokens=256)
     engine = Engine(store, {a: AgentConfig() for a in agents}, reasoners=lambda _: reasoner,
                     gates={"claude": gate}, agent_gates={a: "claude" for a in agents})
+    closing.append(client)
     await engine.start()
+    closing.append(engine)
     return engine, store
 
 
@@ -57,7 +69,7 @@ async def wait_for_completions(store: MemoryEventStore, n: int) -> None:
 
 @pytest.mark.parametrize("kind", ["anthropic", "openai"])
 async def test_a_429_then_a_529_storm_is_ridden_out_and_every_run_finishes(
-    provider: tuple[FakeProvider, str], kind: str
+    provider: tuple[FakeProvider, str], kind: str, closing: list[Engine | LLMClient]
 ) -> None:
     fake, url = provider
     fake.fail_next(Fault(FaultKind.RATE_LIMITED, retry_after_s=1))
@@ -67,7 +79,7 @@ async def test_a_429_then_a_529_storm_is_ridden_out_and_every_run_finishes(
         if kind == "anthropic"
         else OpenAIClient("gpt-test", api_key="test-key-123", base_url=f"{url}/v1", timeout_s=5)
     )
-    engine, store = await gateway(client, STORM)
+    engine, store = await gateway(client, STORM, closing)
     for agent in AGENTS:
         await engine.submit(request(agent))
     await wait_for_completions(store, len(AGENTS))
@@ -105,15 +117,17 @@ async def test_a_429_then_a_529_storm_is_ridden_out_and_every_run_finishes(
 
 
 async def test_a_storm_longer_than_the_attempt_cap_fails_the_run_and_stops_calling(
-    provider: tuple[FakeProvider, str],
+    provider: tuple[FakeProvider, str], closing: list[Engine | LLMClient],
 ) -> None:
     fake, url = provider
     fake.fail_next(Fault(FaultKind.OVERLOADED), times=50)
     client = AnthropicClient("claude-test", api_key="test-key-123", base_url=url, timeout_s=5)
     limits = STORM.model_copy(update={"max_attempts": 4, "breaker_threshold": 100})
-    engine, store = await gateway(client, limits, agents=("btc",))
+    engine, store = await gateway(client, limits, closing, agents=("btc",))
     await engine.submit(request("btc"))
-    failed = await next_event(store, "RunFailed")
+    # (up to four calls of up to 5 s each, if a starved machine makes them time out: once
+    # in a whole-suite run on a loaded machine, 10 s were not enough)
+    failed = await next_event(store, "RunFailed", within_s=4 * 5 + 10)
     assert "retries_exhausted" in json.loads(failed.data)["error"]
     await engine.stop()
     await client.close()
@@ -122,12 +136,12 @@ async def test_a_storm_longer_than_the_attempt_cap_fails_the_run_and_stops_calli
 
 
 async def test_a_spend_limit_answer_is_never_retried_and_pauses_the_agent(
-    provider: tuple[FakeProvider, str],
+    provider: tuple[FakeProvider, str], closing: list[Engine | LLMClient],
 ) -> None:
     fake, url = provider
     fake.fail_next(Fault(FaultKind.SPEND_LIMIT))
     client = AnthropicClient("claude-test", api_key="test-key-123", base_url=url, timeout_s=5)
-    engine, store = await gateway(client, STORM, agents=("btc",))
+    engine, store = await gateway(client, STORM, closing, agents=("btc",))
     await engine.submit(request("btc"))
     held = await next_event(store, "RunsHeld")
     assert "credit balance" in json.loads(held.data)["reason"]

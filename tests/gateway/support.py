@@ -81,8 +81,10 @@ async def log_of(store: EventStore) -> list[Entry]:
             if is_agent_stream(r.stream)]
 
 
-async def next_event(store: EventStore, type_name: str, after: int = 0) -> RecordedEvent:
-    """The first committed event of that type after ``after`` (waits for it, with a timeout)."""
+async def next_event(store: EventStore, type_name: str, after: int = 0,
+                     within_s: float = TIMEOUT) -> RecordedEvent:
+    """The first committed event of that type after ``after`` (waits for it, for up to
+    ``within_s`` seconds)."""
 
     async def find() -> RecordedEvent:
         async with contextlib.aclosing(store.follow(after)) as events:
@@ -91,7 +93,7 @@ async def next_event(store: EventStore, type_name: str, after: int = 0) -> Recor
                     return record
         raise AssertionError(f"the store closed before a {type_name} was committed")
 
-    return await asyncio.wait_for(find(), TIMEOUT)
+    return await asyncio.wait_for(find(), within_s)
 
 
 async def until(probe: Callable[[], Awaitable[T | None]], what: str,

@@ -161,7 +161,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("close"), st.tuples(st.integers(0, 5),
                                           st.sampled_from(["filled", "cancelled", "rejected"]))),
     st.tuples(st.just("control"), st.sampled_from(["pause", "resume", "cancel_all",
-                                                   "emergency_stop"])),
+                                                   "emergency_stop", "flatten"])),
 ), max_size=40)
 
 

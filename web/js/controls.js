@@ -23,14 +23,19 @@ export const ACTIONS = {
 /**
  * Ask before a consequential action; resolves true only on an explicit confirm (Esc
  * cancels). `items`: names listed under the text (the agents a stop of all halts).
+ * `option`: the label of a checkbox shown unticked under them (read it with
+ * `confirmOption()` once confirmed); none when null.
  */
-export function confirmDialog(title, text, ok, items = null, keep = "Cancel") {
+export function confirmDialog(title, text, ok, items = null, keep = "Cancel", option = null) {
   const dialog = document.getElementById("confirm");
   document.getElementById("confirm-title").textContent = title;
   document.getElementById("confirm-text").textContent = text;
   const list = document.getElementById("confirm-list");
   list.replaceChildren(...(items || []).map((item) => h("li", {}, item)));
   list.hidden = !items;
+  document.getElementById("confirm-option").hidden = !option;
+  document.getElementById("confirm-option-text").textContent = option || "";
+  document.getElementById("confirm-option-box").checked = false;
   document.getElementById("confirm-ok").textContent = ok;
   document.getElementById("confirm-cancel").textContent = keep;  // (never "Cancel" beside "Cancel order")
   dialog.returnValue = "";
@@ -43,6 +48,12 @@ export function confirmDialog(title, text, ok, items = null, keep = "Cancel") {
     dialog.showModal();
     document.getElementById("confirm-ok").focus();
   });
+}
+
+/** Whether the last confirm's checkbox (its `option`) was ticked. */
+export function confirmOption() {
+  const box = document.getElementById("confirm-option-box");
+  return !document.getElementById("confirm-option").hidden && box.checked;
 }
 
 /** What an ack says an action did, in words a person reads at a glance. */
@@ -159,9 +170,10 @@ export class Controls {
     }
     const ok = await confirmDialog(`Emergency stop all ${plural(agentIds.length, "agent")}?`,
       `Halts each agent listed below now: its active run is aborted, its open orders are cancelled and no run starts until resume.${note}`,
-      "Stop all", agentIds);
+      "Stop all", agentIds, "Cancel", "also flatten positions (then one closing market order per symbol each agent holds)");
     if (!ok) return null;
-    const killed = this.api.post("/api/desk/kill", {reason: "panel"})
+    const flatten = confirmOption();
+    const killed = this.api.post("/api/desk/kill", flatten ? {reason: "panel", flatten: true} : {reason: "panel"})
       .then((answer) => this.showKill(answer))
       .catch((error) => ({ok: false, kind: "bad", text: `Emergency stop all failed: ${error.message} (${error.code})`}));
     return this.track(`Emergency stop of ${plural(agentIds.length, "agent")}`, killed, null, "their states");
@@ -172,9 +184,17 @@ export class Controls {
     const results = answer.kill.agents.map((agent) => agent.error
       ? {ok: false, kind: "bad", id: agent.agentId, text: `${agent.agentId}: not halted — ${agent.message || agent.error} (${agent.error})`}
       : {...consequence(agent.agentId, "emergency_stop", agent), id: agent.agentId});
+    answer.kill.agents.forEach((agent, i) => {  // (with a flatten: what it sent for each)
+      if (agent.flattenOrders?.length) {
+        results[i].text += `; flatten: ${agent.flattenOrders.map((o) => `${o.side} ${o.qty} ${o.symbol}`).join(", ")}`;
+      } else if (agent.flattenNote) {
+        results[i].text += `; flatten: ${agent.flattenNote}`;
+      }
+    });
     const summary = summarizeStops(results);
+    const flattened = answer.kill.flatten ? `, ${plural(answer.flattenOrders ?? 0, "flatten order")}` : "";
     document.getElementById("kill-results-summary").textContent =
-      `${summary.text}; ${plural(answer.cancelsRequested, "order cancel")} sent. Recorded as ${answer.kill.killId}.`;
+      `${summary.text}; ${plural(answer.cancelsRequested, "order cancel")}${flattened} sent. Recorded as ${answer.kill.killId}.`;
     document.getElementById("kill-results-list").replaceChildren(...results.map((r) =>
       h("li", {class: r.ok ? null : "bad", "data-agent": r.id}, r.text)));
     const dialog = document.getElementById("kill-results");

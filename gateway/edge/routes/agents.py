@@ -81,7 +81,7 @@ class AgentRoutes(Routes):
 
     async def control(self, request: Request) -> Response:
         """A control-lane action (emergency_stop, pause, resume, cancel_order, cancel_all,
-        approve, reject)."""
+        approve, reject, flatten)."""
         agent_id = self._agent_id(request)
         principal = self._principal(request)
         principal.check_operate(agent_id)

@@ -63,7 +63,9 @@ function positionRows(body, desk) {
 
 function openRows(body, elapsed, desk, cancel) {
   return body.openOrders.map((o) => h("tr", {"data-order": o.orderId},
-    agentCell(o, desk), h("td", {class: "mono"}, orderLink(o.agentId, o.orderId)), h("td", {}, o.symbol), h("td", {}, side(o.side)),
+    agentCell(o, desk), h("td", {class: "mono"}, orderLink(o.agentId, o.orderId),
+      o.flattenBy ? [" ", h("span", {class: "tag warn flatten", title: "placed by an operator's flatten, not by the agent"}, `flatten · ${o.flattenBy}`)] : null),
+    h("td", {}, o.symbol), h("td", {}, side(o.side)),
     h("td", {class: "num"}, qty(o.qty)), h("td", {class: "num"}, qty(o.filledQty)),
     h("td", {}, o.orderType), h("td", {class: "num"}, price(o.limitPrice, o.symbol)),
     h("td", {class: "num age", "data-age": o.ageMs, title: `placed at ${timeOf(o.placedAt)}`}, duration(o.ageMs + elapsed)),

@@ -99,7 +99,8 @@ export function orderSection(life) {
   return h("section", {class: "drill-order", id: "drill-order", "data-order": life.orderId},
     h("p", {}, life.intent ? h("strong", {}, orderText(life.intent)) : null, " · ",
       h("span", {class: `tag ${life.status === "filled" ? "good" : life.status === "open" ? "warn" : ""}`, id: "drill-order-status"}, life.status),
-      " · decided by run ", runLink(agentId, life.runId)),
+      life.flattenBy ? [" · ", h("span", {class: "tag warn flatten", id: "drill-order-flatten"}, "operator flatten"), ` by request ${life.flattenBy}`]
+        : [" · decided by run ", runLink(agentId, life.runId)]),
     h("ol", {class: "life", id: "drill-life", "aria-label": `The life of order ${life.orderId}`},
       life.steps.map((s) => h("li", {"data-stage": s.stage, "data-type": s.type},
         h("span", {class: "life-at"}, when(s.at)), " ", h("strong", {class: "life-stage"}, s.stage), " ",
