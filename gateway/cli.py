@@ -29,8 +29,9 @@ def _debug(args: argparse.Namespace) -> int:
         if args.command == "replay":
             return asyncio.run(debugger.replay_command(args.db, args.agent, args.at, print))
         if args.command == "timeline":
+            words = None if args.config is None else what_if.market_words(args.config)
             return asyncio.run(timeline.timeline_command(
-                args.db, args.agent, getattr(args, "from"), args.to, print))
+                args.db, args.agent, getattr(args, "from"), args.to, print, words))
         if args.command == "verify":
             return asyncio.run(verify.verify_command(args.db, print, args.jobs))
         if args.command == "whatif":
@@ -402,6 +403,9 @@ def _debugger_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     line.add_argument("--agent", required=True)
     line.add_argument("--from", type=_point, metavar="POSITION|TIME", help=POINT_HELP)
     line.add_argument("--to", type=_point, metavar="POSITION|TIME", help=POINT_HELP)
+    line.add_argument("--config", type=Path,
+                      help="a gateway config whose [market] ticks prices are rounded to "
+                           "(default: every symbol to 0.01)")
     ver = commands.add_parser(
         "verify", help="re-decide every recorded input and compare (exit 1 at a divergence)")
     ver.add_argument("db", type=_log, help=LOG_HELP)

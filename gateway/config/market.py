@@ -6,9 +6,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from gateway.config.base import ConfigModel
-
-DEFAULT_TICK = 0.01
-"""The tick of a symbol the config does not list."""
+from gateway.market.prices import TICK as DEFAULT_TICK
 
 
 class SymbolConfig(ConfigModel):

@@ -24,6 +24,7 @@ from gateway.base.clock import Clock
 from gateway.base.tasks import spawn
 from gateway.config.alerts import AlertsConfig, WebhookConfig
 from gateway.market.health import FeedHealth
+from gateway.market.prices import PLAIN, PriceWords
 from gateway.reads.alerts import Alert, alert_of
 from store.port import LogReads
 
@@ -118,8 +119,9 @@ class Alerter:
     """The desk's alerts: from the log and the feed, to the panel and the webhooks."""
 
     def __init__(self, log_reads: LogReads, feed: FeedHealth, clock: Clock,
-                 config: AlertsConfig) -> None:
+                 config: AlertsConfig, words: PriceWords = PLAIN) -> None:
         self._log = log_reads
+        self._words = words
         self._feed = feed
         self._clock = clock
         self.rules = frozenset(config.rules)
@@ -162,7 +164,7 @@ class Alerter:
     async def _follow(self, after: int) -> None:
         async with contextlib.aclosing(self._log.follow(after)) as records:
             async for record in records:
-                alert = alert_of(record)
+                alert = alert_of(record, self._words)
                 if alert is not None:
                     self.raise_alert(alert)
 

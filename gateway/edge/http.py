@@ -80,7 +80,9 @@ class Routes:
         self.engine = service.engine
         self.log = service.log
         self.blotters = service.blotters
-        self.alerts_read = AlertBook()
+        self.words = self.engine.runs.toolbox.market.words
+        """Prices in words, to the ticks of ``[market]``."""
+        self.alerts_read = AlertBook(self.words)
         self.capacity_book = CapacityBook()
         self.replays = agent_replays()
         self.gate_replays = gate_replays()

@@ -8,13 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.market.events import Candle, MarketEvent, Tick, from_ms, iso, to_ms
+from gateway.market.prices import TICK, PriceWords
 
 CANDLES_KEPT = 500
 """Candles kept per symbol and interval (the most a ``candles`` call returns)."""
 STALE_MS = 60_000
 """A price older than this is marked stale."""
-TICK = 0.01
-"""The tick of a symbol with none configured."""
 
 
 class MarketBook:
@@ -27,6 +26,8 @@ class MarketBook:
         """Each symbol's tick (its smallest price step), from ``[market]``..."""
         self.tick = tick
         """... and that of a symbol not listed."""
+        self.words = PriceWords(tick, self.ticks)
+        """Prices in words, to these ticks."""
         self._ticks: dict[str, Tick] = {}
         self._candles: dict[tuple[str, str], deque[Candle]] = {}
 
@@ -46,7 +47,7 @@ class MarketBook:
 
     def tick_of(self, symbol: str) -> float:
         """The smallest step of ``symbol``'s price."""
-        return self.ticks.get(symbol, self.tick)
+        return self.words.tick_of(symbol)
 
     def symbols(self) -> list[str]:
         """The symbols seen, sorted."""

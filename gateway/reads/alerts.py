@@ -16,6 +16,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from gateway.market.prices import PLAIN, PriceWords
+from lanes.vocabulary import OrderIntent
 from store.port import LogReads, RecordedEvent
 
 Severity = Literal["critical", "warning", "info"]
@@ -50,12 +54,12 @@ class Alert:
         return data
 
 
-def alert_of(record: RecordedEvent) -> Alert | None:
-    """The alert an event of the log is, if it is one."""
+def alert_of(record: RecordedEvent, words: PriceWords = PLAIN) -> Alert | None:
+    """The alert an event of the log is, if it is one (prices to the ticks of ``words``)."""
     if record.type not in TYPES:
         return None
     data = json.loads(record.data)
-    made = _said(record.type, record.stream, data)
+    made = _said(record.type, record.stream, data, words)
     if made is None:
         return None
     kind, severity, text = made
@@ -64,7 +68,7 @@ def alert_of(record: RecordedEvent) -> Alert | None:
                  record.position)
 
 
-def _said(kind: str, stream: str, data: dict[str, Any]
+def _said(kind: str, stream: str, data: dict[str, Any], words: PriceWords
           ) -> tuple[str, Severity, str] | None:
     if kind == "ControlApplied":
         if data.get("to_state") == "HALTED" and data.get("from_state") != "HALTED":
@@ -73,8 +77,9 @@ def _said(kind: str, stream: str, data: dict[str, Any]
     if kind == "DeskKilled":
         return "halt", "critical", "desk kill: every agent in scope halted"
     if kind == "OrderRejected":
-        return "order_rejected", "warning", (f"{stream}: order {_order(data.get('intent'))} "
-                                             f"refused by the trading gate: {data.get('reason')}")
+        return "order_rejected", "warning", (f"{stream}: order "
+                                             f"{_order(data.get('intent'), words)} refused by "
+                                             f"the trading gate: {data.get('reason')}")
     if kind == "OrderClosed":
         if data.get("status") != "rejected":
             return None
@@ -95,15 +100,21 @@ def _said(kind: str, stream: str, data: dict[str, Any]
             return None
         return "budget", "warning", f"{stream}: runs held by the {data.get('detail')}"
     if kind == "ApprovalRequested":
-        return "approval_waiting", "info", (f"{stream}: order {_order(data.get('intent'))} "
+        value = data.get("notional")
+        worth = f" (notional {words.money(value)})" if isinstance(value, int | float) else ""
+        return "approval_waiting", "info", (f"{stream}: order "
+                                            f"{_order(data.get('intent'), words)}{worth} "
                                             f"waits for approval {data.get('approval_id')}")
     return None
 
 
-def _order(intent: Any) -> str:
+def _order(intent: Any, words: PriceWords) -> str:
     if not isinstance(intent, dict):
         return "?"
-    return f"{intent.get('side')} {intent.get('qty')} {intent.get('symbol')}"
+    try:
+        return words.intent(OrderIntent.model_validate(intent))
+    except ValidationError:  # (an intent of an older shape: as it is)
+        return f"{intent.get('side')} {intent.get('qty')} {intent.get('symbol')}"
 
 
 KEPT = 5_000
@@ -114,7 +125,8 @@ class AlertBook:
     """The log's alerts, read once from the last `HISTORY_WINDOW` events and then only from
     what was appended since (a cache of a read of the log, never the source of truth)."""
 
-    def __init__(self) -> None:
+    def __init__(self, words: PriceWords = PLAIN) -> None:
+        self._words = words
         self._alerts: deque[Alert] = deque(maxlen=KEPT)
         self._position = 0
         self._lock = asyncio.Lock()
@@ -130,7 +142,8 @@ class AlertBook:
                 page = await log.read(after, READ_PAGE)
                 if not page:
                     break
-                self._alerts.extend(a for a in map(alert_of, page) if a is not None)
+                self._alerts.extend(a for r in page
+                                    if (a := alert_of(r, self._words)) is not None)
                 after = page[-1].position
             self._position = max(self._position, after)
         wanted, scope = set(kinds), None if agents is None else set(agents)

@@ -11,6 +11,7 @@ answered as not found, with the reach said.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from gateway.base.quarantine import LogReader
 from gateway.errors import BadFrame
 from gateway.llm.reasoner import render_requests
+from gateway.market.prices import PriceWords
 from gateway.tools.timeline import explain, what_came_in
 from lanes.events import (
     INPUT_TYPES,
@@ -214,17 +216,17 @@ class _Kept:
 
 
 def _step(stage: str, record: RecordedEvent, event: Event, cause: tuple[RecordedEvent, Event]
-          | None) -> dict[str, Any]:
+          | None, words: PriceWords) -> dict[str, Any]:
     """One step of a life: the event worded as the timeline words it, and its input."""
     if is_input(event):
         return {"stage": stage, "position": record.position, "at": event.at,
-                "type": record.type, "text": what_came_in(event), "cause": None}
+                "type": record.type, "text": what_came_in(event, words), "cause": None}
     at = None if cause is None else getattr(cause[1], "at", None)
     return {"stage": stage, "position": record.position, "at": at, "type": record.type,
-            "text": explain(event),
+            "text": explain(event, words),
             "cause": None if cause is None else {
                 "position": cause[0].position, "type": cause[0].type,
-                "text": what_came_in(cause[1])}}
+                "text": what_came_in(cause[1], words)}}
 
 
 def _stage(event: Event, order_id: str, approvals: set[str]) -> str | None:
@@ -253,10 +255,11 @@ def _stage(event: Event, order_id: str, approvals: set[str]) -> str | None:
 
 
 async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id: str,
-                     top: int) -> dict[str, Any]:
+                     top: int, words: PriceWords | None = None) -> dict[str, Any]:
     """The life of one order of ``agent_id`` (whose stream ends at version ``top``), oldest
-    step first, with the run that decided it; `BadFrame` ``not_found`` if no order of that
-    id is in the stream's last `MAX_DRILL_SCAN` events."""
+    step first, with the run that decided it (prices to the ticks of ``words``);
+    `BadFrame` ``not_found`` if no order of that id is in the stream's last
+    `MAX_DRILL_SCAN` events."""
     kept = _Kept()
     run_id: str | None = None
     flatten_by: str | None = None
@@ -284,6 +287,7 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
     cause = _Cause(reader)
     intent: dict[str, Any] | None = None
     placed_at: int | None = None
+    words = (words or PriceWords()).with_orders(OrderedDict())
     for record in kept.ordered():
         if record.type in _INPUT_NAMES:
             cause.record = record
@@ -295,7 +299,8 @@ async def order_life(store: LogReads, reader: LogReader, agent_id: str, order_id
             continue
         if isinstance(event, OrderAccepted | ApprovalRequested) and intent is None:
             intent = event.intent.model_dump(mode="json", by_alias=True)
-        step = _step(stage, record, event, cause.get())
+            words.learn(event)
+        step = _step(stage, record, event, cause.get(), words)
         if stage == "placed":
             placed_at = step["at"]
         steps.append(step)

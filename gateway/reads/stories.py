@@ -2,17 +2,20 @@
 ``/story/find``): where each group (an input and the decisions it caused) starts, and where
 each stop, drop and suppression is, kept up to date by reading only what was appended
 since (`gateway.reads.tails`). A story then reads and words only the groups it shows.
-Also each agent's sub-agent call events, for its call trees.
+Each index also keeps the symbol of each order placed, so that a fill read without its order
+is worded to its symbol's tick. Also each agent's sub-agent call events, for its call trees.
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import pairwise
 
 from gateway.base.quarantine import LogReader
+from gateway.market.prices import PriceWords
 from gateway.reads.tails import StreamFolds
 from gateway.tools.story import INPUT_NAMES, read_type, told
 from gateway.tools.timeline import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
@@ -21,6 +24,7 @@ from lanes.events import Event
 from store.port import LogReads, RecordedEvent
 
 _CANDIDATES = frozenset().union(*JUMP_TYPES.values())
+_PLACING = frozenset({"OrderAccepted", "ApprovalRequested"})
 
 
 @dataclass(slots=True)
@@ -37,6 +41,8 @@ class StoryIndex:
     jumps: dict[str, array[int]] = field(
         default_factory=lambda: {kind: array("q") for kind in JUMP_KINDS})
     """The positions of the decisions of each jump kind, in order."""
+    orders: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    """Each order's symbol (`PriceWords.orders`)."""
 
     def add(self, record: RecordedEvent) -> None:
         """Index the stream's next record."""
@@ -44,6 +50,8 @@ class StoryIndex:
         if type_name in INPUT_NAMES:
             self.starts.append(record.position)
             self.start_versions.append(record.version)
+        elif type_name in _PLACING:
+            PriceWords(orders=self.orders).learn(self.reader.decode(record))
         elif type_name in _CANDIDATES:
             for kind in kinds_of(self.reader.decode(record)):
                 if kind in self.jumps:
@@ -89,8 +97,9 @@ class Stories:
         return (await self._indexes.get(store, reader, agent_id))[0]
 
     async def groups(self, store: LogReads, index: StoryIndex, agent_id: str, first: int,
-                     end: int) -> list[Group]:
-        """Groups [first, end) of the agent's ``index``, read from the log and worded."""
+                     end: int, words: PriceWords | None = None) -> list[Group]:
+        """Groups [first, end) of the agent's ``index``, read from the log and worded (prices
+        to the ticks of ``words``)."""
         if first >= end:
             return []
         low = index.start_versions[first]
@@ -98,7 +107,8 @@ class Stories:
         records = await store.read_stream(agent_id, after_version=low - 1,
                                           limit=high - low + 1)
         bounds = [v - low for v in index.start_versions[first:end]] + [len(records)]
-        return told(records, pairwise(bounds), index.reader)
+        return told(records, pairwise(bounds), index.reader,
+                    (words or PriceWords()).with_orders(index.orders))
 
 
 CALL_STREAMS = 256

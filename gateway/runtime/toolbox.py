@@ -25,6 +25,7 @@ from gateway.errors import GatewayError
 from gateway.llm.mcp_tools import McpTools
 from gateway.llm.port import Completion, ToolCall, ToolResult, ToolSpec
 from gateway.market.book import MarketBook
+from gateway.market.prices import PriceWords
 from lanes.decide_steps import order_id
 from lanes.events import (
     STEP_TEXT_LIMIT,
@@ -52,7 +53,6 @@ from lanes.tools import (
     tool_arguments,
     tool_schema,
 )
-from lanes.vocabulary import OrderIntent
 
 Record = Callable[[Input], Awaitable[list[Decision]]]
 """Feed an input to the run's agent and wait for its commit: its decisions."""
@@ -181,7 +181,8 @@ class RunTools:
                 continue
             if call.name == "place_order":
                 placed += 1
-                ok, text = _order_answer(next(orders), order_id(self.run_id, step, placed))
+                ok, text = _order_answer(next(orders), order_id(self.run_id, step, placed),
+                                         self._toolbox.market.words)
             elif call.name == "cancel_order":
                 ok, text = True, f"cancel of order {call.arguments.get('orderId')} requested"
             elif call.name == "schedule_tasks":
@@ -263,18 +264,19 @@ def _scheduled(call_id: str, decisions: list[Decision]) -> str:
     return f"{count} task(s) scheduled; nothing is sent until execute_scheduled_tasks"
 
 
-def _order_answer(decision: Decision, expected_id: str) -> tuple[bool, str]:
+def _order_answer(decision: Decision, expected_id: str, words: PriceWords
+                  ) -> tuple[bool, str]:
+    assert isinstance(decision, OrderAccepted | ApprovalRequested | OrderRejected)
+    said = words.intent(decision.intent)
     if isinstance(decision, OrderAccepted):
         assert decision.order_id == expected_id, (decision.order_id, expected_id)
-        return True, f"order {decision.order_id} accepted: {_words(decision.intent)}"
+        return True, f"order {decision.order_id} accepted: {said}"
     if isinstance(decision, ApprovalRequested):
         assert decision.order_id == expected_id, (decision.order_id, expected_id)
-        return True, (f"pending approval {decision.approval_id}: {_words(decision.intent)} "
+        return True, (f"pending approval {decision.approval_id}: {said} "
                       "waits for a human; its outcome comes to you as a request")
     assert isinstance(decision, OrderRejected)
-    return False, f"order rejected ({_words(decision.intent)}): {decision.reason}"
+    return False, f"order rejected ({said}): {decision.reason}"
 
 
-def _words(intent: OrderIntent) -> str:
-    price = "" if intent.limit_price is None else f" at {intent.limit_price:g}"
-    return f"{intent.side} {intent.qty:g} {intent.symbol} {intent.order_type}{price}"
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.market.prices import PLAIN, PriceWords
 from lanes.events import (
     AgentCallDispatched,
     AgentCallQueued,
@@ -45,8 +46,10 @@ from lanes.policy import PolicyAdopted, PolicyDeferred, PolicyOffered
 from lanes.schedules import Schedule
 
 
-def describe(event: Event) -> str:
-    """What the event says, in a few words."""
+def describe(event: Event, words: PriceWords | None = None) -> str:
+    """What the event says, in a few words (prices to the tick of ``words``, by default the
+    default tick)."""
+    words = words or PLAIN
     match event:
         case RequestReceived(request=r):
             what = r.payload.get("action") or r.payload.get("message") or r.dedupe_key or ""
@@ -86,12 +89,12 @@ def describe(event: Event) -> str:
             return f"runs suppressed ({reason}): {detail}"
         case OrderAccepted(order_id=oid, intent=i, by=by):
             flatten = "" if by is None else f" (operator flatten, request {by})"
-            return f"{oid} {i.side} {i.qty:g} {i.symbol}{flatten}"
+            return f"{oid} {words.intent(i)}{flatten}"
         case OrderRejected(intent=i, reason=reason):
-            return f"{i.side} {i.qty:g} {i.symbol}: {reason}"
+            return f"{words.intent(i)}: {reason}"
         case BrokerReport(order_id=oid, status=status, filled_qty=filled, price=price,
                           reason=reason):
-            at = "" if price is None else f" at {price:g}"
+            at = "" if price is None else f" at {words.of_order(price, oid)}"
             why = f": {reason}" if reason else ""
             return f"{oid} {status.replace('_', ' ')}, {filled:g} filled{at}{why}"
         case AgentCallDispatched(call_id=cid, target=target, depth=depth):

@@ -4,10 +4,12 @@ at a time, folding it up to a position, and tables for people."""
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gateway.base.process import gc_paused
 from gateway.base.quarantine import log_reader
@@ -52,6 +54,16 @@ class DebugError(Exception):
 
 
 # ----------------------------------------------------------------------- points in the log
+
+
+def config_table(path: Path) -> dict[str, Any]:
+    """A gateway config file's TOML, unvalidated; `DebugError` if it cannot be read."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise DebugError(f"cannot read {path}: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise DebugError(f"{path}: not a TOML config: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from gateway.base.quarantine import LogReader
+from gateway.market.prices import PriceWords
 from gateway.tools.timeline import JUMP_KINDS, Group
 from gateway.tools.timeline import story as story_of
 from lanes import AgentState, status
@@ -287,11 +288,12 @@ def read_type(record: RecordedEvent, reader: LogReader) -> str:
     return record.type if found is None else found[0]
 
 
-def told(records: Sequence[RecordedEvent], chosen: Iterable[Span],
-         reader: LogReader) -> list[Group]:
-    """The groups of these spans, decoded and worded (`gateway.tools.timeline.story`)."""
+def told(records: Sequence[RecordedEvent], chosen: Iterable[Span], reader: LogReader,
+         words: PriceWords | None = None) -> list[Group]:
+    """The groups of these spans, decoded and worded (`gateway.tools.timeline.story`; prices
+    to the ticks of ``words``)."""
     return [group for start, end in chosen
-            for group in story_of(reader.entries(records[start:end]))]
+            for group in story_of(reader.entries(records[start:end]), words)]
 
 
 def why_waiting(state: AgentState) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from gateway.base.quarantine import log_reader
+from gateway.market.prices import PLAIN, PriceWords
 from gateway.tools.describe import describe
 from gateway.tools.logs import DebugError, Log, Out, Point, clock, open_log, resolve, shown
 from lanes.events import (
@@ -62,8 +63,9 @@ from lanes.streams import is_agent_stream
 
 
 async def timeline_command(db: Log, agent: str, start: Point | None, end: Point | None,
-                           out: Out) -> int:
-    """Print each input of one agent and the decisions it caused, with their reasons."""
+                           out: Out, words: PriceWords | None = None) -> int:
+    """Print each input of one agent and the decisions it caused, with their reasons (prices
+    to the ticks of ``words``: the config's ``[market]``)."""
     store = await open_log(db)
     try:
         last = await store.last_position()
@@ -81,7 +83,7 @@ async def timeline_command(db: Log, agent: str, start: Point | None, end: Point 
     printed = inputs = 0
     out(f"timeline of {agent}, positions {first}..{upto} (times are the inputs', UTC)")
     out(f"{'position':>8}  {'time':<23}  input, then -> each decision")
-    for group in story(entries):
+    for group in story(entries, words):
         if not first <= group.position <= upto:
             continue
         inputs += 1
@@ -163,10 +165,11 @@ class Group:
         return tuple(dict.fromkeys(k for said in self.decisions for k in said.kinds))
 
 
-def story(entries: Iterable[Entry]) -> Iterator[Group]:
+def story(entries: Iterable[Entry], words: PriceWords | None = None) -> Iterator[Group]:
     """One agent's stream (in position order) as groups: the story the timeline tells. A
     run that ends while tool calls of its last step had not returned says which were cut
-    off."""
+    off. Prices are worded to the ticks of ``words``, which learns each order's symbol."""
+    words = PriceWords() if words is None else words
     names: dict[str, str] = {}  # tool call id -> tool name (of the runs still open)
     running: dict[str, list[str]] = {}  # run id -> its tool calls that have not returned
     for step in steps(entries):
@@ -176,7 +179,8 @@ def story(entries: Iterable[Entry]) -> Iterator[Group]:
             names.update((c.call_id, c.name) for c in event.tool_calls)
         said = []
         for d in step.decisions:
-            text = explain(d.event)
+            words.learn(d.event)
+            text = explain(d.event, words)
             match d.event:
                 case StepDecided(run_id=run_id, allowed=allowed):
                     running[run_id] = list(allowed)
@@ -192,12 +196,12 @@ def story(entries: Iterable[Entry]) -> Iterator[Group]:
                     if not running:
                         names.clear()
             said.append(Said(d.position, type(d.event).__name__, text, kinds_of(d.event)))
-        yield Group(step.input.position, event.at, type(event).__name__, what_came_in(event),
-                    tuple(said))
+        yield Group(step.input.position, event.at, type(event).__name__,
+                    what_came_in(event, words), tuple(said))
 
 
-def what_came_in(event: Event) -> str:
-    """An input, in a few words."""
+def what_came_in(event: Event, words: PriceWords = PLAIN) -> str:
+    """An input, in a few words (prices to the ticks of ``words``)."""
     if isinstance(event, TimerElapsed):
         return "timer"
     if isinstance(event, ModelCalled):
@@ -212,11 +216,12 @@ def what_came_in(event: Event) -> str:
         return (f"ToolReturned {event.run_id} step {event.step}: {event.name} "
                 f"({event.call_id}) {how}{cut}: {event.content[:120]}")
     name = type(event).__name__
-    return f"{name} {describe(event)}".rstrip()
+    return f"{name} {describe(event, words)}".rstrip()
 
 
-def explain(event: Event) -> str:
-    """A decision with its reason, as a person would say it."""
+def explain(event: Event, words: PriceWords = PLAIN) -> str:
+    """A decision with its reason, as a person would say it (prices to the ticks of
+    ``words``, money to the cent)."""
     match event:
         case RequestQueued(mode=mode):
             return f"queued ({mode.value})"
@@ -246,9 +251,9 @@ def explain(event: Event) -> str:
             parts += [f"{r.call_id} refused: {r.error}" for r in refused]
             return f"{run_id} step {step}: {'; '.join(parts)}"
         case ApprovalRequested(approval_id=aid, intent=intent, notional=value, expires_at=end):
-            worth = "" if value is None else f", notional {value:g}"
-            return (f"approval {aid} asked: {intent.side} {intent.qty:g} {intent.symbol}"
-                    f"{worth} (expires {clock(end)})")
+            worth = "" if value is None else f", notional {words.money(value)}"
+            return (f"approval {aid} asked: {words.intent(intent)}{worth} "
+                    f"(expires {clock(end)})")
         case ApprovalDecided(approval_id=aid, approved=approved, by=by, reason=reason):
             return (f"approval {aid} {'approved' if approved else 'rejected'} by {by}"
                     f"{': ' + reason if reason else ''}")
@@ -278,34 +283,36 @@ def explain(event: Event) -> str:
             return "runs resumed: the budget allows them again"
         case BudgetAlert(budget=budget, window=window, fraction=fraction, used=used,
                          limit=limit):
+            amount = words.money if "spend" in budget else "{:,.0f}".format
             return (f"budget alert: {budget} at {fraction:.0%} this {window} "
-                    f"({used:g} of {limit:g})")
+                    f"({amount(used)} of {amount(limit)})")
         case RunsHeld(provider=provider, reason=reason):
             return f"runs held until resume: {provider} refused for spend ({reason})"
         case RunsUnheld(by=by):
             return f"hold lifted by {by}"
         case OrderAccepted() | OrderRejected() | OrderCancelRequested(by=_) | OrderFilled() \
                 | OrderClosed() | BrokerReportIgnored():
-            return f"{type(event).__name__} {_order(event)}"
+            return f"{type(event).__name__} {_order(event, words)}"
         case AgentCallDispatched() | AgentCallRejected():
-            return f"{type(event).__name__} {describe(event)}"
+            return f"{type(event).__name__} {describe(event, words)}"
         case ConfigApplied(config=config, principal=who):
             return f"config applied by {who}: {config.mode.value}, cap {config.cap}"
         case OperatorApplied(action=action, principal=who, detail=detail):
             return f"operator {action.value} by {who}{': ' + detail if detail else ''}"
         case OperatorRejected(action=action, reason=reason):
             return f"operator {action.value} refused: {reason}"
-    return f"{type(event).__name__} {describe(event)}".rstrip()
+    return f"{type(event).__name__} {describe(event, words)}".rstrip()
 
 
-def _order(event: Event) -> str:
+def _order(event: Event, words: PriceWords) -> str:
     match event:
         case OrderCancelRequested(order_id=oid, by=by):
             return f"{oid} (cancel asked by {by})"
         case OrderFilled(order_id=oid, qty=qty, price=price):
-            return f"{oid}: {qty:g} at {price}"
+            at = "an unknown price" if price is None else words.of_order(price, oid)
+            return f"{oid}: {qty:g} at {at}"
         case OrderClosed(order_id=oid, status=closed, reason=reason):
             return f"{oid}: {closed}{' (' + reason + ')' if reason else ''}"
         case BrokerReportIgnored(reason=reason):
             return reason
-    return describe(event)
+    return describe(event, words)

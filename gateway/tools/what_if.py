@@ -4,14 +4,23 @@ runs, drops, dedupes, suppressions and waits change."""
 from __future__ import annotations
 
 import asyncio
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 from gateway.base.process import gc_paused
 from gateway.base.quarantine import LogReader, log_reader
 from gateway.config import ConfigError, validate_config
-from gateway.tools.logs import DebugError, Log, Out, open_log, pages, shown, table
+from gateway.market.prices import PriceWords
+from gateway.tools.logs import (
+    DebugError,
+    Log,
+    Out,
+    config_table,
+    open_log,
+    pages,
+    shown,
+    table,
+)
 from gateway.tools.progress import Progress, summary
 from lanes import AgentConfig
 from lanes.whatif import AgentWhatIf, Tally, whatif
@@ -20,15 +29,21 @@ from store import RecordedEvent
 # ------------------------------------------------------------------------------- what-if
 
 
+def market_words(path: Path) -> PriceWords:
+    """Prices in words to the ``[market]`` ticks of a gateway config file (nothing else of it
+    is read)."""
+    try:
+        market = validate_config({"market": config_table(path).get("market", {})},
+                                 str(path)).market
+    except ConfigError as error:
+        raise DebugError(str(error)) from None
+    return PriceWords(market.tick, market.ticks())
+
+
 def whatif_configs(path: Path) -> dict[str, AgentConfig]:
     """The lane policy of every ``[[agents]]`` table of a gateway config file (tokens,
     providers and reasoners are not needed and not read)."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise DebugError(f"cannot read {path}: {error.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise DebugError(f"{path}: not a TOML config: {error}") from None
+    data = config_table(path)
     agents = data.get("agents", [])
     if not isinstance(agents, list) or not agents:
         raise DebugError(f"{path}: no [[agents]] tables: nothing to compare")

@@ -20,6 +20,7 @@ from tests.browser.conftest import OpenPanel, fits, resize, screenshot
 from tests.browser.live import (
     CONTROL,
     agent,
+    http,
     live_gateway,
     panel_config,
     request,
@@ -73,6 +74,13 @@ async def test_an_order_opens_its_life_the_run_that_placed_it_and_that_runs_tool
             "placed", "broker: filled", "filled", "closed: filled"]
         await expect(drill.locator("#drill-order-status")).to_have_text("filled")
         await expect(life.first).to_contain_text(f"OrderAccepted {order} buy 0.25 BTCUSD")
+        # The server's own words say the fill's price to the tick too, here and in the story.
+        await expect(life.nth(2)).to_contain_text(f"OrderFilled {order}: 0.25 at 64,123.5")
+        await expect(drill.locator("#drill-life")).not_to_contain_text("64123.456")
+        async with http(running) as client:
+            story = (await client.get("/api/agents/desk/story")).json()
+        told = " ".join(s["text"] for g in story["groups"] for s in g["decisions"])
+        assert f"OrderFilled {order}: 0.25 at 64,123.5" in told, told
         # The run that placed it, its prompt and its tool steps.
         run = drill.locator("#drill-run")
         await expect(run).to_have_attribute("data-run", "desk-r1")
@@ -101,6 +109,13 @@ async def test_an_order_opens_its_life_the_run_that_placed_it_and_that_runs_tool
         await expect(drill.locator("#drill-title")).to_be_in_viewport()
         await fits(page, 390)
         await screenshot(page, "drill-order-390")
+
+        # A tick of a quarter shows two decimals, as the server words it (not "5,012.3").
+        said = await page.evaluate("""import("/js/format.js").then((f) => {
+            f.setTicks({tick: 0.01, ticks: {ES: 0.25, EURUSD: 0.00001}});
+            return [f.price(5012.25, "ES"), f.price(5012.4, "ES"), f.price(1.0842371, "EURUSD")];
+        })""")
+        assert said == ["5,012.25", "5,012.50", "1.08424"], said
 
 
 async def test_the_message_box_steers_a_message_into_the_run_and_the_run_lists_it(

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
-from playwright.async_api import expect
+from playwright.async_api import Page, expect
 
 from gateway.edge.server import Running
 from tests.browser.conftest import ZONED, OpenPanel, fits, resize, screenshot
@@ -26,6 +27,7 @@ from tests.browser.live import (
     state_is,
     submit,
 )
+from tests.browser.test_capacity_panel import TEXTS
 
 
 async def one_at_a_time(running: Running) -> None:
@@ -241,6 +243,57 @@ async def test_times_are_24_hour_and_name_their_zone_schedules_included(
         await expect(schedule.locator(".next-fire")).to_be_in_viewport()
         await screenshot(page, "mislead-times-390")
         assert re.fullmatch(ZONED, "14:05:00 GMT+5:30")
+
+
+async def axis_labels(page: Page, canvas: str) -> list[str]:
+    """The time axis's labels a canvas chart drew, left to right (those under the plot)."""
+    await expect(page.locator(f"#{canvas}")).to_have_attribute("aria-label", re.compile(":"))
+    texts: list[dict[str, Any]] = await page.evaluate(f"window.__texts[{canvas!r}] || []")
+    bottom = max(t["y"] for t in texts)
+    return [t["text"] for t in sorted((t for t in texts if t["y"] == bottom and
+                                       t["baseline"] == "top"), key=lambda t: t["x"])]
+
+
+async def test_every_chart_axis_names_its_zone(tmp_path: Path, open_panel: OpenPanel) -> None:
+    db = tmp_path / "axes.db"
+    async with live_gateway(panel_config(db, [agent("axed", (10, 20))], hooked=[]), db,
+                            feed=False) as running:
+        for _ in range(3):
+            await submit(running, request("axed"))
+        page = await open_panel(running.url, CONTROL, timezone_id="Asia/Kolkata",
+                                init_script=TEXTS)
+        await resize(page, 1280, 800)
+        hm = r"\d\d:\d\d(:\d\d)?"
+        await page.get_by_role("link", name="Charts").click()
+        await page.locator("#chart-range").select_option(label="last 15 minutes")
+        labels = await axis_labels(page, "chart-runs")
+        assert len(labels) >= 2 and re.fullmatch(rf"{hm} GMT\+5:30", labels[0]), labels
+        assert all(re.fullmatch(hm, label) for label in labels[1:]), labels
+        await expect(page.locator("#charts-status")).to_contain_text(
+            re.compile(r"read at \d\d:\d\d:\d\d GMT\+5:30"))
+        runs = page.locator("#chart-runs")
+        await runs.hover()
+        await expect(page.locator("#chart-tip strong")).to_have_text(
+            re.compile(r"\d\d:\d\d:\d\d\u2013\d\d:\d\d:\d\d GMT\+5:30$"))
+        await screenshot(page, "mislead-axis-zone-charts")
+
+        await page.get_by_role("link", name="Capacity").click()
+        labels = await axis_labels(page, "capacity-depth")
+        assert len(labels) >= 2 and re.fullmatch(rf"{hm} GMT\+5:30", labels[0]), labels
+        assert all(re.fullmatch(hm, label) for label in labels[1:]), labels
+        await expect(page.locator("#capacity-status")).to_contain_text(
+            re.compile(r"read at \d\d:\d\d:\d\d GMT\+5:30"))
+
+        for width, height in ((1280, 800), (390, 844)):
+            await resize(page, width, height)
+            await page.goto(f"{running.url}/#/agent/axed")
+            ticks = page.locator("#travel-axis text.tick")
+            await expect(ticks.first).to_have_text(re.compile(r"GMT\+5:30$"))
+            shown = await ticks.all_text_contents()
+            assert len(shown) >= 2 and all("GMT" not in t for t in shown[1:]), shown
+            await fits(page, width)
+        await page.locator("#travel-axis").scroll_into_view_if_needed()
+        await screenshot(page, "mislead-axis-zone-travel-390")
 
 
 async def test_the_diff_of_two_positions_says_what_changed_in_words(

@@ -1,7 +1,7 @@
 // A small canvas chart: lines and dots over a time window, axes labelled, vertical markers,
 // colours from the page's CSS variables (so it follows light and dark). No library.
 
-import {clock} from "./format.js";
+import {bareClock, ZONE} from "./format.js";
 
 const PAD = {left: 56, right: 12, top: 10, bottom: 24};
 
@@ -19,15 +19,18 @@ function axisTop(value) {
 
 const TICKS = [1, 5, 15, 30, 60, 300, 900, 1800, 3600, 10_800, 21_600, 43_200, 86_400].map((s) => s * 1000);
 
-/** Wall-clock ticks between `from` and `to`, about one per 90 px: [[t, label]]. */
+/** Wall-clock ticks between `from` and `to`, about one per 90 px: [[t, label]]; the first
+ * label says the zone ("14:05 UTC", then "14:10", ...), as every time of the panel does. */
 function clockTicks(from, to, width) {
   const span = to - from;
   const step = TICKS.find((s) => span / s <= Math.max(2, width / 90)) ?? TICKS.at(-1);
   const offset = new Date(from).getTimezoneOffset() * 60_000;  // ticks on local round times
   const ticks = [];
   for (let t = Math.ceil((from - offset) / step) * step + offset; t <= to; t += step) {
-    const hms = clock(t).slice(0, 8);  // "14:05:00"
-    ticks.push([t, step < 60_000 ? hms : step >= 86_400_000 ? new Date(t).toLocaleDateString() : hms.slice(0, 5)]);
+    const hms = bareClock(t).slice(0, 8);  // "14:05:00"
+    const label = step < 60_000 ? hms : step >= 86_400_000
+      ? new Date(t).toLocaleDateString("en-GB", {day: "numeric", month: "short"}) : hms.slice(0, 5);
+    ticks.push([t, ticks.length ? label : `${label} ${ZONE}`]);
   }
   return ticks;
 }

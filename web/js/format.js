@@ -156,16 +156,30 @@ export function age(epochMs, now = Date.now()) {
   return words === "now" ? "just now" : ms >= 0 ? `${words} ago` : `in ${words}`;
 }
 
+/** The date of a time and a space when it is not today ("26 Nov ", "3 Jan 2025 "), else "". */
+function dayOf(ms, now) {
+  const d = new Date(ms);
+  if (d.toDateString() === new Date(now).toDateString()) return "";
+  return `${d.toLocaleDateString("en-GB", {day: "numeric", month: "short",
+    year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric"})} `;
+}
+
 /** Local time with its zone, and the date when it is not today: "14:03:05 UTC" or
  * "26 Nov 14:03:05 UTC" (24-hour, as every time of the panel). */
 export function when(epochMs, now = Date.now()) {
   if (!epochMs) return "–";
-  const d = new Date(typeof epochMs === "string" ? Date.parse(epochMs) : epochMs);
-  const time = hms(d.getTime());
-  if (d.toDateString() === new Date(now).toDateString()) return time;
-  const date = d.toLocaleDateString("en-GB", {day: "numeric", month: "short",
-    year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric"});
-  return `${date} ${time}`;
+  const ms = typeof epochMs === "string" ? Date.parse(epochMs) : epochMs;
+  return `${dayOf(ms, now)}${hms(ms)}`;
+}
+
+/** A stretch of time with its zone once: "14:03:00–14:03:30 UTC" (the date first when not today). */
+export function between(fromMs, toMs, now = Date.now()) {
+  return `${dayOf(fromMs, now)}${bareClock(fromMs).slice(0, 8)}–${hms(toMs)}`;
+}
+
+/** A time in full, for tooltips: "29 Nov 2026 14:03:05.250 UTC". */
+export function stamp(epochMs) {
+  return `${new Date(epochMs).toLocaleDateString("en-GB", {day: "numeric", month: "short", year: "numeric"})} ${clock(epochMs)}`;
 }
 
 // Prices by the symbol's tick (GET /api/market): each shown with the tick's decimals,
@@ -194,11 +208,17 @@ export function tickOf(symbol) {
 
 const FORMATS = new Map();
 
+/** The decimals of a tick, as the server words prices: 2 for 0.01 and 0.25, 1 for 0.5, 0 for 5. */
+function tickDecimals(tick) {
+  const [mantissa, exponent] = String(tick).split("e-");
+  return Math.min(12, (mantissa.split(".")[1] || "").length + Number(exponent || 0));
+}
+
 /** A price rounded to the symbol's tick, with as many decimals as the tick has: "64,012.50". */
 export function price(value, symbol) {
   if (value === null || value === undefined) return "–";
   const tick = tickOf(symbol);
-  const decimals = Math.min(12, Math.max(0, Math.ceil(-Math.log10(tick) - 1e-9)));
+  const decimals = tickDecimals(tick);
   let format = FORMATS.get(decimals);
   if (!format) FORMATS.set(decimals, format = new Intl.NumberFormat("en", {minimumFractionDigits: decimals, maximumFractionDigits: decimals}));
   return format.format(Math.round(value / tick) * tick);

@@ -29,7 +29,8 @@ class DrillRoutes(Routes):
         fills, cancels, how it closed (each with the input that caused it), and its run."""
         agent_id, top = self._readable(request)
         order_id = str(request.path_params["order_id"])
-        body = await order_life(self.log, self.engine.reader, agent_id, order_id, top)
+        body = await order_life(self.log, self.engine.reader, agent_id, order_id, top,
+                                self.words)
         return _json(answer(OrderLifeJson, body))
 
     async def run_detail(self, request: Request) -> Response:

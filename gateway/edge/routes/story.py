@@ -50,7 +50,8 @@ class StoryRoutes(Routes):
             at = _position_param(query, "at", last, last)
             count = min(_int_param(query, "around", 3), 100)
             first, end, current = index.around(at, count)
-            groups = await self.stories.groups(self.log, index, agent_id, first, end)
+            groups = await self.stories.groups(self.log, index, agent_id, first, end,
+                                               self.words)
             return answer(StoryJson, {
                 "agentId": agent_id, "at": at, "index": current, "more": False,
                 "groups": [group_json(g) for g in groups]})
@@ -58,7 +59,7 @@ class StoryRoutes(Routes):
         upto = _position_param(query, "to", last, last)
         limit = min(max(_int_param(query, "limit", 200), 1), 1000)
         first, end, more = index.between(start, upto, limit)
-        groups = await self.stories.groups(self.log, index, agent_id, first, end)
+        groups = await self.stories.groups(self.log, index, agent_id, first, end, self.words)
         return answer(StoryJson, {
             "agentId": agent_id, "from": start, "to": upto, "more": more,
             "groups": [group_json(g) for g in groups]})

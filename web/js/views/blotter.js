@@ -5,7 +5,7 @@
 // with the subscription (its pnl frames), as prices and fills move it.
 
 import {h, replace, setText} from "../dom.js";
-import {age, duration, hms, num, price as priced, when as timeOf} from "../format.js";
+import {age, duration, hms, num, price as priced, stamp, when as timeOf} from "../format.js";
 import {confirmDialog} from "../controls.js";
 import {createApprovals, isApprovalEvent} from "./approvals.js";
 import {money, pnlSection} from "./pnl.js";
@@ -26,7 +26,7 @@ const price = (n, symbol) => priced(n, symbol);  // (rounded to the symbol's tic
 
 /** A time for people (the date too when not today), how long ago in its tooltip. */
 function when(ms) {
-  return h("time", {datetime: new Date(ms).toISOString(), title: `${new Date(ms).toLocaleString()} (${age(ms)})`},
+  return h("time", {datetime: new Date(ms).toISOString(), title: `${stamp(ms)} (${age(ms)})`},
     timeOf(ms));
 }
 
@@ -42,8 +42,9 @@ function table(label, columns, rows, empty, desk) {
   if (!rows.length) return h("p", {class: "muted empty"}, empty);
   const heads = desk ? ["Agent", ...columns] : columns;
   for (const row of rows) [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i]; });  // (phone cards)
+  const numeric = [...rows[0].cells].map((cell) => cell.classList.contains("num"));  // a heading sits as its column does
   return h("div", {class: "blotter-scroll"}, h("table", {class: "plain blotter-table", "aria-label": label},
-    h("thead", {}, h("tr", {}, heads.map((c) => h("th", {scope: "col", class: /qty|price|age|fills/i.test(c) ? "num" : null}, c)))),
+    h("thead", {}, h("tr", {}, heads.map((c, i) => h("th", {scope: "col", class: numeric[i] ? "num" : null}, c)))),
     h("tbody", {}, rows)));
 }
 

@@ -7,7 +7,7 @@
 
 import {cssColour, drawChart} from "../chart.js";
 import {h, replace, setAttr, setText} from "../dom.js";
-import {age, clock, duration, num, when} from "../format.js";
+import {age, between, clock, duration, hms, num, when} from "../format.js";
 
 const WINDOWS = [[900_000, "last 15 minutes"], [3_600_000, "last hour"], [21_600_000, "last 6 hours"],
   [86_400_000, "last 24 hours"]];
@@ -35,13 +35,13 @@ const CHARTS = [
   {key: "depth", title: "Pending requests (most at any second)", format: num, whole: true,
     lines: (a, c) => [{label: "desk", colour: c.desk, values: a.desk.depth, width: 3},
       ...a.agents.map((x) => ({label: x.agentId, colour: c.agent(x.agentId), values: x.depth}))]},
-  {key: "latency", title: "Run latency: p95 solid, p50 dashed", format: duration,
+  {key: "latency", title: "Run latency: p95 solid, p50 dashed", format: duration, whole: true,
     lines: (a, c) => [{label: "desk p95", colour: c.desk, values: a.desk.p95, width: 3},
       {label: "desk p50", colour: c.desk, values: a.desk.p50, dash: [5, 4]},
       ...a.agents.map((x) => ({label: `${x.agentId} p95`, colour: c.agent(x.agentId), values: x.p95}))]},
   {key: "waiting", title: "Waiting at the provider gates (most at any second)", format: num, whole: true,
     lines: (a, c) => a.gates.map((g) => ({label: g.provider, colour: c.gate(g.provider), values: g.waiting}))},
-  {key: "waits", title: "Gate waits for a slot: p95 solid, p50 dashed", format: duration,
+  {key: "waits", title: "Gate waits for a slot: p95 solid, p50 dashed", format: duration, whole: true,
     lines: (a, c) => a.gates.flatMap((g) => [
       {label: `${g.provider} p95`, colour: c.gate(g.provider), values: g.waitP95},
       {label: `${g.provider} p50`, colour: c.gate(g.provider), values: g.waitP50, dash: [5, 4]}])},
@@ -200,7 +200,7 @@ export function createCapacity(ctx) {
     setText(status, `From the log: ${when(from, now)} to ${when(to, now)}, one point per `
       + `${step >= 60_000 ? `${step / 60_000} min` : `${step / 1000} s`} · ${data.desk.agents} agents on the desk`
       + ` · ${data.busiest ? "the busiest" : "chosen"}: ${data.agents.map((a) => a.agentId).join(", ") || "none"}`
-      + ` · read at ${clock(now).slice(0, 8)}`
+      + ` · read at ${hms(now)}`
       + (data.since && data.since > from ? ` · the log is folded from ${when(data.since, now)} only` : "")
       + (data.behind > 0 ? ` · reading the log, ${num(data.behind)} events to go…` : ""));
     const at = times();
@@ -308,7 +308,7 @@ export function createCapacity(ctx) {
     f.cursor = i;
     const start = data.from + i * data.step;
     const inside = data.marks.filter((m) => m.at >= start && m.at < start + data.step);
-    replace(tip, h("strong", {}, `${f.title} · ${when(start)}–${clock(start + data.step).slice(0, 8)}`),
+    replace(tip, h("strong", {}, `${f.title} · ${between(start, start + data.step)}`),
       h("ul", {}, (f.drawn ?? []).map((l) => h("li", {class: "swatch", style: `--swatch: ${l.colour}`},
         `${l.label}: ${l.values[i] === null ? "–" : f.format(l.values[i])}`
         + (l.raw ? ` (${num(l.raw[i])} in 60 s)` : "")))),

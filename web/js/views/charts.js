@@ -7,7 +7,7 @@
 
 import {cssColour, drawChart} from "../chart.js";
 import {h, replace, setAttr, setText} from "../dom.js";
-import {age, clock, num, when} from "../format.js";
+import {age, between, clock, hms, num, when} from "../format.js";
 
 const WINDOWS = [[900_000, "last 15 minutes"], [3_600_000, "last hour"], [21_600_000, "last 6 hours"],
   [86_400_000, "last 24 hours"]];
@@ -145,7 +145,7 @@ export function createCharts(ctx) {
     const {from, to, step} = data;
     const truncated = data.agents.some((a) => a.truncated);
     setText(status, `From the log: ${when(from)} to ${when(to)}, one point per ${step >= 60_000 ? `${step / 60_000} min` : `${step / 1000} s`}`
-      + ` · ${data.agents.length} agent${data.agents.length === 1 ? "" : "s"} · read at ${clock(Date.now()).slice(0, 8)}`
+      + ` · ${data.agents.length} agent${data.agents.length === 1 ? "" : "s"} · read at ${hms(Date.now())}`
       + (truncated ? " · some agents' logs were too long to read whole: their later points are missing" : ""));
     const marked = markers();
     for (const f of figures) {
@@ -196,7 +196,7 @@ export function createCharts(ctx) {
     f.cursor = i;
     const start = data.from + i * data.step;
     const inside = data.marks.filter((m) => m.at >= start && m.at < start + data.step);
-    replace(tip, h("strong", {}, `${f.title} · ${when(start)}–${clock(start + data.step).slice(0, 8)}`),
+    replace(tip, h("strong", {}, `${f.title} · ${between(start, start + data.step)}`),
       h("ul", {}, data.agents.map((a) => h("li", {class: "swatch", style: `--swatch: ${colourOf(a.agentId)}`},
         `${a.agentId}: ${num(a.series[f.key][i] ?? 0)}`))),
       inside.map((m) => h("p", {class: "mark"}, `${MARK_LABEL[m.kind] ?? m.kind} ${clock(m.at).slice(0, 8)} ${markText(m)}`)));

@@ -78,7 +78,7 @@ export function runSection(run) {
     prompt.summary ? h("p", {class: "muted"}, `and a summary of ${prompt.summary.count} requests the queue cap folded away`) : null,
     h("ul", {class: "list drill-prompt", id: "drill-prompt"}, prompt.requests.map((r) => request(agentId, r))),
     h("details", {}, h("summary", {}, "As the model read them"), h("pre", {id: "drill-prompt-text"}, prompt.text)),
-    h("h5", {}, `Messages and tool steps (${run.steps.length} model call${run.steps.length === 1 ? "" : "s"})`),
+    h("h5", {}, `Messages and tool steps (${run.steps.length ? `${run.steps.length} model call${run.steps.length === 1 ? "" : "s"}` : "not recorded"})`),
     run.steps.length ? h("ol", {class: "drill-steps", id: "drill-steps"}, run.steps.map((s) => step(agentId, s)))
       : h("p", {class: "muted", id: "drill-steps"}, "One model call, no tool step recorded."),
     h("h5", {}, `Steers it took (${run.steers.length})`),

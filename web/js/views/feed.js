@@ -12,25 +12,33 @@ function statusTag(status) {
   return h("span", {class: status === "up" ? "tag good" : status === "down" ? "tag bad" : "tag warn"}, status);
 }
 
+/** A table of `rows` under `heads`, each heading placed as its column's cells are; on a
+ * phone, each row a card of "heading: value" lines (it never widens the page). */
+function cards(label, heads, rows) {
+  for (const row of rows) [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i]; });
+  const numeric = rows.length ? [...rows[0].cells].map((cell) => cell.classList.contains("num")) : [];
+  return h("table", {class: "plain cards", "aria-label": label},
+    h("thead", {}, h("tr", {}, heads.map((c, i) => h("th", {scope: "col", class: numeric[i] ? "num" : null}, c)))),
+    h("tbody", {}, rows));
+}
+
 function connectors(body) {
   if (!body.connectors.length) return h("p", {class: "muted empty"}, "No connector has reported its status.");
-  return h("table", {class: "plain", "aria-label": "Connectors"},
-    h("thead", {}, h("tr", {}, ["Connector", "Status", "Detail", "Since", "Last report"].map((c) => h("th", {scope: "col"}, c)))),
-    h("tbody", {}, body.connectors.map((c) => h("tr", {"data-connector": c.connector},
+  return cards("Connectors", ["Connector", "Status", "Detail", "Since", "Last report"],
+    body.connectors.map((c) => h("tr", {"data-connector": c.connector},
       h("td", {}, h("strong", {}, c.connector)), h("td", {}, statusTag(c.status)),
       h("td", {}, c.detail ?? "–"), h("td", {}, `${duration(c.sinceMs)} ago`),
-      h("td", {}, `${duration(c.ageMs)} ago`)))));
+      h("td", {}, `${duration(c.ageMs)} ago`))));
 }
 
 function symbols(body) {
   if (!body.symbols.length) return h("p", {class: "muted empty"}, "No market data yet.");
-  return h("table", {class: "plain", "aria-label": "Symbols"},
-    h("thead", {}, h("tr", {}, ["Symbol", "Last price", "Last data", "Ticks", "Candles", ""].map((c) => h("th", {scope: "col"}, c)))),
-    h("tbody", {}, body.symbols.map((s) => h("tr", {"data-symbol": s.symbol, class: s.stale ? "stale" : null},
+  return cards("Symbols", ["Symbol", "Last price", "Last data", "Ticks", "Candles", "Fresh"],
+    body.symbols.map((s) => h("tr", {"data-symbol": s.symbol, class: s.stale ? "stale" : null},
       h("td", {}, h("strong", {}, s.symbol)), h("td", {class: "num"}, price(s.price, s.symbol)),
       h("td", {title: clock(s.lastAt)}, `${duration(s.ageMs)} ago`),
       h("td", {class: "num"}, num(s.ticks)), h("td", {class: "num"}, num(s.candles)),
-      h("td", {}, s.stale ? h("span", {class: "tag warn"}, "stale") : h("span", {class: "tag good"}, "fresh"))))));
+      h("td", {}, s.stale ? h("span", {class: "tag warn"}, "stale") : h("span", {class: "tag good"}, "fresh")))));
 }
 
 export function createFeed(ctx) {
@@ -68,7 +76,8 @@ export function createFeed(ctx) {
   function draw(answer) {
     last = answer;
     const hooks = answer.hooks;
-    setText(status, `${answer.connectors.length} connectors · ${answer.symbols.length} symbols · hook rules `
+    const count = (n, word) => `${num(n)} ${word}${n === 1 ? "" : "s"}`;
+    setText(status, `${count(answer.connectors.length, "connector")} · ${count(answer.symbols.length, "symbol")} · hook rules `
       + (hooks.paused ? `paused by ${hooks.by} at ${hms(hooks.at)} (${num(hooks.suppressed)} requests not sent)` : "on")
       + ` · read at ${hms(answer.at)}`);
     replace(warnings, answer.warnings.map((w) => h("li", {class: "warn"}, w)));

@@ -482,13 +482,20 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     const stepMs = STEPS.find((s) => span / s <= target) ?? STEPS[STEPS.length - 1];
     const withDate = span > 864e5 / 2 && stepMs < 864e5;
     const offset = new Date(start).getTimezoneOffset() * 60_000;  // ticks on local boundaries
+    // The first label says the zone ("14:05 UTC"), as every time of the panel does; the one
+    // after it is left out where the two would meet (11 px text: about 6.5 px a character).
+    let previous = null;
     for (let t = Math.ceil((start - offset) / stepMs) * stepMs + offset; t <= end; t += stepMs) {
       const tx = x(t);
       parts.push(svg("line", {x1: tx, x2: tx, y1: BASE, y2: BASE + 5, class: "tick-mark"}));
-      if (tx < 28 || tx > width - 28) continue;  // a label cut by the edge says nothing
+      const label = tickLabel(t, stepMs, withDate) + (previous ? "" : ` ${ZONE}`);
+      const half = label.length * 3.25 + 2;
+      if (tx < half || tx > width - half) continue;  // a label cut by the edge says nothing
+      if (previous && tx - previous.at < previous.half + half + 4) continue;
       const text = svg("text", {x: tx, y: BASE + 20, "text-anchor": "middle", class: "tick"});
-      text.textContent = tickLabel(t, stepMs, withDate);
+      text.textContent = label;
       parts.push(text);
+      previous = {at: tx, half};
     }
     const picked = entries[index ?? n - 1].recordedAt;
     if (picked >= start && picked <= end) {  // under the markers, so none is hidden
