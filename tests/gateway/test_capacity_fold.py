@@ -84,7 +84,9 @@ def test_a_gates_waiting_waits_and_window_usage_are_what_replay_says_at_every_ev
     fold = CapacityFold()
     state = GateState(provider=bench.state.provider)
     waiting: list[tuple[int, int]] = []
-    usage: list[tuple[int, tuple[int, int, int]]] = []
+    # The window's usage at the end of each second with an event, as the state after that
+    # second's last event says then (a grant may leave the window after that event).
+    usage: dict[int, tuple[int, int, int]] = {}
     queued: dict[str, int] = {}
     waits: list[tuple[int, int]] = []
     for position, event in enumerate(bench.log, 1):
@@ -100,11 +102,11 @@ def test_a_gates_waiting_waits_and_window_usage_are_what_replay_says_at_every_ev
         assert len(track.waiting) == len(state.waiting)
         assert tuple(track.used) == window_usage(state, state.now), event
         waiting.append((state.now, len(state.waiting)))
-        usage.append((state.now, window_usage(state, state.now)))
+        usage[state.now // 1000] = window_usage(state, state.now // 1000 * 1000 + 999)
     track = fold.gates[bench.state.provider]
     check_steps(track.depth, end_of_second(waiting))
     for k in range(3):
-        check_steps(track.usage[k], end_of_second([(at, used[k]) for at, used in usage]))
+        check_steps(track.usage[k], {sec: used[k] for sec, used in usage.items()})
     assert list(zip(track.waits.times, track.waits.values, strict=True)) == waits
     # After the last event the window goes on emptying by itself, as the gate counts it.
     end = state.now + 2 * 60_000
