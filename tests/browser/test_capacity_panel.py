@@ -96,7 +96,10 @@ async def test_the_capacity_view_shows_the_desk_and_the_gate_zooms_by_brushing_a
     tmp_path: Path, open_panel: OpenPanel
 ) -> None:
     db = tmp_path / "capacity.db"
-    agents = [agent(name, (150, 300)) for name in ("alpha", "bravo", "charlie")]
+    # (calls over a second, one at a time: a wait behind one spans the end of a second, so
+    # the series, read at the end of each second, show it; calls of 150-300 ms could all
+    # wait within one second and the waiting chart then read 0)
+    agents = [agent(name, (1_100, 1_200)) for name in ("alpha", "bravo", "charlie")]
     config = panel_config(db, agents, hooked=[])
     async with live_gateway(config, db, feed=False) as running:
         async with http(running, "panel-admin-secret") as admin:
@@ -109,9 +112,9 @@ async def test_the_capacity_view_shows_the_desk_and_the_gate_zooms_by_brushing_a
 
         async def settled() -> bool:
             body = await capacity_of(running)
-            return bool(sum(body["desk"]["runs"]) >= 6 and sum(body["gates"][0]["waits"]) >= 6)
+            return bool(sum(body["desk"]["runs"]) >= 6 and sum(body["gates"][0]["waits"]) >= 4)
 
-        await until(settled, "six runs done, each having waited at the gate")
+        await until(settled, "six runs done, most having waited at the gate", 60)
         page = await open_panel(running.url, CONTROL, init_script=TEXTS)
         await page.set_viewport_size({"width": 1280, "height": 900})
         await page.get_by_role("link", name="Capacity").click()
