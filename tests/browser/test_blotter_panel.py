@@ -311,6 +311,12 @@ async def test_alerts_are_listed_said_as_notifications_and_counted_in_the_header
         await expect(page.locator("#approvals-count")).to_have_text("1 to approve")
         await expect(page.locator("#alerts-count")).to_have_attribute("aria-label",
                                                                      "2 new alerts")
+        # Both counts shown, the header stays one line at 1280 px (a wrap moved the page).
+        await page.set_viewport_size({"width": 1280, "height": 800})
+        tops = await page.evaluate("""[...document.querySelectorAll(
+            'header.top > h1, header.top > nav, header.top > .session')]
+            .map((e) => Math.round(e.getBoundingClientRect().top))""")
+        assert max(tops) - min(tops) < 12, tops
         notes = await page.evaluate("window.__notes")
         assert ["Gateway: halt", "bravo HALTED (emergency_stop)"] in notes
         await screenshot(page, "alerts", full_page=True)
