@@ -182,3 +182,7 @@ async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomab
         assert await section.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
         await page.locator("#story").scroll_into_view_if_needed()
         await screenshot(page, "story-phone")
+        # A day's label reads as every date of the panel does: day, then month.
+        day = await page.evaluate("import('./js/views/timeline.js').then((m) => "
+                                  "m.tickLabel(new Date(2026, 10, 27, 12).getTime(), 864e5))")
+        assert day == "27 Nov", day

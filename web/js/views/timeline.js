@@ -49,11 +49,11 @@ export function kindOf(e) {
 const STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5,
   9e5, 18e5, 36e5, 72e5, 108e5, 216e5, 432e5, 864e5, 1728e5, 6048e5];
 
-/** An axis label at the precision of the step: "14:02:05.250", "14:02:05", "14:02", "Nov 27". */
+/** An axis label at the precision of the step: "14:02:05.250", "14:02:05", "14:02", "27 Nov". */
 export function tickLabel(ms, step, withDate) {
   const d = new Date(ms);
   const pad = (n, w = 2) => String(n).padStart(w, "0");
-  const date = d.toLocaleDateString("en", {month: "short", day: "numeric"});
+  const date = d.toLocaleDateString("en-GB", {day: "numeric", month: "short"});  // as elsewhere
   if (step >= 864e5) return date;
   let text = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
   if (step < 6e4) text += `:${pad(d.getSeconds())}`;
