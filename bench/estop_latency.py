@@ -18,6 +18,7 @@ both sides read ``CLOCK_MONOTONIC``, one clock for every process on the machine)
 
     uv run python -m bench.estop_latency [--stops N] [--rate N] [--seconds N] [--agents N]
         [--idle 0|1] [--calm N] [--small_batch N] [--postgres 0|1]
+        [--loop auto|asyncio|uvloop]
 
 With ``--idle 1`` (the default) the same stops are first measured with no flood at all, and
 the figure "stop ack p99 under the flood / idle p99" compares the two in the same run.
@@ -55,6 +56,7 @@ from bench.ws_ingest import (
     request_json,
 )
 from gateway.base.metrics import LATENCY_BUCKETS
+from gateway.base.process import EventLoop, run_on
 from gateway.client import ControlClient
 from gateway.llm.port import Completion, ToolCall
 from gateway.llm.reasoner import RunContext, RunResult
@@ -429,7 +431,7 @@ def _figures(out: Outcome, rate: int, agents: int, max_batch: int,
 def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int = 100,
             window: int = 50, calm: int = 5_000, small_batch: int = 500,
             postgres: int = 1, idle: int = 1, probe: int = 0, flood_nice: int = 0,
-            tools: int = 0) -> list[Figure]:
+            tools: int = 0, loop: EventLoop = "auto") -> list[Figure]:
     """Emergency-stop latency with no flood at all (``idle``; 0: skip): the same stops, the
     same client, the feed connections open and silent; then under a feed flood of ``rate``
     requests/s, and the flood rate achieved, and the ratio of the two ack p99s; then the
@@ -441,12 +443,13 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
     another machine: on a small one, the load generator takes a core from the gateway).
     ``tools`` (1: on) gives every agent a tool and makes each run a tool loop that records a
     step every `STEP_MS` until it is stopped: the first flood is then measured twice, without
-    and with the tool loops, back to back (the rest is skipped)."""
+    and with the tool loops, back to back (the rest is skipped). The gateway runs on the
+    event loop ``loop`` names (by default the one `gateway serve` picks: uvloop on Linux)."""
     if tools:
         return [Figure(f"[{'tool loops' if looping else 'waiting runs'}] {figure.name}",
                        figure.value, figure.unit, figure.goal)
                 for looping in (False, True)
-                for figure in _tool_variant(stops, rate, seconds, agents, window, looping)]
+                for figure in _tool_variant(stops, rate, seconds, agents, window, looping, loop)]
     if probe:
         estop_probe.install()
     context = multiprocessing.get_context("spawn")
@@ -457,17 +460,17 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
         niced = flood_pool if flood_nice else None
         idle_p99 = float("nan")
         if idle:
-            out = asyncio.run(_measure(stops, 0, seconds, agents, window, pool,
-                                       DEFAULT_MAX_BATCH, probe=bool(probe), nice=flood_nice,
-                                       flood_pool=niced))
+            out = run_on(_measure(stops, 0, seconds, agents, window, pool,
+                                  DEFAULT_MAX_BATCH, probe=bool(probe), nice=flood_nice,
+                                  flood_pool=niced), loop)
             figures += _figures(out, 0, agents, DEFAULT_MAX_BATCH)[4:]  # no flood figures
             idle_p99 = _percentile(_ack_ms(out), 0.99)
         for offered, batch in ((rate, DEFAULT_MAX_BATCH), (calm, DEFAULT_MAX_BATCH),
                                (rate, small_batch)):
             if offered > 0 and batch > 0:
-                out = asyncio.run(_measure(stops, offered, seconds, agents, window, pool,
-                                           batch, probe=bool(probe), nice=flood_nice,
-                                           flood_pool=niced))
+                out = run_on(_measure(stops, offered, seconds, agents, window, pool,
+                                      batch, probe=bool(probe), nice=flood_nice,
+                                      flood_pool=niced), loop)
                 figures += _figures(out, offered, agents, batch)
                 if idle and offered == rate and batch == DEFAULT_MAX_BATCH:
                     figures.append(Figure(
@@ -480,23 +483,24 @@ def measure(stops: int = 200, rate: int = 20_000, seconds: int = 10, agents: int
                 for n, offered in enumerate((rate, calm)):
                     if offered > 0:
                         url = asyncio.run(pg_server.create_database(server.url, f"estop{n}"))
-                        out = asyncio.run(_measure(stops, offered, seconds, agents, window,
-                                                   pool, DEFAULT_MAX_BATCH, url))
+                        out = run_on(_measure(stops, offered, seconds, agents, window,
+                                              pool, DEFAULT_MAX_BATCH, url), loop)
                         figures += _figures(out, offered, agents, DEFAULT_MAX_BATCH,
                                             "PostgreSQL, ")
     return figures
 
 
 def _tool_variant(stops: int, rate: int, seconds: int, agents: int, window: int,
-                  tools: bool) -> list[Figure]:
+                  tools: bool, loop: EventLoop = "auto") -> list[Figure]:
     """The stops under the first flood, the runs waiting (``tools`` False) or looping."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
-        out = asyncio.run(_measure(stops, rate, seconds, agents, window, pool,
-                                   DEFAULT_MAX_BATCH, tools=tools))
+        out = run_on(_measure(stops, rate, seconds, agents, window, pool,
+                              DEFAULT_MAX_BATCH, tools=tools), loop)
     return _figures(out, rate, agents, DEFAULT_MAX_BATCH)
 
 
 if __name__ == "__main__":
-    run(measure, stops=200, rate=20_000, seconds=10, agents=100, window=50, calm=5_000,
-        small_batch=500, postgres=1, idle=1, probe=0, flood_nice=0, tools=0)
+    run(measure, {"loop": ("auto", "asyncio", "uvloop")}, stops=200, rate=20_000, seconds=10,
+        agents=100, window=50, calm=5_000, small_batch=500, postgres=1, idle=1, probe=0,
+        flood_nice=0, tools=0)
