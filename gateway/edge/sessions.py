@@ -254,19 +254,71 @@ class Session:
                 self.drained.clear()
                 await self.drained.wait()
             self.inflight_bytes += len(raw)
-            if isinstance(frame, Submit) and frame.request.action is not None:
-                answering = self._control_now(frame)  # decided here, not a loop turn later
+            if isinstance(frame, Submit):
+                if frame.request.action is not None:
+                    answering = self._control_now(frame)  # decided here, not a turn later
+                elif self.endpoint == "feed" and self._submit_now(frame, len(raw)):
+                    continue
+                else:
+                    answering = self._answer(frame)
             else:
                 answering = self._answer(frame)
             task = spawn(answering, "answer")
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self._done, len(raw)))
 
-    def _done(self, size: int, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
+    def _done(self, size: int, task: asyncio.Task[None] | None = None) -> None:
+        if task is not None:
+            self.tasks.discard(task)
         self.slots.release()
         self.inflight_bytes -= size
         self.drained.set()
+
+    def _submit_now(self, frame: Submit, size: int) -> bool:
+        """A feed's one request decided at once, as it is read, with no task of its own: its
+        answer is sent from its commit's callback (`_submitted`). False (nothing taken): a
+        request its token may not send, answered by `_answer` as any other frame."""
+        principal = self.principal
+        assert principal is not None
+        try:
+            principal.check_submit(frame.request)
+        except GatewayError:
+            return False
+        intake = self.service.intake
+        intake.took(self, HELD_EVENTS)
+        try:
+            pending = self.service.way_in.take([frame.request], principal.name)[0]
+        except BaseException:
+            intake.settled(self, HELD_EVENTS)
+            raise
+        pending.add_done_callback(functools.partial(self._submitted, frame, size))
+        return True
+
+    def _submitted(self, frame: Submit, size: int, pending: asyncio.Future[Ack]) -> None:
+        """Send the answer of a request `_submit_now` took, once it is known (at once if
+        nothing holds the connection up, else by a task that waits for room)."""
+        self.service.intake.settled(self, HELD_EVENTS)
+        if pending.cancelled():  # (the store closed under it: the connection goes too)
+            self._done(size)
+            return
+        error = pending.exception()
+        answer: BaseModel
+        if error is None:
+            answer = ack_frame(pending.result(), frame.id)
+        elif isinstance(error, Busy):
+            answer = BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms)
+        elif isinstance(error, Exception):
+            answer = error_frame(error, id=frame.id, request_id=frame.request.request_id)
+        else:  # (the loop is being torn down: nothing to answer)
+            self._done(size)
+            return
+        text = answer.model_dump_json(exclude_none=True)
+        if self.send_now(text):
+            self._done(size)
+            return
+        task = spawn(self.send_text(text), "answer")
+        self.tasks.add(task)
+        task.add_done_callback(functools.partial(self._done, size))
 
     async def _validate(self, data: Any) -> Any:
         """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`)."""
@@ -436,7 +488,7 @@ class Session:
         if self.endpoint != "feed":
             yield
             return
-        events = 2 * requests  # a request and its decision, most often
+        events = HELD_EVENTS * requests
         self.service.intake.took(self, events)
         try:
             yield
@@ -469,6 +521,11 @@ class Session:
             results.append(ack_frame(answer) if isinstance(answer, Ack)
                            else error_frame(answer, request_id=request.request_id))
         return results
+
+
+HELD_EVENTS = 2
+"""Events a feed's request waits for the log with, for the intake's shares: the request
+and its decision, most often."""
 
 
 def _subprotocol_token(offered: str) -> str:

@@ -289,6 +289,29 @@ async def test_the_auth_matrix(live: Live) -> None:
         assert (await receive(ws))["code"] == "forbidden"
 
 
+async def test_feed_submits_of_one_request_are_each_answered_by_their_frame_id(
+        live: Live) -> None:
+    """A feed's single submits are decided as they are read and answered from their commit
+    (no task each): every frame gets its own answer, an accepted, deduped or refused one."""
+    async with live.socket("feed", "feed-secret") as ws:
+        requests = [trigger("btc", f"k{n % 5}") for n in range(20)] + [trigger("nobody")]
+        frames = [{"type": "submit", "id": f"f{n}", "request": r}
+                  for n, r in enumerate(requests[:20])]
+        frames.append({"type": "submit", "id": "nobody", "request": requests[-1]})
+        for frame in frames:
+            await ws.send(json.dumps(frame))
+        answers: dict[str, dict[str, Any]] = {}
+        while len(answers) < len(frames):
+            answer = await receive(ws)
+            answers[answer["id"]] = answer
+    decisions = [answers[f"f{n}"]["decision"] for n in range(20)]
+    assert decisions[:5] == ["accepted"] * 5 and set(decisions[5:]) == {"deduped"}
+    assert answers["nobody"]["type"] == "error" and answers["nobody"]["code"] == "unknown_agent"
+    assert answers["nobody"]["requestId"] == requests[-1]["requestId"]
+    assert [answers[f"f{n}"]["requestId"] for n in range(20)] == \
+        [r["requestId"] for r in requests[:20]]
+
+
 async def test_the_http_queue_api(live: Live, reasoner: ManualReasoner) -> None:
     async with live.client() as http:
         ack = (await http.post("/api/agents/btc/requests", json=trigger("btc"))).json()
