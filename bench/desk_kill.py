@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import statistics
 import tempfile
 import time
@@ -49,6 +48,7 @@ import uvicorn
 from bench.common import Figure, run
 from bench.ws_ingest import CONTROL_TOKEN, TOKENS, agent_names
 from gateway.edge.app import create_app
+from gateway.edge.server import bind
 from gateway.edge.service import Service
 from gateway.llm.reasoner import RunContext, RunResult
 from gateway.runtime.engine import Engine
@@ -139,10 +139,7 @@ async def gateway(db: Path, agents: list[str], broker: Broker
         finally:
             await engine.stop()
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
+    sock = bind("127.0.0.1", 0)  # as `gateway serve` binds (Nagle off on each connection)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(service, lifespan=lifespan),
                                            log_level="warning", lifespan="on"))

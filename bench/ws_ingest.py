@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
-import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -43,7 +42,7 @@ from gateway.client import FeedClient
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.edge.auth import Principal, TokenBook
-from gateway.edge.server import join_cluster, uvicorn_config
+from gateway.edge.server import bind, join_cluster, uvicorn_config
 from gateway.edge.service import Service
 from gateway.llm.reasoner import Reasoner, RunContext, RunResult
 from gateway.runtime.engine import Engine
@@ -89,10 +88,7 @@ async def gateway(db: Path | str, agents: dict[str, AgentConfig],
     service = Service(engine=engine, tokens=TOKENS, peers=peers, router=router,
                       cluster_secret="bench-cluster" if clustered else None)
     ready = asyncio.Event()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
+    sock = bind("127.0.0.1", 0)  # as `gateway serve` binds (Nagle off on each connection)
     port = sock.getsockname()[1]
 
     @contextlib.asynccontextmanager
