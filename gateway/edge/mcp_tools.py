@@ -176,8 +176,9 @@ class Tools:
         ]}
 
     def visible(self, principal: Principal) -> list[ToolSpec]:
-        """The tools ``principal`` may call: a viewer the reading ones only."""
-        if principal.role is Role.FEED:
+        """The tools ``principal`` may call: a viewer the reading ones only; a feed or a
+        worker token none (it reads no agent: each would be refused)."""
+        if principal.role in (Role.FEED, Role.WORKER):
             return []
         return [s for s in self.specs.values()
                 if s.reads or principal.role in (Role.CONTROL, Role.ADMIN)]

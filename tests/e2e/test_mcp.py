@@ -1,21 +1,20 @@
 """The gateway's tools over MCP, end to end: the SDK's own client against a live gateway over
-Streamable HTTP (each role, each tool, a busy answer, refusals that record nothing) and
-through the ``gateway mcp`` stdio bridge in another process."""
+Streamable HTTP (each tool, busy answers, bad arguments, refusals that record nothing, agent
+callers' depth and fan-out). Each role calling each tool, over HTTP and through the
+``gateway mcp`` stdio bridge, is in test_mcp_roles."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
@@ -261,39 +260,39 @@ async def test_an_agent_scoped_caller_has_a_fan_out_limit_and_going_over_records
 async def test_bad_arguments_are_tool_errors_naming_the_field(tmp_path: Path) -> None:
     async with gateway(tmp_path) as live, mcp(live, "control-secret") as session:
         before = await live.engine.store.last_position()
-        cases: list[tuple[str, dict[str, Any], str]] = [
-            ("call_agent", {"agentId": "eth", "message": "x", "timeoutSeconds": -1},
-             "timeoutSeconds"),
+        cases: list[tuple[str, dict[str, Any], str]] = [  # (each tool at least once)
+            ("list_agents", {"agentId": "eth"}, "agentId"),
+            ("agent_status", {"agentId": "no such agent"}, "agentId"),
             ("send_message", {"agentId": "eth", "message": "x", "colour": "red"}, "colour"),
             ("send_message", {"message": "x"}, "agentId"),
-            ("story", {"agentId": "eth", "at": 10**9}, "at"),
+            ("send_message", {"agentId": "eth", "message": ""}, "message"),
+            ("send_message", {"agentId": "eth", "message": "x", "priority": "urgent"},
+             "priority"),
+            ("call_agent", {"agentId": "eth", "message": "x", "timeoutSeconds": -1},
+             "timeoutSeconds"),
+            ("call_agent", {"agentId": "eth", "message": "x", "ifBusy": "maybe"}, "ifBusy"),
+            ("call_agent", {"agentId": "eth", "message": "x", "requestId": ""}, "requestId"),
+            ("emergency_stop", {"agentId": "eth", "reason": "x" * 501}, "reason"),
+            ("resume", {}, "agentId"),
+            ("list_approvals", {"agentId": 7}, "agentId"),
             ("approve", {"agentId": "eth"}, "approvalId"),
+            ("reject", {"agentId": "eth", "approvalId": ""}, "approvalId"),
+            ("story", {"agentId": "eth", "at": 10**9}, "at"),
+            ("story", {"agentId": "eth", "around": 101}, "around"),
+            ("story", {"agentId": "eth", "from": -1}, "from"),
+            ("story", {"agentId": "eth", "from": 0, "to": 10**9}, "to"),
+            ("search_log", {"agentId": "eth", "text": ""}, "text"),
+            ("search_log", {"agentId": "eth", "text": "x", "limit": 201}, "limit"),
+            ("search_log", {"agentId": "eth", "text": "x", "before": 0}, "before"),
             ("nothing_here", {}, "name"),
         ]
+        assert {tool for tool, _, _ in cases} == ALL_TOOLS | {"nothing_here"}
         for tool, arguments, field in cases:
             frame = error(await session.call_tool(tool, arguments))
-            assert frame["field"] == field, (tool, frame)
+            assert (frame["code"], frame.get("field")) == ("invalid", field), (tool, frame)
         unknown = error(await session.call_tool("agent_status", {"agentId": "nobody"}))
         assert unknown["code"] == "unknown_agent"
         assert await live.engine.store.last_position() == before
-
-
-@pytest.mark.slow
-async def test_the_stdio_bridge_forwards_to_the_gateway(tmp_path: Path) -> None:
-    async with gateway(tmp_path) as live:
-        env = {**os.environ, "GW_MCP_TOKEN": "control-secret"}
-        params = StdioServerParameters(
-            command=sys.executable, args=["-m", "gateway", "mcp", "--url", f"{live.http}/mcp",
-                                          "--token-env", "GW_MCP_TOKEN"], env=env)
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            await asyncio.wait_for(session.initialize(), 30)
-            assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
-            answered = body(await session.call_tool("call_agent", {
-                "agentId": "eth", "message": "via stdio"}))
-            assert answered["status"] == "returned" and answered["answer"] == \
-                "eth heard via stdio"
-            refused = error(await session.call_tool("emergency_stop", {"agentId": "zzz"}))
-            assert refused["code"] == "unknown_agent"
 
 
 class Loop:
