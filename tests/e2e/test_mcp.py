@@ -398,3 +398,51 @@ async def test_calls_in_flight_wait_on_one_follower_of_the_log(
         assert [(a["status"], a["answer"]) for a in answers] == [
             ("returned", f"{agent} heard {message}") for agent, message in asked]
         assert len(opened) == 1, opened  # (one follower for the three: it was one each)
+
+
+class Caller:
+    """``a``'s run calls ``b`` over MCP as itself, ``calls`` times one after another (each
+    answered before the next), and keeps what each call was answered."""
+
+    def __init__(self, calls: int) -> None:
+        self.live: Live | None = None
+        self.calls = calls
+        self.answers: list[dict[str, Any]] = []
+
+    def __call__(self, _agent_id: str) -> Caller:
+        return self
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        assert self.live is not None
+        if ctx.agent_id == "a":
+            async with mcp(self.live, "a-secret") as session:
+                for n in range(self.calls):
+                    result = await session.call_tool("call_agent", {
+                        "agentId": "b", "message": f"call {n}", "ifBusy": "queue",
+                        "timeoutSeconds": TIMEOUT})
+                    self.answers.append(error(result) if result.is_error else body(result))
+        return RunResult(outcome=Outcome.NO_TRADE, answer=f"{ctx.agent_id} done")
+
+
+async def test_an_agent_callers_calls_in_a_run_count_against_its_max_calls_per_run(
+        tmp_path: Path) -> None:
+    caller = Caller(calls=4)
+    agents = {"a": AgentConfig(mode=Mode.FOLLOWUP, max_calls_per_run=2),
+              "b": AgentConfig(mode=Mode.FOLLOWUP)}
+    tokens = {"a-secret": Principal("a", Role.CONTROL, frozenset({"b"}))}
+    async with running(SqliteEventStore(tmp_path / "events.db"), agents, caller,
+                       tokens=tokens) as live:
+        caller.live = live
+        async with mcp(live, "control-secret") as session:
+            body(await session.call_tool("send_message", {"agentId": "a", "message": "go"}))
+        completed = await next_event(live.engine.store, "RunCompleted")
+        while json.loads(completed.data)["run_id"] != "a-r1":
+            completed = await next_event(live.engine.store, "RunCompleted", completed.position)
+        # one after another, never two out at once: still two calls for the run, as a run's
+        # sub-agent calls are (the third and fourth refused, and not recorded)
+        assert [a.get("status") or a["code"] for a in caller.answers] == [
+            "returned", "returned", "forbidden", "forbidden"], caller.answers
+        assert "fan-out limit" in caller.answers[2]["message"], caller.answers[2]
+        received = [r for r in await live.engine.store.read_stream("b")
+                    if r.type == "RequestReceived"]
+        assert len(received) == 2

@@ -96,7 +96,7 @@ async def busy(live: Live, session: ClientSession, script: Script) -> None:
     script.hold.set()
 
 
-async def exercise(tmp_path: Path, token: str, over_bridge: bool) -> None:
+async def check_each_tool(tmp_path: Path, token: str, over_bridge: bool) -> None:
     script = Script()
     script.hold.clear()
     async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, script,
@@ -111,11 +111,11 @@ async def exercise(tmp_path: Path, token: str, over_bridge: bool) -> None:
 
 @pytest.mark.parametrize("token", sorted(LISTED))
 async def test_each_role_calls_each_tool_over_http(tmp_path: Path, token: str) -> None:
-    await exercise(tmp_path, token, over_bridge=False)
+    await check_each_tool(tmp_path, token, over_bridge=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("token", sorted(LISTED))
 async def test_each_role_calls_each_tool_through_the_stdio_bridge(tmp_path: Path,
                                                                   token: str) -> None:
-    await exercise(tmp_path, token, over_bridge=True)
+    await check_each_tool(tmp_path, token, over_bridge=True)

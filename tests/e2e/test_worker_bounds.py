@@ -1,17 +1,23 @@
 """Workers' bounds, over a real server and raw frames: a frame for a run given to another
 worker is refused ``unknown_run`` and changes nothing; a result's orders and calls are
 applied once, and a second result is refused and only recorded as discarded; a worker's
-model calls take slots of the agent's provider gate, so the desk's limits hold for it."""
+model calls take slots of the agent's provider gate, so the desk's limits hold for it; the
+SDK sends ``failed`` for an exception of the agent's function and cancels the function on a
+``cancel``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+from gateway.base.tasks import spawn
+from gateway.client import Worker, WorkerRun
 from lanes import verify
 from lanes.events import OrderAccepted, RunFinished
 from tests.e2e.test_workers import (
+    TIMEOUT,
     W1,
     W2,
     gateway,
@@ -20,8 +26,9 @@ from tests.e2e.test_workers import (
     send,
     submit,
     types_of,
+    ws_url,
 )
-from tests.gateway.support import log_of, next_event
+from tests.gateway.support import log_of, next_event, until
 
 NOT_GIVEN: list[dict[str, Any]] = [  # each frame a worker sends, for desk-r1
     {"type": "slot", "runId": "desk-r1"},
@@ -107,4 +114,47 @@ async def test_a_workers_slot_is_one_of_the_providers_gate_and_holds_the_desks_l
         while len(done) < 2:
             done.append(await next_event(store, "RunCompleted",
                                          done[-1].position if done else queued.position))
+        assert verify(await log_of(store)) is None
+
+
+async def test_the_sdk_sends_failed_for_an_exception_and_a_cancel_cancels_the_function(
+        tmp_path: Path) -> None:
+    async with gateway(tmp_path) as (running, http):
+        store = running.service.engine.store
+        worker = Worker(ws_url(running), W1)
+        seen: list[str] = []
+
+        @worker.agent("desk")
+        async def desk(run: WorkerRun) -> dict[str, Any]:
+            if run.run_id == "desk-r1":
+                raise ValueError("the model is down")
+            await run.slot(input_tokens=10)
+            try:
+                await asyncio.Event().wait()  # (a model call that takes its time)
+            except asyncio.CancelledError:
+                seen.append(f"{run.run_id} cancelled")
+                raise
+            return {"outcome": "no_trade"}
+
+        task = spawn(worker.run(), "worker")
+        try:
+            await asyncio.wait_for(worker.ready.wait(), TIMEOUT)
+            await submit(http, "look-1")
+            failed = await next_event(store, "RunFailed")
+            assert json.loads(failed.data)["error"].endswith("ValueError: the model is down")
+            await submit(http, "look-2")
+            granted = await next_event(store, "SlotGranted", failed.position)
+            stopped = await http.post("/api/agents/desk/control",
+                                      json={"action": "emergency_stop"})
+            assert stopped.status_code == 200, stopped.text
+
+            async def cancelled() -> bool:
+                return seen == ["desk-r2 cancelled"]
+            await until(cancelled, "the run's function cancelled")
+        finally:
+            worker.stop()
+            await task
+        aborted = await next_event(store, "RunAborted", granted.position)
+        assert json.loads(aborted.data)["run_id"] == "desk-r2"
+        assert worker.errors == []  # (nothing of the cancelled run was sent, so none refused)
         assert verify(await log_of(store)) is None
