@@ -112,7 +112,7 @@ class McpServer:
                 self._settled.set()
                 await self._stop.wait()
         except Exception as error:  # a server that cannot be reached: its tools fail
-            self.error = _why(error)
+            self.error = error_text(error)
             log.warning("MCP server %s is not reachable: %s", spec.name, self.error)
         finally:
             self._session = None
@@ -143,11 +143,11 @@ class McpServer:
         except Exception as error:  # a server that errs is a tool error, never a failure
             if self._task is not None:  # (its connection may be gone: open it again)
                 self._task.cancel()
-            return False, f"MCP server {self.spec.name}: {_why(error)}"
+            return False, f"MCP server {self.spec.name}: {error_text(error)}"
         return not result.is_error, _text(result)
 
 
-def _why(error: BaseException) -> str:
+def error_text(error: BaseException) -> str:
     """What went wrong, from the first error inside the SDK's task groups."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]

@@ -207,6 +207,12 @@ async def test_a_busy_agent_answers_busy_with_a_retry_after(tmp_path: Path) -> N
         busy = body(await session.call_tool("call_agent", {"agentId": "eth", "message": "now?"}))
         assert busy["status"] == "busy", busy
         assert isinstance(busy["retryAfterSeconds"], int) and busy["retryAfterSeconds"] >= 1
+        # queued, and not answered within its timeout: it says so, and the call stays queued
+        late = body(await session.call_tool("call_agent", {
+            "agentId": "eth", "message": "soon?", "ifBusy": "queue", "timeoutSeconds": 0.2,
+            "requestId": "late-1"}))
+        assert late["status"] == "timeout" and "stays in the agent's queue" in late["reason"]
+        assert [p.request.request_id for p in live.engine.state("eth").pending] == ["late-1"]
         # asked to queue, it waits for its turn and is answered
         queued = asyncio.ensure_future(session.call_tool("call_agent", {
             "agentId": "eth", "message": "later", "ifBusy": "queue"}))

@@ -119,3 +119,20 @@ async def test_each_role_calls_each_tool_over_http(tmp_path: Path, token: str) -
 async def test_each_role_calls_each_tool_through_the_stdio_bridge(tmp_path: Path,
                                                                   token: str) -> None:
     await check_each_tool(tmp_path, token, over_bridge=True)
+
+
+@pytest.mark.slow
+async def test_the_bridge_with_a_refused_token_or_none_says_why_in_one_line(
+        tmp_path: Path) -> None:
+    async with running(SqliteEventStore(tmp_path / "events.db"), AGENTS, Script()) as live:
+        for token, code, words in (("wrong-secret", 1, "401"), ("", 2, "is not set")):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway", "mcp", "--url", f"{live.http}/mcp",
+                "--token-env", "GW_MCP_TOKEN", env={**os.environ, "GW_MCP_TOKEN": token},
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(process.communicate(b""), 60)
+            said = err.decode().strip()
+            assert process.returncode == code and out == b"", (code, said)
+            assert said.startswith("gateway mcp: ") and words in said, said
+            assert "Traceback" not in said and len(said.splitlines()) == 1, said
