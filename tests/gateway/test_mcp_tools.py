@@ -1,7 +1,9 @@
 """Tools of an MCP server for an agent's model: a small MCP server started by the test (the
-official SDK, over stdio); its allowed tools are offered beside the built-ins, each call and
-result recorded; a tool that hangs, one that raises and a server that cannot start are tool
-errors the model reads, within the timeout, while the control lane answers."""
+official SDK, over stdio, and over streamable HTTP with a header from the environment); its
+allowed tools are offered beside the built-ins, each call and result recorded, a tool it has
+but the allow-list leaves out refused; a tool that hangs, one that raises and a server that
+cannot start or refuses the connection are tool errors the model reads, within the timeout,
+while the control lane answers and another agent's run goes on."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from gateway.base.clock import SystemClock
 from gateway.config.mcp import McpServerConfig
 from gateway.llm.mcp_tools import START_S, McpServerSpec, McpTools
 from gateway.llm.port import Completion, ToolCall
-from gateway.llm.reasoner import LLMReasoner
+from gateway.llm.reasoner import LLMReasoner, RunContext, RunResult
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, Mode, verify
+from lanes.events import Outcome
 from store import MemoryEventStore
 from tests.gateway.mcp_news_server import http_app
 from tests.gateway.support import control, log_of, next_event, request, until
@@ -45,11 +48,20 @@ async def engine_with(client: ScriptedLLM, command: tuple[str, ...], timeout_ms:
                                           command=command, timeout_ms=timeout_ms)]})
     reasoner = LLMReasoner(client)
     engine = Engine(store, {"btc": AgentConfig(mode=Mode.FOLLOWUP, mcp_tools=TOOLS,
-                                                     tools=builtin)},
-                    clock=SystemClock(), reasoners=lambda _: reasoner, mcp=mcp)
+                                                     tools=builtin),
+                            "eth": AgentConfig(mode=Mode.FOLLOWUP)},
+                    clock=SystemClock(), mcp=mcp,
+                    reasoners=lambda agent: reasoner if agent == "btc" else Quick())
     await engine.start()
     mcp.start()
     return engine, store, mcp
+
+
+class Quick:
+    """An agent beside: answers at once."""
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        return RunResult(outcome=Outcome.NO_TRADE, answer="quick")
 
 
 async def test_an_agent_calls_an_mcp_servers_tools_and_every_failure_is_a_tool_error() -> None:
@@ -66,7 +78,10 @@ async def test_an_agent_calls_an_mcp_servers_tools_and_every_failure_is_a_tool_e
     await next_event(store, "ModelCalled")
     stop = await engine.submit(control("btc", "pause"))  # the control lane never waits
     assert stop.decision == "accepted"
-    await next_event(store, "RunCompleted")
+    await engine.submit(request("eth"))  # nor another agent: its run ends meanwhile
+    first = await next_event(store, "RunCompleted")
+    assert first.stream == "eth" and engine.state("btc").active is not None
+    await next_event(store, "RunCompleted", first.position)
     offered = {spec.name for spec in mcp.specs("btc", TOOLS)}
     assert offered == set(TOOLS)
     headline, boom, hang = client.calls[1][2].tool_results
