@@ -296,9 +296,14 @@ def _mcp_bridge(url: str, variable: str) -> int:
               file=sys.stderr)
         return 2
     from gateway.edge.mcp import bridge
+    from gateway.llm.mcp_tools import error_text
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    asyncio.run(bridge(url, token))
+    try:
+        asyncio.run(bridge(url, token))
+    except Exception as error:  # (the gateway unreachable, or refusing the token)
+        print(f"gateway mcp: {url}: {error_text(error)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -49,6 +49,7 @@ NOT_FAST = (
     # not in-process
     "service/test_providers.py",  # the official SDKs against a fake provider served by uvicorn
     "replay/test_snapshots.py::test_a_snapshot_folded_by_a_worker_process",  # a worker process
+    "gateway/test_mcp_tools.py",  # an MCP server in a process (stdio), one served by uvicorn
     # in-process, but over a second each on a quiet machine
     "lanes/test_gate_fairness.py::test_a_saturated_gate_uses_nearly_all_its_binding_limit",
     "gateway/test_replays.py::test_an_agent_at_every_position_is_its_plain_replay",

@@ -123,13 +123,29 @@ class Mcp:
             structured_content=body)
 
 
+class BridgeRefused(Exception):
+    """The gateway refused the bridge's token or origin (401, 403)."""
+
+
+async def _refused(response: httpx2.Response) -> None:
+    """Raise `BridgeRefused` for a 401 or 403, with the gateway's own words (the SDK would
+    say only "Server returned an error response")."""
+    if response.status_code in (401, 403):
+        await response.aread()
+        try:
+            said = str(response.json().get("message", ""))
+        except ValueError:
+            said = response.text[:200]
+        raise BridgeRefused(f"answered {response.status_code}: {said}")
+
+
 async def bridge(url: str, token: str) -> None:
     """A stdio MCP server whose tools are those of the gateway at ``url`` (its ``/mcp``),
     called with ``token``: for desktop MCP clients that start a command."""
     timeout = httpx2.Timeout(30.0, read=MAX_CALL_TIMEOUT_S + 30.0)
     async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                           timeout=timeout) as http,
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
+                           event_hooks={"response": [_refused]}) as http,
         streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as remote,
     ):

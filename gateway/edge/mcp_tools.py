@@ -31,8 +31,8 @@ from lanes.requests import AGENT_ID_PATTERN, ControlAction, Kind, Priority, Wire
 MAX_CALL_TIMEOUT_S = 300.0
 """The longest a ``call_agent`` waits for its answer."""
 DEFAULT_FAN_OUT = 10
-"""Calls an agent-scoped caller may have out at once when its name is no configured agent
-(the default ``maxCallsPerRun`` of a run)."""
+"""Calls an agent-scoped caller in no run may have out at once when its name is no
+configured agent (the default ``maxCallsPerRun`` of a run)."""
 MAX_RETRY_AFTER_S = 60
 
 
@@ -141,6 +141,9 @@ class Tools:
         """The ``call_agent`` calls waiting for their ends, on one follower of the log."""
         self.out: Counter[str] = Counter()
         """Calls each agent-scoped caller has out now (its fan-out)."""
+        self.made: Counter[tuple[str, str]] = Counter()
+        """(agent, run id) -> the calls an agent-scoped caller made in that run of its
+        agent (it counts against the run's ``maxCallsPerRun``, as its own calls do)."""
         self.specs = {spec.name: spec for spec in [
             ToolSpec("list_agents", "Every agent in the token's scope: trading state, lane, "
                      "queue length, and why it is blocked (halted, held, over budget, cooling "
@@ -176,8 +179,9 @@ class Tools:
         ]}
 
     def visible(self, principal: Principal) -> list[ToolSpec]:
-        """The tools ``principal`` may call: a viewer the reading ones only."""
-        if principal.role is Role.FEED:
+        """The tools ``principal`` may call: a viewer the reading ones only; a feed or a
+        worker token none (it reads no agent: each would be refused)."""
+        if principal.role in (Role.FEED, Role.WORKER):
             return []
         return [s for s in self.specs.values()
                 if s.reads or principal.role in (Role.CONTROL, Role.ADMIN)]
@@ -263,6 +267,26 @@ class Tools:
             return self.engine.state(principal.name).config.max_calls_per_run
         return DEFAULT_FAN_OUT
 
+    def _count_call(self, principal: Principal, parent: str | None) -> None:
+        """Count an agent-scoped caller's call against its fan-out limits (`Forbidden`
+        over one, nothing counted): at most ``maxCallsPerRun`` out at once, and in a run of
+        its agent at most that many in the run, with the sub-agent calls the run sent."""
+        name = principal.name
+        limit = self._fan_out(principal)
+        if self.out[name] >= limit:
+            raise Forbidden(f"fan-out limit: {name!r} has {self.out[name]} calls out, its "
+                            "limit; wait for one")
+        for key in [k for k in self.made if k[0] == name and k[1] != parent]:
+            del self.made[key]  # (runs of its agent that ended)
+        if parent is not None:
+            run = self.engine.state(name).active
+            made = self.made[name, parent] + (run.sent if run is not None else 0)
+            if made >= limit:
+                raise Forbidden(f"fan-out limit: run {parent} of {name!r} made {made} "
+                                f"calls, its maxCallsPerRun ({limit})")
+            self.made[name, parent] += 1
+        self.out[name] += 1
+
     def _retry_after(self, agent_id: str) -> int:
         """A guess of when a busy agent is free: its active run's deadline, bounded."""
         run = self.engine.state(agent_id).active
@@ -299,16 +323,13 @@ class Tools:
             payload["parentRunId"] = parent
         request = self._request(principal, args, Kind.AGENT_CALL, payload,
                                 "reject" if args.if_busy == "reject" else None)
-        scoped = principal.agents is not None
-        if scoped and self.out[principal.name] >= self._fan_out(principal):
-            raise Forbidden(f"fan-out limit: {principal.name!r} has "
-                            f"{self.out[principal.name]} calls out, its limit; wait for one")
         if self.waits.full:
             return self._busy(args.agent_id, request.request_id,
                               f"{self.waits.waiting} calls are waiting for their answers, "
                               "the most this gateway follows at once", 1)
+        scoped = principal.agents is not None
         if scoped:
-            self.out[principal.name] += 1
+            self._count_call(principal, parent)
         try:
             async with self.waits.watch(args.agent_id, request.request_id) as wait:
                 try:

@@ -5,7 +5,8 @@ of their tools its model is offered, beside the built-ins, as ``<server>__<tool>
 Each server is one connection kept by a task of its own (the SDK's `ClientSession`), opened
 at the start and again after it drops (at most once per `RECONNECT_S`). A call is bounded by
 the server's ``timeout_ms``: a server that is down, hangs or errors gives the model a tool
-error within it, and never holds a control, another agent or the event loop. The tools'
+error within it (one whose connection failed, at once, with why), and never holds a control,
+another agent or the event loop. The tools'
 descriptions and schemas are the server's own, listed when the connection opens.
 """
 
@@ -30,10 +31,10 @@ from gateway.llm.port import ToolSpec
 
 log = logging.getLogger("gateway.mcp")
 RECONNECT_S = 5.0
+"""The least time between two attempts to open a server's connection."""
 START_S = 30.0
 """The least time a server is given to start and list its tools (a stdio server is a process
 that imports its SDK first: seconds on a loaded machine), whatever its calls' bound."""
-"""The least time between two attempts to open a server's connection."""
 SEPARATOR = "__"
 
 
@@ -61,7 +62,8 @@ class McpServer:
         self.tools: dict[str, types.Tool] = {}
         """Its tools, by name (as listed when the connection opened)."""
         self._session: ClientSession | None = None
-        self._ready = asyncio.Event()
+        self._settled = asyncio.Event()
+        """Set once an attempt to connect has connected or failed (cleared at the next)."""
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._tried = 0.0
@@ -75,7 +77,7 @@ class McpServer:
         if time.monotonic() - self._tried < RECONNECT_S and self._tried:
             return
         self._tried = time.monotonic()
-        self._ready.clear()
+        self._settled.clear()
         self._task = spawn(self._hold(), f"mcp server {self.spec.name}")
 
     async def stop(self) -> None:
@@ -107,14 +109,14 @@ class McpServer:
                 if missing:
                     log.warning("MCP server %s has no tool %s", spec.name, ", ".join(missing))
                 self._session, self.error = session, None
-                self._ready.set()
+                self._settled.set()
                 await self._stop.wait()
         except Exception as error:  # a server that cannot be reached: its tools fail
-            self.error = f"{type(error).__name__}: {error}"[:500]
+            self.error = error_text(error)
             log.warning("MCP server %s is not reachable: %s", spec.name, self.error)
         finally:
             self._session = None
-            self._ready.clear()
+            self._settled.set()
 
     def specs(self) -> list[ToolSpec]:
         """Its allowed tools as the model is offered them (those it listed)."""
@@ -129,7 +131,7 @@ class McpServer:
         self.start()
         try:
             async with asyncio.timeout(timeout):
-                await self._ready.wait()
+                await self._settled.wait()  # (a server known unreachable fails at once)
                 session = self._session
                 if session is None:
                     raise ConnectionError(self.error or "not connected")
@@ -141,8 +143,15 @@ class McpServer:
         except Exception as error:  # a server that errs is a tool error, never a failure
             if self._task is not None:  # (its connection may be gone: open it again)
                 self._task.cancel()
-            return False, f"MCP server {self.spec.name}: {type(error).__name__}: {error}"
+            return False, f"MCP server {self.spec.name}: {error_text(error)}"
         return not result.is_error, _text(result)
+
+
+def error_text(error: BaseException) -> str:
+    """What went wrong, from the first error inside the SDK's task groups."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"[:500]
 
 
 def _text(result: types.CallToolResult) -> str:

@@ -1,21 +1,20 @@
 """The gateway's tools over MCP, end to end: the SDK's own client against a live gateway over
-Streamable HTTP (each role, each tool, a busy answer, refusals that record nothing) and
-through the ``gateway mcp`` stdio bridge in another process."""
+Streamable HTTP (each tool, busy answers, bad arguments, refusals that record nothing, agent
+callers' depth and fan-out). Each role calling each tool, over HTTP and through the
+``gateway mcp`` stdio bridge, is in test_mcp_roles."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
@@ -208,6 +207,12 @@ async def test_a_busy_agent_answers_busy_with_a_retry_after(tmp_path: Path) -> N
         busy = body(await session.call_tool("call_agent", {"agentId": "eth", "message": "now?"}))
         assert busy["status"] == "busy", busy
         assert isinstance(busy["retryAfterSeconds"], int) and busy["retryAfterSeconds"] >= 1
+        # queued, and not answered within its timeout: it says so, and the call stays queued
+        late = body(await session.call_tool("call_agent", {
+            "agentId": "eth", "message": "soon?", "ifBusy": "queue", "timeoutSeconds": 0.2,
+            "requestId": "late-1"}))
+        assert late["status"] == "timeout" and "stays in the agent's queue" in late["reason"]
+        assert [p.request.request_id for p in live.engine.state("eth").pending] == ["late-1"]
         # asked to queue, it waits for its turn and is answered
         queued = asyncio.ensure_future(session.call_tool("call_agent", {
             "agentId": "eth", "message": "later", "ifBusy": "queue"}))
@@ -261,39 +266,39 @@ async def test_an_agent_scoped_caller_has_a_fan_out_limit_and_going_over_records
 async def test_bad_arguments_are_tool_errors_naming_the_field(tmp_path: Path) -> None:
     async with gateway(tmp_path) as live, mcp(live, "control-secret") as session:
         before = await live.engine.store.last_position()
-        cases: list[tuple[str, dict[str, Any], str]] = [
-            ("call_agent", {"agentId": "eth", "message": "x", "timeoutSeconds": -1},
-             "timeoutSeconds"),
+        cases: list[tuple[str, dict[str, Any], str]] = [  # (each tool at least once)
+            ("list_agents", {"agentId": "eth"}, "agentId"),
+            ("agent_status", {"agentId": "no such agent"}, "agentId"),
             ("send_message", {"agentId": "eth", "message": "x", "colour": "red"}, "colour"),
             ("send_message", {"message": "x"}, "agentId"),
-            ("story", {"agentId": "eth", "at": 10**9}, "at"),
+            ("send_message", {"agentId": "eth", "message": ""}, "message"),
+            ("send_message", {"agentId": "eth", "message": "x", "priority": "urgent"},
+             "priority"),
+            ("call_agent", {"agentId": "eth", "message": "x", "timeoutSeconds": -1},
+             "timeoutSeconds"),
+            ("call_agent", {"agentId": "eth", "message": "x", "ifBusy": "maybe"}, "ifBusy"),
+            ("call_agent", {"agentId": "eth", "message": "x", "requestId": ""}, "requestId"),
+            ("emergency_stop", {"agentId": "eth", "reason": "x" * 501}, "reason"),
+            ("resume", {}, "agentId"),
+            ("list_approvals", {"agentId": 7}, "agentId"),
             ("approve", {"agentId": "eth"}, "approvalId"),
+            ("reject", {"agentId": "eth", "approvalId": ""}, "approvalId"),
+            ("story", {"agentId": "eth", "at": 10**9}, "at"),
+            ("story", {"agentId": "eth", "around": 101}, "around"),
+            ("story", {"agentId": "eth", "from": -1}, "from"),
+            ("story", {"agentId": "eth", "from": 0, "to": 10**9}, "to"),
+            ("search_log", {"agentId": "eth", "text": ""}, "text"),
+            ("search_log", {"agentId": "eth", "text": "x", "limit": 201}, "limit"),
+            ("search_log", {"agentId": "eth", "text": "x", "before": 0}, "before"),
             ("nothing_here", {}, "name"),
         ]
+        assert {tool for tool, _, _ in cases} == ALL_TOOLS | {"nothing_here"}
         for tool, arguments, field in cases:
             frame = error(await session.call_tool(tool, arguments))
-            assert frame["field"] == field, (tool, frame)
+            assert (frame["code"], frame.get("field")) == ("invalid", field), (tool, frame)
         unknown = error(await session.call_tool("agent_status", {"agentId": "nobody"}))
         assert unknown["code"] == "unknown_agent"
         assert await live.engine.store.last_position() == before
-
-
-@pytest.mark.slow
-async def test_the_stdio_bridge_forwards_to_the_gateway(tmp_path: Path) -> None:
-    async with gateway(tmp_path) as live:
-        env = {**os.environ, "GW_MCP_TOKEN": "control-secret"}
-        params = StdioServerParameters(
-            command=sys.executable, args=["-m", "gateway", "mcp", "--url", f"{live.http}/mcp",
-                                          "--token-env", "GW_MCP_TOKEN"], env=env)
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            await asyncio.wait_for(session.initialize(), 30)
-            assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
-            answered = body(await session.call_tool("call_agent", {
-                "agentId": "eth", "message": "via stdio"}))
-            assert answered["status"] == "returned" and answered["answer"] == \
-                "eth heard via stdio"
-            refused = error(await session.call_tool("emergency_stop", {"agentId": "zzz"}))
-            assert refused["code"] == "unknown_agent"
 
 
 class Loop:
@@ -399,3 +404,51 @@ async def test_calls_in_flight_wait_on_one_follower_of_the_log(
         assert [(a["status"], a["answer"]) for a in answers] == [
             ("returned", f"{agent} heard {message}") for agent, message in asked]
         assert len(opened) == 1, opened  # (one follower for the three: it was one each)
+
+
+class Caller:
+    """``a``'s run calls ``b`` over MCP as itself, ``calls`` times one after another (each
+    answered before the next), and keeps what each call was answered."""
+
+    def __init__(self, calls: int) -> None:
+        self.live: Live | None = None
+        self.calls = calls
+        self.answers: list[dict[str, Any]] = []
+
+    def __call__(self, _agent_id: str) -> Caller:
+        return self
+
+    async def run(self, ctx: RunContext) -> RunResult:
+        assert self.live is not None
+        if ctx.agent_id == "a":
+            async with mcp(self.live, "a-secret") as session:
+                for n in range(self.calls):
+                    result = await session.call_tool("call_agent", {
+                        "agentId": "b", "message": f"call {n}", "ifBusy": "queue",
+                        "timeoutSeconds": TIMEOUT})
+                    self.answers.append(error(result) if result.is_error else body(result))
+        return RunResult(outcome=Outcome.NO_TRADE, answer=f"{ctx.agent_id} done")
+
+
+async def test_an_agent_callers_calls_in_a_run_count_against_its_max_calls_per_run(
+        tmp_path: Path) -> None:
+    caller = Caller(calls=4)
+    agents = {"a": AgentConfig(mode=Mode.FOLLOWUP, max_calls_per_run=2),
+              "b": AgentConfig(mode=Mode.FOLLOWUP)}
+    tokens = {"a-secret": Principal("a", Role.CONTROL, frozenset({"b"}))}
+    async with running(SqliteEventStore(tmp_path / "events.db"), agents, caller,
+                       tokens=tokens) as live:
+        caller.live = live
+        async with mcp(live, "control-secret") as session:
+            body(await session.call_tool("send_message", {"agentId": "a", "message": "go"}))
+        completed = await next_event(live.engine.store, "RunCompleted")
+        while json.loads(completed.data)["run_id"] != "a-r1":
+            completed = await next_event(live.engine.store, "RunCompleted", completed.position)
+        # one after another, never two out at once: still two calls for the run, as a run's
+        # sub-agent calls are (the third and fourth refused, and not recorded)
+        assert [a.get("status") or a["code"] for a in caller.answers] == [
+            "returned", "returned", "forbidden", "forbidden"], caller.answers
+        assert "fan-out limit" in caller.answers[2]["message"], caller.answers[2]
+        received = [r for r in await live.engine.store.read_stream("b")
+                    if r.type == "RequestReceived"]
+        assert len(received) == 2

@@ -58,3 +58,23 @@ def test_every_http_route_is_in_the_openapi_document_and_the_protocol_doc() -> N
             if path.startswith("/api/"):
                 shown = path.replace("{agent_id}", "{id}").replace("{run_id}", "{runId}")
                 assert shown.split("{")[0].rstrip("/") in DOC, path
+
+
+def test_the_schema_command_prints_the_worker_frames_and_docs_workers_names_each(
+        capsys: object) -> None:
+    from gateway.edge.worker_protocol import WORKER_TYPES, GatewayToWorker
+
+    assert main(["schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    doc = (DOCS / "workers.md").read_text()
+    to_gateway = json.dumps(printed["worker"])
+    for kind in WORKER_TYPES:
+        assert f'"{kind}"' in to_gateway and f"| `{kind}` |" in doc, kind
+    to_worker = json.dumps(printed["gateway"])
+    union = get_args(get_args(GatewayToWorker)[0])
+    kinds = [get_args(model.model_fields["type"].annotation)[0] for model in union]
+    assert {"ready", "run", "cancel", "error"} <= set(kinds)
+    for kind in kinds:
+        assert f'"{kind}"' in to_worker and f"| `{kind}` |" in doc, kind
+    for code in ("unknown_run", "run_ended", "out_of_order", "step_budget"):
+        assert f"`{code}`" in doc, code

@@ -68,6 +68,7 @@ agents = ["plain"]
 [[providers]]
 name = "sim"
 kind = "simulated"
+{limits}
 
 [[agents]]
 id = "desk"
@@ -86,17 +87,20 @@ mode = "followup"
 [agents.reasoner]
 kind = "simulated"
 latency_ms = [1, 2]
-"""
+{plain}"""
 
 
 @contextlib.asynccontextmanager
 async def gateway(tmp_path: Path, heartbeat_ms: int = 200, missed: int = 50,
-                  mode: str = "followup") -> AsyncIterator[tuple[Running, httpx2.AsyncClient]]:
+                  mode: str = "followup", limits: str = "", plain_provider: str = ""
+                  ) -> AsyncIterator[tuple[Running, httpx2.AsyncClient]]:
     """A gateway serving the config (a worker silent ``heartbeat_ms`` x ``missed`` is lost:
-    10 s by default, so that only the test of heartbeats loses a silent one)."""
+    10 s by default, so that only the test of heartbeats loses a silent one; ``limits``:
+    the provider's, ``plain_provider``: a provider whose slots "plain"'s turns take)."""
+    plain = f'provider = "{plain_provider}"\n' if plain_provider else ""
     service = build_service(parse_config(CONFIG.format(
         ops=OPS, w1=W1, w2=W2, other=OTHER, heartbeat_ms=heartbeat_ms, missed=missed,
-        mode=mode)),
+        mode=mode, limits=limits, plain=plain)),
         tmp_path / "events.db")
     async with serving(service) as running, httpx2.AsyncClient(
             base_url=running.url, timeout=TIMEOUT,

@@ -1,11 +1,16 @@
-"""A small MCP server for the tests (stdio): a tool that answers, one that hangs, one that
-raises. Run as ``python tests/gateway/mcp_news_server.py``."""
+"""A small MCP server for the tests: a tool that answers, one that hangs, one that raises.
+Over stdio: ``python tests/gateway/mcp_news_server.py``; over streamable HTTP: `http_app`,
+which asks for a bearer token first."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 server = MCPServer("news")
 
@@ -27,6 +32,21 @@ async def hang() -> str:
 def boom() -> str:
     """Always fails."""
     raise ToolError("the news feed is down")
+
+
+def http_app(token: str) -> ASGIApp:
+    """The server over streamable HTTP at ``/mcp``: a request without ``Authorization:
+    Bearer <token>`` is answered 401."""
+    inner: Any = server.streamable_http_app(json_response=True, stateless_http=True)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers", ()))
+        if scope["type"] == "http" and headers.get(b"authorization") != \
+                f"Bearer {token}".encode():
+            await PlainTextResponse("no", status_code=401)(scope, receive, send)
+            return
+        await inner(scope, receive, send)
+    return app
 
 
 if __name__ == "__main__":
