@@ -8,7 +8,7 @@ import base64
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,6 +19,7 @@ from gateway.base.roles import Role
 from gateway.base.tasks import spawn
 from gateway.edge.answers import ack_frame, error_frame
 from gateway.edge.auth import Principal
+from gateway.edge.decided_now import HELD_EVENTS, DecidedNow
 from gateway.edge.desk import kill_answer, kill_desk
 from gateway.edge.frames import (
     NO_TURN,
@@ -81,7 +82,7 @@ def partial_ws(service: Service, endpoint: str) -> Callable[[WebSocket], Awaitab
     return handle
 
 
-class Session:
+class Session(DecidedNow):
     """One WebSocket connection: authenticate, then frames in, answers out."""
 
     def __init__(self, service: Service, websocket: WebSocket, endpoint: str) -> None:
@@ -274,52 +275,6 @@ class Session:
         self.inflight_bytes -= size
         self.drained.set()
 
-    def _submit_now(self, frame: Submit, size: int) -> bool:
-        """A feed's one request decided at once, as it is read, with no task of its own: its
-        answer is sent from its commit's callback (`_submitted`). False (nothing taken): a
-        request its token may not send, answered by `_answer` as any other frame."""
-        principal = self.principal
-        assert principal is not None
-        try:
-            principal.check_submit(frame.request)
-        except GatewayError:
-            return False
-        intake = self.service.intake
-        intake.took(self, HELD_EVENTS)
-        try:
-            pending = self.service.way_in.take([frame.request], principal.name)[0]
-        except BaseException:
-            intake.settled(self, HELD_EVENTS)
-            raise
-        pending.add_done_callback(functools.partial(self._submitted, frame, size))
-        return True
-
-    def _submitted(self, frame: Submit, size: int, pending: asyncio.Future[Ack]) -> None:
-        """Send the answer of a request `_submit_now` took, once it is known (at once if
-        nothing holds the connection up, else by a task that waits for room)."""
-        self.service.intake.settled(self, HELD_EVENTS)
-        if pending.cancelled():  # (the store closed under it: the connection goes too)
-            self._done(size)
-            return
-        error = pending.exception()
-        answer: BaseModel
-        if error is None:
-            answer = ack_frame(pending.result(), frame.id)
-        elif isinstance(error, Busy):
-            answer = BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms)
-        elif isinstance(error, Exception):
-            answer = error_frame(error, id=frame.id, request_id=frame.request.request_id)
-        else:  # (the loop is being torn down: nothing to answer)
-            self._done(size)
-            return
-        text = answer.model_dump_json(exclude_none=True)
-        if self.send_now(text):
-            self._done(size)
-            return
-        task = spawn(self.send_text(text), "answer")
-        self.tasks.add(task)
-        task.add_done_callback(functools.partial(self._done, size))
-
     async def _validate(self, data: Any) -> Any:
         """The client frame of a frame's JSON value (`InvalidRequest` / `BadFrame`)."""
         return await validate_frame(data, self._turn)
@@ -388,37 +343,6 @@ class Session:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(
                         self.ws.close(code=POLICY_VIOLATION, reason="slow reader"), 1.0)
-
-    def _control_now(self, frame: Submit) -> Coroutine[Any, Any, None]:
-        """A control (stop, pause, resume, cancel) decided at once, as it is read: its run is
-        cancelled there and then; what it returns sends its ack after the commit."""
-        principal = self.principal
-        assert principal is not None
-        request = frame.request
-        pacer = self.service.pacer
-        pacer.hold()  # the feed's bulk work waits until this ack is out
-        try:
-            principal.check_submit(request)
-            pending = self.service.way_in.take([request], principal.name)[0]
-        except Exception as error:
-            pacer.release()
-            return self.send(error_frame(error, id=frame.id, request_id=request.request_id))
-        return self._acked(frame, pending)
-
-    async def _acked(self, frame: Submit, pending: Awaitable[Ack]) -> None:
-        """Send the ack of a control decided by `_control_now` (which held the pacer)."""
-        try:
-            try:
-                ack = await pending
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                await self.send(error_frame(error, id=frame.id,
-                                            request_id=frame.request.request_id))
-            else:
-                await self.send(ack_frame(ack, frame.id))
-        finally:
-            self.service.pacer.release()
 
     async def _answer(self, frame: Any) -> None:
         try:
@@ -521,11 +445,6 @@ class Session:
             results.append(ack_frame(answer) if isinstance(answer, Ack)
                            else error_frame(answer, request_id=request.request_id))
         return results
-
-
-HELD_EVENTS = 2
-"""Events a feed's request waits for the log with, for the intake's shares: the request
-and its decision, most often."""
 
 
 def _subprotocol_token(offered: str) -> str:

@@ -684,10 +684,11 @@ class EventStoreContract:
     async def test_an_urgent_append_overtakes_other_streams_but_never_its_own(
         self, store: GroupCommitStore
     ) -> None:
-        # Queued together (the writer has not run yet): a flood on two streams, then urgent.
-        flood = [store.append(app(stream)) for _ in range(50) for stream in ("a", "b")]
-        urgent = store.append(Append("a", [ev()], None, urgent=True))
-        after = store.append(app("b"))
+        # Queued together, in one call (a writer on its own thread may take a batch between
+        # two calls of `append`): a flood on two streams, then urgent, then one more of b.
+        *flood, urgent, after = store.append_many(
+            [app(stream) for _ in range(50) for stream in ("a", "b")]
+            + [Append("a", [ev()], None, urgent=True), app("b")])
         stop = await wait(urgent)
         await wait(asyncio.gather(*flood, after))
         a_before = [r for f in flood[0::2] for r in f.result()]
