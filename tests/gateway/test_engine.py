@@ -566,7 +566,7 @@ async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_or
 
     agent = next(iter(AGENTS))
     batch = [request(agent, dedupe_key=f"k{n}") for n in range(3 * DECIDE_STEP)]
-    pacer = Pacer()
+    pacer = Pacer(burst_s=0)  # (each step on a turn of its own)
     submitting = asyncio.ensure_future(take_all(engine, batch, pacer=pacer))
     # Run until the batch has decided its first step for the agent, not appended yet...
     for _ in range(100):

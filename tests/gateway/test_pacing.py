@@ -1,5 +1,5 @@
-"""The pacer: bulk work takes one unit per turn of the event loop, so whatever else becomes
-ready meanwhile runs before the rest of it."""
+"""The pacer: bulk work takes one short burst per turn of the event loop, so whatever else
+becomes ready meanwhile runs before the rest of it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gateway.base.pacing import Pacer
 
 
 async def test_work_that_becomes_ready_runs_between_units_not_after_them() -> None:
-    pacer = Pacer()
+    pacer = Pacer(burst_s=0)  # (a burst of one unit: each on a turn of its own)
     order: list[str] = []
 
     async def bulk(name: str) -> None:
@@ -34,7 +34,7 @@ async def test_work_that_becomes_ready_runs_between_units_not_after_them() -> No
 
 
 async def test_no_unit_starts_while_urgent_work_holds_the_pacer() -> None:
-    pacer = Pacer()
+    pacer = Pacer(burst_s=0.001, clock=lambda: 0.0)  # (every unit within the burst)
     order: list[str] = []
 
     async def bulk() -> None:
@@ -54,3 +54,56 @@ async def test_no_unit_starts_while_urgent_work_holds_the_pacer() -> None:
         assert order == []
     await asyncio.wait_for(flood, 1.0)  # the last one answered: the bulk work goes on
     assert order == ["unit0", "unit1", "unit2"]
+
+
+async def test_units_within_a_burst_run_in_its_turn_and_the_next_waits_for_a_fresh_one(
+) -> None:
+    now = [0.0]
+    pacer = Pacer(burst_s=0.001, clock=lambda: now[0])
+    order: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    async def bulk() -> None:
+        for n in range(6):
+            async with pacer.turn():
+                order.append(f"unit{n}")
+                if n == 0:  # a control frame becomes ready during the first unit
+                    loop.call_soon(order.append, "stop")
+                now[0] += 0.0004  # each unit takes 0.4 ms of the clock
+
+    await asyncio.wait_for(bulk(), 1.0)
+    # A burst is the units that start within 1 ms of its first: three of 0.4 ms; the fourth
+    # waits for a fresh turn, so the stop that became ready meanwhile runs before it.
+    assert order == ["unit0", "unit1", "unit2", "stop", "unit3", "unit4", "unit5"]
+    assert pacer.turns == 6
+
+
+async def test_a_burst_ends_with_its_turn_and_a_hold_ends_it_at_once() -> None:
+    pacer = Pacer(burst_s=1.0, clock=lambda: 0.0)  # (every unit within the burst's time)
+    order: list[str] = []
+
+    async def unit(name: str) -> None:
+        async with pacer.turn():
+            order.append(name)
+
+    await unit("a")
+    await unit("b")  # the same turn as a: no turn of the loop in between
+    assert order == ["a", "b"]
+    await asyncio.sleep(0)  # the turn is over: the burst ended with it
+    later = asyncio.create_task(unit("c"))
+    other = asyncio.create_task(unit_marker(order))
+    await asyncio.gather(later, other)
+    assert order == ["a", "b", "mark", "c"]  # c waited for a fresh turn: the mark ran first
+    pacer.hold()  # urgent work: no unit starts, whatever the burst
+    held = asyncio.create_task(unit("d"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert "d" not in order
+    pacer.release()
+    await asyncio.wait_for(held, 1.0)
+    assert order[-1] == "d"
+
+
+async def unit_marker(order: list[str]) -> None:
+    """Work that became ready beside the bulk work."""
+    order.append("mark")
