@@ -5,6 +5,7 @@ them, the state at a moment, the diff of two positions, and a zoomable time axis
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from playwright.async_api import Page, expect
 
 from gateway.edge.server import Running
 from gateway.tools.timeline import timeline_command
-from tests.browser.conftest import OpenPanel, screenshot
+from tests.browser.conftest import OpenPanel, resize, screenshot
 from tests.browser.live import VIEWER, agent, http, live_gateway, panel_config, request, submit
 from tests.gateway.support import until
 
@@ -186,3 +187,73 @@ async def test_time_travel_tells_the_agents_story_with_jumps_a_diff_and_a_zoomab
         day = await page.evaluate("import('./js/views/timeline.js').then((m) => "
                                   "m.tickLabel(new Date(2026, 10, 27, 12).getTime(), 864e5))")
         assert day == "27 Nov", day
+
+
+AXIS_SPANS_MS = {"10 ms": 10, "35 ms": 35, "250 ms": 250, "1 s": 1_000, "15 s": 15_000,
+                 "1 min": 60_000, "10 min": 600_000, "1 h": 3_600_000, "6 h": 21_600_000,
+                 "2 days": 172_800_000, "9 days": 777_600_000}
+PHASES = 23
+"""Each span is drawn from this many starts a little apart, so ticks fall everywhere between
+the edges: whether a label shows must not hang on where the log's times happen to fall."""
+
+DRAW_AXES = """async ({spans, phases}) => {
+  const {createTimeline} = await import('./js/views/timeline.js');
+  const host = document.createElement('div');
+  host.style.cssText = 'position: absolute; left: 0; top: 0; width: 100%';
+  document.body.append(host);
+  const timeline = createTimeline({}, 'fixed', {loadEarlier: async () => {}});
+  host.append(timeline.el);
+  const axis = timeline.el.querySelector('svg.axis');
+  const drawn = [];
+  for (const [name, span] of Object.entries(spans)) {
+    for (let k = 0; k < phases; k++) {
+      const first = new Date(2026, 10, 27, 17, 55, 18).getTime() + Math.round(span * k / phases);
+      timeline.set([0, 0.4, 1].map((share, i) => ({position: i + 1, type: 'ControlApplied',
+        recordedAt: first + Math.round(share * span), data: {}})), false);
+      const box = axis.getBoundingClientRect();
+      const labels = [...axis.querySelectorAll('text.tick')].map((t) => {
+        const r = t.getBoundingClientRect();
+        return {text: t.textContent, left: r.left - box.left, right: r.right - box.left};
+      });
+      drawn.push({name, k, width: box.width, labels});
+    }
+  }
+  host.remove();
+  return drawn;
+}"""
+
+
+def axis_faults(axis: dict[str, Any]) -> list[str]:
+    """What is wrong with the labels of one drawn axis: fewer than two, the zone not on the
+    first alone, one cut by an edge, or two that touch."""
+    labels, width = axis["labels"], axis["width"]
+    texts = [label["text"] for label in labels]
+    faults = []
+    if len(labels) < 2:
+        faults.append("fewer than two labels")
+    if not texts or not texts[0].endswith(" GMT+5:30") or any("GMT" in t for t in texts[1:]):
+        faults.append("the zone is not on the first label alone")
+    if any(label["left"] < 0 or label["right"] > width for label in labels):
+        faults.append("a label cut by an edge")
+    if any(a["right"] >= b["left"] for a, b in pairwise(labels)):
+        faults.append("two labels touch")
+    return [f"{axis['name']} (start {axis['k']}/{PHASES}, axis {width:.0f} px): {fault}: {texts}"
+            for fault in faults]
+
+
+async def test_the_travel_axis_shows_two_labels_the_first_zoned_at_every_span_and_width(
+    tmp_path: Path, open_panel: OpenPanel
+) -> None:
+    db = tmp_path / "axis.db"
+    async with live_gateway(panel_config(db, [agent("other")], hooked=[]), db,
+                            feed=False) as running:
+        page = await open_panel(running.url, VIEWER, timezone_id="Asia/Kolkata")
+        faults = []
+        for window in (390, 768, 1280, 1920):
+            await resize(page, window, 844)
+            drawn: list[dict[str, Any]] = await page.evaluate(
+                DRAW_AXES, {"spans": AXIS_SPANS_MS, "phases": PHASES})
+            assert len(drawn) == len(AXIS_SPANS_MS) * PHASES
+            faults += [f"{window} px window, {fault}" for axis in drawn
+                       for fault in axis_faults(axis)]
+        assert not faults, f"{len(faults)} faults:\n" + "\n".join(faults)

@@ -64,6 +64,56 @@ export function tickLabel(ms, step, withDate) {
   return withDate ? `${date} ${text}` : text;
 }
 
+const MIN_TICK_PX = 8;  // ticks closer than this are a smear, not a scale
+const LABEL_GAP = 8;  // px at least between two labels of the axis
+const ruler = document.createElement("canvas").getContext("2d");
+ruler.font = "11px system-ui, sans-serif";  // as text.tick in panel.css
+
+/** How wide an axis label is drawn, in px, with a pixel of air each side. */
+function labelWidth(text) {
+  return ruler.measureText(text).width + 2;
+}
+
+/**
+ * The ticks of a time axis `width` px wide from `start` to `end` (ms), on round local times:
+ * {step, withDate, ticks: [{t, at (x in px), label (null: a mark alone)}]}. The step is the
+ * finest whose labels have a label's width between them; where that shows fewer than two
+ * labels (the first cut by an edge, the next too near the first's zone), a finer one,
+ * labelled where there is room. The first label says the zone ("14:05 UTC"), as every time
+ * of the panel does.
+ */
+export function axisTicks(start, end, width) {
+  const span = Math.max(1, end - start);
+  const px = (ms) => (ms / span) * (width - 2 * PAD);
+  const dated = (step) => span > 864e5 / 2 && step < 864e5;
+  const roomy = STEPS.findIndex((s) => px(s) >= 2 * labelWidth(tickLabel(end, s, dated(s))));
+  let fallback = null;
+  for (let i = roomy < 0 ? STEPS.length - 1 : roomy; i >= 0 && (!fallback || px(STEPS[i]) >= MIN_TICK_PX); i--) {
+    const step = STEPS[i];
+    const axis = {step, withDate: dated(step), ticks: labelledTicks(start, end, width, step, dated(step))};
+    if (axis.ticks.filter((tick) => tick.label).length >= 2) return axis;
+    fallback ??= axis;
+  }
+  return fallback;
+}
+
+/** Ticks every `step` ms, labelled where the label fits inside the axis, clear of the last. */
+function labelledTicks(start, end, width, step, withDate) {
+  const x = (t) => PAD + ((t - start) / Math.max(1, end - start)) * (width - 2 * PAD);
+  const offset = new Date(start).getTimezoneOffset() * 60_000;  // ticks on local boundaries
+  const ticks = [];
+  let last = null;  // where the last label ends
+  for (let t = Math.ceil((start - offset) / step) * step + offset; t <= end; t += step) {
+    const at = x(t);
+    const label = tickLabel(t, step, withDate) + (last === null ? ` ${ZONE}` : "");
+    const half = labelWidth(label) / 2;
+    const fits = at - half >= 0 && at + half <= width && (last === null || at - half >= last + LABEL_GAP);
+    ticks.push({t, at, label: fits ? label : null});
+    if (fits) last = at + half;
+  }
+  return ticks;
+}
+
 function svg(tag, attrs = {}) {
   const el = document.createElementNS(SVG, tag);
   for (const [name, value] of Object.entries(attrs)) el.setAttribute(name, String(value));
@@ -478,24 +528,13 @@ export function createTimeline(ctx, agentId, {loadEarlier}) {
     const x = (t) => PAD + ((t - start) / span) * (width - 2 * PAD);
     const colours = Object.fromEntries(KINDS.map(([kind, , colour]) => [kind, css(colour)]));
     const parts = [svg("line", {x1: PAD, x2: width - PAD, y1: BASE, y2: BASE, class: "axis-line"})];
-    const target = Math.max(5, Math.floor(width / 120));  // at least two ticks show (steps grow by 2.5x at most)
-    const stepMs = STEPS.find((s) => span / s <= target) ?? STEPS[STEPS.length - 1];
-    const withDate = span > 864e5 / 2 && stepMs < 864e5;
-    const offset = new Date(start).getTimezoneOffset() * 60_000;  // ticks on local boundaries
-    // The first label says the zone ("14:05 UTC"), as every time of the panel does; the one
-    // after it is left out where the two would meet (11 px text: about 6.5 px a character).
-    let previous = null;
-    for (let t = Math.ceil((start - offset) / stepMs) * stepMs + offset; t <= end; t += stepMs) {
-      const tx = x(t);
-      parts.push(svg("line", {x1: tx, x2: tx, y1: BASE, y2: BASE + 5, class: "tick-mark"}));
-      const label = tickLabel(t, stepMs, withDate) + (previous ? "" : ` ${ZONE}`);
-      const half = label.length * 3.25 + 2;
-      if (tx < half || tx > width - half) continue;  // a label cut by the edge says nothing
-      if (previous && tx - previous.at < previous.half + half + 4) continue;
-      const text = svg("text", {x: tx, y: BASE + 20, "text-anchor": "middle", class: "tick"});
+    const {step: stepMs, withDate, ticks} = axisTicks(start, end, width);
+    for (const {at, label} of ticks) {
+      parts.push(svg("line", {x1: at, x2: at, y1: BASE, y2: BASE + 5, class: "tick-mark"}));
+      if (label === null) continue;
+      const text = svg("text", {x: at, y: BASE + 20, "text-anchor": "middle", class: "tick"});
       text.textContent = label;
       parts.push(text);
-      previous = {at: tx, half};
     }
     const picked = entries[index ?? n - 1].recordedAt;
     if (picked >= start && picked <= end) {  // under the markers, so none is hidden
