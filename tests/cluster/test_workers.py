@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ OPS = "control-token-secret-1234"
 WORKER = "worker-token-secret-0001"
 AGENTS = tuple(f"w{n}" for n in range(16))
 """(Enough that each of two members is given some: all 16 to one has odds of 1 in 32,768.)"""
-CONFIG = f"""
+HEAD = f"""
 [server]
 host = "127.0.0.1"
 port = 0
@@ -41,7 +41,9 @@ lease_ms = {LEASE_MS}
 name = "ops"
 token = "{OPS}"
 role = "control"
-
+"""
+"""A member's config before its agents: a short lease, an operator's token (``OPS``)."""
+CONFIG = HEAD + f"""
 [[tokens]]
 name = "desk-worker"
 token = "{WORKER}"
@@ -64,11 +66,11 @@ async def member(db: str) -> AsyncIterator[Running]:
         yield running
 
 
-async def settled(members: list[Running]) -> None:
-    """Every agent owned by the member `assign` gives it."""
+async def settled(members: list[Running], agents: Sequence[str] = AGENTS) -> None:
+    """Every one of ``agents`` owned by the member `assign` gives it."""
     async def done() -> bool:
         ids = {m.cluster.member: m for m in members if m.cluster is not None}
-        wanted = assign(AGENTS, sorted(ids))
+        wanted = assign(agents, sorted(ids))
         return all(owned(m) >= {a for a, w in wanted.items() if w == name}
                    for name, m in ids.items())
     await until(done, "every agent owned by its member", TIMEOUT)

@@ -70,9 +70,19 @@ async def gateway(tmp_path: Path, script: Script | None = None) -> AsyncIterator
 @contextlib.asynccontextmanager
 async def mcp(live: Live, token: str) -> AsyncIterator[ClientSession]:
     """An MCP session of the SDK's client on the live gateway's /mcp, with ``token``."""
+    async with mcp_at(live.http, token) as session:
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def mcp_at(url: str, token: str, http_timeout_s: float = TIMEOUT
+                 ) -> AsyncIterator[ClientSession]:
+    """An MCP session of the SDK's client on ``url``'s /mcp (a gateway's base URL), with
+    ``token`` (each HTTP call given ``http_timeout_s``)."""
     async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT) as http,
-        streamable_http_client(f"{live.http}/mcp", http_client=http) as (read, write),
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                           timeout=http_timeout_s) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
