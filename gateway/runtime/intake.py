@@ -3,7 +3,8 @@
 `Intake.take` decides a list of requests and gives back one future per request: its ack
 once the decision is committed, or the `GatewayError` it is refused with (an unknown agent,
 say: the others go on). The requests of one agent in one call share one append (a `Group`:
-one future, one version check), so a batch costs far less than as many single requests.
+one future, one version check), so a batch costs far less than as many single requests; so
+do the single requests of one agent taken in one turn of the loop (appended at its end).
 Requests are decided `DECIDE_STEP` at a time, letting other work (a stop) run in between: a
 big batch never holds the loop for long; with a ``pacer`` (the feed's), each step takes its
 turn. A request that cannot be stored during a storage fault may be held
@@ -121,23 +122,41 @@ class Intake:
         self._engine = engine
         self.open = 0
         """Groups decided and not appended yet."""
+        self._turn: Batch | None = None
+        """What the takes of this turn of the loop decided (appended at its end)."""
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None,
              batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
         """Decide ``requests`` now, in order: one future each (see the module's docstring).
-        Into ``batch`` (`in_steps`), the appends wait for `finish`."""
-        own = batch is None
-        if batch is None:
-            batch = Batch()
+        Into ``batch`` (`in_steps`), the appends wait for `finish`. Without one, they wait
+        for the end of this turn of the loop, so that the requests of one agent taken one
+        by one in a turn (a feed's frames of one request each) share one append; a control
+        is appended at once, right after what was decided for its agent before it."""
+        loop = asyncio.get_running_loop()
         at = self._engine.clock.now_ms()
         answers: list[asyncio.Future[Ack]] = []
-        try:
-            self._place(requests, at, principal, batch, answers,
-                        asyncio.get_running_loop())
-        finally:
-            if own:
+        if batch is not None:
+            self._place(requests, at, principal, batch, answers, loop)
+            return answers
+        if any(request.kind is _CONTROL for request in requests):
+            batch = Batch()
+            try:
+                self._place(requests, at, principal, batch, answers, loop)
+            finally:
                 self.finish(batch)
+            return answers
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = Batch()
+            loop.call_soon(self._end_turn)
+        self._place(requests, at, principal, turn, answers, loop)
         return answers
+
+    def _end_turn(self) -> None:
+        """Append what the takes of the turn that just ended decided."""
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            self.finish(turn)
 
     def finish(self, batch: Batch) -> None:
         """Append what ``batch`` decided; its requests are answered after the commits."""

@@ -307,6 +307,9 @@ async def test_an_append_made_on_top_of_a_failed_one_names_that_failure_once_oth
     await engine.flush()
     store.holding = True
     first = asyncio.create_task(engine.submit(request("eth")))
+    while len(store.held) < 1:  # (taken in a later turn than the first: an append of its own)
+        store.arrived.clear()
+        await asyncio.wait_for(store.arrived.wait(), TIMEOUT)
     second = asyncio.create_task(engine.submit(request("eth")))  # decided on top of the first
     while len(store.held) < 2:
         store.arrived.clear()
@@ -402,6 +405,49 @@ async def test_many_concurrent_submitters_share_commits_and_lose_nothing(
     assert sorted(received) == sorted(r.request_id for r in requests)
     assert [e.position for e in log] == list(range(1, len(log) + 1))
     assert sum(isinstance(e.event, RunStarted) for e in log) >= 1
+    await assert_log_is_the_state(engine)
+    await engine.stop()
+
+
+class Recorded(FailingOnce):
+    """A store that notes each append it is given: stream, request ids, urgent."""
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__(inner)
+        self.appends: list[tuple[str, list[str], bool]] = []
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        ids = [e.data.split('"requestId":"')[1].split('"')[0] for e in append.events
+               if e.type == "RequestReceived"]
+        self.appends.append((append.stream, ids, append.urgent))
+        return super().append(append)
+
+
+async def test_the_requests_of_an_agent_taken_one_by_one_in_a_turn_share_one_append(
+    clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    """Single takes wait for the end of the loop's turn and go out as one append per agent
+    (a feed's frames of one request each); a control goes out at once, urgent, right after
+    what was decided for its agent before it; the next turn starts a new append."""
+    store = Recorded(MemoryEventStore(clock=clock.now_ms))
+    engine = Engine(store, AGENTS, clock=clock, reasoners=lambda _: reasoner)  # type: ignore[arg-type]
+    await engine.start()
+    await engine.flush()
+    store.appends.clear()
+    first = [request("btc"), request("eth"), request("btc"), request("sol")]
+    answers = [engine.take([r])[0] for r in first]
+    assert store.appends == []  # nothing yet: the turn has not ended
+    stop = control("btc", "pause")
+    answers += engine.take([stop])
+    assert store.appends == [("btc", [first[0].request_id, first[2].request_id], False),
+                             ("btc", [stop.request_id], True)]
+    acks = await asyncio.wait_for(asyncio.gather(*answers), TIMEOUT)
+    assert [a.decision for a in acks] == ["accepted"] * 5
+    assert sorted(store.appends[2:]) == [("eth", [first[1].request_id], False),
+                                         ("sol", [first[3].request_id], False)]
+    later = request("eth")
+    assert (await engine.submit(later)).decision == "accepted"
+    assert store.appends[-1] == ("eth", [later.request_id], False)
     await assert_log_is_the_state(engine)
     await engine.stop()
 
