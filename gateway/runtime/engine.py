@@ -267,6 +267,7 @@ class Engine:
         sub-agent call is delivered (or recorded as undeliverable), and (unless ``rebuilt``
         is False) every agent rebuilt after a failed commit is back: while the log cannot
         be written, an agent cut off in a run is rebuilt again and again."""
+        self.intake.end_turn()  # (what this turn's takes decided is appended now)
         while self._in_flight or self.calls.deliveries or (rebuilt and self._rebuilds):
             waiting: list[asyncio.Future[Any]] = [
                 *self._in_flight, *self.calls.deliveries, *(self._rebuilds if rebuilt else ())
@@ -343,10 +344,9 @@ class Engine:
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None = None,
              batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
-        """The one way in for requests: each is decided now, in order (its effects too: a
-        stop's run is cancelled there and then), and gets one answer: its ack once its
-        decision is committed, or the `GatewayError` it is refused with. A long list goes
-        in steps (`gateway.runtime.intake.in_steps`)."""
+        """The one way in for requests: each is decided now, in order (a stop's run is
+        cancelled there and then), and gets one answer: its ack once its decision is
+        committed, or the `GatewayError` it is refused with (`Intake.take`)."""
         return self.intake.take(requests, principal, batch)
 
     def finish(self, batch: Batch) -> None:

@@ -148,12 +148,13 @@ class Intake:
         turn = self._turn
         if turn is None:
             turn = self._turn = Batch()
-            loop.call_soon(self._end_turn)
+            loop.call_soon(self.end_turn)
         self._place(requests, at, principal, turn, answers, loop)
         return answers
 
-    def _end_turn(self) -> None:
-        """Append what the takes of the turn that just ended decided."""
+    def end_turn(self) -> None:
+        """Append what the takes of this turn of the loop decided (at its end, or sooner:
+        `Engine.flush`)."""
         turn, self._turn = self._turn, None
         if turn is not None:
             self.finish(turn)

@@ -452,6 +452,14 @@ async def test_the_requests_of_an_agent_taken_one_by_one_in_a_turn_share_one_app
     await engine.stop()
 
 
+async def test_a_flush_in_the_turn_of_a_take_waits_for_its_commit(engine: Engine) -> None:
+    """What a turn's takes decided counts as decided for `Engine.flush` (and so for a stop)
+    before the turn ends."""
+    answer = engine.take([request("btc")])[0]
+    await engine.flush()
+    assert answer.done() and answer.result().decision == "accepted"
+
+
 async def test_submit_many_answers_each_request_in_place(engine: Engine) -> None:
     batch = [request("btc", dedupeKey="a"), request("nobody"), request("eth", dedupeKey="b"),
              request("btc", dedupeKey="a"), request("btc", dedupeKey="c")]
