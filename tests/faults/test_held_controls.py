@@ -117,6 +117,7 @@ async def test_a_stop_decided_while_an_earlier_commit_is_under_way_is_held(
     # The earlier commit lands after the stop was decided: it does not store the stop.
     engine, store, _ = running
     [earlier] = engine.take([request("btc")])
+    engine.intake.end_turn()  # (appended now, not at the end of the loop's turn)
     store.refusing = True  # (the earlier append is in the store already)
     stop = control("btc", "emergency_stop")
     with pytest.raises(StorageFailed, match="holds it") as refused:
