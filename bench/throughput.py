@@ -1,7 +1,7 @@
 """Durable requests per second through the engine (submit -> decision after commit), as a
 ratio to raw ``sqlite3.executemany`` in batches of 1000 writing the very same rows into the
-same schema, measured in the same run. The engine runs on the event loop ``--loop`` names
-(by default the one `gateway serve` picks: uvloop on Linux).
+same schema (the best of three runs), measured in the same run. The engine runs on the event
+loop ``--loop`` names (by default the one `gateway serve` picks: uvloop on Linux).
 
     uv run python -m bench.throughput [--requests N] [--agents N] [--loop auto|asyncio|uvloop]
 """
@@ -92,9 +92,12 @@ def measure(count: int = 100_000, agents: int = 100, concurrency: int = 4_000,
             loop: EventLoop = "auto") -> list[Figure]:
     """Engine (on the event loop ``loop``) vs raw SQLite, same rows, same run."""
     with tempfile.TemporaryDirectory() as tmp:
-        engine_db, raw_db = Path(tmp, "engine.db"), Path(tmp, "raw.db")
+        engine_db = Path(tmp, "engine.db")
         engine_s, rows = run_on(engine_run(engine_db, count, agents, concurrency), loop)
-        raw_s, raw_rows = raw_run(engine_db, raw_db)
+        # The yardstick's best of three: one run is a few dozen fsyncs, and varied 46-83k
+        # req/s between runs on this machine (the ratio then said more of the disk than of
+        # the engine); its best is the conservative bar.
+        raw_s, raw_rows = min(raw_run(engine_db, Path(tmp, f"raw{n}.db")) for n in range(3))
         many_db = Path(tmp, "many.db")
         many_s, _ = run_on(engine_run(many_db, count, agents, concurrency, batched=True), loop)
     per_request = rows / count
@@ -105,7 +108,7 @@ def measure(count: int = 100_000, agents: int = 100, concurrency: int = 4_000,
         Figure("engine, one submit per request: durable requests/s", engine_rps, "req/s"),
         Figure("engine, submit_many x100: durable requests/s", many_rps, "req/s"),
         Figure("events written per request", per_request, "rows"),
-        Figure("raw sqlite3 executemany x1000, same rows", raw_rps, "req/s"),
+        Figure("raw sqlite3 executemany x1000, same rows, best of 3", raw_rps, "req/s"),
         Figure("engine (one submit per request) / raw sqlite3", engine_rps / raw_rps, "x",
                ">= 0.5"),
         Figure("engine (submit_many x100) / raw sqlite3", many_rps / raw_rps, "x", ">= 0.5"),
