@@ -38,6 +38,7 @@ from lanes.requests import AgentRequest, Kind
 from store.port import NewEvent, RecordedEvent
 
 log = logging.getLogger("gateway.controls")
+_bugs = logging.getLogger("gateway.runtime.intake")
 
 if TYPE_CHECKING:
     from gateway.base.pacing import Pacer
@@ -156,14 +157,31 @@ class Intake:
         """Append what the takes of this turn of the loop decided (at its end, or sooner:
         `Engine.flush`)."""
         turn, self._turn = self._turn, None
-        if turn is not None:
+        if turn is None:
+            return
+        try:
             self.finish(turn)
+        except Exception:  # (no caller to raise it to: its requests were told, `finish`)
+            _bugs.exception("appending what a turn of the loop decided failed")
 
     def finish(self, batch: Batch) -> None:
-        """Append what ``batch`` decided; its requests are answered after the commits."""
+        """Append what ``batch`` decided; its requests are answered after the commits. An
+        append that raises (a bug) is raised after the others went, its requests answered
+        with it and its agent rebuilt from the log."""
+        bugs: dict[Group, Exception] = {}
         for group in batch.groups.values():
-            self.close(group)
+            try:
+                self.close(group)
+            except Exception as error:
+                bugs[group] = error
+                group.agent.core.recover(None)
         for group, waiting in batch.placed.items():
+            bug = bugs.get(group)
+            if bug is not None:
+                for item in waiting:
+                    if not item.future.done():
+                        item.future.set_exception(bug)
+                continue
             commit = group.outcome.commit
             if commit is None:
                 self._settle(group, waiting, None)
@@ -171,6 +189,8 @@ class Intake:
                 commit.add_done_callback(partial(self._settle, group, waiting))
         batch.groups.clear()
         batch.placed.clear()
+        if bugs:
+            raise next(iter(bugs.values()))
 
     def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None,
                batch: Batch, answers: list[asyncio.Future[Ack]],

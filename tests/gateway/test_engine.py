@@ -460,6 +460,41 @@ async def test_a_flush_in_the_turn_of_a_take_waits_for_its_commit(engine: Engine
     assert answer.done() and answer.result().decision == "accepted"
 
 
+class Raising(FailingOnce):
+    """A store whose appends to ``eth``, once ``raising``, raise (a bug: an append it cannot
+    even queue)."""
+
+    raising = False
+
+    def append(self, append: Append) -> asyncio.Future[list[RecordedEvent]]:
+        if append.stream == "eth" and self.raising:
+            raise ValueError("a malformed append")
+        return super().append(append)
+
+
+async def test_a_bug_appending_at_the_end_of_a_turn_is_told_its_requests_and_the_rest_go_on(
+    clock: FakeClock, reasoner: ManualReasoner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nobody called the end of the turn to be raised to: the requests of the append that
+    raised are answered with the error (none waits forever), the other agents' go on, the
+    agent is rebuilt from the log, and the error is logged."""
+    store = Raising(MemoryEventStore(clock=clock.now_ms))
+    engine = Engine(store, AGENTS, clock=clock, reasoners=lambda _: reasoner)  # type: ignore[arg-type]
+    await engine.start()
+    await engine.flush()
+    store.raising = True
+    answers = [engine.take([request(agent)])[0] for agent in ("eth", "btc")]
+    done, _ = await asyncio.wait(answers, timeout=TIMEOUT)
+    assert len(done) == 2
+    assert isinstance(answers[0].exception(), ValueError)
+    assert answers[1].result().decision == "accepted"
+    assert "appending what a turn of the loop decided failed" in caplog.text
+    store.raising = False
+    await engine.flush()  # (the rebuild: the state is the log's again)
+    await assert_log_is_the_state(engine)
+    await engine.stop(graceful=False)
+
+
 async def test_submit_many_answers_each_request_in_place(engine: Engine) -> None:
     batch = [request("btc", dedupeKey="a"), request("nobody"), request("eth", dedupeKey="b"),
              request("btc", dedupeKey="a"), request("btc", dedupeKey="c")]
