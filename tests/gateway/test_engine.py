@@ -647,14 +647,31 @@ async def test_a_graceful_stop_records_runs_in_flight_and_the_next_start_reruns_
     await engine.stop()
 
 
+async def test_a_paced_batch_is_decided_in_shorter_steps_than_an_unpaced_one(
+    engine: Engine,
+) -> None:
+    """A feed's batch (paced) takes a turn of its pacer every `PACED_STEP` requests, so that
+    a stop's frame waits for less of it to be read; the acks are the same either way."""
+    from gateway.base.pacing import Pacer
+    from gateway.runtime.intake import DECIDE_STEP, PACED_STEP
+
+    assert PACED_STEP < DECIDE_STEP
+    batch = [request("btc", dedupe_key=f"k{n}") for n in range(DECIDE_STEP + 1)]
+    pacer = Pacer(burst_s=0)
+    acks = await asyncio.wait_for(take_all(engine, batch, pacer=pacer), TIMEOUT)
+    assert pacer.turns == -(-len(batch) // PACED_STEP)
+    assert [getattr(a, "decision", a) for a in acks] == ["accepted"] * len(batch)
+    await assert_log_is_the_state(engine)
+
+
 async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_order(
     engine: Engine,
 ) -> None:
     from gateway.base.pacing import Pacer
-    from gateway.runtime.intake import DECIDE_STEP
+    from gateway.runtime.intake import PACED_STEP
 
     agent = next(iter(AGENTS))
-    batch = [request(agent, dedupe_key=f"k{n}") for n in range(3 * DECIDE_STEP)]
+    batch = [request(agent, dedupe_key=f"k{n}") for n in range(3 * PACED_STEP)]
     pacer = Pacer(burst_s=0)  # (each step on a turn of its own)
     submitting = asyncio.ensure_future(take_all(engine, batch, pacer=pacer))
     # Run until the batch has decided its first step for the agent, not appended yet...
