@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -78,6 +78,18 @@ def first_difference(given: Any, read: Any, path: str = "") -> str | None:
     return path or "(event)"
 
 
+class _Writer(NamedTuple):
+    """How a codec writes the events of one class (its serializer called directly: the
+    adapter's `dump_json` adds a layer of keyword handling to every call)."""
+
+    name: str
+    to_json: Callable[..., bytes]
+    optional: tuple[tuple[str, Any], ...] | None
+    """`Codec`'s ``written_when_set`` for the class."""
+    marker: str | None
+    """What its data starts with at the current version (None: version 1)."""
+
+
 class Codec(Generic[E]):
     """Encodes and decodes one family of event classes (agents', providers')."""
 
@@ -100,12 +112,14 @@ class Codec(Generic[E]):
         self._adapters: dict[str, TypeAdapter[Any]] = {
             name: TypeAdapter(cls) for name, cls in self.types.items()
         }
-        self._by_class = {cls: self._adapters[name] for name, cls in self.types.items()}
         # Data written at the current version starts with this marker (none at version 1).
         self._markers: dict[str, str] = {
             name: f"{_ANY_MARKER}{version}" for name, version in self.upcasters.versions.items()
         }
-        self._marker_by_class = {self.types[name]: m for name, m in self._markers.items()}
+        self._writers = {cls: _Writer(name, self._adapters[name].serializer.to_json,
+                                      self._written_when_set.get(cls),
+                                      self._markers.get(name))
+                         for name, cls in self.types.items()}
 
     def version(self, type_name: str) -> int:
         """The version of ``type_name`` this code writes."""
@@ -113,18 +127,16 @@ class Codec(Generic[E]):
 
     def encode(self, event: E) -> tuple[str, str]:
         """The type name and JSON text of an event (at its type's current version)."""
-        cls = type(event)
-        optional = self._written_when_set.get(cls)
+        name, to_json, optional, marker = self._writers[type(event)]
         if optional is None:
-            text = self._by_class[cls].dump_json(event, by_alias=True, context=_STORED).decode()
+            text = to_json(event, by_alias=True, context=_STORED).decode()
         else:
-            unset = {name for name, default in optional if getattr(event, name) == default}
-            text = self._by_class[cls].dump_json(event, by_alias=True, exclude=unset or None,
-                                                 context=_STORED).decode()
-        marker = self._marker_by_class.get(cls)
+            unset = {field for field, default in optional if getattr(event, field) == default}
+            text = to_json(event, by_alias=True, exclude=unset or None,
+                           context=_STORED).decode()
         if marker is not None:
             text = marker + ("}" if text == "{}" else "," + text[1:])
-        return cls.__name__, text
+        return name, text
 
     def encode_checked(self, event: E) -> tuple[str, str]:
         """`encode`, refusing (`Unrepeatable`) an event that would not `decode` back equal:

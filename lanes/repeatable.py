@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from math import isfinite
 from typing import Any, Final
 
 from pydantic_core import TzInfo
@@ -31,12 +30,12 @@ from lanes.requests import (
     _SURROGATE,
     IF_BUSY,
     MAX_INT,
-    MAX_JSON_DEPTH,
     MIN_INT,
     AgentRequest,
     Kind,
     Priority,
     payload_problem,
+    plain_json,
 )
 
 _TEXTS: Final = ("request_id", "agent_id", "dedupe_key", "message_id", "source")
@@ -64,28 +63,6 @@ _LIMITS: Final = {name: _limits(name) for name in _TEXTS}
 
 def _text(value: Any) -> bool:
     return type(value) is str and (value.isascii() or _SURROGATE.search(value) is None)
-
-
-def _json(value: Any, depth: int) -> bool:
-    """Whether ``value`` is JSON that reads back equal: plain dicts (string keys), lists,
-    strings without lone surrogates, 64-bit integers, finite floats, booleans and None,
-    at most `MAX_JSON_DEPTH` levels deep. Exact types only: a subclass is not known."""
-    kind = type(value)
-    if kind is str:
-        return value.isascii() or _SURROGATE.search(value) is None
-    if kind is int:
-        return bool(MIN_INT <= value <= MAX_INT)
-    if kind is float:
-        return isfinite(value)
-    if value is None or kind is bool:
-        return True
-    if depth >= MAX_JSON_DEPTH:
-        return False
-    if kind is dict:
-        return all(_text(key) and _json(item, depth + 1) for key, item in value.items())
-    if kind is list:
-        return all(_json(item, depth + 1) for item in value)
-    return False
 
 
 def _timestamp(value: Any) -> bool:
@@ -121,7 +98,7 @@ def request_reads_back(request: AgentRequest) -> bool:
     # (the payload is checked whole again: it is the one part that is not immutable)
     return (type(kind) is Kind and type(fields["priority"]) is Priority
             and _timestamp(fields["created_at"]) and type(payload) is dict
-            and _json(payload, 0) and payload_problem(kind, payload) is None)
+            and plain_json(payload, 0) and payload_problem(kind, payload) is None)
 
 
 def received_reads_back(event: RequestReceived) -> bool:

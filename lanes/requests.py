@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -38,6 +38,48 @@ _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
+def plain_json(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON that reads back equal: plain dicts (string keys), lists,
+    strings without lone surrogates, 64-bit integers, finite floats, booleans and None,
+    at most `MAX_JSON_DEPTH` levels deep. Exact types only: a subclass is not known.
+    (Written out, scalars in place: it runs on every request's payload, twice: validation
+    asks it before `_json_problem` looks for what is wrong, `lanes.repeatable` at the log's
+    door.)"""
+    kind = type(value)
+    if kind is dict:
+        if depth >= MAX_JSON_DEPTH:
+            return False
+        for key in value:
+            if type(key) is not str or not (key.isascii() or _SURROGATE.search(key) is None):
+                return False
+        items: Iterable[Any] = value.values()
+    elif kind is list:
+        if depth >= MAX_JSON_DEPTH:
+            return False
+        items = value
+    else:
+        return _scalar(value, kind)
+    depth += 1
+    for item in items:
+        kind = type(item)
+        if kind is dict or kind is list:
+            if not plain_json(item, depth):
+                return False
+        elif not _scalar(item, kind):
+            return False
+    return True
+
+
+def _scalar(value: Any, kind: type[Any]) -> bool:
+    if kind is str:
+        return value.isascii() or _SURROGATE.search(value) is None
+    if kind is int:
+        return bool(MIN_INT <= value <= MAX_INT)
+    if kind is float:
+        return math.isfinite(value)
+    return value is None or kind is bool
+
+
 def _json_problem(value: Any, path: str, depth: int) -> str | None:
     """What makes ``value`` unfit to be stored as JSON and read back the same, if anything."""
     if isinstance(value, str):
@@ -68,6 +110,8 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
 
 
 def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    if plain_json(value):
+        return value
     problem = _json_problem(value, "payload", 0)
     if problem is not None:
         raise PydanticCustomError("json_value", "{problem}", {"problem": problem})

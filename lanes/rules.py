@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lanes.config import DAY_MS, HOUR_MS, AgentConfig, DedupeStrategy, DropPolicy, Mode
-from lanes.requests import RANK, AgentRequest, Priority
+from lanes.requests import RANK, AgentRequest, Kind, Priority
 from lanes.spending import spend_blocks
 from lanes.state import AgentState, Pending
 from lanes.tables import MODES, ORDER_REFUSALS
@@ -27,8 +27,10 @@ def dedupe_key(request: AgentRequest, config: AgentConfig) -> str | None:
 def fingerprint(request: AgentRequest) -> str:
     """What must match for a resubmission to count as the same request (the time may not:
     a client that resends fills ``createdAt`` anew)."""
-    action = request.payload.get("action", "") if request.kind.value == "user_control" else ""
-    return (f"{request.kind.value}|{request.priority.value}|{action}|"
+    kind = request.kind
+    action = request.payload.get("action", "") if kind == Kind.USER_CONTROL else ""
+    # (a StrEnum formats as its value: the same text as ``.value``, without the lookup)
+    return (f"{kind}|{request.priority}|{action}|"
             f"{request.dedupe_key or ''}|{request.message_id or ''}")
 
 

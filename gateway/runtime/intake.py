@@ -314,6 +314,8 @@ class Intake:
             agent.controls.decided(event, version + len(events))
         runs = engine.runs
         for decision in decisions:
+            if type(decision) not in _RUN_EFFECTS:  # (most: a request queued, say)
+                continue
             if isinstance(decision, RunAborted | RunCompleted | RunFailed):
                 runs.ended(agent, decision.run_id)
                 if isinstance(decision, RunCompleted):
@@ -329,6 +331,8 @@ class Intake:
 
 
 _CONTROL = Kind.USER_CONTROL
+_RUN_EFFECTS: Final = frozenset({RunAborted, RunCompleted, RunFailed, RunSteered, TasksFinished})
+"""The decisions `Intake.decide` acts on at once (exact types: none is subclassed)."""
 
 
 def said_control(received: RequestReceived, ack: Ack) -> None:

@@ -17,7 +17,7 @@ from lanes import AgentRequest, InvalidRequest, parse_request
 from lanes.codec import AGENT_CODEC, Unrepeatable, first_difference
 from lanes.events import RequestReceived
 from lanes.repeatable import KNOWN_FIELDS, reads_back
-from lanes.requests import Kind, Priority
+from lanes.requests import Kind, Priority, _json_problem, plain_json
 
 
 class Small(IntEnum):
@@ -216,3 +216,22 @@ def a_request(**changes: Any) -> RequestReceived:
 def test_what_a_person_would_try_first_is_not_known(changes: dict[str, Any]) -> None:
     assert reads_back(a_request())
     assert not reads_back(a_request(**changes))
+
+
+@given(st.one_of(json_values(ANY_TEXT), ODD_VALUES))
+def test_what_the_fast_json_check_takes_the_detailed_one_finds_nothing_wrong_with(
+        value: Any) -> None:
+    # Validation asks `plain_json` first and looks for a problem only when it says no: so
+    # whatever it says yes to must have none (its no may be a subclass the detailed
+    # check accepts; that case still goes through the detailed check).
+    if plain_json(value):
+        assert _json_problem(value, "payload", 0) is None
+
+
+@pytest.mark.parametrize("depth", [31, 32, 33])
+def test_both_json_checks_draw_the_depth_line_at_the_same_place(depth: int) -> None:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    value = {"a": value}
+    assert plain_json(value) is (_json_problem(value, "payload", 0) is None)
