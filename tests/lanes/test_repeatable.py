@@ -10,7 +10,7 @@ from typing import Any
 
 import pydantic_core
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lanes import AgentRequest, InvalidRequest, parse_request
@@ -235,3 +235,27 @@ def test_both_json_checks_draw_the_depth_line_at_the_same_place(depth: int) -> N
         value = [value]
     value = {"a": value}
     assert plain_json(value) is (_json_problem(value, "payload", 0) is None)
+
+
+def _near(edge: datetime, days: int) -> st.SearchStrategy[datetime]:
+    return st.datetimes(min_value=edge - timedelta(days=days),
+                        max_value=edge + timedelta(days=days), timezones=OFFSETS)
+
+
+@given(_near(datetime(1970, 1, 1), 2) | _near(datetime(9999, 1, 1), 2)
+       | _near(datetime(1971, 1, 1), 2) | _near(datetime(9998, 1, 1), 2)
+       | st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 30),
+                      timezones=OFFSETS))
+@example(datetime(1970, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))))  # 1969 in UTC
+@example(datetime(9998, 12, 31, 23, 30, tzinfo=timezone(-timedelta(hours=1))))  # 9999
+def test_a_created_at_is_taken_exactly_from_1970_to_9999_utc_whatever_its_offset(
+        created: datetime) -> None:
+    # The range check looks at the year alone away from the first and last years.
+    data = {"requestId": "r1", "createdAt": created.isoformat(), "agentId": "a1",
+            "kind": "hook_trigger"}
+    inside = datetime(1970, 1, 1, tzinfo=UTC) <= created < datetime(9999, 1, 1, tzinfo=UTC)
+    if inside:
+        assert parse_request(data).created_at == created
+    else:
+        with pytest.raises(InvalidRequest):
+            parse_request(data)
