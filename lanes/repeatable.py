@@ -25,8 +25,6 @@ from pydantic_core import TzInfo
 
 from lanes.events import RequestReceived
 from lanes.requests import (
-    _EARLIEST,
-    _LATEST,
     _SURROGATE,
     IF_BUSY,
     MAX_INT,
@@ -34,6 +32,7 @@ from lanes.requests import (
     AgentRequest,
     Kind,
     Priority,
+    in_range,
     payload_problem,
     plain_json,
 )
@@ -73,8 +72,7 @@ def _timestamp(value: Any) -> bool:
     offset = value.utcoffset()
     if offset is None or offset.seconds % 60 or offset.microseconds:
         return False
-    # (a tzinfo's offset is under a day: only the first and last years need the exact test)
-    return 1970 < value.year < 9998 or _EARLIEST <= value < _LATEST
+    return in_range(value)
 
 
 def request_reads_back(request: AgentRequest) -> bool:

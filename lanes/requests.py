@@ -131,12 +131,15 @@ def _timestamp_given(value: Any) -> Any:
         "2026-02-17T03:10:00Z (numbers are not taken: their unit and precision are unclear)")
 
 
-def _timestamp_range(value: datetime) -> datetime:
+def in_range(value: datetime) -> bool:
+    """Whether an aware date-time is from 1970-01-01 to before 9999-01-01 (UTC)."""
     # (an offset is under a day: only the first and last years need the exact comparison,
     # which costs ten times the year's)
-    if 1970 < value.year < 9998:
-        return value
-    if not _EARLIEST <= value < _LATEST:
+    return 1970 < value.year < 9998 or _EARLIEST <= value < _LATEST
+
+
+def _timestamp_range(value: datetime) -> datetime:
+    if not in_range(value):
         raise PydanticCustomError("timestamp_range",
                                   "a date-time between 1970-01-01 and 9999-01-01 (UTC)")
     return value
