@@ -77,6 +77,7 @@ from lanes.gate.events import (
     SlotReleased,
     SlotRequested,
 )
+from lanes.policy import POLICY, PolicyOffered
 from lanes.requests import Priority
 
 START = 1_771_297_800_000  # 2026-02-17T03:10:00Z
@@ -194,6 +195,9 @@ def simulate(agents: list[Agent], limits: GateLimits, minutes: int, seed: int = 
         )
         ask(by_name[request.agent_id], now)
 
+    # As the live gate starts (`gateway.runtime.gate`): offered this code's policy first, so
+    # the rules measured are the ones a gateway decides under, not version 1's.
+    feed(PolicyOffered(at=START, version=POLICY))
     feed(GateLimitsChanged(at=START, limits=limits))
     for agent in agents:
         ask(agent, START)

@@ -72,6 +72,18 @@ def test_gate_reports_utilisation_and_the_token_share_under_each_binding_limit()
     assert all(f.value > 0 and f.unit.startswith("us CPU (wall ") for f in overhead)
 
 
+def test_the_gate_bench_measures_the_rules_a_gateway_decides_under() -> None:
+    # The simulated gate is offered this code's policy, as the live one is at its start:
+    # under version 1's rules (never offered one) a 4x agent got about 4x the tokens.
+    figures = {f.name: f.value for f in gate.measure(agents=20, rpm=120, minutes=2)}
+    shares = [value for name, value in figures.items()
+              if name.endswith("tokens granted per 4x agent / per 1x agent")]
+    assert len(shares) == 4
+    assert all(0.75 <= share <= 1.25 for share in shares), shares
+    assert figures["[weights] tokens granted per unit of weight, farthest agent from the mean"] \
+        < 20
+
+
 def test_a_whole_count_prints_without_decimals() -> None:
     assert Figure("lost", 0, "requests", "0").row() == "| lost | 0 requests | 0 |"
     assert Figure("rate", 0.5, "x").row() == "| rate | 0.50 x |  |"
