@@ -196,8 +196,8 @@ class Tools:
         """`list_agents`."""
         principal.check_read()
         now = self.engine.clock.now_ms()
-        return {"agents": [self.api._summary(a, now) for a in self.engine.agent_ids
-                           if principal.may_see(a)]}
+        return {"agents": [self.api._summary(a, now)
+                           for a in principal.visible(self.engine.agent_ids)]}
 
     async def agent_status(self, principal: Principal, args: AgentArgs) -> dict[str, Any]:
         """`agent_status`."""

@@ -63,7 +63,7 @@ class Subscriptions:
         principal.check_read()
         known = engine.agent_ids
         if frame.agents is None:
-            wanted = [a for a in known if principal.may_see(a)]
+            wanted = principal.visible(known)
         else:
             wanted = list(dict.fromkeys(frame.agents))  # each once, in the order given
             if len(wanted) > len(known):

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict
 from enum import Enum
@@ -99,24 +100,37 @@ _FIELDS: dict[type, tuple[tuple[str, str], ...] | None] = {}
 Item = TypeVar("Item")
 
 JSON_ITEMS_PER_STEP = 20
-"""Items `json_pieces` renders before it lets other work run (an agent's summary takes 40 to
-100 µs here: 50 a step held the loop for 3 to 5 ms at 10,000 agents)."""
+"""The most items `json_pieces` renders before it lets other work run (an agent's summary
+takes 40 to 175 µs here: 50 a step held the loop for 3 to 5 ms at 10,000 agents)."""
+STEP_BUDGET_S = 0.0005
+"""How long `json_pieces` renders before it lets other work run, whatever the count: on a
+slow or busy machine 20 summaries took 3.5 ms. (A turn of the loop may also hold other
+work's steps, a pass of the schedules, say: the budget leaves them room within 5 ms.)"""
 
 
 async def json_pieces(items: Sequence[Item], render: Callable[[Item], Any],
                       encode: Callable[[list[Any]], str],
-                      step: int = JSON_ITEMS_PER_STEP) -> AsyncIterator[str]:
+                      step: int = JSON_ITEMS_PER_STEP, budget_s: float | None = STEP_BUDGET_S,
+                      clock: Callable[[], float] = time.perf_counter) -> AsyncIterator[str]:
     """The JSON text of ``[render(item) for item in items]`` in pieces (joined, they are that
-    text), one piece of ``step`` items rendered and encoded (``encode``: a list to its JSON
-    text) per turn of the event loop, so that a big desk's list never holds the loop for
-    long (an emergency stop's frame waits at most one step). The first piece is rendered
-    before anything is yielded, the last piece ends with ``]``; nothing ever joins them
-    here (a 7 MB join, or its encoding, held the loop for 10 ms and more)."""
+    text), one piece per turn of the event loop: up to ``step`` items rendered and encoded
+    (``encode``: a list to its JSON text), fewer once ``budget_s`` of ``clock`` has passed
+    (None: no budget), so that a big desk's list never holds the loop for long (an
+    emergency stop's frame waits at most one step). The first piece is rendered before
+    anything is yielded, the last piece ends with ``]``; nothing ever joins them here (a 7
+    MB join, or its encoding, held the loop for 10 ms and more)."""
     opening = "["
-    for start in range(0, len(items), step):
+    start, count = 0, len(items)
+    while start < count:
         if start:
             await asyncio.sleep(0)
-        text = encode([render(item) for item in items[start:start + step]])
+        began, rendered = clock(), []
+        for item in items[start:start + step]:
+            rendered.append(render(item))
+            if budget_s is not None and clock() - began >= budget_s:
+                break
+        start += len(rendered)
+        text = encode(rendered)
         if len(text) > 2:
             yield opening + text[1:-1]
             opening = ","

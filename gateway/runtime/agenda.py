@@ -7,7 +7,7 @@ changed replaced, a pause made at runtime kept, those it no longer has removed);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gateway.base.clock import Clock
@@ -27,7 +27,7 @@ class Agenda:
     """The schedules of an engine's agents (``file``: the config file's, per agent)."""
 
     def __init__(self, engine: Engine, clock: Clock, file: Mapping[str, Sequence[Schedule]],
-                 states: Callable[[], list[AgentState]]) -> None:
+                 states: Callable[[], Iterable[AgentState]]) -> None:
         self._engine = engine
         self._file = {agent: tuple(found) for agent, found in file.items()}
         for found in self._file.values():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -379,8 +379,8 @@ class Engine:
         self._configs[agent_id] = config
         return bool(decisions)
 
-    def _scheduled_states(self) -> list[AgentState]:
-        return [agent.core.state for agent in self._agents.values()]
+    def _scheduled_states(self) -> Iterator[AgentState]:
+        return (agent.core.state for agent in list(self._agents.values()))
 
     async def report(self, agent_id: str, event: Input) -> list[Decision]:
         """Any other input from outside (a broker report, say), after its commit."""

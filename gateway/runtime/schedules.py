@@ -44,9 +44,9 @@ _TOKENS = re.compile(r"[,/#\-]")
 RESCAN_MS = 1_000
 """The scheduler looks at the agents the engine holds at least this often (schedules
 changed, agents taken over) even when nothing is due."""
-SCAN_STEP = 200
+SCAN_STEP = 100
 """Agents looked at in one turn of the event loop during a pass (a pass over a big desk
-takes turns)."""
+takes turns; 200 held the loop for 1.3-1.5 ms at 10,000 agents)."""
 RETRY_MS = 1_000
 """A firing the engine could not take (the log refused it, say) is tried again after this."""
 LATE_MS = 1_000
@@ -199,7 +199,8 @@ def next_fire_at(state: AgentState, schedule_id: str, now: int) -> int | None:
 class Scheduler:
     """Fires the schedules of the agents the engine holds, on ``clock``.
 
-    ``states`` gives those agents' states (read, never changed here; an agent the engine
+    ``states`` gives those agents' states (read, never changed here, and taken a step at a
+    time across turns of the loop: an iterator over a copy, not a live view; an agent the engine
     cannot write for now is in it too: its firings fail and are tried again, and it keeps
     its place, so nothing it misses meanwhile counts as missed while down); ``fire`` submits
     a firing (through the lanes, committed when it returns); ``adopt`` is called once for
@@ -259,21 +260,25 @@ class Scheduler:
         floors: dict[tuple[str, str], int] = {}
         marks: dict[tuple[str, str], int] = {}
         plans: dict[tuple[str, str], tuple[object, int, int, int]] = {}
-        states = list(self._states())
-        present: set[str] = set()
-        for index, state in enumerate(states):
+        states: list[AgentState] = []
+        seen, kept = self._seen, 0  # (kept: the agents of this pass in ``seen``)
+        # (``states`` is read as it is looked at: gathering a big desk's states at once held
+        # the loop for 2 ms at 10,000 agents)
+        for index, state in enumerate(self._states()):
             if index and not index % SCAN_STEP:
                 await asyncio.sleep(0)  # a big desk's pass takes turns (a stop comes first)
-            present.add(state.agent_id)
-            if state.agent_id not in self._seen:
-                self._seen.add(state.agent_id)
+            states.append(state)
+            agent_id = state.agent_id
+            if agent_id not in seen:
+                seen.add(agent_id)
                 if self._adopt is not None:
                     try:
                         await self._adopt(state)
                     except GatewayError as error:
-                        self._seen.discard(state.agent_id)
-                        log.warning("schedules of %s not applied yet: %s", state.agent_id,
-                                    error)
+                        seen.discard(agent_id)
+                        log.warning("schedules of %s not applied yet: %s", agent_id, error)
+                        continue
+            kept += 1
         for index, state in enumerate(states):
             if index and not index % SCAN_STEP:
                 await asyncio.sleep(0)
@@ -319,6 +324,7 @@ class Scheduler:
         self._floors = floors  # (an agent handed over and back is taken up afresh)
         self._marks = marks
         self._plans = plans
-        self._seen &= present
+        if kept != len(seen):  # agents seen before are gone (intersecting 10,000 took 1 ms)
+            seen &= {state.agent_id for state in states}
         self.passes += 1
         return wake

@@ -95,6 +95,19 @@ def test_fragments_hold_the_pieces_text_in_bounded_parts(sizes: list[int]) -> No
 @pytest.mark.parametrize("count", [0, 1, 49, 50, 51, 120])
 async def test_json_pieces_join_to_the_list_encoded_at_once(count: int) -> None:
     items = [{"n": n, "name": f"agent{n}", "ü": [n, None]} for n in range(count)]
-    pieces = [p async for p in json_pieces(items, lambda i: i, model_json, step=50)]
+    pieces = [p async for p in json_pieces(items, lambda i: i, model_json, step=50,
+                                           budget_s=None)]
     assert "".join(pieces) == model_json(items)
     assert len(pieces) == -(-count // 50) + 1  # a piece a step, and the end
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 20])
+async def test_json_pieces_end_a_step_once_its_time_budget_is_spent(count: int) -> None:
+    # Each reading of the clock moves it on 0.4 ms: a step of a 1 ms budget renders 3
+    # items (read at 0.4, 0.8, 1.2 ms), however many its count would allow.
+    ticks = iter(range(10_000))
+    items = [{"n": n} for n in range(count)]
+    pieces = [p async for p in json_pieces(items, lambda i: i, model_json, step=20,
+                                           budget_s=0.001, clock=lambda: next(ticks) * 0.0004)]
+    assert "".join(pieces) == model_json(items)
+    assert len(pieces) == -(-count // 3) + 1

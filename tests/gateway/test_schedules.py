@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -372,6 +372,27 @@ async def test_a_pass_over_a_big_desk_takes_turns_of_the_event_loop() -> None:
     assert turns >= 4 and scheduler.passes == 1
 
 
+async def test_a_pass_reads_a_big_desks_states_as_it_goes() -> None:
+    """Gathering 10,000 agents' states before the first turn held the loop for 2 ms: the
+    pass takes them from its source a step at a time."""
+    taken: list[int] = []
+
+    def states() -> Iterator[AgentState]:
+        for n in range(4 * SCAN_STEP):
+            taken.append(n)
+            yield AgentState(agent_id=f"a{n}")
+
+    async def fire(_request: AgentRequest) -> None:
+        raise AssertionError("nothing is scheduled")
+
+    scheduler = Scheduler(FakeClock(), states, fire)
+    passing = asyncio.ensure_future(scheduler.step())
+    await asyncio.sleep(0)  # the pass's first turn
+    assert 0 < len(taken) <= SCAN_STEP + 1
+    await passing
+    assert len(taken) == 4 * SCAN_STEP and scheduler.passes == 1
+
+
 # ------------------------------------------------------------------- counted for /metrics
 
 
@@ -485,3 +506,25 @@ def test_cron_fire_times_between_two_instants_are_counted_and_estimated_past_a_f
         assert counted == brute
     else:  # past the few counted one by one, an estimate from their spacing
         assert abs(counted - brute) <= brute * 0.3, (counted, brute)
+
+
+async def test_an_agent_gone_for_a_pass_is_taken_up_afresh_when_it_is_back() -> None:
+    """Handed to another process and back, an agent's file schedules are applied again."""
+    a, b = AgentState(agent_id="a"), AgentState(agent_id="b")
+    held = [a, b]
+    adopted: list[str] = []
+
+    async def adopt(state: AgentState) -> None:
+        adopted.append(state.agent_id)
+
+    async def fire(_request: AgentRequest) -> None:
+        raise AssertionError("nothing is scheduled")
+
+    scheduler = Scheduler(FakeClock(), lambda: list(held), fire, adopt)
+    await scheduler.step()
+    held.remove(b)
+    await scheduler.step()
+    held.append(b)
+    await scheduler.step()
+    await scheduler.step()
+    assert adopted == ["a", "b", "b"]

@@ -37,7 +37,7 @@ class AgentRoutes(Routes):
         principal.check_read()
         now = self.engine.clock.now_ms()
         waits = gate_waits_of(self.engine, now)
-        seen = [a for a in self.engine.agent_ids if principal.may_see(a)]
+        seen = principal.visible(self.engine.agent_ids)
         return await streamed(
             json_pieces(seen, lambda a: self._summary(a, now, waits), starlette_json),
             "application/json")

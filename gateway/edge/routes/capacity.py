@@ -61,7 +61,7 @@ class CapacityRoutes(Routes):
                          gate.state.limits.output_tokens_per_minute)
                   for name, gate in gates.items()}
         answer = capacity_answer(
-            caught.fold, window, desk=[a for a in self.engine.agent_ids if principal.may_see(a)],
+            caught.fold, window, desk=principal.visible(self.engine.agent_ids),
             agents=named, busiest=busiest, gates=providers or sorted(gates)[:MAX_GATES],
             limits=limits)
         answer["behind"] = caught.behind

@@ -70,8 +70,8 @@ class FeedRoutes(Routes):
         if kind is not None and kind not in KINDS:
             raise BadFrame("invalid", f"kind must be one of {', '.join(KINDS)}", field="kind")
         kinds = KINDS if kind is None else (kind,)
-        agents = None if principal.agents is None else [
-            a for a in self.engine.agent_ids if principal.may_see(a)]
+        agents = None if principal.agents is None else principal.visible(
+            self.engine.agent_ids)
         limit = int(raw)
         from_log = await self.alerts_read.newest(self.log, limit, kinds, agents)
         alerter = self.service.alerter

@@ -222,8 +222,7 @@ class LogRoutes(Routes):
         for agent_id in named:
             principal.check_read(agent_id)
             self.engine.state(agent_id)  # UnknownAgent if it does not exist
-        agents = named or [a for a in self.engine.agent_ids if principal.may_see(a)][
-            :MAX_CHART_AGENTS]
+        agents = named or principal.visible(self.engine.agent_ids)[:MAX_CHART_AGENTS]
         found = [await agent_series(self.log, a, self.engine.state(a).version,
                                     start=start, end=end, step=step) for a in agents]
         marks = sorted((m for f in found for m in f.pop("marks")), key=lambda m: m["at"])

@@ -103,7 +103,7 @@ class ObserveRoutes(Routes):
     async def _metrics_pieces(self, principal: Principal) -> AsyncIterator[str]:
         engine = self.engine
         now = engine.clock.now_ms()
-        seen = [a for a in engine.agent_ids if principal.may_see(a)]
+        seen = principal.visible(engine.agent_ids)
         series = await agent_series(engine, seen, now, self.service.metrics_max_agents)
         async for piece in series_pieces(series):
             yield piece

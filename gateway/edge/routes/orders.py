@@ -71,7 +71,7 @@ class OrderRoutes(Routes):
             principal.check_read(agent)
             self.engine.state(agent)  # UnknownAgent if it does not exist
             return [agent]
-        return [a for a in self.engine.agent_ids if principal.may_see(a)]
+        return principal.visible(self.engine.agent_ids)
 
     async def _blotter(self, agents: list[str], query: BlotterQuery) -> Response:
         blotters = await self.blotters.blotters(self.log, self.engine.reader, agents)
