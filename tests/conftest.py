@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from gateway.base.process import loop_factory
-from store import migrate, pg_server
+from store import migrate, pg_server, sqlite_writer
 
 if os.environ.get("GATEWAY_TEST_LOOP") == "uvloop":
     def pytest_asyncio_loop_factories(
@@ -55,6 +57,10 @@ NOT_FAST = (
     "gateway/test_replays.py::test_an_agent_at_every_position_is_its_plain_replay",
     "gateway/test_stories.py::test_groups_and_jumps_are_the_ones_a_scan_of_the_whole_stream",
     "store/test_sqlite.py::test_the_writer_writes_big_and_many_appends_back_to_back",
+    # run a program (the gateway's command line, a fresh interpreter)
+    "service/test_logs.py::test_gateway_says_its_version_and_refuses_a_bad_log_format",
+    "store/test_migration_check.py::test_opening_a_current_log_does_not_load_alembic",
+    "store/test_migration_check.py::test_a_log_behind_the_newest_revision_is_migrated_at_open",
 )
 """Tests in those folders that are not in the layer (a prefix of the test's id under tests/)."""
 POSTGRES = {"postgres_binaries", "postgres_server", "new_database", "postgres_url"}
@@ -106,6 +112,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.fast)
         if fast_profile:
             lighten(item)
+
+
+@pytest.fixture(autouse=True)
+def _no_program_when_fast(request: pytest.FixtureRequest,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test of the fast layer that runs a program (the gateway's command line, a fresh
+    interpreter; `subprocess`, also under asyncio) fails: move it out with `NOT_FAST`. The
+    SQLite store's own writer process is part of the store, and may run."""
+    if request.node.get_closest_marker("fast") is None:
+        return
+    popen = subprocess.Popen.__init__
+
+    def checked(self: subprocess.Popen[Any], args: Any, *more: Any, **named: Any) -> None:
+        if sqlite_writer.__file__ not in [str(arg) for arg in args]:
+            raise AssertionError(f"{request.node.nodeid} is in the fast layer and runs a "
+                                 f"program ({args!r}): add it to NOT_FAST in tests/conftest.py")
+        popen(self, args, *more, **named)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked)
 
 
 @pytest.fixture(scope="session")
