@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from gateway.base.tasks import spawn
-from gateway.edge.answers import ack_frame, error_frame
+from gateway.edge.answers import ack_text, error_frame
 from gateway.edge.protocol import BusyFrame, Submit
 from gateway.errors import Busy, GatewayError
 from gateway.runtime.acks import Ack
@@ -66,7 +66,7 @@ class DecidedNow:
                 await self.send(error_frame(error, id=frame.id,
                                             request_id=frame.request.request_id))
             else:
-                await self.send(ack_frame(ack, frame.id))
+                await self.send_text(ack_text(ack, frame.id))
         finally:
             self.service.pacer.release()
 
@@ -100,15 +100,16 @@ class DecidedNow:
         error = pending.exception()
         answer: BaseModel
         if error is None:
-            answer = ack_frame(pending.result(), frame.id)
-        elif isinstance(error, Busy):
-            answer = BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms)
-        elif isinstance(error, Exception):
-            answer = error_frame(error, id=frame.id, request_id=frame.request.request_id)
-        else:  # (the loop is being torn down: nothing to answer)
-            self._done(size)
-            return
-        text = answer.model_dump_json(exclude_none=True)
+            text = ack_text(pending.result(), frame.id)
+        else:
+            if isinstance(error, Busy):
+                answer = BusyFrame(id=frame.id, retry_after_ms=error.retry_after_ms)
+            elif isinstance(error, Exception):
+                answer = error_frame(error, id=frame.id, request_id=frame.request.request_id)
+            else:  # (the loop is being torn down: nothing to answer)
+                self._done(size)
+                return
+            text = answer.model_dump_json(exclude_none=True)
         if self.send_now(text):
             self._done(size)
             return

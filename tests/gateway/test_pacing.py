@@ -107,3 +107,26 @@ async def test_a_burst_ends_with_its_turn_and_a_hold_ends_it_at_once() -> None:
 async def unit_marker(order: list[str]) -> None:
     """Work that became ready beside the bulk work."""
     order.append("mark")
+
+
+async def test_a_unit_cancelled_while_it_waits_lets_the_next_one_go() -> None:
+    pacer = Pacer(burst_s=0.001, clock=lambda: 0.0)
+    ran: list[str] = []
+
+    async def unit(name: str) -> None:
+        async with pacer.turn():
+            ran.append(name)
+
+    pacer.hold()  # the first unit waits inside its turn, holding the pacer's lock
+    waiting = asyncio.create_task(unit("cancelled"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    behind = asyncio.create_task(unit("next"))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    pacer.release()
+    await asyncio.wait_for(behind, 1.0)
+    assert waiting.cancelled() and ran == ["next"] and pacer.turns == 1
+    async with pacer.turn():  # and the pacer is free
+        ran.append("later")
+    assert ran == ["next", "later"]
