@@ -191,6 +191,52 @@ def test_the_runtime_knows_nothing_of_who_owns_what() -> None:
         assert not re.search(r"\bowned\b", path.read_text()), path
 
 
+TASK_CALLS = frozenset({"create_task", "ensure_future"})
+WAIT_HOMES = frozenset({"gateway/base/clock.py", "gateway/base/tasks.py"})
+"""Where the gateway's sleeps and tasks are made (`Clock`, `spawn`, `start`, `sleep_or`)."""
+
+
+def own_waits_and_tasks(source: str) -> list[str]:
+    """What a module sleeps or starts by itself rather than through the `Clock` and
+    `gateway.base.tasks`: an ``asyncio.sleep`` of more than nothing (``sleep(0)`` only lets
+    other work run), a ``create_task`` or ``ensure_future`` (on any object)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        name, owner = node.func.attr, node.func.value
+        if name in TASK_CALLS:
+            found.append((node.lineno, name))
+        elif name == "sleep" and isinstance(owner, ast.Name) and owner.id == "asyncio" and not (
+                len(node.args) == 1 and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == 0):
+            found.append((node.lineno, "asyncio.sleep"))
+    return [f"{name} (line {line})" for line, name in sorted(found)]
+
+
+def test_every_wait_goes_through_the_clock_and_every_task_through_base() -> None:
+    """A sleep of the gateway is of its `Clock` (a test's fake clock drives it), a task is
+    made by `spawn` or `start`; `gateway.client`, which stands alone, has its own. (A
+    timeout on I/O, a peer's or a socket's, stays on the event loop's time.)"""
+    offenders = {}
+    for path in python_files("gateway"):
+        name = str(path.relative_to(ROOT))
+        if name in WAIT_HOMES or name.startswith("gateway/client/"):
+            continue
+        found = own_waits_and_tasks(path.read_text())
+        if found:
+            offenders[name] = found
+    assert offenders == {}
+
+
+def test_the_wait_check_can_fail() -> None:
+    source = ("import asyncio\nasync def f(loop):\n    await asyncio.sleep(0)\n"
+              "    await asyncio.sleep(0.5)\n    loop.create_task(f(loop))\n"
+              "    asyncio.ensure_future(f(loop))\n")
+    assert own_waits_and_tasks(source) == ["asyncio.sleep (line 4)", "create_task (line 5)",
+                                           "ensure_future (line 6)"]
+
+
 @pytest.mark.parametrize("package", ["gateway", "lanes", "store"])
 def test_rooms_are_of_human_size(package: str) -> None:
     """No file of gateway/, lanes/ or store/ over 600 lines, no class over 400: a room

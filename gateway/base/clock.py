@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from gateway.base.tasks import start
+
 
 class Timer(Protocol):
     """A scheduled callback that can be cancelled."""
@@ -28,6 +30,22 @@ class Clock(Protocol):
 
     async def sleep(self, ms: float) -> None:
         """Wait ``ms`` milliseconds of this clock's time."""
+
+
+async def sleep_or(clock: Clock, ms: float, event: asyncio.Event) -> bool:
+    """Wait ``ms`` of ``clock``'s time or until ``event`` is set, whichever comes first:
+    whether ``event`` is set. A cancellation while it waits goes on up, the waits ended."""
+    if event.is_set():
+        return True
+    sleeping = start(clock.sleep(ms), "sleep")
+    waking = start(event.wait(), "wake")
+    try:
+        await asyncio.wait([sleeping, waking], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeping.cancel()
+        waking.cancel()
+        await asyncio.gather(sleeping, waking, return_exceptions=True)
+    return event.is_set()
 
 
 class SystemClock:

@@ -1,4 +1,6 @@
-"""Every background task goes through `spawn`, which keeps a reference and logs failures."""
+"""Every task of the gateway is made here: `spawn` for work in the background (it keeps a
+reference and logs failures), `start` for work its caller awaits (`tests/test_architecture.py`
+holds the rest of ``gateway/`` to that)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
     _running.add(task)
     task.add_done_callback(_finished)
     return task
+
+
+def start(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+    """Run ``coro`` as a task its caller awaits, or races against others (`asyncio.wait`):
+    the caller holds it and handles how it ends, so a failure is not logged here."""
+    return asyncio.get_running_loop().create_task(coro, name=name)
 
 
 async def cancel(*tasks: asyncio.Task[Any] | None) -> None:

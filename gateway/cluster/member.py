@@ -29,8 +29,8 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from gateway.base.clock import Clock, Timer
-from gateway.base.tasks import cancel, spawn
+from gateway.base.clock import Clock, Timer, sleep_or
+from gateway.base.tasks import cancel, spawn, start
 from gateway.cluster.replicas import Replicas
 from gateway.cluster.router import Router
 from gateway.cluster.takeover import drop, gate_of, next_renewal_ms, take_over, unload
@@ -160,7 +160,7 @@ class Cluster:
         found = self.owner_of(stream)
         if found is None and stream not in self._adopting:  # (being adopted: here, soon)
             if self._located is None:
-                self._located = asyncio.ensure_future(self.store.leases())
+                self._located = start(self.store.leases(), "cluster: read the leases")
             reading = self._located
             try:
                 self.view = await asyncio.shield(reading)
@@ -258,14 +258,8 @@ class Cluster:
         """Renew the lease every period (or when poked, or when another member's lease runs
         out: its streams are taken at once), whatever else is under way."""
         while True:
-            sleeping = asyncio.ensure_future(self.clock.sleep(
-                next_renewal_ms(self.view, self.member, self.period_ms)))
-            waking = asyncio.ensure_future(self._wakeup.wait())
-            try:
-                await asyncio.wait([sleeping, waking], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeping.cancel()
-                waking.cancel()
+            await sleep_or(self.clock, next_renewal_ms(self.view, self.member, self.period_ms),
+                           self._wakeup)
             self._wakeup.clear()
             try:
                 await self._renew()

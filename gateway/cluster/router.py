@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gateway.base.tasks import spawn
+from gateway.base.tasks import spawn, start
 from gateway.cluster.peers import CALL_TIMEOUT_S, Peers, PeerUnreachable, Unanswered
 from gateway.cluster.replicas import Replicas
 from gateway.errors import GatewayError, NotOwner, TakingOver, UnknownAgent
@@ -185,11 +185,11 @@ class Router:
             return None
         return results
 
-    async def within_lease(self, owner: str, call: Awaitable[T]) -> T | None:
+    async def within_lease(self, owner: str, call: Coroutine[Any, Any, T]) -> T | None:
         """``call`` to the member at ``owner``, or None (the call cancelled) if it went
         silent: no answer within a lease and its member lease not renewed since (paused,
         cut off). An owner still renewing its lease is only slow: it is waited for."""
-        sending = asyncio.ensure_future(call)
+        sending = start(call, f"cluster: a call to {owner}")
         try:
             while True:
                 done, _ = await asyncio.wait([sending], timeout=self.lease_ms / 1000)
@@ -215,15 +215,16 @@ class Router:
         member = self._member
         if member is None:
             return None
-        deadline = asyncio.get_running_loop().time() + member.lease_ms / 1000
+        clock = member.clock
+        deadline = clock.now_ms() + member.lease_ms
         while True:
             owner = await member.relocate(agent_id)
             if owner is not None and owner not in silent:
                 return owner
-            left = deadline - asyncio.get_running_loop().time()
+            left = deadline - clock.now_ms()
             if left <= 0:
                 return None
-            await asyncio.sleep(min(left, member.period_ms / 1000))  # (waiting on I/O)
+            await clock.sleep(min(left, member.period_ms))
 
     @property
     def lease_ms(self) -> int:

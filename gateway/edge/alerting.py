@@ -31,18 +31,21 @@ from store.port import LogReads
 log = logging.getLogger("gateway.alerts")
 RECENT = 500
 """The feed's alerts kept for the panel (the log's are read from the log)."""
-FEED_CHECK_S = 5.0
-"""How often the feed's health is looked at for alerts."""
-BACKOFF_S = 0.5
-"""The first retry's wait; each next one twice the last (at most 30 s)."""
+FEED_CHECK_MS = 5_000
+"""How often the feed's health is looked at for alerts (of the alerter's clock)."""
+BACKOFF_MS = 500
+"""The first retry's wait (of the alerter's clock); each next one twice the last."""
+MAX_BACKOFF_MS = 30_000
+"""The longest wait between two tries of one alert."""
 
 
 class Webhook:
     """One webhook's queue and worker."""
 
-    def __init__(self, config: WebhookConfig, http: httpx2.AsyncClient) -> None:
+    def __init__(self, config: WebhookConfig, http: httpx2.AsyncClient, clock: Clock) -> None:
         self.config = config
         self._http = http
+        self._clock = clock
         self._queue: asyncio.Queue[Alert] = asyncio.Queue(config.queue)
         self.outcomes: Counter[str] = Counter()
         """Deliveries by outcome: ``delivered``, ``retried``, ``dead``."""
@@ -86,7 +89,7 @@ class Webhook:
         for attempt in range(config.max_attempts):
             if attempt:
                 self.outcomes["retried"] += 1
-                await asyncio.sleep(min(30.0, BACKOFF_S * 2 ** (attempt - 1)))
+                await self._clock.sleep(min(MAX_BACKOFF_MS, BACKOFF_MS * 2 ** (attempt - 1)))
             stamp = str(alert.at)
             headers = {"Content-Type": "application/json", "X-Gateway-Alert-Id": alert.id,
                        "X-Gateway-Timestamp": stamp,
@@ -126,7 +129,7 @@ class Alerter:
         self._clock = clock
         self.rules = frozenset(config.rules)
         self._http = httpx2.AsyncClient()
-        self.webhooks = [Webhook(w, self._http) for w in config.webhooks]
+        self.webhooks = [Webhook(w, self._http, clock) for w in config.webhooks]
         self.raised: Counter[str] = Counter()
         """Alerts raised since the start, by kind."""
         self.recent: deque[Alert] = deque(maxlen=RECENT)
@@ -171,7 +174,7 @@ class Alerter:
     async def _watch_feed(self) -> None:
         while True:
             self.check_feed()
-            await asyncio.sleep(FEED_CHECK_S)
+            await self._clock.sleep(FEED_CHECK_MS)
 
     def check_feed(self) -> list[Alert]:
         """Alerts for the feed's changes since the last look: a connector no longer up, a

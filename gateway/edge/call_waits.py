@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gateway.base.tasks import spawn
+from gateway.base.tasks import spawn, start
 from lanes.codec import decode
 from lanes.decisions import (
     RequestDropped,
@@ -148,7 +148,7 @@ class CallWaits:
         """Make sure the follower runs, positioned before anything submitted from now."""
         while self._tail is None or self._tail.done():
             if self._starting is None:
-                self._starting = asyncio.ensure_future(self._start())
+                self._starting = start(self._start(), "call waits: follow the log")
             starting = self._starting
             try:
                 await asyncio.shield(starting)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.base.tasks import start
 from gateway.cluster.peers import SECRET_HEADER
 from gateway.edge.protocol import load_json
 from gateway.errors import BadFrame, GatewayError, NotOwner, UnknownProvider
@@ -109,11 +110,12 @@ class _Internal:
         """Wait for a slot for a run of another process (withdrawn if that process hangs
         up first)."""
         gate = self._gate(request)
-        waiting = asyncio.ensure_future(gate.acquire(
+        waiting = start(gate.acquire(
             str(body["agentId"]), str(body["runId"]), Priority(body.get("priority", "normal")),
             int(body.get("inputTokens", 0)), int(body.get("outputTokens", 0)),
-            slot_id=str(body["slotId"]), weight=int(body.get("weight", 1))))
-        hung_up = asyncio.ensure_future(_disconnected(request))
+            slot_id=str(body["slotId"]), weight=int(body.get("weight", 1))),
+            "gate: a slot asked")
+        hung_up = start(_disconnected(request), "gate: the asker hangs up")
         try:
             await asyncio.wait([waiting, hung_up], return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -21,7 +21,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import InvalidState
 
 from gateway.base.process import tune_runtime
-from gateway.base.tasks import spawn
+from gateway.base.tasks import spawn, start
 from gateway.cluster.member import Cluster
 from gateway.edge.app import create_app
 from gateway.edge.http import own_origins
@@ -422,7 +422,7 @@ async def serving(service: Service, host: str = "127.0.0.1", port: int = 0,
             sock.close()
             raise
         server.on_shutdown.append(cluster[0].stop)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    task = start(server.serve(sockets=[sock]), "uvicorn")
     running = Running(service, url, server, task, cluster[0] if cluster else None)
     try:
         yield running

@@ -37,6 +37,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.base.clock import SystemClock
+from gateway.base.tasks import start
 from gateway.llm.fake_formats import (
     FIRST_TEXT_EVENT,
     IN_STREAM,
@@ -407,7 +408,7 @@ async def serving(provider: FakeProvider, timeout_s: float = 10.0) -> AsyncItera
     sock.listen(128)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(provider, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    task = start(server.serve(sockets=[sock]), "fake provider")
     try:  # the socket already listens: calls made before uvicorn accepts them just queue
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -11,9 +11,8 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from gateway.base.clock import Clock
+from gateway.base.clock import Clock, sleep_or
 from gateway.market.events import Candle, MarketEvent, Tick, from_ms
 
 MINUTE_MS = 60_000
@@ -118,25 +117,11 @@ class SyntheticFeed:
 
         Setting ``stop`` also wakes a run asleep on the clock; an error from ``sink`` ends it.
         """
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                await sink(self.next_events(clock.now_ms()))
-                if stop.is_set():
-                    break
-                sleeping = asyncio.ensure_future(clock.sleep(self.tick_ms))
-                try:
-                    await asyncio.wait({sleeping, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    await _cancel(sleeping)
-        finally:
-            await _cancel(stopping)
-
-
-async def _cancel(task: asyncio.Future[Any]) -> None:
-    if not task.done():
-        task.cancel()
-        await asyncio.wait({task})
+        while not stop.is_set():
+            await sink(self.next_events(clock.now_ms()))
+            if stop.is_set():
+                break
+            await sleep_or(clock, self.tick_ms, stop)
 
 
 def _candle(symbol: str, bar: _Bar) -> Candle:

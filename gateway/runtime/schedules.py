@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from gateway.base.clock import Clock
+from gateway.base.clock import Clock, sleep_or
 from gateway.errors import BadFrame, GatewayError
 from lanes.requests import AgentRequest, Kind
 from lanes.schedules import (
@@ -244,14 +244,7 @@ class Scheduler:
             self._wake.clear()
             wake = await self.step()
             delay = max(0, min(wake, self.clock.now_ms() + RESCAN_MS) - self.clock.now_ms())
-            sleeper = asyncio.ensure_future(self.clock.sleep(delay))
-            poked = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait([sleeper, poked], return_when=asyncio.FIRST_COMPLETED)
-            finally:  # (a cancellation of this task while it waits for them goes on up)
-                sleeper.cancel()
-                poked.cancel()
-                await asyncio.gather(sleeper, poked, return_exceptions=True)
+            await sleep_or(self.clock, delay, self._wake)
 
     async def step(self) -> int:
         """Fire what is due now; the time to look again."""

@@ -3,7 +3,6 @@ at a time, folding it up to a position, and tables for people."""
 
 from __future__ import annotations
 
-import asyncio
 import tomllib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 from gateway.base.process import gc_paused
 from gateway.base.quarantine import log_reader
+from gateway.base.tasks import start
 from gateway.runtime.snapshots import load_latest
 from gateway.tools.progress import Progress, summary
 from lanes.replay import LogFold
@@ -165,14 +165,14 @@ async def pages(store: GroupCommitStore, after: int, upto: int) -> AsyncIterator
     async def read(cursor: int) -> list[RecordedEvent]:
         return await store.read(cursor, min(PAGE, upto - cursor)) if cursor < upto else []
 
-    ahead = asyncio.ensure_future(read(cursor))
+    ahead = start(read(cursor), "read ahead")
     try:
         while True:
             page = await ahead
             if not page:
                 return
             cursor = page[-1].position
-            ahead = asyncio.ensure_future(read(cursor))
+            ahead = start(read(cursor), "read ahead")
             yield page
     finally:
         ahead.cancel()

@@ -14,6 +14,7 @@ from typing import Any, cast
 import httpx2
 import pytest
 
+from gateway.base.clock import SystemClock
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.errors import GatewayError, NotOwner
@@ -42,6 +43,7 @@ class _Member:
 
     lease_ms = LEASE_MS
     period_ms = LEASE_MS // 5
+    clock = SystemClock()  # (the router waits for a new owner on the member's clock)
 
     def __init__(self, after: str | None, first: str = PAUSED) -> None:
         self.after = after

@@ -17,8 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gateway.base.clock import FakeClock
 from gateway.config.alerts import AlertsConfig
 from gateway.edge import alerting
@@ -85,8 +83,7 @@ AGENTS = {"btc": AgentConfig(mode=Mode.FOLLOWUP), "eth": AgentConfig(mode=Mode.F
 
 
 async def test_alerts_reach_a_webhook_signed_after_it_fails_and_hangs_and_the_panels_list(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(alerting, "BACKOFF_S", 0.01)
+        tmp_path: Path) -> None:
     clock = FakeClock()
     async with receiving([500, "hang", 503]) as receiver:
         feed = FeedHealth()
@@ -109,6 +106,7 @@ async def test_alerts_reach_a_webhook_signed_after_it_fails_and_hangs_and_the_pa
             assert alerter.check_feed() == []  # once, until it is up again
 
             async def three() -> bool:
+                clock.advance(alerting.BACKOFF_MS)  # (a retry waits on the alerter's clock)
                 return len(receiver.got) >= 3
             await until(three, "three alerts delivered", within_s=TIMEOUT)
             async with live.client("viewer-secret") as client:
@@ -142,13 +140,12 @@ async def _started(live: Any) -> bool:
 
 
 async def test_a_webhook_that_never_answers_counts_dead_letters_and_holds_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(alerting, "BACKOFF_S", 0.01)
+        tmp_path: Path) -> None:
+    clock = FakeClock()
     async with receiving([500] * 100) as receiver:
         feed = FeedHealth()
         store = SqliteEventStore(tmp_path / "e.db")
-        alerter = Alerter(store, feed, FakeClock(), webhook(receiver.url, max_attempts=2,
-                                                            queue=1))
+        alerter = Alerter(store, feed, clock, webhook(receiver.url, max_attempts=2, queue=1))
         async with running(store, AGENTS, Trader(), feed=feed, alerter=alerter) as live:
             await until(lambda: _started(live), "the engine")
             await alerter.start()
@@ -157,6 +154,7 @@ async def test_a_webhook_that_never_answers_counts_dead_letters_and_holds_nothin
                 assert ack.decision == "accepted"  # (never behind the webhook)
 
             async def dead() -> bool:
+                clock.advance(alerting.BACKOFF_MS)  # (a retry waits on the alerter's clock)
                 return alerter.webhooks[0].outcomes["dead"] == 2
             await until(dead, "two dead letters", within_s=TIMEOUT)
             async with live.client("viewer-secret") as client:
