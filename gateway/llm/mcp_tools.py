@@ -7,7 +7,10 @@ at the start and again after it drops (at most once per `RECONNECT_S`). A call i
 the server's ``timeout_ms``: a server that is down, hangs or errors gives the model a tool
 error within it (one whose connection failed, at once, with why), and never holds a control,
 another agent or the event loop. The tools'
-descriptions and schemas are the server's own, listed when the connection opens.
+descriptions and schemas are the server's own, listed when the connection opens. Where
+the SDK says of an HTTP server's error answer only "Server returned an error response", the
+error says its status and the start of its body too (what a token refused, a proxy or the
+server's own crash said).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
-from mcp import ClientSession, StdioServerParameters, types
+from mcp import ClientSession, MCPError, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -36,6 +39,10 @@ START_S = 30.0
 """The least time a server is given to start and list its tools (a stdio server is a process
 that imports its SDK first: seconds on a loaded machine), whatever its calls' bound."""
 SEPARATOR = "__"
+GENERIC = "Server returned an error response"
+"""All the SDK says of an HTTP error answer that is not a JSON-RPC error."""
+SAID_CHARS = 200
+"""The most of an error answer's body an error quotes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,8 @@ class McpServer:
         self._tried = 0.0
         self.error: str | None = None
         """Why it is not connected, if it is not."""
+        self._answered: tuple[float, str] | None = None
+        """When the server last answered an HTTP request with an error, and what it said."""
 
     def start(self) -> None:
         """Open the connection in the background (again, if it dropped, after a while)."""
@@ -93,7 +102,8 @@ class McpServer:
             async with contextlib.AsyncExitStack() as stack:
                 if spec.url is not None:
                     http = await stack.enter_async_context(httpx2.AsyncClient(
-                        headers=dict(spec.headers), timeout=spec.timeout_ms / 1000))
+                        headers=dict(spec.headers), timeout=spec.timeout_ms / 1000,
+                        event_hooks={"response": [self._note]}))
                     read, write = await stack.enter_async_context(
                         streamable_http_client(spec.url, http_client=http))
                 else:
@@ -112,11 +122,29 @@ class McpServer:
                 self._settled.set()
                 await self._stop.wait()
         except Exception as error:  # a server that cannot be reached: its tools fail
-            self.error = error_text(error)
+            self.error = self._with_answer(error_text(error), self._tried)
             log.warning("MCP server %s is not reachable: %s", spec.name, self.error)
         finally:
             self._session = None
             self._settled.set()
+
+    async def _note(self, response: httpx2.Response) -> None:
+        """Keep what an HTTP error answer of the server said (its status and the start of
+        its body): the SDK passes on only `GENERIC`."""
+        if response.status_code < 400:
+            return
+        await response.aread()
+        said = " ".join(response.text.split())[:SAID_CHARS]
+        self._answered = (time.monotonic(),
+                          f"HTTP {response.status_code}" + (f": {said}" if said else ""))
+
+    def _with_answer(self, text: str, since: float) -> str:
+        """``text`` with what the server's error answer said, if the SDK said only
+        `GENERIC` of one that came after ``since`` (monotonic seconds)."""
+        answered = self._answered
+        if GENERIC not in text or answered is None or answered[0] < since:
+            return text
+        return f"{text} ({answered[1]})"
 
     def specs(self) -> list[ToolSpec]:
         """Its allowed tools as the model is offered them (those it listed)."""
@@ -128,6 +156,7 @@ class McpServer:
     async def call(self, tool: str, arguments: Mapping[str, Any]) -> tuple[bool, str]:
         """Call ``tool``: (ok, its text), or (False, why) within the server's timeout."""
         timeout = self.spec.timeout_ms / 1000
+        began = time.monotonic()
         self.start()
         try:
             async with asyncio.timeout(timeout):
@@ -141,9 +170,11 @@ class McpServer:
                            f"{self.spec.timeout_ms} ms" + (f" ({self.error})" if self.error
                                                           else ""))
         except Exception as error:  # a server that errs is a tool error, never a failure
-            if self._task is not None:  # (its connection may be gone: open it again)
-                self._task.cancel()
-            return False, f"MCP server {self.spec.name}: {error_text(error)}"
+            if self._task is not None and not isinstance(error, MCPError):
+                self._task.cancel()  # (its connection may be gone: open it again; an error
+                # answer, the SDK's `MCPError`, came over a connection that still works)
+            said = self._with_answer(error_text(error), began)
+            return False, f"MCP server {self.spec.name}: {said}"
         return not result.is_error, _text(result)
 
 

@@ -1,6 +1,7 @@
 """A small MCP server for the tests: a tool that answers, one that hangs, one that raises.
 Over stdio: ``python tests/gateway/mcp_news_server.py``; over streamable HTTP: `http_app`,
-which asks for a bearer token first."""
+which asks for a bearer token first, and answers a call of ``outage`` as a proxy whose
+upstream is down would (HTTP 502, plain text)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,15 @@ def boom() -> str:
     raise ToolError("the news feed is down")
 
 
+@server.tool(description="Answered by the proxy in front (over HTTP).")
+def outage() -> str:
+    """Answered by the proxy in front (over HTTP)."""
+    return "through"
+
+
 def http_app(token: str) -> ASGIApp:
     """The server over streamable HTTP at ``/mcp``: a request without ``Authorization:
-    Bearer <token>`` is answered 401."""
+    Bearer <token>`` is answered 401; a call of ``outage`` 502."""
     inner: Any = server.streamable_http_app(json_response=True, stateless_http=True)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -45,7 +52,27 @@ def http_app(token: str) -> ASGIApp:
                 f"Bearer {token}".encode():
             await PlainTextResponse("no", status_code=401)(scope, receive, send)
             return
-        await inner(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await inner(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if b'"tools/call"' in body and b'"outage"' in body:
+            await PlainTextResponse("bad gateway: upstream exchange down",
+                                    status_code=502)(scope, receive, send)
+            return
+        sent = False
+
+        async def again() -> Any:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await inner(scope, again, send)
     return app
 
 

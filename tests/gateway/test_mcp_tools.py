@@ -137,7 +137,7 @@ async def test_a_server_over_http_gets_its_headers_from_the_env_and_only_allowed
     async with served(http_app("abc")) as url:
         config = McpServerConfig.model_validate(
             {"name": "news", "url": f"{url}/mcp", "headersEnv": {"Authorization": "NEWS"},
-             "tools": ["headlines", "boom"], "timeoutMs": 2_000},
+             "tools": ["headlines", "boom", "outage"], "timeoutMs": 2_000},
             context={"env": {"NEWS": "Bearer abc"}})
         wrong = McpServerConfig.model_validate(
             {"name": "wrong", "url": f"{url}/mcp", "headersEnv": {"Authorization": "NEWS"},
@@ -153,16 +153,21 @@ async def test_a_server_over_http_gets_its_headers_from_the_env_and_only_allowed
         mcp.start()
         try:
             async def listed() -> bool:
-                return len(mcp.specs("btc", allowed)) == 2
+                return len(mcp.specs("btc", allowed)) == 3
             await until(listed, "the HTTP server's allowed tools", within_s=START_S)
             # (hang is the server's, but not allowed; the wrong token's server lists none)
             assert {s.name for s in mcp.specs("btc", allowed)} == {
-                "news__headlines", "news__boom"}
+                "news__headlines", "news__boom", "news__outage"}
             # (a server that refused the connection: its error at once, not a timeout)
             refused = await asyncio.wait_for(
                 mcp.call("btc", "wrong__headlines", {"symbol": "ETHUSD"}), 1.0)
             assert refused[0] is False and "MCP server wrong" in refused[1], refused
-            assert "error response" in refused[1] and "TaskGroup" not in refused[1], refused
+            assert "error response (HTTP 401: no)" in refused[1], refused  # (its words)
+            assert "TaskGroup" not in refused[1], refused
+            # (an error answer to a call: what the proxy said, not only the SDK's words)
+            down = await asyncio.wait_for(mcp.call("btc", "news__outage", {}), 2.0)
+            assert down == (False, "MCP server news: MCPError: Server returned an error "
+                                   "response (HTTP 502: bad gateway: upstream exchange down)")
             await engine.submit(request("btc"))
             await next_event(store, "RunCompleted")
             headline, hang = client.calls[1][2].tool_results
