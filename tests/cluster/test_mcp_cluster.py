@@ -35,19 +35,25 @@ SLOW = tuple(f"s{n:02d}" for n in range(16))
 the second member: none has odds of 1 in 65,536)."""
 
 
-def agents(ids: tuple[str, ...], latency_ms: int) -> str:
-    """Config of ``ids``, each with a simulated reasoner whose runs take ``latency_ms``."""
+TRADERS = tuple(f"t{n:02d}" for n in range(16))
+"""Agents whose every run places an order that waits for a human's approval."""
+
+
+def agents(ids: tuple[str, ...], latency_ms: int, trades: bool = False) -> str:
+    """Config of ``ids``, each with a simulated reasoner whose runs take ``latency_ms``
+    (and, ``trades``, place an order each, approved by a human first)."""
     return "".join(f"""
 [[agents]]
 id = "{agent}"
 mode = "followup"
+approval = "{'always' if trades else 'never'}"
 [agents.reasoner]
 latency_ms = [{latency_ms}, {latency_ms}]
-trade_probability = 0.0
+trade_probability = {1.0 if trades else 0.0}
 """ for agent in ids)
 
 
-CONFIG = HEAD + agents(AGENTS, 5) + agents(SLOW, 60_000)
+CONFIG = HEAD + agents(AGENTS, 5) + agents(SLOW, 60_000) + agents(TRADERS, 5, trades=True)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class Pair:
     """An agent ``a`` owns."""
     slow: str
     """One of the `SLOW` agents ``b`` owns."""
+    trader: str
+    """One of the `TRADERS` ``b`` owns."""
 
 
 @contextlib.asynccontextmanager
@@ -74,17 +82,17 @@ async def member(db: str) -> AsyncIterator[Running]:
 async def pair(db: str) -> AsyncIterator[Pair]:
     """Two members with every agent owned by the member `assign` gives it."""
     async with member(db) as a, member(db) as b:
-        await settled([a, b], AGENTS + SLOW)
+        await settled([a, b], AGENTS + SLOW + TRADERS)
         theirs, ours = sorted(owned(b) & {*AGENTS}), sorted(owned(a) & {*AGENTS})
-        slow = sorted(owned(b) & {*SLOW})
-        assert theirs and ours and slow, (theirs, ours, slow)
+        slow, traders = sorted(owned(b) & {*SLOW}), sorted(owned(b) & {*TRADERS})
+        assert theirs and ours and slow and traders, (theirs, ours, slow, traders)
 
         async def known() -> bool:  # (a member's view of the leases is its last renewal's)
             assert a.cluster is not None and b.cluster is not None
             return all(a.cluster.owner_of(agent) == b.url for agent in owned(b)) and \
                 all(b.cluster.owner_of(agent) == a.url for agent in owned(a))
         await until(known, "each member to know the other's agents", TIMEOUT)
-        yield Pair(a, b, theirs[0], ours[0], slow[0])
+        yield Pair(a, b, theirs[0], ours[0], slow[0], traders[0])
 
 
 @contextlib.asynccontextmanager
@@ -138,7 +146,7 @@ async def test_agent_status_and_list_agents_of_another_members_agent_answer_as_f
         assert {**theirs["queue"], "agentId": p.ours} == ours["queue"]  # (both idle)
         assert theirs == await status(p.b, p.theirs)  # as its owner answers
         listed = body(await session.call_tool("list_agents", {}))["agents"]
-        assert [a["agentId"] for a in listed] == [*AGENTS, *SLOW]  # every member's
+        assert [a["agentId"] for a in listed] == [*AGENTS, *SLOW, *TRADERS]  # every member's
         by_id = {a["agentId"]: a for a in listed}
         assert by_id[p.theirs]["servedBy"] == p.b.url and by_id[p.theirs]["blocked"] == []
         assert by_id[p.theirs].keys() == by_id[p.ours].keys()
@@ -229,3 +237,56 @@ async def test_emergency_stop_of_another_members_agent_halts_it_and_ends_a_call_
         assert written_by(aborted, p.b)
         assert body(await session.call_tool("agent_status", {"agentId": p.ours}))[
             "trading"] == "ACTIVE"  # (only that agent)
+
+
+async def test_resume_story_and_search_log_of_another_members_agent_answer_as_its_owner(
+        postgres_url: str) -> None:
+    async with pair(postgres_url) as p, tools(p.a) as session, tools(p.b) as owner:
+        stop = {"agentId": p.theirs, "reason": "cluster story check"}
+        assert body(await session.call_tool("emergency_stop", stop))["decision"] == "accepted"
+        resumed = body(await session.call_tool("resume", {"agentId": p.theirs,
+                                                          "reason": "all clear"}))
+        assert resumed["decision"] == "accepted", resumed
+        assert (resumed["effect"]["fromState"], resumed["effect"]["toState"]) == (
+            "HALTED", "ACTIVE"), resumed
+        assert p.b.service.engine.state(p.theirs).trading.value == "ACTIVE"  # (b's decision)
+        records = await read_log(postgres_url)
+        resumed_at = next(r for r in records if r.position == resumed["position"])
+        assert resumed_at.stream == p.theirs and written_by(resumed_at, p.b)
+
+        asked = {"agentId": p.theirs, "from": 0, "limit": 50}
+        story = body(await session.call_tool("story", asked))
+        assert story == body(await owner.call_tool("story", asked))  # as its owner tells it
+        told = json.dumps(story)
+        assert "ACTIVE -> HALTED" in told and "HALTED -> ACTIVE" in told, story
+        search = {"agentId": p.theirs, "text": "cluster story check"}
+        found = body(await session.call_tool("search_log", search))
+        assert found == body(await owner.call_tool("search_log", search))
+        assert found["events"], found  # (the stop's request: its reason is in its data)
+        assert all("cluster story check" in json.dumps(e) for e in found["events"]), found
+        unknown = await session.call_tool("story", {"agentId": "nobody", "from": 0})
+        assert unknown.is_error and "unknown_agent" in str(unknown.content), unknown
+
+
+async def test_an_order_of_another_members_agent_is_listed_and_approved_through_this_one(
+        postgres_url: str) -> None:
+    async with pair(postgres_url) as p, tools(p.a) as session:
+        before = await p.a.service.engine.store.last_position()
+        sent = {"agentId": p.trader, "message": "trade"}
+        assert body(await session.call_tool("send_message", sent))["decision"] == "accepted"
+        asked = await next_event(p.a.service.engine.store, "ApprovalRequested", before)
+        assert asked.stream == p.trader and written_by(asked, p.b)
+
+        async def listed() -> list[dict[str, Any]] | None:  # (from a's replica)
+            waiting = body(await session.call_tool("list_approvals", {"agentId": p.trader}))
+            return waiting["approvals"] or None
+        [approval] = await until(listed, "the approval listed on a", TIMEOUT)
+        decided = body(await session.call_tool("approve", {
+            "agentId": p.trader, "approvalId": approval["approvalId"], "reason": "ok"}))
+        assert decided["decision"] == "accepted", decided
+        answer = await next_event(p.a.service.engine.store, "ApprovalDecided", asked.position)
+        assert answer.stream == p.trader and written_by(answer, p.b)  # (the owner decided)
+        assert json.loads(answer.data)["approved"] is True
+        again = body(await session.call_tool("approve", {
+            "agentId": p.trader, "approvalId": approval["approvalId"]}))
+        assert again["decision"] == "rejected", again  # (no longer waiting)
