@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from bench.cluster import read_log
 from gateway.cluster.member import incarnation
@@ -290,3 +293,24 @@ async def test_an_order_of_another_members_agent_is_listed_and_approved_through_
         again = body(await session.call_tool("approve", {
             "agentId": p.trader, "approvalId": approval["approvalId"]}))
         assert again["decision"] == "rejected", again  # (no longer waiting)
+
+
+async def test_the_stdio_bridge_to_one_member_controls_an_agent_of_the_other(
+        postgres_url: str) -> None:
+    async with pair(postgres_url) as p:
+        params = StdioServerParameters(  # (the bridge to a's /mcp: the agent is b's)
+            command=sys.executable, args=["-m", "gateway", "mcp", "--url", f"{p.a.url}/mcp",
+                                          "--token-env", "GW_MCP_TOKEN"],
+            env={**os.environ, "GW_MCP_TOKEN": OPS})
+        async with stdio_client(params) as (read, write), \
+                ClientSession(read, write) as bridged:
+            await asyncio.wait_for(bridged.initialize(), 60)
+            seen = body(await bridged.call_tool("agent_status", {"agentId": p.theirs}))
+            assert seen["servedBy"] == p.b.url and seen["trading"] == "ACTIVE", seen
+            stopped = body(await bridged.call_tool("emergency_stop", {
+                "agentId": p.theirs, "reason": "over the bridge"}))
+            assert stopped["effect"]["toState"] == "HALTED", stopped
+            assert p.b.service.engine.state(p.theirs).trading.value == "HALTED"
+            records = await read_log(postgres_url)
+            halted = next(r for r in records if r.position == stopped["position"])
+            assert halted.stream == p.theirs and written_by(halted, p.b)
