@@ -130,8 +130,10 @@ async def agent_series(engine: Engine, agent_ids: Sequence[str], now: int,
 
 
 class Top:
-    """`pick`, an item at a time (`offer`): a scrape chooses as it goes, so that choosing
-    among 10,000 agents is never one step of the loop (`pick` took 2 ms there)."""
+    """The ``cap`` items to show, chosen an item at a time (`offer`): those with attention
+    first, then the deepest, ties to the earlier. A scrape chooses as it goes, so that
+    choosing among 10,000 agents is never one step of the loop (a sort of them all at the
+    end took 2 ms there)."""
 
     __slots__ = ("_cap", "_heap")
 
@@ -150,23 +152,8 @@ class Top:
             heapq.heapreplace(heap, key)
 
     def chosen(self) -> list[int]:
-        """The indexes `pick` chooses among the items offered, in order."""
+        """The indexes of the items chosen among those offered, in order."""
         return sorted(-index for _, _, index in self._heap)
-
-
-def pick(attention: Sequence[bool], depth: Sequence[int], cap: int) -> list[int]:
-    """The indexes of the ``cap`` items to show, in order: those with ``attention`` first,
-    then the deepest; ties go to the earlier. (The rule, over a whole list at once: a
-    scrape uses `Top`, which the tests hold to it.)"""
-    if len(depth) <= cap:
-        return list(range(len(depth)))
-    first = [i for i, flag in enumerate(attention) if flag]
-    others = [i for i, flag in enumerate(attention) if not flag]
-    deepest = depth.__getitem__
-    # (Python's sort is stable, reversed too: equal depths keep their order.)
-    chosen = sorted(first, key=deepest, reverse=True)[:cap]
-    chosen += sorted(others, key=deepest, reverse=True)[:cap - len(chosen)]
-    return sorted(chosen)
 
 
 async def series_pieces(series: AgentSeries) -> AsyncIterator[str]:
