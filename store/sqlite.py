@@ -6,9 +6,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -39,12 +36,12 @@ from .port import (
     StoreError,
 )
 from .schema import events, snapshots
+from .sqlite_process import WriterFailed, WriterProcess
 from .writer import (
     DEFAULT_FOLLOWER_BUFFER,
     DEFAULT_MAX_BATCH,
     Clock,
     GroupCommitStore,
-    KeyConflict,
     WriteTransaction,
     check_limit,
 )
@@ -69,23 +66,9 @@ _SNAPSHOT_INFO: Final = select(
     snapshots.c.created_at,
     func.length(snapshots.c.data),
 ).order_by(snapshots.c.position.desc())
-WRITER_START_S: Final = 30.0
-"""How long the writer process has to open the database (its busy timeout is on top)."""
-WRITER_STOP_S: Final = 10.0
-"""How long the writer process has to finish after its socket closed, before it is killed."""
-
-
 def _reason(exc: BaseException, path: str | None = None) -> str:
     """What went wrong, in words (`store.sqlite_writer.reason`)."""
     return sqlite_writer.reason(exc, path)
-
-
-class WriterFailed(Exception):
-    """The writer process answered with an error (``reason`` in words), or is gone."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class LogInUse(StoreError):
@@ -139,14 +122,12 @@ class SqliteEventStore(GroupCommitStore):
     the file for this process while it is open (`LogLock`): a second one, in any process,
     fails to open with `LogInUse` (a gateway serving the log opens it so; readers need not).
 
-    ``open()`` runs the Alembic migrations, loads the last position and starts the writer
-    on a thread of its own, whose database work runs in a process of its own
-    (`store.sqlite_writer`: one ``sqlite3`` connection): a commit waits neither for the
-    caller's event loop nor for the GIL, however busy the process is. Reads use their own
+    ``open()`` runs the Alembic migrations, loads the last position and starts the writer,
+    whose database work runs in a process of its own (`store.sqlite_writer`: one ``sqlite3``
+    connection, spoken to from the caller's event loop through `store.sqlite_process`): the
+    loop plans each batch and goes on while the process commits it. Reads use their own
     pooled connections (aiosqlite) and run alongside the writer.
     """
-
-    _writer_thread = True
 
     def __init__(
         self,
@@ -172,7 +153,7 @@ class SqliteEventStore(GroupCommitStore):
         self._engine: AsyncEngine | None = None
         """Reads, migrations (aiosqlite, on the caller's loop)."""
         self._writer_process: WriterProcess | None = None
-        """The writer's process (used from the writer's thread alone)."""
+        """The writer's process (spoken to by the writer task alone)."""
 
     @property
     def engine(self) -> AsyncEngine:
@@ -212,11 +193,10 @@ class SqliteEventStore(GroupCommitStore):
         return int(last or 0)
 
     async def _start_writer(self) -> None:
-        # On the writer's thread: the process is spoken to from there alone.
         writer = WriterProcess(self._url.database or "", self._synchronous,
                                self._busy_timeout_ms)
         try:
-            writer.start()
+            await writer.start()
         except WriterFailed as exc:
             raise LogUnavailable(f"cannot open the event log at {self._url.database}: "
                                  f"{exc.reason}") from None
@@ -225,7 +205,7 @@ class SqliteEventStore(GroupCommitStore):
     async def _stop_writer(self) -> None:
         writer, self._writer_process = self._writer_process, None
         if writer is not None:
-            writer.stop()
+            await writer.stop()
 
     async def _stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -242,15 +222,15 @@ class SqliteEventStore(GroupCommitStore):
         if writer is None:
             raise StoreClosedError("the store is not open")
         if writer.broken:  # it died: a new one (the caches are read again: the last failed)
-            writer.start()
+            await writer.start()
         txn = _SqliteTransaction(writer, self._clock)
         try:
             yield txn
-            txn.commit()
+            await txn.commit()
         except Exception:
             if not writer.broken:
                 with contextlib.suppress(Exception):
-                    writer.call("rollback")  # (a failed request rolled back already)
+                    await writer.call("rollback")  # (a failed request rolled back already)
             raise
 
     async def writer_query(self, sql: str) -> Any:
@@ -261,7 +241,7 @@ class SqliteEventStore(GroupCommitStore):
             async with self._write_lock:
                 if self._writer_process is None:
                     raise StoreClosedError("the store is not open")
-                return self._writer_process.call("query", sql)
+                return await self._writer_process.call("query", sql)
 
         return await self._on_writer(query())
 
@@ -338,81 +318,10 @@ class SqliteEventStore(GroupCommitStore):
             return None if row is None else Snapshot(*row)
 
 
-class WriterProcess:
-    """The writer process of a SQLite store (`store.sqlite_writer`), from the writer's
-    thread: one request at a time, answered in order. Calls block (with the GIL released
-    while they wait): the writer's thread has nothing else to do meanwhile."""
-
-    def __init__(self, path: str, synchronous: str, busy_timeout_ms: int) -> None:
-        self._opening = (path, synchronous, busy_timeout_ms)
-        self._sock: socket.socket | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self.broken = True
-        """Not started, or gone: the next transaction starts a new one."""
-
-    def start(self) -> None:
-        """Start the process and open the database in it (`WriterFailed` if it cannot)."""
-        self.stop()
-        ours, theirs = socket.socketpair()
-        try:
-            # In a process group of its own: Ctrl-C in a terminal and ``timeout`` signal the
-            # gateway's group, and the writer must outlive the gateway's last commits (it
-            # ignores those signals too, once started: a service manager signals them all).
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", sqlite_writer.__file__, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, process_group=0)
-        except OSError as exc:
-            ours.close()
-            raise WriterFailed(f"the SQLite writer process could not start: {exc}") from None
-        finally:
-            theirs.close()
-        self._sock = ours
-        self.broken = False
-        self._exchange(self._opening)
-
-    def call(self, op: str, *args: Any) -> Any:
-        """Ask the process to do ``op`` (see `store.sqlite_writer.Writer`); its answer, or
-        `KeyConflict` / `WriterFailed` with the reason in words."""
-        return self._exchange((op, args))
-
-    def _exchange(self, message: Any) -> Any:
-        if self._sock is None or self.broken:
-            raise WriterFailed("the SQLite writer process is not running")
-        try:
-            sqlite_writer.send(self._sock, message)
-            answer = sqlite_writer.receive(self._sock)
-        except (OSError, EOFError) as exc:
-            self.broken = True
-            code = None if self._process is None else self._process.poll()
-            raise WriterFailed("the SQLite writer process ended" + (
-                f" (exit status {code})" if code is not None else f" ({exc})")) from None
-        if answer[0] == "ok":
-            return answer[1]
-        if answer[1] == "conflict":
-            raise KeyConflict(answer[2])
-        raise WriterFailed(answer[2])
-
-    def stop(self) -> None:
-        """Close the socket (the process finishes what it was doing, rolls back what was not
-        committed, and exits); kill it if it takes longer than `WRITER_STOP_S`."""
-        sock, self._sock = self._sock, None
-        process, self._process = self._process, None
-        self.broken = True
-        if sock is not None:
-            sock.close()
-        if process is not None:
-            try:
-                process.wait(WRITER_STOP_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 class _SqliteTransaction:
-    """The writer's side of one SQLite transaction, on the writer's thread, each statement a
-    request to the writer process. The rows of `insert` go with the commit: in the usual batch
-    (every stream's version cached) one request does the whole transaction. The methods are
-    coroutines only because the writer awaits any adapter's."""
+    """The writer's side of one SQLite transaction, each statement a request to the writer
+    process. The rows of `insert` go with the commit: in the usual batch (every stream's
+    version cached) one request does the whole transaction."""
 
     __slots__ = ("_clock", "_rows", "_writer")
 
@@ -421,23 +330,23 @@ class _SqliteTransaction:
         self._clock = clock
         self._rows: list[tuple[Any, ...]] | None = None
 
-    def commit(self) -> None:
+    async def commit(self) -> None:
         """Insert the rows given to `insert`, if any, and commit (`KeyConflict` if one of
         them hits a unique key: nothing of the transaction is then written)."""
         rows, self._rows = self._rows, None
         if rows is None:
-            self._writer.call("commit")
+            await self._writer.call("commit")
         else:
-            self._writer.call("insert_commit", rows)
+            await self._writer.call("insert_commit", rows)
 
     async def last_position(self) -> int:
-        return int(self._writer.call("last_position"))
+        return int(await self._writer.call("last_position"))
 
     async def load_versions(self, streams: Sequence[str]) -> dict[str, int]:
-        return dict(self._writer.call("load_versions", list(streams)))
+        return dict(await self._writer.call("load_versions", list(streams)))
 
     async def find_events(self, event_ids: Sequence[str]) -> dict[str, RecordedEvent]:
-        rows = self._writer.call("find_events", list(event_ids))
+        rows = await self._writer.call("find_events", list(event_ids))
         return {row[3]: RecordedEvent(*row) for row in rows}
 
     async def insert(self, rows: Sequence[RecordedEvent]) -> None:
@@ -447,23 +356,23 @@ class _SqliteTransaction:
         self._rows += map(tuple, rows)
 
     async def put_snapshot(self, snapshot: Snapshot, keep: int) -> None:
-        self._writer.call("put_snapshot", tuple(snapshot), keep)
+        await self._writer.call("put_snapshot", tuple(snapshot), keep)
 
     async def delete_snapshots(self, positions: Sequence[int] | None) -> int:
-        return int(self._writer.call("delete_snapshots",
+        return int(await self._writer.call("delete_snapshots",
                                      None if positions is None else list(positions)))
 
     async def lease_rows(self, resources: Sequence[str] | None, lock: bool = False
                          ) -> tuple[int, dict[str, LeaseRow]]:
-        rows = self._writer.call("lease_rows", None if resources is None else list(resources))
+        rows = await self._writer.call("lease_rows", None if resources is None else list(resources))
         return self._clock(), {row[0]: LeaseRow(*row) for row in rows}
 
     async def swap_lease(self, old: LeaseRow | None, new: LeaseRow) -> bool:
-        return bool(self._writer.call("swap_lease", None if old is None else tuple(old),
+        return bool(await self._writer.call("swap_lease", None if old is None else tuple(old),
                                       tuple(new)))
 
     async def delete_leases(self, resources: Sequence[str]) -> None:
-        self._writer.call("delete_leases", list(resources))
+        await self._writer.call("delete_leases", list(resources))
 
 
 def _file_kind(path: str | os.PathLike[str]) -> tuple[str, str]:

@@ -6,8 +6,9 @@ standard library's ``sqlite3`` it gives up the GIL around every step and must wi
 after each one. In the gateway's process the event loop holds the GIL nearly all the time
 under a flood, so every commit waited for it again and again (measured: a 190-row insert
 took 55 ms at p90 on a writer thread, a few ms alone). Here the database work runs in a child
-process on a core of its own; the store's writer (`store.sqlite.SqliteEventStore`) plans
-each batch and sends it in one message, and waits for the answer with the GIL released.
+process on a core of its own; the store's writer (`store.sqlite.SqliteEventStore`, on the
+event loop that opened it) plans each batch and sends it in one message, and the loop goes on
+until the answer arrives (`store.sqlite_process`).
 
 The protocol is private to the two sides: length-prefixed `marshal` messages on a Unix
 socket pair, one request at a time, each answered ``("ok", value)`` or ``("error", kind,

@@ -35,11 +35,12 @@ def tune_runtime() -> None:
 
 SWITCH_INTERVAL_S = 0.001
 """How long a thread may hold the GIL while another waits for it (CPython's default is
-5 ms). The store's writer thread waits for its writer process with the GIL released and
-needs it back for a moment after every commit; under a flood the event loop holds it
-almost always, and each commit's answer waited up to the whole interval: 1 ms measured
-2.4x faster control-lane commits under a 20,000/s flood (mean 17.2 -> 8.6 ms) and a higher
-flood rate, at no cost to a quiet gateway."""
+5 ms). A thread that waits for I/O with the GIL released (the log's readers under
+aiosqlite, `asyncio.to_thread` work) needs it back for a moment after; under a flood the
+event loop holds it almost always, and each such thread waited up to the whole interval.
+Measured when the store's writer was such a thread: 1 ms gave 2.4x faster control-lane
+commits under a 20,000/s flood (mean 17.2 -> 8.6 ms) and a higher flood rate, at no cost to
+a quiet gateway."""
 
 
 @contextmanager

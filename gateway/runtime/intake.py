@@ -72,6 +72,24 @@ class Batch:
     groups: dict[str, Group] = field(default_factory=dict)
     placed: dict[Group, list[_Placed]] = field(default_factory=dict)
 
+    def parts(self, size: int) -> list[Batch]:
+        """Its agents ``size`` at a time, each part a batch of its own (to append in turns);
+        this one is left empty."""
+        agents = list(self.groups.items())
+        parts = []
+        for start in range(0, len(agents), size):
+            part = Batch(dict(agents[start:start + size]))
+            for group in part.groups.values():
+                waiting = self.placed.pop(group, None)
+                if waiting is not None:
+                    part.placed[group] = waiting
+            parts.append(part)
+        if self.placed:  # (groups closed and replaced within the batch: with the first part)
+            parts[0].placed.update(self.placed)
+        self.groups.clear()
+        self.placed.clear()
+        return parts
+
 
 class WayIn(Protocol):
     """Where requests are taken: this process's engine, or a cluster's router."""
@@ -108,8 +126,26 @@ async def in_steps(way_in: WayIn, requests: Sequence[AgentRequest], principal: s
                 await asyncio.sleep(0)
             answers += way_in.take(chunk, principal, batch)
     finally:  # every decision appended, whatever happens to the call
-        way_in.finish(batch)
+        if pacer is None or len(batch.groups) <= PACED_STEP:
+            way_in.finish(batch)
+        else:
+            await _finish_in_turns(way_in, batch, pacer)
     return answers
+
+
+async def _finish_in_turns(way_in: WayIn, batch: Batch, pacer: Pacer) -> None:
+    """`WayIn.finish` of a feed's batch, the appends of `PACED_STEP` agents a turn of its
+    pacer (a frame of 100 requests for 100 agents makes 100 appends, about 3 ms of the loop
+    in one go); whatever is left when that is interrupted is appended at once."""
+    parts = batch.parts(PACED_STEP)
+    try:
+        for part in parts:
+            async with pacer.turn():
+                way_in.finish(part)
+    finally:
+        for part in parts:
+            if part.groups or part.placed:
+                way_in.finish(part)
 
 
 async def settled(answers: Sequence[Awaitable[Ack]]) -> list[Ack | GatewayError]:

@@ -690,6 +690,43 @@ async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_or
     await assert_log_is_the_state(engine)
 
 
+async def test_a_paced_batch_for_many_agents_is_appended_a_part_a_turn(
+    clock: FakeClock, reasoner: ManualReasoner
+) -> None:
+    """A feed's batch for more agents than `PACED_STEP` appends `PACED_STEP` agents a turn
+    of its pacer (one append each would otherwise hold the loop for all of them), and a
+    stop that comes between two parts is appended right after what its agent had before
+    it: every request acked, the log the state."""
+    from gateway.base.pacing import Pacer
+    from gateway.runtime.intake import PACED_STEP
+
+    agents = {f"a{n:02}": AgentConfig(mode=Mode.FOLLOWUP) for n in range(2 * PACED_STEP + 5)}
+    engine = Engine(MemoryEventStore(clock=clock.now_ms), agents, clock=clock,
+                    reasoners=lambda _: reasoner)
+    await engine.start()
+    try:
+        batch = [request(agent, dedupe_key=f"k{n}") for n in range(2) for agent in agents]
+        pacer = Pacer(burst_s=0)  # (each unit on a turn of its own)
+        decided = -(-len(batch) // PACED_STEP)
+        submitting = asyncio.ensure_future(take_all(engine, batch, pacer=pacer))
+        last = list(agents)[-1]
+        for _ in range(1_000):  # until the batch is decided and its first part appended
+            await asyncio.sleep(0)
+            if pacer.turns > decided:
+                break
+        assert pacer.turns == decided + 1
+        assert engine._agents[last].open is not None  # (its part is not appended yet)
+        stop = await asyncio.wait_for(engine.submit(control(last, "emergency_stop")), 5)
+        acks = await asyncio.wait_for(submitting, 5)
+        assert pacer.turns == decided + -(-len(agents) // PACED_STEP)
+        assert [getattr(a, "decision", a) for a in acks] == ["accepted"] * len(batch)
+        mine = [a.position for a, r in zip(acks, batch, strict=True) if r.agent_id == last]
+        assert max(mine) < stop.position
+        await assert_log_is_the_state(engine)
+    finally:
+        await engine.stop()
+
+
 async def test_an_answer_committed_before_a_crash_is_delivered_to_its_caller_at_the_next_start(
     tmp_path: Path, clock: FakeClock
 ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import sqlite3
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
@@ -413,3 +415,68 @@ async def test_the_writer_writes_big_and_many_appends_back_to_back(tmp_path: Pat
     assert_gap_free(log)
     assert {r.event_id for r in log} == {f"{tag}{b}-{i}" for tag in "ab"
                                          for b in range(batches) for i in range(size)}
+
+
+# ------------------------------------------------------------- the writer process
+
+
+def _writer_pid(store: SqliteEventStore) -> int:
+    writer = store._writer_process
+    assert writer is not None and writer.pid is not None
+    return writer.pid
+
+
+async def test_a_writer_process_killed_between_commits_is_replaced_before_the_next(
+    sqlite_store: SqliteEventStore, db_path: Path
+) -> None:
+    """The process that writes the log dies while the store is idle: the next append is
+    written by a new one, and nothing is failed for it."""
+    store = sqlite_store
+    await wait(store.append(app("s", expected=0)))
+    first = _writer_pid(store)
+    os.kill(first, signal.SIGKILL)
+    await asyncio.wait_for(asyncio.to_thread(_reaped_or_gone, first), 10)
+    # (its end reaches the store once the loop reads the socket's end of file)
+    for _ in range(1_000):
+        writer = store._writer_process
+        if writer is None or writer.broken:
+            break
+        await asyncio.sleep(0)
+    await wait(store.append(app("s", expected=1)))
+    assert _writer_pid(store) != first
+    assert [r.version for r in await store.read_stream("s")] == [1, 2]
+
+
+async def test_a_writer_process_killed_mid_commit_fails_that_commit_alone(
+    sqlite_store: SqliteEventStore,
+) -> None:
+    """Stopped (SIGSTOP) with a commit sent to it, then killed: that commit fails with
+    `WriteFailed`, the event loop answered all along, and the next append is written by a
+    new process (and the failed one is not in the log)."""
+    store = sqlite_store
+    await wait(store.append(app("s", expected=0)))
+    pid = _writer_pid(store)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stuck = store.append(app("t", expected=0))
+        for _ in range(1_000):  # until the writer task has sent it
+            if store._inflight:
+                break
+            await asyncio.sleep(0)
+        assert store._inflight
+        # The loop goes on meanwhile (it waits for no thread): reads answer.
+        assert [r.stream for r in await store.read()] == ["s"]
+        assert not stuck.done()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    error = await fails(stuck, StoreError)
+    assert type(error) is WriteFailed
+    assert "writer process ended" in str(error)
+    await wait(store.append(app("u", expected=0)))
+    assert [r.stream for r in await store.read()] == ["s", "u"]
+
+
+def _reaped_or_gone(pid: int) -> None:
+    """Wait until process ``pid`` has ended (a child of this process: reap it)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
