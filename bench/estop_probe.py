@@ -8,7 +8,7 @@ stop as it is
 - **read**: its frame taken off the control connection (`Session._control_now`);
 - **queued**: its urgent append enqueued in the store;
 - **taken**: taken by the writer (after the commit in flight, if any);
-- **committed**: its commit returned (on the writer's thread);
+- **committed**: its commit's answer came back from the log's writer process;
 - **settled**: its future resolved on the gateway's loop;
 - **sent**: its ack written to the connection (`Session._acked` returned).
 
@@ -127,19 +127,22 @@ def install() -> Probe:
 
     commit = BatchWriter._commit
 
+    committing: list[int] = []  # when the commit in flight began (one at a time)
+
     async def _commit(self: BatchWriter, batch: list[Pending]) -> None:
-        started = now_ns()
+        committing[:] = [now_ns()]
         await commit(self, batch)
-        urgent = [p.append.stream for p in batch if p.append.urgent]
-        for stream in urgent:
-            probe.mark("committed", stream)
-        probe.commits.append((started, now_ns(), sum(len(p.events) for p in batch),
-                              bool(urgent)))
 
     settle = BatchWriter._settle
 
     def _settle(self: BatchWriter, batch: list[Pending], *args: Any) -> None:
-        started = now_ns()
+        started = now_ns()  # (the commit's answer came back: its futures are resolved now)
+        urgent = [p.append.stream for p in batch if p.append.urgent]
+        for stream in urgent:
+            probe.mark("committed", stream)
+        if committing:
+            probe.commits.append((committing.pop(), started,
+                                  sum(len(p.events) for p in batch), bool(urgent)))
         settle(self, batch, *args)
         resolved = now_ns() - started
 

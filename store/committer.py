@@ -45,18 +45,17 @@ class BatchWriter(WriterCore):
         busy_since: float | None = None
         try:
             while True:
-                with self._lock:
-                    if not queue:
-                        busy_since = None
-                        if self._state is not _State.OPEN:
-                            return
-                        self._sleeping = True
-                        wakeup.clear()
-                        batch = None
-                    else:
-                        batch = self._take_batch()
-                        self._inflight = batch
-                        self._inflight_events = sum(len(p.events) for p in batch)
+                if not queue:
+                    busy_since = None
+                    if self._state is not _State.OPEN:
+                        return
+                    self._sleeping = True
+                    wakeup.clear()
+                    batch = None
+                else:
+                    batch = self._take_batch()
+                    self._inflight = batch
+                    self._inflight_events = sum(len(p.events) for p in batch)
                 if batch is None:
                     await wakeup.wait()
                     continue
@@ -69,19 +68,17 @@ class BatchWriter(WriterCore):
                     await self._commit(batch)
                 ended = time.perf_counter()
                 self._measure(self._inflight_events, ended - started)
-                with self._lock:
-                    busy_since = ended if queue else None
-                    self._inflight = []
-                    self._inflight_events = 0
-        finally:
-            with self._lock:
-                inflight, queued = self._inflight, list(queue)
-                queue.clear()
+                busy_since = ended if queue else None
                 self._inflight = []
                 self._inflight_events = 0
-                self._queued_events = 0
-                self._urgent = 0
-            self._deliver(_fail_left, inflight, queued)
+        finally:
+            inflight, queued = self._inflight, list(queue)
+            queue.clear()
+            self._inflight = []
+            self._inflight_events = 0
+            self._queued_events = 0
+            self._urgent = 0
+            _fail_left(inflight, queued)
 
     def _take_urgent(self) -> list[Pending]:
         """The urgent appends, with whatever of their own streams was queued before them;
@@ -136,16 +133,16 @@ class BatchWriter(WriterCore):
         except Exception as exc:
             self._stale = True
             failed = WriteFailed("the append", self._describe(exc))
-            self._deliver(self._settle, batch, [failed] * len(batch), [])
+            self._settle(batch, [failed] * len(batch), [])
             return
-        # Committed: advance the caches, then tell callers and followers (on their loop).
+        # Committed: advance the caches, then tell callers and followers.
         self._position = plan.position
         self._versions.update(plan.versions)
-        self._deliver(self._settle, batch, plan.final(), plan.rows)
+        self._settle(batch, plan.final(), plan.rows)
 
     def _settle(self, batch: list[Pending], outcomes: Sequence[Outcome],
                 rows: list[RecordedEvent]) -> None:
-        """On the caller's loop: resolve the futures of a batch, then feed the followers."""
+        """Resolve the futures of a batch, then feed the followers."""
         for pending, outcome in zip(batch, outcomes, strict=True):
             future = pending.future
             if future.done():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
@@ -78,16 +77,6 @@ def create_engine(url: URL, *, synchronous: str = "FULL",
     engine = create_async_engine(url)
     if is_sqlite(url):
         _with_pragmas(engine.sync_engine, synchronous, busy_timeout_ms)
-    return engine
-
-
-def create_sqlite_writer_engine(url: URL, *, synchronous: str = "FULL",
-                                busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Engine:
-    """A synchronous engine (the standard library's ``sqlite3``) for the SQLite database at
-    ``url``, for a writer on a thread of its own, with the store's PRAGMAs (as
-    `create_engine`)."""
-    engine = create_sync_engine(url.set(drivername="sqlite"))
-    _with_pragmas(engine, synchronous, busy_timeout_ms)
     return engine
 
 

@@ -173,4 +173,4 @@ class LeaseWriter(WriterCore):
                 async with self._transaction() as txn:
                     return await work(txn)
 
-        return await self._on_writer(run())
+        return await run()

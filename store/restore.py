@@ -28,7 +28,7 @@ class RestoreWriter(WriterCore):
             return
         for record in rows:
             check_record(record)
-        await self._on_writer(self._restore(rows))
+        await self._restore(rows)
         if self._followers:
             self._publish(rows)
 
@@ -82,7 +82,7 @@ class RestoreWriter(WriterCore):
             if not value or len(value) > FINGERPRINT_MAX:
                 raise ValueError(f"snapshot {name} must have 1 to {FINGERPRINT_MAX} characters")
         self._check_open()
-        await self._on_writer(self._save_snapshot(snapshot, keep))
+        await self._save_snapshot(snapshot, keep)
 
     async def _save_snapshot(self, snapshot: Snapshot, keep: int) -> None:
         assert self._write_lock is not None
@@ -94,7 +94,7 @@ class RestoreWriter(WriterCore):
     async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
         """Delete the snapshots at ``positions`` (default: every one); how many there were."""
         self._check_open()
-        return await self._on_writer(self._delete_snapshots(
+        return await (self._delete_snapshots(
             None if positions is None else list(positions)))
 
     async def _delete_snapshots(self, positions: list[int] | None) -> int:

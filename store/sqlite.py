@@ -243,7 +243,7 @@ class SqliteEventStore(GroupCommitStore):
                     raise StoreClosedError("the store is not open")
                 return await self._writer_process.call("query", sql)
 
-        return await self._on_writer(query())
+        return await query()
 
     @property
     def url(self) -> str | None:

@@ -31,7 +31,6 @@ so they never interleave with one.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Final, Self
@@ -88,40 +87,21 @@ class GroupCommitStore(BatchWriter, RestoreWriter, LeaseWriter):
         loop = asyncio.get_running_loop()
         self._position = await self._start()
         self._loop = loop
-        if not self._writer_thread:
-            self._writer_loop = loop
-            await self._begin_writer()
-            return
-        writer_loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=writer_loop.run_forever, daemon=True,
-                                  name=f"{type(self).__name__} writer")
-        thread.start()
-        self._writer_loop, self._thread = writer_loop, thread
         try:
-            await self._on_writer(self._begin_writer())
+            await self._begin_writer()
         except BaseException:
             self._state = _State.CLOSED
-            await self._end_thread()
             await self._stop()
             raise
 
     async def _begin_writer(self) -> None:
-        """On the writer's loop: open the write side, then start the writer."""
+        """Open the write side, then start the writer."""
         self._wakeup = asyncio.Event()
         self._write_lock = asyncio.Lock()
         await self._start_writer()
         self._state = _State.OPEN
         self._writer = asyncio.get_running_loop().create_task(
             self._run_writer(), name=f"{type(self).__name__} writer")
-
-    async def _end_thread(self) -> None:
-        """Stop the writer's thread and its loop (if it has one)."""
-        thread, writer_loop = self._thread, self._writer_loop
-        if thread is None or writer_loop is None:
-            return
-        writer_loop.call_soon_threadsafe(writer_loop.stop)
-        await asyncio.to_thread(thread.join)
-        writer_loop.close()
 
     async def close(self) -> None:
         """Finish the commit in flight and every append already enqueued, then stop.
@@ -133,23 +113,21 @@ class GroupCommitStore(BatchWriter, RestoreWriter, LeaseWriter):
             if self._state is _State.NEW:
                 self._state = _State.CLOSED
                 return
-            with self._lock:
-                self._state = _State.CLOSING
-                self._wake()
+            self._state = _State.CLOSING
+            self._wake()
             self._shutdown = asyncio.ensure_future(self._finish())
         await asyncio.shield(self._shutdown)
 
     async def _finish(self) -> None:
         try:
-            await self._on_writer(self._end_writer())
+            await self._end_writer()
         finally:
-            await self._end_thread()
             self._state = _State.CLOSED
             self._followers.wake()
             await self._stop()
 
     async def _end_writer(self) -> None:
-        """On the writer's loop: let the writer drain, then close the write side."""
+        """Let the writer drain, then close the write side."""
         try:
             if self._writer is not None:
                 await self._writer
@@ -180,11 +158,10 @@ class GroupCommitStore(BatchWriter, RestoreWriter, LeaseWriter):
         if len(events) > 1 and len({event.event_id for event in events}) != len(events):
             future.set_exception(repeated_id(append))
             return future
-        with self._lock:
-            self._queue.append(Pending(append, events, future))
-            self._queued_events += len(events)
-            self._urgent += append.urgent
-            self._wake()
+        self._queue.append(Pending(append, events, future))
+        self._queued_events += len(events)
+        self._urgent += append.urgent
+        self._wake()
         return future
 
     def append_many(self, appends: Sequence[Append]) -> list[asyncio.Future[list[RecordedEvent]]]:
@@ -220,11 +197,10 @@ class GroupCommitStore(BatchWriter, RestoreWriter, LeaseWriter):
                 queued += len(events)
                 urgent += append.urgent
             futures.append(future)
-        with self._lock:
-            self._queue.extend(taken)
-            self._queued_events += queued
-            self._urgent += urgent
-            self._wake()
+        self._queue.extend(taken)
+        self._queued_events += queued
+        self._urgent += urgent
+        self._wake()
         return futures
 
     async def follow(self, after: int = 0) -> AsyncGenerator[RecordedEvent, None]:

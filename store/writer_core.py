@@ -1,21 +1,19 @@
 """The state and hooks every part of the group-commit writer shares (`WriterCore`): the
-adapter hooks, the queue and caches, the commit-rate and backlog accounting, running on the
-writer's loop and delivering on the caller's, and the write transaction (`WriteTransaction`)
-an adapter supplies. `store.writer.GroupCommitStore` puts the parts together."""
+adapter hooks, the queue and caches, the commit-rate and backlog accounting, and the write
+transaction (`WriteTransaction`) an adapter supplies. `store.writer.GroupCommitStore` puts
+the parts together."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import math
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, ClassVar, Final, Protocol, TypeVar
+from typing import ClassVar, Final, Protocol, TypeVar
 
 from .batch import LeaseRow, Pending
 from .followers import Followers
@@ -112,15 +110,8 @@ def check_limit(limit: int | None) -> None:
 
 
 class WriterCore(ABC):
-    """What the parts of `store.writer.GroupCommitStore` share: its state, the adapter hooks
-    and the plumbing between the caller's loop and the writer's."""
-
-    _writer_thread: ClassVar[bool] = False
-    """Whether the writer runs on a thread of its own, with its own event loop, rather than
-    as a task of the loop that opened the store. An adapter whose commits take real time
-    (a database file) then commits at its own pace however busy that loop is, and an urgent
-    append waits for at most the commit in flight. Its write side is opened on that loop
-    (`_start_writer`); futures are resolved, and followers fed, on the caller's loop."""
+    """What the parts of `store.writer.GroupCommitStore` share: its state and the adapter
+    hooks. Everything runs on the event loop that opened the store."""
 
     _shares_log: ClassVar[bool] = False
     """Whether other processes may write the same log. Such a store (PostgreSQL) never trusts
@@ -143,18 +134,12 @@ class WriterCore(ABC):
         self._state = _State.NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop that opened the store: appends come from it, futures resolve on it."""
-        self._writer_loop: asyncio.AbstractEventLoop | None = None
-        """The loop the writer runs on (the same one, or its thread's)."""
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        """Guards the queue and its counters (appended to by the caller, taken by the
-        writer, which may be on another thread)."""
         self._queue: deque[Pending] = deque()
         self._queued_events = 0
         self._urgent = 0
         """Urgent appends in the queue: the next batch is theirs (see `_take_urgent`)."""
         self._sleeping = False
-        """The writer waits for `_wakeup` (set it, from the writer's loop, to go on)."""
+        """The writer waits for `_wakeup` (set it to go on)."""
         self._wakeup: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
@@ -165,8 +150,7 @@ class WriterCore(ABC):
         self._versions: dict[str, int] = {}
         self._position = 0
         self._write_lock: asyncio.Lock | None = None
-        """Held by each batch commit, import and snapshot write: one write at a time (on the
-        writer's loop)."""
+        """Held by each batch commit, import and snapshot write: one write at a time."""
         self._stale = False
         """A write failed: the caches are read again before the next one (see `_resync`)."""
         self._inflight_events = 0
@@ -230,11 +214,11 @@ class WriterCore(ABC):
         """Release storage; called once, after the writer drained."""
 
     async def _start_writer(self) -> None:
-        """Open what the writer writes with, on the writer's loop (after `_start`)."""
+        """Open what the writer writes with (after `_start`)."""
         return None
 
     async def _stop_writer(self) -> None:
-        """Close what `_start_writer` opened, on the writer's loop, once the writer ended."""
+        """Close what `_start_writer` opened, once the writer ended."""
         return None
 
     @abstractmethod
@@ -277,34 +261,14 @@ class WriterCore(ABC):
     def is_open(self) -> bool:
         """Whether the store takes appends."""
         return self._state is _State.OPEN
-    async def _on_writer(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the writer's loop and wait for it here."""
-        if self._thread is None:
-            return await coro
-        assert self._writer_loop is not None
-        return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(coro, self._writer_loop))
-
-    def _deliver(self, fn: Callable[..., None], *args: Any) -> None:
-        """From the writer: call ``fn`` on the caller's loop (where the futures are)."""
-        if self._thread is None:
-            fn(*args)
-            return
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-            self._loop.call_soon_threadsafe(fn, *args)
-
     def _wake(self) -> None:
-        """Let a sleeping writer go on (call with ``_lock`` held)."""
+        """Let a sleeping writer go on."""
         if not self._sleeping:
             return
         self._sleeping = False
         wakeup = self._wakeup
-        assert wakeup is not None and self._writer_loop is not None
-        if self._thread is None:
-            wakeup.set()
-        else:
-            self._writer_loop.call_soon_threadsafe(wakeup.set)
+        assert wakeup is not None
+        wakeup.set()
 
     # ----------------------------------------------------------------- imports, snapshots
 
