@@ -17,7 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.base.roles import Role
 from gateway.base.tasks import spawn
-from gateway.edge.answers import ack_frame, error_frame
+from gateway.edge.answers import ack_frame, acks_text, error_frame, market_ack_text
 from gateway.edge.auth import Principal
 from gateway.edge.decided_now import HELD_EVENTS, DecidedNow
 from gateway.edge.desk import kill_answer, kill_desk
@@ -33,15 +33,12 @@ from gateway.edge.frames import (
     validate_now,
 )
 from gateway.edge.protocol import (
-    AckFrame,
-    AcksFrame,
     Auth,
     BusyFrame,
     DeskKill,
     ErrorFrame,
     Hello,
     Market,
-    MarketAck,
     Ping,
     Pong,
     Submit,
@@ -288,10 +285,11 @@ class Session(DecidedNow):
         # Optional fields that are None are left out; Hello's scope is always sent.
         await self.send_text(frame.model_dump_json(exclude_none=not isinstance(frame, Hello)))
 
-    async def _send_paced(self, frame: BaseModel) -> None:
-        """`send`, the encoding in a turn of the pacer (a feed's big answers)."""
+    async def _send_paced(self, text_of: Callable[[], str]) -> None:
+        """`send_text` of a frame's text, written in a turn of the pacer (a feed's big
+        answers)."""
         async with self._turn():
-            text = frame.model_dump_json(exclude_none=True)
+            text = text_of()
         await self.send_text(text)
 
     async def send_text(self, text: str) -> None:
@@ -370,8 +368,8 @@ class Session(DecidedNow):
                 ack = await self.service.submit(frame.request, principal.name)
             await self.send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
-            await self._send_paced(AcksFrame(id=frame.id,
-                                             results=await self._submit_all(frame.requests)))
+            results = await self._submit_all(frame.requests)
+            await self._send_paced(functools.partial(acks_text, results, frame.id))
         elif isinstance(frame, Market):
             principal.check_feed()
             if principal.agents is not None:
@@ -386,8 +384,8 @@ class Session(DecidedNow):
                 async with self._turn():
                     requests += self.service.on_market(frame.events[start:start + VALIDATE_STEP])
             triggered = await self._submit_all(requests) if requests else []
-            await self._send_paced(MarketAck(id=frame.id, events=len(frame.events),
-                                             triggered=triggered))
+            await self._send_paced(functools.partial(market_ack_text, len(frame.events),
+                                                     triggered, frame.id))
         elif isinstance(frame, Subscribe):
             await self.subscriptions.subscribe(frame)
         elif isinstance(frame, DeskKill):
@@ -419,7 +417,7 @@ class Session(DecidedNow):
         finally:
             self.service.intake.settled(self, events)
 
-    async def _submit_all(self, requests: list[AgentRequest]) -> list[AckFrame | ErrorFrame]:
+    async def _submit_all(self, requests: list[AgentRequest]) -> list[Ack | ErrorFrame]:
         principal = self.principal
         assert principal is not None
         allowed: list[AgentRequest] = []
@@ -436,13 +434,13 @@ class Session(DecidedNow):
             answers = iter(await settled(await self.service.take(
                 allowed, principal.name,
                 pacer=self.service.pacer if self.endpoint == "feed" else None)))
-        results: list[AckFrame | ErrorFrame] = []
+        results: list[Ack | ErrorFrame] = []
         for index, request in enumerate(requests):
             if index in refused:
                 results.append(refused[index])
                 continue
             answer = next(answers)
-            results.append(ack_frame(answer) if isinstance(answer, Ack)
+            results.append(answer if isinstance(answer, Ack)
                            else error_frame(answer, request_id=request.request_id))
         return results
 

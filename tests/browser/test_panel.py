@@ -201,6 +201,11 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
         page = await open_panel(relay.url, CONTROL, on_websocket=watch)
         banner = page.locator("#banner")
         await expect(banner).to_be_hidden()
+        # Something seen before the cut (else the cut may come before the first events frame
+        # on a busy machine, and the panel would rightly resume from nothing).
+        before = await submit(running, request("charlie", "user_control",
+                                               payload={"message": "before the cut"}))
+        await expect_position(page, before["position"])
         relay.cut()
         await expect(banner).to_be_visible()
         await expect(banner).to_contain_text("Disconnected from the gateway")
@@ -230,7 +235,8 @@ async def test_a_dropped_connection_shows_the_disconnected_state_and_recovers(
 
 @dataclass
 class Frames:
-    """What the page sent on one WebSocket, and the positions of the events it received."""
+    """What the page sent on one WebSocket, and the positions it received: of the events,
+    and of a subscription's snapshot (the panel has seen the log up to it)."""
 
     sent: list[dict[str, Any]] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
@@ -240,6 +246,8 @@ class Frames:
         assert frame["type"] != "event", "the panel subscribes with batch: events frames only"
         if frame["type"] == "events":
             self.positions += [event["position"] for event in frame["events"]]
+        elif frame["type"] == "snapshot":
+            self.positions.append(frame["position"])
 
 
 async def test_two_hundred_agents_under_a_feed_flood_stay_smooth(

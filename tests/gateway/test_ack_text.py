@@ -7,7 +7,8 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gateway.edge.answers import ack_frame, ack_text
+from gateway.edge.answers import ack_frame, ack_text, acks_text, market_ack_text
+from gateway.edge.protocol import AckFrame, AcksFrame, ErrorFrame, MarketAck
 from gateway.runtime.acks import Ack
 from gateway.runtime.effects import ControlEffect
 from lanes.vocabulary import TradingState
@@ -41,3 +42,27 @@ def test_an_acks_text_is_its_frames_text(request_id: str, decision: str, positio
     ack = Ack(request_id, decision, position, reason, repeated, effect)
     assert _said(lambda: ack_text(ack, id)) == _said(
         lambda: ack_frame(ack, id).model_dump_json(exclude_none=True))
+
+
+ACKS = st.builds(Ack, TEXTS, st.sampled_from(["accepted", "deduped", "dropped", "rejected"]),
+                 st.integers(), st.none() | TEXTS, st.booleans(), EFFECTS)
+ERRORS = st.builds(ErrorFrame, code=TEXTS, message=TEXTS, request_id=st.none() | TEXTS,
+                   field=st.none() | TEXTS)
+
+
+def _frame_of(result: Ack | ErrorFrame) -> AckFrame | ErrorFrame:
+    return ack_frame(result) if isinstance(result, Ack) else result
+
+
+@given(results=st.lists(ACKS | ERRORS, max_size=5), id=st.none() | TEXTS)
+@example(results=[], id=None)
+def test_a_frame_of_acks_is_written_as_its_model_writes_it(
+        results: list[Ack | ErrorFrame], id: str | None) -> None:
+    """A `SubmitMany`'s answer (`acks_text`) and a market frame's (`market_ack_text`)."""
+    assert _said(lambda: acks_text(results, id)) == _said(
+        lambda: AcksFrame(id=id, results=[_frame_of(r) for r in results]).model_dump_json(
+            exclude_none=True))
+    assert _said(lambda: market_ack_text(len(results) * 3, results, id)) == _said(
+        lambda: MarketAck(id=id, events=len(results) * 3,
+                          triggered=[_frame_of(r) for r in results]).model_dump_json(
+            exclude_none=True))
