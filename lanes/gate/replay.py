@@ -17,12 +17,15 @@ from lanes.gate.events import (
     SlotQueued,
     SlotRequested,
 )
+from lanes.gate.repeatable import gate_input_reads_back
 from lanes.gate.state import GateState
 
-GATE_CODEC: Codec[GateEvent] = Codec(GATE_INPUT_TYPES + GATE_DECISION_TYPES, written_when_set={
-    SlotRequested: (("weight", 1),), SlotQueued: (("weight", 1),)})
+GATE_CODEC: Codec[GateEvent] = Codec(
+    GATE_INPUT_TYPES + GATE_DECISION_TYPES, reads_back=gate_input_reads_back,
+    written_when_set={SlotRequested: (("weight", 1),), SlotQueued: (("weight", 1),)})
 """The gate's codec; an agent's weight is stored only when it is not 1 (logs written before
-weights existed read and re-record as they were)."""
+weights existed read and re-record as they were). Inputs known to read back equal
+(`gate_input_reads_back`) are spared the round trip of `Codec.encode_checked`."""
 GATE_EVENT_TYPES = GATE_CODEC.types
 encode_gate_event = GATE_CODEC.encode
 decode_gate_event = GATE_CODEC.decode
