@@ -47,11 +47,14 @@ if TYPE_CHECKING:
 DECIDE_STEP: Final = 50
 """Requests of a batch decided before other work may run (about 1-2 ms of the loop; the
 requests of one agent are still appended once per batch, `Group`)."""
-PACED_STEP: Final = 20
+PACED_STEP: Final = 10
 """The same for a feed's batch, whose steps take turns of its pacer: a stop's frame waits for
 the unit under way to be read (measured under `bench.estop_latency`'s flood, alternated runs:
 units of 50 held the loop 6.0-6.5 ms at p99, of 20 3.8-3.9 ms; the stop's ack p99 15.3-17.2
-against 12.0-15.3 ms; the flood's rate and feed ingest the same within the noise)."""
+against 12.0-15.3 ms. Since the log's writer runs on the loop, six alternated runs: units of
+20 gave the stop's ack p99 2.20-4.33x its idle p99 (median 3.1x), of 10 1.77-2.61x (median
+2.4x), for 7 % less of the flood (12.1-12.9k against 11.5-11.8k req/s) and of
+`bench.ws_ingest`'s frames of 100 (13.8 / 14.2k against 12.7 / 13.2k req/s))."""
 
 
 @dataclass(frozen=True, slots=True)
