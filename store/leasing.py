@@ -166,11 +166,8 @@ class LeaseWriter(WriterCore):
         several processes write (PostgreSQL) runs it apart from the commits, so that a
         process stuck in a commit never holds up the others' leases, and a member's ``own``
         lease on a connection of its own, so that reads never hold up its renewal."""
-        async def run() -> T:
-            assert self._write_lock is not None
-            async with self._write_lock:
-                self._check_open()
-                async with self._transaction() as txn:
-                    return await work(txn)
-
-        return await run()
+        assert self._write_lock is not None
+        async with self._write_lock:
+            self._check_open()
+            async with self._transaction() as txn:
+                return await work(txn)

@@ -94,8 +94,7 @@ class RestoreWriter(WriterCore):
     async def delete_snapshots(self, positions: Sequence[int] | None = None) -> int:
         """Delete the snapshots at ``positions`` (default: every one); how many there were."""
         self._check_open()
-        return await (self._delete_snapshots(
-            None if positions is None else list(positions)))
+        return await self._delete_snapshots(None if positions is None else list(positions))
 
     async def _delete_snapshots(self, positions: list[int] | None) -> int:
         assert self._write_lock is not None

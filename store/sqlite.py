@@ -66,6 +66,8 @@ _SNAPSHOT_INFO: Final = select(
     snapshots.c.created_at,
     func.length(snapshots.c.data),
 ).order_by(snapshots.c.position.desc())
+
+
 def _reason(exc: BaseException, path: str | None = None) -> str:
     """What went wrong, in words (`store.sqlite_writer.reason`)."""
     return sqlite_writer.reason(exc, path)
@@ -236,14 +238,11 @@ class SqliteEventStore(GroupCommitStore):
     async def writer_query(self, sql: str) -> Any:
         """The first column of the first row of ``sql`` (a PRAGMA) on the writer's own
         connection, between two commits (for tests and diagnostics)."""
-        async def query() -> Any:
-            assert self._write_lock is not None
-            async with self._write_lock:
-                if self._writer_process is None:
-                    raise StoreClosedError("the store is not open")
-                return await self._writer_process.call("query", sql)
-
-        return await query()
+        assert self._write_lock is not None
+        async with self._write_lock:
+            if self._writer_process is None:
+                raise StoreClosedError("the store is not open")
+            return await self._writer_process.call("query", sql)
 
     @property
     def url(self) -> str | None:
