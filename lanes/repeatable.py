@@ -60,7 +60,8 @@ def _limits(name: str) -> tuple[int, int | None, re.Pattern[str] | None]:
 _LIMITS: Final = {name: _limits(name) for name in _TEXTS}
 
 
-def _text(value: Any) -> bool:
+def text_reads_back(value: Any) -> bool:
+    """Whether ``value`` is a plain string that JSON carries exactly (no lone surrogate)."""
     return type(value) is str and (value.isascii() or _SURROGATE.search(value) is None)
 
 
@@ -86,7 +87,8 @@ def request_reads_back(request: AgentRequest) -> bool:
         value = fields[name]
         if value is None:
             continue
-        if not _text(value) or len(value) < low or (high is not None and len(value) > high) \
+        if not text_reads_back(value) or len(value) < low \
+                or (high is not None and len(value) > high) \
                 or (pattern is not None and pattern.fullmatch(value) is None):
             return False
     if_busy = fields["if_busy"]
@@ -103,7 +105,8 @@ def received_reads_back(event: RequestReceived) -> bool:
     """Whether a `RequestReceived` is known to be stored and read back equal."""
     at, principal = event.at, event.principal
     return (type(at) is int and MIN_INT <= at <= MAX_INT
-            and (principal is None or _text(principal)) and request_reads_back(event.request))
+            and (principal is None or text_reads_back(principal))
+            and request_reads_back(event.request))
 
 
 READS_BACK: Final = {RequestReceived: received_reads_back}

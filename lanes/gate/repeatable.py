@@ -19,7 +19,7 @@ from lanes.gate.events import (
     SlotReleased,
     SlotRequested,
 )
-from lanes.repeatable import _text
+from lanes.repeatable import text_reads_back as _text
 from lanes.requests import MAX_INT, MIN_INT, Priority
 
 
