@@ -427,7 +427,7 @@ def _writer_pid(store: SqliteEventStore) -> int:
 
 
 async def test_a_writer_process_killed_between_commits_is_replaced_before_the_next(
-    sqlite_store: SqliteEventStore, db_path: Path
+    sqlite_store: SqliteEventStore,
 ) -> None:
     """The process that writes the log dies while the store is idle: the next append is
     written by a new one, and nothing is failed for it."""
