@@ -11,6 +11,7 @@ import pytest
 
 from gateway.base.clock import FakeClock
 from gateway.errors import AgentUnavailable, StorageFailed, UnknownAgent
+from gateway.runtime.acks import Ack
 from gateway.runtime.engine import Engine
 from gateway.runtime.intake import take_all
 from lanes import AgentConfig, Budgets, Mode, Priority, replay, request_outcomes, verify
@@ -720,7 +721,9 @@ async def test_a_paced_batch_for_many_agents_is_appended_a_part_a_turn(
         acks = await asyncio.wait_for(submitting, 5)
         assert pacer.turns == decided + -(-len(agents) // PACED_STEP)
         assert [getattr(a, "decision", a) for a in acks] == ["accepted"] * len(batch)
-        mine = [a.position for a, r in zip(acks, batch, strict=True) if r.agent_id == last]
+        assert all(isinstance(a, Ack) for a in acks) and isinstance(stop, Ack)
+        mine = [a.position for a, r in zip(acks, batch, strict=True)
+                if r.agent_id == last and isinstance(a, Ack)]
         assert max(mine) < stop.position
         await assert_log_is_the_state(engine)
     finally:
