@@ -47,14 +47,16 @@ if TYPE_CHECKING:
 DECIDE_STEP: Final = 50
 """Requests of a batch decided before other work may run (about 1-2 ms of the loop; the
 requests of one agent are still appended once per batch, `Group`)."""
-PACED_STEP: Final = 10
+PACED_STEP: Final = 5
 """The same for a feed's batch, whose steps take turns of its pacer: a stop's frame waits for
 the unit under way to be read (measured under `bench.estop_latency`'s flood, alternated runs:
 units of 50 held the loop 6.0-6.5 ms at p99, of 20 3.8-3.9 ms; the stop's ack p99 15.3-17.2
 against 12.0-15.3 ms. Since the log's writer runs on the loop, six alternated runs: units of
 20 gave the stop's ack p99 2.20-4.33x its idle p99 (median 3.1x), of 10 1.77-2.61x (median
-2.4x), for 7 % less of the flood (12.1-12.9k against 11.5-11.8k req/s) and of
-`bench.ws_ingest`'s frames of 100 (13.8 / 14.2k against 12.7 / 13.2k req/s))."""
+2.4x), for 7 % less of the flood (12.1-12.9k against 11.5-11.8k req/s). Eight alternated runs
+on 2026-12-05: units of 10 gave 1.39-3.29x (median 2.0x, flood p99 5.5-10.0 ms), of 5
+1.71-2.08x (median 1.8x, 6.2-7.5 ms), for about 3.5 % less of the flood (11.6k against
+11.2k req/s on average))."""
 
 
 @dataclass(frozen=True, slots=True)
