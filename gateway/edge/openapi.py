@@ -59,8 +59,8 @@ def openapi_document() -> dict[str, Any]:
     from gateway.reads.blotter import BlotterView
     from gateway.reads.drill import DRILL_ANSWERS
     from gateway.reads.pnl import PnlView
+    from gateway.reads.story import RESPONSES  # the answers of the story routes
     from gateway.reads.whatif import WhatIfBody, WhatIfJson
-    from gateway.tools.story import RESPONSES  # the answers of the story routes
 
     schemas: dict[str, Any] = {}
 

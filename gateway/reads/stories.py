@@ -16,8 +16,8 @@ from itertools import pairwise
 
 from gateway.base.quarantine import LogReader
 from gateway.market.prices import PriceWords
+from gateway.reads.story import INPUT_NAMES, read_type, told
 from gateway.reads.tails import StreamFolds
-from gateway.tools.story import INPUT_NAMES, read_type, told
 from gateway.tools.timeline import JUMP_KINDS, JUMP_TYPES, Group, kinds_of
 from lanes.calltree import CALL_EVENT_TYPES
 from lanes.events import Event

@@ -31,12 +31,11 @@ from gateway.edge.openapi import openapi_document
 from gateway.edge.routes import feed as feed_routes
 from gateway.edge.service import Service
 from gateway.errors import CODES
-from gateway.reads import blotter, pnl, whatif
+from gateway.reads import blotter, pnl, story, whatif
 from gateway.reads import drill as reads_drill
 from gateway.runtime import desk as runtime_desk
 from gateway.runtime import effects
 from gateway.runtime.engine import Engine
-from gateway.tools import story
 from lanes import requests, vocabulary
 from store import MemoryEventStore
 from tests.test_architecture import CLIENT_DEPENDENCIES

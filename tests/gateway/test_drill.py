@@ -9,7 +9,7 @@ import pytest
 from gateway.base.quarantine import PLAIN
 from gateway.errors import BadFrame
 from gateway.reads.drill import OrderLifeJson, RunDetailJson, order_life, run_detail
-from gateway.tools.story import answer
+from gateway.reads.story import answer
 from lanes import AgentConfig, AgentState, Entry, decide
 from lanes.events import (
     BrokerReport,

@@ -9,7 +9,7 @@ from bisect import bisect_right
 
 from gateway.base.quarantine import PLAIN
 from gateway.reads.stories import Stories
-from gateway.tools.story import INPUT_NAMES, told
+from gateway.reads.story import INPUT_NAMES, told
 from gateway.tools.timeline import JUMP_KINDS, kinds_of
 from lanes import AgentConfig, AgentState, Budgets, Entry, Mode, decide
 from lanes.config import DropPolicy

@@ -9,8 +9,8 @@ from gateway.edge.http import Routes, _json, _position_param
 from gateway.errors import BadFrame
 from gateway.reads.drill import OrderLifeJson, RunDetailJson, order_life, run_detail
 from gateway.reads.history import first_version
+from gateway.reads.story import answer
 from gateway.reads.whatif import MAX_WHATIF_EVENTS, WhatIfBody, WhatIfs
-from gateway.tools.story import answer
 
 
 class DrillRoutes(Routes):

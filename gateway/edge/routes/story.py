@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from gateway.edge.http import Routes, _int_param, _json, _position_param
 from gateway.errors import BadFrame
-from gateway.tools.story import (
+from gateway.reads.story import (
     JUMP_KINDS,
     DiffJson,
     FoundJson,
