@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ FAST = ("lanes", "store", "gateway", "replay", "service", "test_architecture.py"
 NOT_FAST = (
     # not in-process
     "service/test_providers.py",  # the official SDKs against a fake provider served by uvicorn
+    "service/test_tool_calling.py",  # the same, for tool calls
     "replay/test_snapshots.py::test_a_snapshot_folded_by_a_worker_process",  # a worker process
     "gateway/test_mcp_tools.py",  # an MCP server in a process (stdio), one served by uvicorn
     # in-process, but over a second each on a quiet machine
@@ -118,8 +120,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _no_program_when_fast(request: pytest.FixtureRequest,
                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A test of the fast layer that runs a program (the gateway's command line, a fresh
-    interpreter; `subprocess`, also under asyncio) fails: move it out with `NOT_FAST`. The
-    SQLite store's own writer process is part of the store, and may run."""
+    interpreter; `subprocess`, also under asyncio) or serves on a TCP socket fails: move it
+    out with `NOT_FAST`. The SQLite store's own writer process is part of the store, and may
+    run (it speaks over a socket pair, which serves nothing)."""
     if request.node.get_closest_marker("fast") is None:
         return
     popen = subprocess.Popen.__init__
@@ -131,6 +134,38 @@ def _no_program_when_fast(request: pytest.FixtureRequest,
         popen(self, args, *more, **named)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", checked)
+
+
+_fast_test: list[str] = []
+"""The fast test being set up or run, if one is (its fixtures of wider scope included)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """Notes a fast test from the start of its setup, before any of its fixtures."""
+    _fast_test[:] = [item.nodeid] if item.get_closest_marker("fast") is not None else []
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    """A fixture's teardown may close what it served."""
+    _fast_test.clear()
+    return (yield)
+
+
+_listen = socket.socket.listen
+
+
+def _listen_unless_fast(self: socket.socket, *backlog: int) -> None:
+    """`socket.listen`, except in a fast test (or a fixture of one) on a TCP socket."""
+    if _fast_test and self.family in (socket.AF_INET, socket.AF_INET6):
+        raise AssertionError(f"{_fast_test[0]} is in the fast layer and serves on a socket: "
+                             "add it to NOT_FAST in tests/conftest.py")
+    _listen(self, *backlog)
+
+
+socket.socket.listen = _listen_unless_fast  # type: ignore[method-assign, assignment]
 
 
 @pytest.fixture(scope="session")

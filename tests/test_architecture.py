@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -227,6 +228,15 @@ def test_every_wait_goes_through_the_clock_and_every_task_through_base() -> None
         if found:
             offenders[name] = found
     assert offenders == {}
+
+
+def test_a_fast_test_may_not_serve_on_a_socket() -> None:
+    """The fast layer's guard (`tests/conftest.py`): this test is in the layer, so serving on
+    TCP fails it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        with pytest.raises(AssertionError, match="serves on a socket"):
+            sock.listen(1)
 
 
 def test_the_wait_check_can_fail() -> None:

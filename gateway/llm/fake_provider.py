@@ -403,9 +403,13 @@ async def serving(provider: FakeProvider, timeout_s: float = 10.0) -> AsyncItera
     On exit, hangs and stalls are released and the server is stopped.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(provider, log_level="warning", lifespan="off"))
     task = start(server.serve(sockets=[sock]), "fake provider")
