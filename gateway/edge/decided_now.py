@@ -48,7 +48,7 @@ class DecidedNow:
         pacer = self.service.pacer
         pacer.hold()  # the feed's bulk work waits until this ack is out
         try:
-            principal.check_submit(request)
+            self.service.admit(principal, request)  # (a control: never refused for capacity)
             pending = self.service.way_in.take([request], principal.name)[0]
         except Exception as error:
             pacer.release()
@@ -77,7 +77,7 @@ class DecidedNow:
         principal = self.principal
         assert principal is not None
         try:
-            principal.check_submit(frame.request)
+            self.service.admit(principal, frame.request, by_feed=True)
         except GatewayError:
             return False
         intake = self.service.intake

@@ -15,7 +15,7 @@ from gateway.cluster.member import Cluster
 from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.edge.alerting import Alerter
-from gateway.edge.auth import TokenBook
+from gateway.edge.auth import Principal, TokenBook
 from gateway.edge.intake import BUDGET_MS, HOLD_MS, Intake
 from gateway.errors import Busy
 from gateway.llm.port import LLMClient
@@ -240,6 +240,15 @@ class Service:
     """Events waiting for the log beyond which reasoning work from outside the feed (an
     operator's message, an HTTP submit) is answered ``busy``: a ceiling on memory, not a
     latency budget (the feed's frames are admitted by the intake, long before this)."""
+
+    def admit(self, principal: Principal, request: AgentRequest, *, by_feed: bool = False
+              ) -> None:
+        """Whether ``principal`` may send ``request`` now, the one rule for every way in: its
+        role and scope (`Forbidden`), then the log's capacity (`check_capacity`), unless a
+        feed's intake admitted the frame it came in (``by_feed``)."""
+        principal.check_submit(request)
+        if not by_feed:
+            self.check_capacity(request)
 
     def check_capacity(self, request: AgentRequest | None = None) -> None:
         """Refuse reasoning work from outside the feed while the log is far behind (flow

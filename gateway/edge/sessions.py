@@ -361,9 +361,8 @@ class Session(DecidedNow):
         elif isinstance(frame, Auth):
             raise BadFrame("invalid", "already authenticated")
         elif isinstance(frame, Submit):
-            principal.check_submit(frame.request)
-            if self.endpoint != "feed":  # (a feed's frames are admitted by the intake)
-                self.service.check_capacity(frame.request)
+            # (a feed's frames are admitted by the intake)
+            self.service.admit(principal, frame.request, by_feed=self.endpoint == "feed")
             with self._holding(1):
                 ack = await self.service.submit(frame.request, principal.name)
             await self.send(ack_frame(ack, frame.id))
@@ -424,9 +423,8 @@ class Session(DecidedNow):
         refused: dict[int, ErrorFrame] = {}
         for index, request in enumerate(requests):
             try:
-                principal.check_submit(request)
-                if self.endpoint != "feed":  # a feed frame was admitted whole by the intake
-                    self.service.check_capacity(request)
+                # (a feed frame was admitted whole by the intake)
+                self.service.admit(principal, request, by_feed=self.endpoint == "feed")
                 allowed.append(request)
             except GatewayError as error:
                 refused[index] = error_frame(error, request_id=request.request_id)

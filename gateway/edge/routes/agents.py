@@ -75,8 +75,7 @@ class AgentRoutes(Routes):
     async def submit_as(self, principal: Principal, body: AgentRequest) -> Ack:
         """One request from ``principal`` (its role and scope checked; reasoning work refused
         while the log is far behind), awaited to its ack (HTTP and MCP)."""
-        principal.check_submit(body)
-        self.service.check_capacity(body)  # (the control lane is never refused)
+        self.service.admit(principal, body)  # (the control lane is never refused)
         return await self.service.submit(body, principal.name)
 
     async def control(self, request: Request) -> Response:
