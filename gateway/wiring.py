@@ -136,9 +136,9 @@ async def feed_market(service: Service, feed: SyntheticFeed, clock: Clock,
     engine = service.engine
 
     async def sink(events: list[MarketEvent]) -> None:
-        requests = service.on_market(events)
+        requests = await service.triggered(events)
         if requests and engine.running:
-            for answer in await service.take(requests, "synthetic-feed"):
+            for answer in await service.take(requests, "synthetic-feed", service.pacer):
                 with contextlib.suppress(GatewayError):
                     await answer
 

@@ -16,6 +16,7 @@ from gateway.cluster.peers import Peers
 from gateway.cluster.router import Router
 from gateway.edge.alerting import Alerter
 from gateway.edge.auth import Principal, TokenBook
+from gateway.edge.frames import VALIDATE_STEP, Turn
 from gateway.edge.intake import BUDGET_MS, HOLD_MS, Intake
 from gateway.errors import Busy
 from gateway.llm.port import LLMClient
@@ -229,6 +230,17 @@ class Service:
                     feed.suppressed += len(triggered)
                 else:
                     requests += triggered
+        return requests
+
+    async def triggered(self, events: Sequence[MarketEvent],
+                        turn: Turn | None = None) -> list[AgentRequest]:
+        """`on_market` of a feed's events, `VALIDATE_STEP` at a time, each step in a ``turn``
+        (by default of the feed's pacer): the requests the hook rules trigger, for `take`."""
+        turn = turn or self.pacer.turn
+        requests: list[AgentRequest] = []
+        for start in range(0, len(events), VALIDATE_STEP):
+            async with turn():
+                requests += self.on_market(events[start:start + VALIDATE_STEP])
         return requests
 
     def origin_allowed(self, origin: str | None) -> bool:

@@ -23,7 +23,6 @@ from gateway.edge.decided_now import HELD_EVENTS, DecidedNow
 from gateway.edge.desk import kill_answer, kill_desk
 from gateway.edge.frames import (
     NO_TURN,
-    VALIDATE_STEP,
     frame_id,
     guess_id,
     makes_work,
@@ -378,10 +377,7 @@ class Session(DecidedNow):
             self._check_times(frame.events)
             if self.endpoint != "feed":
                 self.service.check_capacity()
-            requests: list[AgentRequest] = []
-            for start in range(0, len(frame.events), VALIDATE_STEP):
-                async with self._turn():
-                    requests += self.service.on_market(frame.events[start:start + VALIDATE_STEP])
+            requests = await self.service.triggered(frame.events, self._turn)
             triggered = await self._submit_all(requests) if requests else []
             await self._send_paced(functools.partial(market_ack_text, len(frame.events),
                                                      triggered, frame.id))
