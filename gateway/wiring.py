@@ -68,7 +68,7 @@ def build_service(config: GatewayConfig, db: Path | str | None = None,
     clients = build_clients(config)
     prices = {p.name: p.prices for p in config.providers if p.prices is not None}
     # (in a cluster a run waits up to a lease for its worker: one connects to each member)
-    workers = WorkerHub(wait_ms=config.cluster.lease_ms if clustered else 0)
+    workers = WorkerHub(wait_ms=config.cluster.lease_ms if clustered else 0, clock=clock)
     reasoners = {entry.id: build_reasoner(entry, clients, prices, workers)
                  for entry in config.agents}
     gates = build_gates(config, store, clock)

@@ -218,7 +218,9 @@ def own_waits_and_tasks(source: str) -> list[str]:
 def test_every_wait_goes_through_the_clock_and_every_task_through_base() -> None:
     """A sleep of the gateway is of its `Clock` (a test's fake clock drives it), a task is
     made by `spawn` or `start`; `gateway.client`, which stands alone, has its own. (A
-    timeout on I/O, a peer's or a socket's, stays on the event loop's time.)"""
+    timeout of the gateway's own rules, the feed's hold or a run's wait for its worker, is
+    the `Clock`'s `timeout`; one on I/O, a peer's or a socket's, stays on the event loop's
+    time.)"""
     offenders = {}
     for path in python_files("gateway"):
         name = str(path.relative_to(ROOT))

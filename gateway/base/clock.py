@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
+import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from gateway.base.tasks import start
@@ -46,6 +48,20 @@ async def sleep_or(clock: Clock, ms: float, event: asyncio.Event) -> bool:
         waking.cancel()
         await asyncio.gather(sleeping, waking, return_exceptions=True)
     return event.is_set()
+
+
+@contextlib.asynccontextmanager
+async def timeout(clock: Clock, ms: float) -> AsyncIterator[None]:
+    """`asyncio.timeout` in ``clock``'s time: the block is cancelled and `TimeoutError`
+    raised once ``ms`` of it passed (a test's `FakeClock` decides when)."""
+    async with asyncio.timeout(None) as limit:
+        loop = asyncio.get_running_loop()
+        timer = clock.call_at(clock.now_ms() + math.ceil(ms),
+                              lambda: limit.reschedule(loop.time()))
+        try:
+            yield
+        finally:
+            timer.cancel()
 
 
 class SystemClock:

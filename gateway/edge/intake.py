@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 from typing import Final
 
+from gateway.base.clock import Clock, SystemClock, timeout
 from store.port import LogReads
 
 BUDGET_MS: Final = 50
@@ -36,7 +37,8 @@ class Intake:
     """Admission of feed frames against the log's commit rate, fairly per connection."""
 
     def __init__(self, store: LogReads, budget_ms: int = BUDGET_MS,
-                 floor_events: int = FLOOR_EVENTS, hold_ms: int = HOLD_MS) -> None:
+                 floor_events: int = FLOOR_EVENTS, hold_ms: int = HOLD_MS,
+                 clock: Clock | None = None) -> None:
         if budget_ms < 1:
             raise ValueError(f"budget_ms must be >= 1: {budget_ms}")
         if hold_ms < 0:
@@ -45,6 +47,8 @@ class Intake:
         self.budget_ms = budget_ms
         self.floor_events = floor_events
         self.hold_ms = hold_ms
+        self.clock: Clock = clock or SystemClock()
+        """Whose time the hold counts."""
         self._changed = asyncio.Event()
         """Set when work of a connection settled: a held frame looks again."""
         self._holders: dict[object, int] = {}
@@ -67,16 +71,19 @@ class Intake:
         retry = self.check(holder)
         if retry is None:
             return None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.hold_ms / 1000
-        while (left := deadline - loop.time()) > 0:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):  # (a commit of others' work: look again)
-                async with asyncio.timeout(min(left, retry / 1000)):
-                    await self._changed.wait()
-            retry = self.check(holder)
-            if retry is None:
-                return None
+        if not self.hold_ms:
+            self.refused += 1
+            return retry
+        with contextlib.suppress(TimeoutError):
+            async with timeout(self.clock, self.hold_ms):
+                while True:
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):  # (others' commits: look again)
+                        async with timeout(self.clock, retry):
+                            await self._changed.wait()
+                    retry = self.check(holder)
+                    if retry is None:
+                        return None
         self.refused += 1
         return retry
 

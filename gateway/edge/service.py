@@ -185,7 +185,8 @@ class Service:
         return self.engine.store
 
     def __post_init__(self) -> None:
-        self.intake = Intake(self.log, self.intake_budget_ms, hold_ms=self.intake_hold_ms)
+        self.intake = Intake(self.log, self.intake_budget_ms, hold_ms=self.intake_hold_ms,
+                             clock=self.engine.clock)
 
     @property
     def way_in(self) -> WayIn:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from gateway.base.clock import Clock, SystemClock, timeout
 from gateway.errors import BadFrame
 from gateway.llm.port import Completion, ToolResult
 from gateway.llm.reasoner import RunContext, RunResult
@@ -200,12 +201,14 @@ class WorkerHub:
     once; a run that finds no worker here waits up to ``wait_ms`` for one (a member that just
     joined is connected to within a renewal)."""
 
-    def __init__(self, *, wait_ms: int = 0) -> None:
+    def __init__(self, *, wait_ms: int = 0, clock: Clock | None = None) -> None:
         self.agents: dict[str, WorkerReasoner] = {}
         """The worker agents (their reasoners register here)."""
         self.wait_ms = wait_ms
         """How long a run with no worker connected for its agent waits for one before it
         fails (`NoWorker`); 0: it fails at once."""
+        self.clock: Clock = clock or SystemClock()
+        """Whose time that wait counts."""
         self.member: str | None = None
         """In a cluster: the URL this process serves at (None: no cluster)."""
         self.members: list[str] = []
@@ -264,11 +267,11 @@ class WorkerHub:
 
     async def _arrival(self, agent_id: str) -> None:
         """Wait up to `wait_ms` for a worker of ``agent_id`` if none is connected."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_ms / 1000
-        while not self.connected(agent_id) and (left := deadline - loop.time()) > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
+        if self.connected(agent_id) or not self.wait_ms:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with timeout(self.clock, self.wait_ms):
+                while not self.connected(agent_id):
                     await self._arrived.wait()
 
     def _pick(self, agent_id: str) -> WorkerLink:

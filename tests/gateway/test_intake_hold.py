@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.base.clock import FakeClock
 from gateway.edge.intake import Intake
 
 
@@ -71,3 +72,18 @@ async def test_a_connection_over_its_share_waits_while_another_is_taken() -> Non
 def test_a_negative_hold_is_refused() -> None:
     with pytest.raises(ValueError, match="hold_ms"):
         Intake(Log(), hold_ms=-1)  # type: ignore[arg-type]
+
+
+async def test_the_hold_counts_the_clocks_time() -> None:
+    clock = FakeClock()
+    intake = Intake(Log(backlog=5_000), hold_ms=60_000, clock=clock)  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(intake.room("feed-1"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    clock.advance(59_999)  # (its retries come and go: still no room)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done() and intake.refused == 0
+    clock.advance(1)  # (the clock's minute ends it; a real one would outlast the wait below)
+    retry = await asyncio.wait_for(waiting, 5)
+    assert retry is not None and intake.refused == 1

@@ -1,13 +1,15 @@
 """`sleep_or`: a wait of the clock's time that an event cuts short (the schedules' pass, the
-cluster's renewals and the market feed wait so), on a fake clock."""
+cluster's renewals and the market feed wait so), and `timeout`, a block the clock's time
+ends (the feed's intake holds a frame, a run waits for its worker so), on a fake clock."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
-from gateway.base.clock import FakeClock, sleep_or
+from gateway.base.clock import FakeClock, sleep_or, timeout
 from tests.gateway.support import TIMEOUT
 
 
@@ -46,3 +48,56 @@ async def test_a_cancelled_wait_is_cancelled_and_leaves_no_task_behind() -> None
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert asyncio.all_tasks() - before == set()
+
+
+async def test_a_timeout_of_the_clock_ends_the_block_when_the_clocks_time_says() -> None:
+    clock, event = FakeClock(), asyncio.Event()
+
+    async def waits() -> str:
+        try:
+            async with timeout(clock, 1_000):
+                await event.wait()
+        except TimeoutError:
+            return "timed out"
+        return "done"
+
+    waiting = asyncio.ensure_future(waits())
+    await _turns()
+    clock.advance(999)
+    await _turns()
+    assert not waiting.done()  # (real time passes, the clock's does not)
+    clock.advance(1)
+    assert await asyncio.wait_for(waiting, TIMEOUT) == "timed out"
+    again = asyncio.ensure_future(waits())  # a block that ends first is not cut afterwards
+    await _turns()
+    event.set()
+    assert await asyncio.wait_for(again, TIMEOUT) == "done"
+    clock.advance(5_000)
+    await _turns()
+
+
+async def test_nested_timeouts_of_the_clock_each_end_their_own_block() -> None:
+    clock = FakeClock()
+    inner_ended = 0
+
+    async def waits() -> str:
+        nonlocal inner_ended
+        try:
+            async with timeout(clock, 100):
+                while True:
+                    with contextlib.suppress(TimeoutError):
+                        async with timeout(clock, 30):
+                            await asyncio.Event().wait()
+                    inner_ended += 1
+        except TimeoutError:
+            return "outer"
+
+    waiting = asyncio.ensure_future(waits())
+    for _ in range(3):
+        await _turns()
+        clock.advance(30)
+    await _turns()
+    assert inner_ended == 3 and not waiting.done()
+    clock.advance(10)  # the outer's 100 ms, with an inner one under way
+    assert await asyncio.wait_for(waiting, TIMEOUT) == "outer"
+    assert inner_ended == 3

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.base.clock import SystemClock
+from gateway.base.clock import FakeClock, SystemClock
 from gateway.llm.port import ToolResult
 from gateway.llm.reasoner import RunContext, RunResult
 from gateway.runtime.workers import NoWorker, ResultGiven, WorkerHub, WorkerJob, WorkerReasoner
@@ -73,6 +73,21 @@ async def test_a_run_with_no_worker_fails_once_the_wait_is_over() -> None:
         reasoner = WorkerReasoner(WorkerHub(wait_ms=wait_ms), "desk")
         with pytest.raises(NoWorker):
             await asyncio.wait_for(reasoner.run(context()), TIMEOUT)
+
+
+async def test_the_wait_for_a_worker_counts_the_clocks_time() -> None:
+    clock = FakeClock()
+    reasoner = WorkerReasoner(WorkerHub(wait_ms=600_000, clock=clock), "desk")
+    run = asyncio.ensure_future(reasoner.run(context()))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    clock.advance(599_999)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not run.done()  # (real time passes, the clock's does not)
+    clock.advance(1)
+    with pytest.raises(NoWorker):
+        await asyncio.wait_for(run, TIMEOUT)
 
 
 def test_the_workers_are_told_when_the_members_change_and_only_then() -> None:
