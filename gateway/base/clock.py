@@ -27,6 +27,10 @@ class Clock(Protocol):
     def now_ms(self) -> int:
         """Milliseconds since the Unix epoch."""
 
+    def monotonic_ms(self) -> int:
+        """Milliseconds from some fixed point, never going back (for elapsed time: the wall
+        clock may be stepped)."""
+
     def call_at(self, when_ms: int, callback: Callable[[], None]) -> Timer:
         """Run ``callback`` once the clock reaches ``when_ms``."""
 
@@ -71,6 +75,10 @@ class SystemClock:
         """Milliseconds since the Unix epoch."""
         return time.time_ns() // 1_000_000
 
+    def monotonic_ms(self) -> int:
+        """The system's monotonic clock, in milliseconds."""
+        return time.monotonic_ns() // 1_000_000
+
     def call_at(self, when_ms: int, callback: Callable[[], None]) -> Timer:
         """Run ``callback`` on the loop when wall time reaches ``when_ms``."""
         delay = max(0.0, (when_ms - self.now_ms()) / 1000)
@@ -102,6 +110,10 @@ class FakeClock:
 
     def now_ms(self) -> int:
         """The fake time."""
+        return self._now
+
+    def monotonic_ms(self) -> int:
+        """The fake time (it never goes back)."""
         return self._now
 
     def call_at(self, when_ms: int, callback: Callable[[], None]) -> Timer:

@@ -95,8 +95,8 @@ class Session(DecidedNow):
         self.send_lock = asyncio.Lock()
         self.closing = False
         self.subscriptions = Subscriptions(self)
-        self.last_sent = 0.0
-        """When the last frame went out (the event loop's clock)."""
+        self.last_sent = 0
+        """When the last frame went out (the engine clock's `monotonic_ms`; 0: none has)."""
         now = websocket.scope.get("extensions", {}).get(SEND_NOW)
         self._send_now: Callable[[str], bool] | None = None if now is None else now["send"]
 
@@ -306,7 +306,7 @@ class Session(DecidedNow):
             return True  # (as `send_text`: nothing once the connection is closing or closed)
         if not self._send_now(text):
             return False
-        self.last_sent = asyncio.get_running_loop().time()
+        self.last_sent = self.engine.clock.monotonic_ms()
         return True
 
     async def send_pieces(self, pieces: list[str]) -> None:
@@ -327,7 +327,7 @@ class Session(DecidedNow):
                 # a turn of the loop later, several ms under a flood for every answer)
                 async with asyncio.timeout(self.service.send_timeout_s):
                     await self.ws.send(message)
-                self.last_sent = asyncio.get_running_loop().time()
+                self.last_sent = self.engine.clock.monotonic_ms()
             except (RuntimeError, WebSocketDisconnect):
                 return
             except TimeoutError:

@@ -179,17 +179,16 @@ class Subscriptions:
         `Service.heartbeat_s`: a client that hears nothing for longer knows the link or the
         gateway is stuck. None once the subscription is replaced or ended."""
         session = self.session
-        engine = session.engine
-        loop = asyncio.get_running_loop()
-        every = session.service.heartbeat_s
+        clock = session.engine.clock
+        every = session.service.heartbeat_s * 1000
         while not session.closing and self.task is follower:
-            quiet = loop.time() - session.last_sent
+            quiet = clock.monotonic_ms() - session.last_sent
             if quiet < every:
-                await engine.clock.sleep((every - quiet) * 1000)
+                await clock.sleep(every - quiet)
                 continue
             committed = await session.service.log.last_position()
             if self.task is not follower:
                 return
-            await session.send(Heartbeat(committed=committed,
-                                         at=from_ms(engine.clock.now_ms())))
-            session.last_sent = loop.time()  # (also when the send was skipped: no busy loop)
+            await session.send(Heartbeat(committed=committed, at=from_ms(clock.now_ms())))
+            # (also when the send was skipped: no busy loop)
+            session.last_sent = clock.monotonic_ms()

@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 
-from gateway.base.clock import FakeClock, sleep_or, timeout
+from gateway.base.clock import FakeClock, SystemClock, sleep_or, timeout
 from tests.gateway.support import TIMEOUT
 
 
@@ -101,3 +101,13 @@ async def test_nested_timeouts_of_the_clock_each_end_their_own_block() -> None:
     clock.advance(10)  # the outer's 100 ms, with an inner one under way
     assert await asyncio.wait_for(waiting, TIMEOUT) == "outer"
     assert inner_ended == 3
+
+
+def test_the_clocks_tell_elapsed_time_apart_from_the_wall() -> None:
+    fake = FakeClock()
+    start = fake.monotonic_ms()
+    fake.advance(250)
+    assert fake.monotonic_ms() - start == 250
+    system = SystemClock()
+    readings = [system.monotonic_ms() for _ in range(1_000)]
+    assert readings == sorted(readings)
