@@ -197,7 +197,18 @@ class GateTrack:
             self._count(at + WINDOW_MS)
 
     def _count(self, at: int) -> None:
-        for steps, value in zip(self.usage, self.used, strict=True):
+        """`usage` from ``at`` (ms) on: as the window will be at the end of that second,
+        without the grants that leave it later in the second (the series' values are each
+        second's last; no later event may come to take them off)."""
+        requests, inputs, outputs = self.used
+        end = at - at % 1000 + 999
+        for _, granted, tokens_in, tokens_out in self.window:
+            if granted + WINDOW_MS > end:
+                break
+            requests -= 1
+            inputs -= tokens_in
+            outputs -= tokens_out
+        for steps, value in zip(self.usage, (requests, inputs, outputs), strict=True):
             steps.set(at, value)
 
     def exits(self, until: int) -> list[list[tuple[int, int]]]:
