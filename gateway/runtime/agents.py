@@ -1,30 +1,24 @@
-"""One agent as the engine holds it: its stream's core, its phase, its run, its held controls.
+"""One agent as the engine holds it: its stream's core (with its phase), its run, its held
+controls.
 
-An agent's life in this process is one `Phase`, moved only along `TRANSITIONS` (an illegal
-move raises and changes nothing, as h11's state machine does):
-
-| from \\ to | LIVE | REBUILDING | GONE |
-|---|---|---|---|
-| LIVE | | an append failed | unloaded or dropped |
-| REBUILDING | folded from the log again | | unloaded or dropped |
-| GONE | | | |
-
-Only a LIVE agent decides and acts. A GONE agent is no longer the engine's: a task still
-holding it (its run, its rebuild) finds it gone and does nothing more.
+An agent's life in this process is its stream's `Phase` (`gateway.runtime.phases`): LIVE when
+this process takes it, REBUILDING while an append failed, GONE once it left (unloaded or
+dropped). Only a LIVE agent decides and acts. A GONE agent is no longer
+the engine's: a task still holding it (its run, its rebuild) finds it gone and does nothing
+more.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.llm.reasoner import RunContext
 from gateway.runtime.core import Outcome, StreamCore
 from gateway.runtime.faults import Faults
 from gateway.runtime.held import HeldControls
+from gateway.runtime.phases import Phase
 from lanes import AgentState
 from lanes.events import Decision, Input
 
@@ -35,35 +29,12 @@ if TYPE_CHECKING:
 from store.port import ConcurrencyError, FencedError, NewEvent, RecordedEvent
 
 
-class Phase(Enum):
-    """Where an agent is in its life in this process."""
-
-    LIVE = "live"
-    """Deciding and acting."""
-    REBUILDING = "rebuilding"
-    """An append failed: its state ran ahead of the log and is folded from the log again."""
-    GONE = "gone"
-    """Unloaded or dropped: another process decides for it now (or the engine stopped)."""
-
-
-TRANSITIONS: Final[Mapping[Phase, frozenset[Phase]]] = {
-    Phase.LIVE: frozenset({Phase.REBUILDING, Phase.GONE}),
-    Phase.REBUILDING: frozenset({Phase.LIVE, Phase.GONE}),
-    Phase.GONE: frozenset(),
-}
-
-
-class IllegalPhase(RuntimeError):
-    """A move `TRANSITIONS` does not allow (a bug of the runtime's)."""
-
-
 @dataclass(slots=True, eq=False)
 class Agent:
     """An agent this process decides for."""
 
     core: StreamCore[AgentState, Input, Decision]
-    """The agent's stream: its state, appends in flight, rebuilds and timer."""
-    phase: Phase = Phase.LIVE
+    """The agent's stream: its state, phase, appends in flight, rebuilds and timer."""
     run: asyncio.Task[None] | None = None
     context: RunContext | None = None
     run_started: dict[str, float] = field(default_factory=dict)
@@ -85,15 +56,18 @@ class Agent:
         return self.core.state
 
     @property
+    def phase(self) -> Phase:
+        """Where it is in its life in this process (its stream's phase)."""
+        return self.core.phase
+
+    @property
     def live(self) -> bool:
         """Whether it decides and acts now."""
-        return self.phase is Phase.LIVE
+        return self.core.phase is Phase.LIVE
 
     def move(self, to: Phase) -> None:
-        """Move to phase ``to`` (`IllegalPhase` if `TRANSITIONS` does not allow it)."""
-        if to not in TRANSITIONS[self.phase]:
-            raise IllegalPhase(f"agent {self.agent_id}: {self.phase.value} -> {to.value}")
-        self.phase = to
+        """Move to phase ``to`` (`gateway.runtime.phases.IllegalPhase` if not allowed)."""
+        self.core.move(to)
 
 
 @dataclass(slots=True, eq=False)

@@ -25,6 +25,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from gateway.base.clock import Clock, Timer
 from gateway.base.tasks import spawn
+from gateway.runtime.phases import Phase, moved
 from lanes.codec import Codec
 from store.port import Append, EventStore, Fence, FencedError, NewEvent, RecordedEvent, StoreError
 
@@ -129,7 +130,7 @@ class StreamCore(Generic[S, I, D]):
                  rebuild: Callable[[list[RecordedEvent]], S], listener: Listener[D],
                  ids: Callable[[], str], pending: set[Commit],
                  rebuilds: set[asyncio.Task[None]],
-                 paced: Callable[[], bool] = lambda: True) -> None:
+                 paced: Callable[[], bool] = lambda: True, phase: Phase = Phase.LIVE) -> None:
         self.stream = stream
         self.state = state
         self.store = store
@@ -142,8 +143,9 @@ class StreamCore(Generic[S, I, D]):
         self._pending = pending
         self._rebuilds = rebuilds
         self._paced = paced
-        self.recovering = False
-        """Set from a failed append until the state is rebuilt from the log."""
+        self.phase = phase
+        """Where the stream is in its life here (`gateway.runtime.phases`): REBUILDING from a
+        failed append until the state is the log's fold again."""
         self.failures = 0
         """Consecutive failed appends (pace the rebuilds while the log refuses writes)."""
         self._timer: Timer | None = None
@@ -154,6 +156,10 @@ class StreamCore(Generic[S, I, D]):
         self.last_commit: Commit | None = None
         """The stream's latest append: once it settled, so did every earlier one (a
         stream's appends commit in order)."""
+
+    def move(self, to: Phase) -> None:
+        """Move to phase ``to`` (`gateway.runtime.phases.IllegalPhase` if not allowed)."""
+        self.phase = moved(self.stream, self.phase, to)
 
     @property
     def version(self) -> int:
@@ -239,19 +245,21 @@ class StreamCore(Generic[S, I, D]):
 
     def _fire(self) -> None:
         self._timer = self._timer_due = None
-        if not self.recovering:
+        if self.phase is Phase.LIVE:
             self._listener.due()
 
     # ---------------------------------------------------------------------- recovery
 
     def recover(self, commit: Commit | None) -> None:
         """The state ran ahead of the log (``commit`` failed; None: a decision failed):
-        rebuild it from the log, after `rebuild_backoff_ms` of the clock."""
+        rebuild it from the log, after `rebuild_backoff_ms` of the clock. Only a LIVE
+        stream is rebuilt: one rebuilding already will read the log after this commit too,
+        and one that is not this process's to decide (any more) has nothing to rebuild."""
         if commit is not None:
             self.failures += 1
-        if self.recovering:
+        if self.phase is not Phase.LIVE:
             return
-        self.recovering = True
+        self.move(Phase.REBUILDING)
         self.cancel_timer()
         self._listener.lost()
         task = spawn(self._rebuild(rebuild_backoff_ms(self.failures)), f"rebuild {self.stream}")
@@ -263,7 +271,8 @@ class StreamCore(Generic[S, I, D]):
             await self.clock.sleep(backoff_ms)
         records = await self._read_settled()
         self.state = self._fold(records)
-        self.recovering = False
+        if self.phase is Phase.REBUILDING:  # (else it left, or stopped, meanwhile)
+            self.move(Phase.LIVE)
         self._listener.rebuilt(records)
 
     async def _read_settled(self) -> list[RecordedEvent]:

@@ -11,7 +11,7 @@ is every agent; when several processes share the log, `gateway.cluster` tells it
 (`load`, `unload`, `drop`) and answers for the others (`Elsewhere`). Its rooms: the runs
 (`gateway.runtime.runs`), the sub-agent calls on their way (`gateway.runtime.calls`), held
 controls (`gateway.runtime.held`), the snapshot policy (`gateway.runtime.snapshotting`), an
-agent's phase (`gateway.runtime.agents`) and the one way in for requests
+stream's phase (`gateway.runtime.phases`) and the one way in for requests
 (`gateway.runtime.intake`).
 """
 
@@ -36,7 +36,7 @@ from gateway.errors import (
 from gateway.llm.reasoner import Reasoner, SimulatedReasoner
 from gateway.runtime.acks import Ack
 from gateway.runtime.agenda import Agenda
-from gateway.runtime.agents import Agent, Hooks, Phase
+from gateway.runtime.agents import Agent, Hooks
 from gateway.runtime.calls import Calls
 from gateway.runtime.core import EventIds, Outcome, StreamCore
 from gateway.runtime.desk_budget import DeskBudget
@@ -45,6 +45,7 @@ from gateway.runtime.faults import Faults, StorageFault, commit_error
 from gateway.runtime.holding import Holding
 from gateway.runtime.intake import Batch, Intake
 from gateway.runtime.orders import Orders
+from gateway.runtime.phases import Phase
 from gateway.runtime.recovery import Recovery
 from gateway.runtime.runs import Runs
 from gateway.runtime.snapshotting import SNAPSHOT_EVERY, SnapshotPolicy

@@ -20,6 +20,7 @@ from gateway.base.metrics import WAIT_BUCKETS, Histogram
 from gateway.errors import GatewayError, StorageFailed, Unstorable
 from gateway.llm.reasoner import CallGate
 from gateway.runtime.core import Commit, EventIds, StreamCore
+from gateway.runtime.phases import DECIDING, IllegalPhase, Phase
 from lanes.codec import Unrepeatable
 from lanes.gate import (
     GATE_CODEC,
@@ -124,16 +125,11 @@ class ProviderGate:
             self.stream, GateState(provider=self.stream), store=store, clock=clock,
             codec=GATE_CODEC, decide=decide_gate, rebuild=self._fold, listener=self,
             ids=self._ids, pending=self._in_flight, rebuilds=self._rebuilds,
-            paced=lambda: self._running)
-        self._running = False
+            paced=lambda: self._core.phase is not Phase.GONE, phase=Phase.NEW)
         self._held: list[GateInput] = []
         """Inputs that arrived during a rebuild, decided once it is done."""
         self._fault: str | None = None
         """Why appends fail, while they do (said in the server's log once)."""
-        self.loaded = False
-        """Whether this process decides for the gate (`load`). When several processes share
-        the log only the one holding its lease does; on the others the gate is a read-only
-        view of its stream (`mirror`), and runs ask the owner for slots."""
         self.on_fenced: Callable[[str], None] = lambda _stream: None
         """Told when an append was fenced (the gate's lease is another process's)."""
         self.waits = Histogram(WAIT_BUCKETS)
@@ -150,9 +146,8 @@ class ProviderGate:
         records = await self.store.read_stream(self.stream)
         state = self._core.state
         fold_gate(state, (decode_gate_event(r.type, r.data) for r in records))
-        self._running = True
+        self._core.move(Phase.LIVE if load else Phase.IDLE)
         if load:
-            self.loaded = True
             self._take_over(lambda _agent_id: False)
             await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
 
@@ -172,6 +167,20 @@ class ProviderGate:
 
     # ------------------------------------------------------------- which process decides
 
+    @property
+    def phase(self) -> Phase:
+        """Where the gate is in its life here (`gateway.runtime.phases`): NEW until started,
+        IDLE while another process decides for it, LIVE (or REBUILDING) while this one does,
+        GONE once stopped."""
+        return self._core.phase
+
+    @property
+    def loaded(self) -> bool:
+        """Whether this process decides for the gate (`load`). When several processes share
+        the log only the one holding its lease does; on the others the gate is a read-only
+        view of its stream (`mirror`), and runs ask the owner for slots."""
+        return self._core.phase in DECIDING
+
     def load(self, records: list[RecordedEvent], fence: Fence,
              keep: Callable[[str], bool]) -> None:
         """Decide for the gate from now on (this process holds its lease at ``fence``),
@@ -186,17 +195,20 @@ class ProviderGate:
 
     def adopt(self, state: GateState, fence: Fence, keep: Callable[[str], bool]) -> None:
         """`load` from the gate's ``state`` folded already (from its whole stream, or a
-        replica of it and its tail)."""
+        replica of it and its tail), once started."""
         if self.loaded:
             self._core.fence = fence
             return
+        if self._core.phase is Phase.GONE:
+            return  # (stopped meanwhile: nothing is decided here any more)
+        if self._core.phase is not Phase.IDLE:
+            raise IllegalPhase(f"gate {self.provider} adopted while {self._core.phase.value}")
         self._core.state = state
         self._core.fence = fence
-        self.loaded = True
+        self._core.move(Phase.LIVE)
         if state.version:  # limits set at runtime (on any member) stay: the log's are in force
             self._limits = self._core.state.limits
-        if self._running:
-            self._take_over(keep)
+        self._take_over(keep)
 
     async def unload(self) -> None:
         """Stop deciding for the gate gracefully (its lease goes to another process):
@@ -209,7 +221,7 @@ class ProviderGate:
         """Stop deciding for the gate at once (its lease is another process's already)."""
         if not self.loaded:
             return
-        self.loaded = False
+        self._core.move(Phase.IDLE)
         self._core.fence = None
         self._core.cancel_timer()
         self._held.clear()
@@ -231,7 +243,8 @@ class ProviderGate:
 
     async def stop(self) -> None:
         """Stop deciding; waiters are refused, timers cancelled, commits finished."""
-        self._running = False
+        if self._core.phase is not Phase.GONE:
+            self._core.move(Phase.GONE)
         if self._rebuilds:
             for task in self._rebuilds:
                 task.cancel()
@@ -317,8 +330,7 @@ class ProviderGate:
 
     def cancel(self, slot_id: str) -> None:
         """Free a slot, waiting or granted, without an answer (abort, crash)."""
-        if self._running:
-            self._feed(SlotCancelled(at=self.clock.now_ms(), slot_id=slot_id))
+        self._feed(SlotCancelled(at=self.clock.now_ms(), slot_id=slot_id))
 
     @contextlib.asynccontextmanager
     async def using(self, agent_id: str, run_id: str, priority: Priority = Priority.NORMAL,
@@ -340,12 +352,13 @@ class ProviderGate:
     # ------------------------------------------------------------------------- core
 
     def _feed(self, event: GateInput) -> None:
-        if not self._running or not self.loaded:
-            return  # (another process decides; a run asks it through its `RoutedGate`)
         core = self._core
-        if core.recovering:
+        if core.phase is Phase.REBUILDING:
             self._held.append(event)
             return
+        if core.phase is not Phase.LIVE:
+            return  # (another process decides, a run asks it through its `RoutedGate`; or
+            # not started, or stopped)
         base = core.version
         try:  # before anything changes: an input that would not read back is never taken
             encoded = core.encode(event)

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
 from gateway.errors import GatewayError, StorageFailed
-from gateway.runtime.agents import Agent, Phase
+from gateway.runtime.agents import Agent
+from gateway.runtime.phases import Phase
 from lanes import AgentConfig, AgentState
 from lanes.events import (
     AgentCallDispatched,

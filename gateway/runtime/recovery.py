@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from gateway.runtime.agents import Agent, Phase
+from gateway.runtime.agents import Agent
+from gateway.runtime.phases import Phase
 from lanes.events import ConfigChanged, RequestReceived, Restarted
 from store.port import RecordedEvent
 
@@ -28,8 +29,6 @@ class Recovery:
         it started was not recorded)."""
         engine = self._engine
         log.debug("an append of %s failed; rebuilding it from the log", agent.agent_id)
-        if agent.phase is Phase.LIVE:
-            agent.move(Phase.REBUILDING)
         engine.runs.cancel(agent)
 
     def rebuilt(self, agent: Agent, records: list[RecordedEvent]) -> None:
@@ -40,9 +39,8 @@ class Recovery:
         if records:  # a commit reported as failed may have reached the log all the same
             engine.snapshots.seen(records[-1])
         held = agent.controls.rebuilt(agent.state.seen)
-        if agent.phase is Phase.GONE:  # (handed over meanwhile: the new process goes on)
+        if agent.phase is not Phase.LIVE:  # (handed over meanwhile: the new process goes on)
             return
-        agent.move(Phase.LIVE)
         if engine.running:
             # Held stops first: a run cut off by the failure must not start again before them.
             for received in held:

@@ -9,6 +9,7 @@ import pytest
 from gateway.base.clock import FakeClock
 from gateway.errors import StorageFailed
 from gateway.runtime.gate import ProviderGate, SlotRefusedError
+from gateway.runtime.phases import Phase
 from lanes.gate import GateState, decode_gate_event, fold_gate
 from lanes.gate.events import CallOutcome, GateLimits
 from store import MemoryEventStore
@@ -166,7 +167,7 @@ async def test_a_restart_frees_the_slots_a_crashed_process_held_or_waited_for() 
     await next_event(store, "SlotQueued")
     await crashed.flush()
     waiting.cancel()  # (the task dies with the process; nothing is recorded for it)
-    crashed._running = False
+    crashed._core.move(Phase.GONE)  # (the process is dead: it records nothing more)
     restarted = ProviderGate(store, "anthropic", GateLimits(max_concurrent=1), clock)
     await restarted.start()
     status = restarted.status()
