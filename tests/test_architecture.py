@@ -7,6 +7,7 @@ import re
 import socket
 import sys
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -218,9 +219,9 @@ def own_waits_and_tasks(source: str) -> list[str]:
 def test_every_wait_goes_through_the_clock_and_every_task_through_base() -> None:
     """A sleep of the gateway is of its `Clock` (a test's fake clock drives it), a task is
     made by `spawn` or `start`; `gateway.client`, which stands alone, has its own. (A
-    timeout of the gateway's own rules, the feed's hold or a run's wait for its worker, is
-    the `Clock`'s `timeout`; one on I/O, a peer's or a socket's, stays on the event loop's
-    time.)"""
+    timeout of the gateway's own rules, the feed's hold, a run's wait for its worker, a
+    worker's heartbeats, an MCP caller's wait, is the `Clock`'s `timeout`; one on I/O, a
+    peer's or a socket's, stays on the event loop's time: `LOOP_TIME_WAITS`.)"""
     offenders = {}
     for path in python_files("gateway"):
         name = str(path.relative_to(ROOT))
@@ -230,6 +231,59 @@ def test_every_wait_goes_through_the_clock_and_every_task_through_base() -> None
         if found:
             offenders[name] = found
     assert offenders == {}
+
+
+LOOP_TIME_WAITS: Final = {
+    "gateway/edge/sessions.py": 3,  # a client's token, a send to a slow reader, its close
+    "gateway/edge/server.py": 3,  # a close's reply, a stuck close, a request's head
+    "gateway/llm/fake_provider.py": 2,  # the fake provider's own serving (tests, benches)
+    "gateway/llm/providers.py": 2,  # a provider's HTTP call
+    "gateway/llm/mcp_tools.py": 4,  # an MCP server's start, listing and call
+    "gateway/reads/capacity.py": 1,  # the first wait for a read of the log
+    "gateway/cluster/member.py": 2,  # the database's lease calls
+    "gateway/cluster/replicas.py": 1,  # a replica's read of the log
+}
+"""The waits of the gateway on the event loop's time, by module: each on I/O (a peer's, a
+socket's, the database's). A timeout of the gateway's own rules counts the `Clock`'s time
+(`gateway.base.clock.timeout`, ``clock.call_at``), so that a test's fake clock drives it."""
+
+
+def loop_time_waits(source: str) -> list[str]:
+    """The waits of a module on the event loop's time: ``asyncio.timeout``, ``wait_for``,
+    ``call_later`` (on any object) and ``.time()`` of a loop."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        name, owner = node.func.attr, node.func.value
+        if name in ("wait_for", "call_later") or (
+                name == "timeout" and isinstance(owner, ast.Name) and owner.id == "asyncio") or (
+                name == "time" and not node.args and "loop" in ast.unparse(owner)):
+            found.append((node.lineno, name))
+    return [f"{name} (line {line})" for line, name in sorted(found)]
+
+
+def test_only_waits_on_io_count_the_event_loops_time() -> None:
+    """Every wait on the loop's time is one of `LOOP_TIME_WAITS` (a new one is either the
+    `Clock`'s or written there with the I/O it waits on); `gateway.client` stands alone."""
+    found = {}
+    for path in python_files("gateway"):
+        name = str(path.relative_to(ROOT))
+        if name in WAIT_HOMES or name.startswith("gateway/client/"):
+            continue
+        waits = loop_time_waits(path.read_text())
+        if waits:
+            found[name] = waits
+    assert {name: len(waits) for name, waits in found.items()} == LOOP_TIME_WAITS, found
+
+
+def test_the_loop_time_check_can_fail() -> None:
+    source = ("import asyncio\nasync def f(loop, clock):\n    async with asyncio.timeout(1):\n"
+              "        await asyncio.wait_for(f(loop, clock), 2)\n"
+              "    loop.call_later(1, print)\n    t = loop.time()\n"
+              "    async with timeout(clock, 5):\n        clock.call_at(clock.now_ms(), print)\n")
+    assert loop_time_waits(source) == ["timeout (line 3)", "wait_for (line 4)",
+                                       "call_later (line 5)", "time (line 6)"]
 
 
 def test_a_fast_test_may_not_serve_on_a_socket() -> None:

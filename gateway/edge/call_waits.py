@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gateway.base.clock import Clock, SystemClock, Timer, timeout
 from gateway.base.tasks import spawn, start
 from lanes.codec import decode
 from lanes.decisions import (
@@ -50,26 +51,30 @@ class CallWait:
 
     agent_id: str
     request_id: str
+    clock: Clock
+    """Whose time `answer`'s timeout counts."""
     run_id: str | None = None
     ended: asyncio.Future[Ended | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     """Its end, or None if the log ended first (the store closed)."""
 
     async def answer(self, timeout_s: float) -> Ended | None:
-        """The call's end, or None if none was read within ``timeout_s`` (it goes on)."""
+        """The call's end, or None if none was read within ``timeout_s`` of the clock (it
+        goes on)."""
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
+            async with timeout(self.clock, timeout_s * 1_000):
                 return await asyncio.shield(self.ended)
         return None
 
 
 class CallWaits:
     """The calls waiting for their ends (at most ``limit``), and the one follower of the
-    log that reads them all."""
+    log that reads them all; their timeouts and the follower's linger count ``clock``'s time."""
 
     def __init__(self, log: LogReads, *, limit: int = MAX_WAITS,
-                 linger_s: float = LINGER_S) -> None:
+                 linger_s: float = LINGER_S, clock: Clock | None = None) -> None:
         self.log = log
+        self.clock: Clock = clock or SystemClock()
         self.limit = limit
         self.linger_s = linger_s
         self._calls: dict[Key, list[CallWait]] = {}
@@ -79,7 +84,7 @@ class CallWaits:
         self._count = 0
         self._tail: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self._idle: Timer | None = None
 
     @property
     def waiting(self) -> int:
@@ -95,7 +100,7 @@ class CallWaits:
     async def watch(self, agent_id: str, request_id: str) -> AsyncIterator[CallWait]:
         """Watch a call to ``agent_id`` with ``request_id`` while the block runs; submit its
         request inside the block (everything of it that commits from then on is read)."""
-        wait = CallWait(agent_id, request_id)
+        wait = CallWait(agent_id, request_id, self.clock)
         self._add(wait)
         try:
             await self._following()
@@ -135,7 +140,9 @@ class CallWaits:
             del self._streams[wait.agent_id]
         self._count -= 1
         if not self._count and self._tail is not None:
-            self._idle = asyncio.get_running_loop().call_later(self.linger_s, self._linger)
+            clock = self.clock
+            self._idle = clock.call_at(clock.now_ms() + round(self.linger_s * 1_000),
+                                       self._linger)
 
     def _linger(self) -> None:
         """Nobody waited for a while: the follower stops (the next call starts one)."""

@@ -137,7 +137,7 @@ class Tools:
     def __init__(self, api: Api) -> None:
         self.api = api
         self.engine = api.engine
-        self.waits = CallWaits(api.log)
+        self.waits = CallWaits(api.log, clock=api.engine.clock)
         """The ``call_agent`` calls waiting for their ends, on one follower of the log."""
         self.out: Counter[str] = Counter()
         """Calls each agent-scoped caller has out now (its fan-out)."""

@@ -75,7 +75,7 @@ class WorkerSession(Session):
 
     def __init__(self, service: Service, websocket: WebSocket) -> None:
         super().__init__(service, websocket, "worker")
-        self.last_seen = asyncio.get_running_loop().time()
+        self.last_seen = service.workers.clock.monotonic_ms()
         self._outbox: asyncio.Queue[BaseModel] = asyncio.Queue()
 
     # ------------------------------------------------------------------- the link
@@ -139,12 +139,12 @@ class WorkerSession(Session):
             writer = spawn(self._write(), "worker writer")
             self.tasks.add(writer)
             await self._wake(agents)
-            loop = asyncio.get_running_loop()
+            clock = hub.clock
             while True:
                 message = await self.ws.receive()
                 if message["type"] == "websocket.disconnect" or self.closing:
                     return
-                self.last_seen = loop.time()
+                self.last_seen = clock.monotonic_ms()
                 raw = raw_data(message)
                 try:
                     if len(raw) > self.service.max_frame_bytes:

@@ -63,8 +63,8 @@ class WorkerLink(Protocol):
         """The worker's name (its token's)."""
         ...
 
-    last_seen: float
-    """When a frame last came from it (the event loop's clock)."""
+    last_seen: int
+    """When a frame last came from it (its hub's `Clock`, `Clock.monotonic_ms`)."""
 
     def serves(self, agent_id: str) -> bool:
         """Whether its token's scope includes the agent."""
@@ -370,15 +370,16 @@ class WorkerReasoner:
         return item.completion
 
     async def _next(self, job: WorkerJob) -> SlotAsked | StepMade | ResultGiven:
-        """The worker's next frame for the job; `WorkerLostError` if it is gone or silent."""
-        loop = asyncio.get_running_loop()
-        silence = self.heartbeat_ms * self.missed_heartbeats / 1_000
+        """The worker's next frame for the job; `WorkerLostError` if it is gone or silent
+        (for ``heartbeat_ms`` x ``missed_heartbeats`` of the hub's clock)."""
+        clock = self.hub.clock
+        silence_ms = self.heartbeat_ms * self.missed_heartbeats
         while True:
             try:
-                async with asyncio.timeout(self.heartbeat_ms / 1_000):
+                async with timeout(clock, self.heartbeat_ms):
                     item = await job.inbox.get()
             except TimeoutError:
-                if loop.time() - job.link.last_seen < silence:
+                if clock.monotonic_ms() - job.link.last_seen < silence_ms:
                     continue
                 job.link.drop()
                 self.hub.detach(job.link, "missed its heartbeats")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.base.clock import SystemClock
+from gateway.base.clock import FakeClock, SystemClock
 from gateway.edge.call_waits import CallWait, CallWaits
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, AgentRequest, Mode
@@ -107,14 +107,23 @@ async def test_calls_in_flight_share_one_follower_and_each_gets_its_own_end() ->
 
 
 async def test_a_call_refused_at_its_agent_ends_refused_and_one_not_ended_times_out() -> None:
-    async with desk() as (engine, reasoner, calls, _log), AsyncExitStack() as stack:
+    clock = FakeClock()
+    async with desk(clock=clock) as (engine, reasoner, calls, _log), AsyncExitStack() as stack:
         deep = await submitted(stack, engine, calls, request(
             "a", "agent_call", requestId="deep", payload={"depth": 9}))
         assert status(await deep.answer(TIMEOUT)) == "refused"
         slow = await submitted(stack, engine, calls, request("b", "agent_call",
                                                              requestId="slow"))
         run = await reasoner.started()
-        assert await slow.answer(0.05) is None and slow.run_id == run.run_id
+        answer = asyncio.ensure_future(slow.answer(600))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        clock.advance(599_999)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not answer.done()  # (real time passes, the clock's does not)
+        clock.advance(1)
+        assert await asyncio.wait_for(answer, TIMEOUT) is None and slow.run_id == run.run_id
         reasoner.finish(run.run_id)  # (still waited for after a timed-out answer)
         assert status(await slow.answer(TIMEOUT)) == "returned"
 
@@ -138,6 +147,24 @@ async def test_at_most_limit_calls_wait_and_the_follower_goes_when_idle() -> Non
                 run = await reasoner.started()
                 reasoner.finish(run.run_id)
             assert status(await wait.answer(TIMEOUT)) == "returned"
+
+
+async def test_the_idle_follower_lingers_for_the_clocks_time() -> None:
+    clock = FakeClock()
+    async with desk(linger_s=600.0, clock=clock) as (engine, _reasoner, calls, log):
+        async with AsyncExitStack() as stack:
+            await submitted(stack, engine, calls, request("a", "agent_call"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        clock.advance(599_999)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert log.open == 1  # (real time passes, the clock's does not)
+        clock.advance(1)
+
+        async def gone() -> bool:
+            return log.open == 0
+        await until(gone, "the idle follower to stop")
 
 
 class Failing:

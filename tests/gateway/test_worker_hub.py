@@ -13,7 +13,14 @@ import pytest
 from gateway.base.clock import FakeClock, SystemClock
 from gateway.llm.port import ToolResult
 from gateway.llm.reasoner import RunContext, RunResult
-from gateway.runtime.workers import NoWorker, ResultGiven, WorkerHub, WorkerJob, WorkerReasoner
+from gateway.runtime.workers import (
+    NoWorker,
+    ResultGiven,
+    WorkerHub,
+    WorkerJob,
+    WorkerLostError,
+    WorkerReasoner,
+)
 from lanes.events import Outcome
 from lanes.requests import AgentRequest
 from tests.gateway.support import TIMEOUT, request
@@ -25,7 +32,7 @@ class Link:
     def __init__(self, hub: WorkerHub) -> None:
         self.hub = hub
         self.name = "fake"
-        self.last_seen = 0.0
+        self.last_seen = 0
         self.told: list[list[str]] = []
 
     def serves(self, agent_id: str) -> bool:
@@ -88,6 +95,71 @@ async def test_the_wait_for_a_worker_counts_the_clocks_time() -> None:
     clock.advance(1)
     with pytest.raises(NoWorker):
         await asyncio.wait_for(run, TIMEOUT)
+
+
+HEARTBEAT_MS = 600_000
+"""Ten minutes: the loop's time never reaches a heartbeat in these tests, the clock's does."""
+
+
+class Silent(Link):
+    """A worker that takes a run and then sends nothing, not even a heartbeat."""
+
+    def __init__(self, hub: WorkerHub) -> None:
+        super().__init__(hub)
+        self.dropped = False
+        self.cancelled = ""
+
+    def dispatch(self, job: WorkerJob) -> None:
+        pass
+
+    def cancel(self, run_id: str, reason: str) -> None:
+        self.cancelled = reason
+
+    def drop(self) -> None:
+        self.dropped = True
+
+
+async def test_a_silent_worker_is_lost_after_its_missed_heartbeats_of_the_clocks_time() -> None:
+    clock = FakeClock()
+    hub = WorkerHub(clock=clock)
+    reasoner = WorkerReasoner(hub, "desk", heartbeat_ms=HEARTBEAT_MS, missed_heartbeats=3)
+    worker = Silent(hub)
+    worker.last_seen = clock.monotonic_ms()
+    hub.attach(worker)
+    run = asyncio.ensure_future(reasoner.run(context()))
+    for _ in range(3):
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not run.done() and not worker.dropped  # (real time passes, the clock's not)
+        clock.advance(HEARTBEAT_MS - 1)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not run.done() and not worker.dropped
+        clock.advance(1)  # a heartbeat's time: silent for 1, 2, then 3 of them
+    with pytest.raises(WorkerLostError, match="missed its heartbeats"):
+        await asyncio.wait_for(run, TIMEOUT)
+    assert worker.dropped
+
+
+async def test_a_worker_heard_from_within_its_heartbeats_is_kept() -> None:
+    clock = FakeClock()
+    hub = WorkerHub(clock=clock)
+    reasoner = WorkerReasoner(hub, "desk", heartbeat_ms=HEARTBEAT_MS, missed_heartbeats=3)
+    worker = Silent(hub)
+    hub.attach(worker)
+    run = asyncio.ensure_future(reasoner.run(context()))
+    for _ in range(10):  # ten heartbeats' time, a frame heard at each
+        for _ in range(5):
+            await asyncio.sleep(0)
+        clock.advance(HEARTBEAT_MS)
+        worker.last_seen = clock.monotonic_ms()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not run.done() and not worker.dropped
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert worker.cancelled == "aborted"
 
 
 def test_the_workers_are_told_when_the_members_change_and_only_then() -> None:
