@@ -175,7 +175,7 @@ async def _restart(db: Path) -> tuple[float, int | None]:
     with timed() as starting:
         await engine.start()
     await engine.stop(graceful=False)
-    return starting[0], engine.snapshot_loaded
+    return starting[0], engine.snapshots.loaded_at
 
 
 async def _snapshot(db: Path) -> None:

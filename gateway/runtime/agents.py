@@ -89,9 +89,9 @@ class Host(Protocol):
 
     faults: Faults
 
-    def _after_commit(self, agent: Agent, decisions: list[Decision],
-                      records: list[RecordedEvent], took: float, urgent: bool) -> None: ...
-    def _tick(self, agent: Agent) -> None: ...
+    def after_commit(self, agent: Agent, decisions: list[Decision],
+                     records: list[RecordedEvent], took: float, urgent: bool) -> None: ...
+    def tick(self, agent: Agent) -> None: ...
 
     @property
     def recovery(self) -> Recovery: ...
@@ -112,7 +112,7 @@ class Hooks:
     def committed(self, decisions: list[Decision], records: list[RecordedEvent],
                   seconds: float, urgent: bool) -> None:
         assert self.agent is not None
-        self.engine._after_commit(self.agent, decisions, records, seconds, urgent)
+        self.engine.after_commit(self.agent, decisions, records, seconds, urgent)
 
     def failed(self, decisions: list[Decision], error: BaseException | None) -> None:
         # A conflict follows an earlier failure; a fenced append is no storage fault.
@@ -130,7 +130,7 @@ class Hooks:
 
     def due(self) -> None:
         assert self.agent is not None
-        self.engine._tick(self.agent)
+        self.engine.tick(self.agent)
 
     def fenced(self, error: FencedError) -> None:
         assert self.agent is not None

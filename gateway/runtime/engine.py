@@ -143,15 +143,17 @@ class Engine:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.elsewhere = elsewhere
-        self._configs = dict(agents)
-        self._file_configs = dict(agents)
+        self.configs = dict(agents)
+        """Each agent's config in force (as last applied here)."""
+        self.file_configs = dict(agents)
         """The configs the engine was built with (its config file's), never changed."""
         self.schedules = Agenda(self, self.clock, schedules or {}, self._scheduled_states)
         """The agents' schedules: set, removed, fired by hand and on time."""
         if reasoners is None:
             shared = SimulatedReasoner()
             reasoners = lambda _agent_id: shared  # noqa: E731
-        self._agents: dict[str, Agent] = {}
+        self.agents: dict[str, Agent] = {}
+        """The agents this process decides for, by id (`Holding` adds and removes them)."""
         self._ids = ids or EventIds()
         self.ids = self._ids if isinstance(self._ids, EventIds) else None
         """The event ids (a cluster member sets their prefix to its own id's)."""
@@ -164,13 +166,13 @@ class Engine:
         """Runs and call deliveries: cancelled and awaited on stop."""
         self.faults = Faults(self.clock)
         self.runs = Runs(clock=self.clock, reasoners=reasoners, gate_of=self.gate_map.for_runs,
-                         feed=self._feed, live=self._live, spawn=self._spawn,
+                         feed=self.feed, live=self._live, spawn=self.spawn,
                          toolbox=Toolbox(market, self.state, self.clock, mcp))
         self.calls = Calls(clock=self.clock, submit=self._submit_anywhere,
-                           undeliverable=self._undeliverable, spawn=self._spawn)
+                           undeliverable=self._undeliverable, spawn=self.spawn)
         self.intake = Intake(self)
         self.desk = DeskBudget(self, desk_budgets)
-        self.orders = Orders(broker, self._spawn)
+        self.orders = Orders(broker, self.spawn)
         self.recovery = Recovery(self)
         self.holding = Holding(self)
         """Agents coming to this process and leaving it (`load`, `unload`, `drop`)."""
@@ -204,21 +206,22 @@ class Engine:
         if log_fold is not None and stale is not None:
             self.holding.load_all(log_fold, stale, principal)
             await self.flush(rebuilt=False)  # a log that cannot be written: serve anyway
-        self._spawn(self.schedules.scheduler.run(), "scheduler")
+        self.spawn(self.schedules.scheduler.run(), "scheduler")
         self.desk.start()
 
-    def _new_agent(self, state: AgentState) -> Agent:
+    def new_agent(self, state: AgentState) -> Agent:
+        """An agent of ``state`` on this engine's log and clock (`Holding` adds it)."""
         hooks = Hooks(self)
         agent_id = state.agent_id
         core: StreamCore[AgentState, Input, Decision] = StreamCore(
             agent_id, state, store=self.store, clock=self.clock, codec=AGENT_CODEC,
-            decide=decide, rebuild=partial(self._fold_stream, agent_id), listener=hooks,
+            decide=decide, rebuild=partial(self.fold_stream, agent_id), listener=hooks,
             ids=self._ids, pending=self._in_flight, rebuilds=self._rebuilds,
             paced=lambda: self.running)
         agent = hooks.agent = Agent(core)
         return agent
 
-    def _fold_stream(self, agent_id: str, records: list[RecordedEvent]) -> AgentState:
+    def fold_stream(self, agent_id: str, records: list[RecordedEvent]) -> AgentState:
         """An agent's state folded from its stream (a rebuild)."""
         return fold(self._reader.entries(records)).get(agent_id) or AgentState(agent_id=agent_id)
 
@@ -231,7 +234,7 @@ class Engine:
             self._in_flight or self._rebuilds or self.calls.deliveries or self.intake.open)
 
     def _live_fold(self) -> LogFold:
-        states = {agent_id: agent.state for agent_id, agent in self._agents.items()}
+        states = {agent_id: agent.state for agent_id, agent in self.agents.items()}
         return LogFold(states=states, position=self.snapshots.position)
 
     async def stop(self, *, graceful: bool = True) -> None:
@@ -241,12 +244,12 @@ class Engine:
         process died) the next start records them (``restart``)."""
         if graceful and self.running:
             now = self.clock.now_ms()
-            for agent in self._agents.values():
+            for agent in self.agents.values():
                 if agent.live:
-                    self._feed(agent, Stopping(at=now))
+                    self.feed(agent, Stopping(at=now))
         calls_cut_off = bool(self.calls.deliveries)
         self._phase = EnginePhase.STOPPED
-        for agent in self._agents.values():
+        for agent in self.agents.values():
             agent.core.cancel_timer()
         for task in self._tasks:
             task.cancel()
@@ -254,7 +257,7 @@ class Engine:
         for gate in self.gates.values():  # after the runs: their slots are given back
             await gate.stop()
         await self.flush()
-        for agent in self._agents.values():
+        for agent in self.agents.values():
             if agent.controls:
                 log.error("stopping with controls of %s that could not be stored (the event "
                           "log refused them): %s; send them again after the restart",
@@ -279,22 +282,17 @@ class Engine:
 
     def holds(self, agent_id: str) -> bool:
         """Whether this process decides for ``agent_id`` now."""
-        return agent_id in self._agents
-
-    @property
-    def snapshot_loaded(self) -> int | None:
-        """The position of the snapshot the start continued from, if any."""
-        return self.snapshots.loaded_at
+        return agent_id in self.agents
 
     @property
     def configured(self) -> list[str]:
         """The agents of the config file."""
-        return sorted(self._file_configs)
+        return sorted(self.file_configs)
 
     @property
     def loaded(self) -> list[str]:
         """The agents this process decides for."""
-        return sorted(self._agents)
+        return sorted(self.agents)
 
     # ---------------------------------------------------------------------- queries
 
@@ -317,15 +315,15 @@ class Engine:
     def agent_ids(self) -> list[str]:
         """Every agent, configured or found in the log (decided here or elsewhere)."""
         if self.elsewhere is None:
-            return sorted(self._agents)
-        return sorted({*self._agents, *self.elsewhere.agent_ids()})
+            return sorted(self.agents)
+        return sorted({*self.agents, *self.elsewhere.agent_ids()})
 
     def state(self, agent_id: str) -> AgentState:
         """An agent's live state (decided: its latest events may still be committing; the
         one it had decided while rebuilt after a failed commit; elsewhere: the log's)."""
         if not self.running:
             raise NotRunning()
-        agent = self._agents.get(agent_id)
+        agent = self.agents.get(agent_id)
         if agent is not None:
             return agent.state
         found = None if self.elsewhere is None else self.elsewhere.state(agent_id)
@@ -360,7 +358,7 @@ class Engine:
 
     async def _submit_anywhere(self, request: AgentRequest) -> Ack:
         """A request of the gateway's own (a call, an answer), wherever its agent is."""
-        if self.elsewhere is not None and request.agent_id not in self._agents:
+        if self.elsewhere is not None and request.agent_id not in self.agents:
             return await self.elsewhere.forward(request)
         return await self.submit(request)
 
@@ -377,15 +375,15 @@ class Engine:
         """Change an agent's config (for requests from now on); False if nothing changed."""
         event = ConfigChanged(at=self.clock.now_ms(), config=config, principal=principal)
         decisions = await self.report(agent_id, event)
-        self._configs[agent_id] = config
+        self.configs[agent_id] = config
         return bool(decisions)
 
     def _scheduled_states(self) -> Iterator[AgentState]:
-        return (agent.core.state for agent in list(self._agents.values()))
+        return (agent.core.state for agent in list(self.agents.values()))
 
     async def report(self, agent_id: str, event: Input) -> list[Decision]:
         """Any other input from outside (a broker report, say), after its commit."""
-        outcome = self._feed(self.agent(agent_id), event)
+        outcome = self.feed(self.agent(agent_id), event)
         await self.committed(outcome)
         return outcome.decisions
 
@@ -396,23 +394,23 @@ class Engine:
         or `AgentUnavailable` while it is rebuilt)."""
         if not self.running:
             raise NotRunning()
-        agent = self._agents.get(agent_id)
+        agent = self.agents.get(agent_id)
         if agent is None:
             raise UnknownAgent(agent_id) if self.elsewhere is None \
                 else self.elsewhere.missing(agent_id)
         if agent.phase is Phase.REBUILDING:
-            raise AgentUnavailable(agent_id, self.fault_of(agent))
+            raise AgentUnavailable(agent_id, self.faults.reason(agent.fault))
         return agent
 
     def present(self, agent_id: str) -> Agent | None:
         """The agent if this process holds it, whatever its phase."""
-        return self._agents.get(agent_id)
+        return self.agents.get(agent_id)
 
     def _live(self, agent: Agent) -> bool:
         """Whether ``agent`` decides and acts here now."""
         return self.running and agent.live
 
-    def _feed(self, agent: Agent, event: Input) -> Outcome[Decision]:
+    def feed(self, agent: Agent, event: Input) -> Outcome[Decision]:
         """Decide an input and enqueue its events; the commit resolves with them."""
         base = agent.core.version
         decisions, events = self.intake.decide(agent, event)
@@ -436,15 +434,13 @@ class Engine:
 
     def commit_error(self, error: BaseException) -> BaseException:
         """What a failed commit is said to be to whoever waits for it."""
-        return commit_error(error, self._fault_of_stream)
+        agents, faults = self.agents, self.faults
+        return commit_error(error, lambda stream: faults.reason(
+            None if (agent := agents.get(stream)) is None else agent.fault))
 
-    def _fault_of_stream(self, stream: str) -> str | None:
-        agent, fault = self._agents.get(stream), self.faults.current
-        return self.fault_of(agent) if agent is not None \
-            else None if fault is None else fault.reason
-
-    def _after_commit(self, agent: Agent, decisions: list[Decision],
-                      records: list[RecordedEvent], took: float, urgent: bool) -> None:
+    def after_commit(self, agent: Agent, decisions: list[Decision],
+                     records: list[RecordedEvent], took: float, urgent: bool) -> None:
+        """An append of ``agent`` committed: what its decisions start follows now."""
         self.faults.committed()
         self.commit_latency.observe(took)
         if urgent:
@@ -471,11 +467,12 @@ class Engine:
     async def _undeliverable(self, parent: str, event: CallUndeliverable) -> None:
         """A call of ``parent`` could not be delivered: recorded at the caller, if it is
         still decided here."""
-        agent = self._agents.get(parent)
+        agent = self.agents.get(parent)
         if agent is not None and self._live(agent):
-            await self.committed(self._feed(agent, event))
+            await self.committed(self.feed(agent, event))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the engine's (a run, a delivery): cancelled and awaited on stop."""
         task = spawn(coro, name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -490,14 +487,8 @@ class Engine:
             return
         agent.core.schedule(next_due(agent.state, self.clock.now_ms()))
 
-    def _tick(self, agent: Agent) -> None:
+    def tick(self, agent: Agent) -> None:
+        """The agent's timer came: time passes in its stream."""
         if self._live(agent):
-            self._feed(agent, TimerElapsed(at=self.clock.now_ms()))
+            self.feed(agent, TimerElapsed(at=self.clock.now_ms()))
             self.reschedule(agent)
-
-    # ---------------------------------------------------------------------- recovery
-
-    def fault_of(self, agent: Agent) -> str | None:
-        """Why ``agent`` is being rebuilt: the storage error now, else its own last one."""
-        fault = self.faults.current
-        return agent.fault if fault is None else fault.reason

@@ -65,6 +65,11 @@ class Faults:
         self._open = True
         return reason
 
+    def reason(self, own: str | None = None) -> str | None:
+        """Why a stream is refused while rebuilt: the storage fault now, else ``own`` (why
+        its own last append failed)."""
+        return own if self.current is None else self.current.reason
+
     def committed(self) -> None:
         """A commit went through: the fault, if any, is over."""
         fault = self.current

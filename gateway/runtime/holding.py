@@ -52,22 +52,22 @@ class Holding:
         states = log_fold.states
         # In a fixed order: the Restarted events below land in it, so two starts of one log
         # (with a snapshot or without, in any process) append the very same events.
-        for agent_id in sorted({*states, *engine._configs}):
-            engine._agents[agent_id] = engine._new_agent(
+        for agent_id in sorted({*states, *engine.configs}):
+            engine.agents[agent_id] = engine.new_agent(
                 states.get(agent_id) or AgentState(agent_id=agent_id))
         now = engine.clock.now_ms()
-        for agent_id, config in engine._configs.items():
-            engine._feed(engine._agents[agent_id],
+        for agent_id, config in engine.configs.items():
+            engine.feed(engine.agents[agent_id],
                          ConfigChanged(at=now, config=config, principal=principal))
-        for agent in engine._agents.values():
-            engine._feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
-            engine._feed(agent, PolicyOffered(at=now, version=POLICY))  # (the same if known)
+        for agent in engine.agents.values():
+            engine.feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
+            engine.feed(agent, PolicyOffered(at=now, version=POLICY))  # (the same if known)
             engine.reschedule(agent)
         for parent, call in list(log_fold.calls.values()):
             engine.calls.call(parent, call)
         for child, answer in list(log_fold.answers.values()):
             engine.calls.answer(child, answer)
-        for agent in engine._agents.values():  # orders still open in the log: to the broker
+        for agent in engine.agents.values():  # orders still open in the log: to the broker
             engine.orders.place_open(agent)
 
     def load(self, agent_id: str, records: list[RecordedEvent], fence: Fence,
@@ -80,12 +80,12 @@ class Holding:
         undelivered sub-agent ``calls`` and ``answers`` and its open orders sent again).
         Held already: only the fence changes."""
         engine = self._engine
-        agent = engine._agents.get(agent_id)
+        agent = engine.agents.get(agent_id)
         if agent is not None:
             agent.core.fence = fence
             return
-        config = engine._file_configs.get(agent_id)
-        self.adopt(agent_id, engine._fold_stream(agent_id, records), fence,
+        config = engine.file_configs.get(agent_id)
+        self.adopt(agent_id, engine.fold_stream(agent_id, records), fence,
                    config is not None and config != self._last_file_config(records),
                    calls, answers)
 
@@ -97,23 +97,23 @@ class Holding:
         replica of it and its tail): ``file_changed`` says whether the config file's entry
         for it changed since the file last gave it one."""
         engine = self._engine
-        agent = engine._agents.get(agent_id)
+        agent = engine.agents.get(agent_id)
         if agent is not None:
             agent.core.fence = fence
             return
-        agent = engine._agents[agent_id] = engine._new_agent(state)
+        agent = engine.agents[agent_id] = engine.new_agent(state)
         agent.core.fence = fence
         if not engine.running:
             return
         now = engine.clock.now_ms()
-        config = engine._file_configs.get(agent_id)
+        config = engine.file_configs.get(agent_id)
         if config is not None and file_changed:
-            engine._configs[agent_id] = config
-            engine._feed(agent, ConfigChanged(at=now, config=config, principal="config"))
+            engine.configs[agent_id] = config
+            engine.feed(agent, ConfigChanged(at=now, config=config, principal="config"))
         else:
-            engine._configs[agent_id] = agent.state.config
-        engine._feed(agent, Restarted(at=now))  # decides nothing unless a run was cut off
-        engine._feed(agent, PolicyOffered(at=now, version=POLICY))
+            engine.configs[agent_id] = agent.state.config
+        engine.feed(agent, Restarted(at=now))  # decides nothing unless a run was cut off
+        engine.feed(agent, PolicyOffered(at=now, version=POLICY))
         engine.reschedule(agent)
         for parent, call in calls:
             if parent == agent_id:
@@ -125,7 +125,7 @@ class Holding:
 
     def file_config(self, agent_id: str) -> AgentConfig | None:
         """The config file's entry for an agent, if it has one."""
-        return self._engine._file_configs.get(agent_id)
+        return self._engine.file_configs.get(agent_id)
 
     def _last_file_config(self, records: list[RecordedEvent]) -> AgentConfig | None:
         """The config the config file last gave an agent, from its stream."""
@@ -142,11 +142,11 @@ class Holding:
         in flight is recorded aborted (``shutdown``), its requests back at the head of the
         queue for the next process, and everything decided for it is committed."""
         engine = self._engine
-        agent = engine._agents.get(agent_id)
+        agent = engine.agents.get(agent_id)
         if agent is None:
             return
         if engine.running and agent.live:
-            engine._feed(agent, Stopping(at=engine.clock.now_ms()))
+            engine.feed(agent, Stopping(at=engine.clock.now_ms()))
         self._gone(agent)
         # Its own appends settled (those of other agents, and rebuilds that go on while the
         # log refuses writes, are not waited for).
@@ -158,7 +158,7 @@ class Holding:
         """Stop deciding for an agent at once: its lease is another process's already, so
         nothing more is written for it from here."""
         engine = self._engine
-        agent = engine._agents.get(agent_id)
+        agent = engine.agents.get(agent_id)
         if agent is not None:
             self._gone(agent)
 
@@ -168,7 +168,7 @@ class Holding:
         engine = self._engine
         if agent.open is not None:  # decided while it was this process's: appended now
             engine.intake.close(agent.open)
-        del engine._agents[agent.agent_id]
+        del engine.agents[agent.agent_id]
         agent.move(Phase.GONE)
         agent.core.fence = None
         agent.core.cancel_timer()
@@ -183,7 +183,7 @@ class Holding:
             return
         log.warning("controls of %s held during a storage fault go to its next process: %s",
                     agent.agent_id, ids)
-        engine._spawn(self._pass_on(agent.agent_id, held), f"held controls of {agent.agent_id}")
+        engine.spawn(self._pass_on(agent.agent_id, held), f"held controls of {agent.agent_id}")
 
     async def _pass_on(self, agent_id: str, held: list[RequestReceived]) -> None:
         """Controls held here for an agent that left, sent to its next process to store, in

@@ -313,7 +313,7 @@ class Intake:
         agent = engine.present(received.request.agent_id)
         if agent is None:
             return error
-        return agent.controls.refuse(received, error, engine.fault_of(agent))
+        return agent.controls.refuse(received, error, engine.faults.reason(agent.fault))
 
     def close(self, group: Group) -> None:
         """Append what ``group`` decided (once)."""

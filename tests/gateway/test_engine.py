@@ -547,7 +547,7 @@ async def test_a_bug_in_decide_refuses_that_input_and_rebuilds_the_agent(
     def broken(state: object, event: object) -> list[object]:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(engine._agents["btc"].core, "_decide", broken)  # its decide, broken
+    monkeypatch.setattr(engine.agents["btc"].core, "_decide", broken)  # its decide, broken
     with pytest.raises(RuntimeError):
         await engine.submit(request("btc"))
     monkeypatch.undo()
@@ -606,7 +606,7 @@ async def test_timers_do_not_spin_when_a_window_closes_under_a_budget(
     clock.advance(1_000)
     await engine.submit(request("c"))
     fired = 0
-    original = engine._tick
+    original = engine.tick
 
     def counting(agent: Any) -> None:
         nonlocal fired
@@ -614,7 +614,7 @@ async def test_timers_do_not_spin_when_a_window_closes_under_a_budget(
         assert fired < 100, "the timer is spinning"
         original(agent)
 
-    engine._tick = counting  # type: ignore[method-assign]
+    engine.tick = counting  # type: ignore[method-assign]
     clock.advance(2_000)
     await engine.flush()
     assert fired <= 2
@@ -678,9 +678,9 @@ async def test_a_control_between_two_steps_of_a_batch_is_appended_in_decision_or
     # Run until the batch has decided its first step for the agent, not appended yet...
     for _ in range(100):
         await asyncio.sleep(0)
-        if engine._agents[agent].open is not None and pacer.turns >= 1:
+        if engine.agents[agent].open is not None and pacer.turns >= 1:
             break
-    assert engine._agents[agent].open is not None
+    assert engine.agents[agent].open is not None
     # ...then a stop: what the batch decided so far is appended before it, the rest after.
     stop = await asyncio.wait_for(engine.submit(control(agent, "emergency_stop")), 5)
     acks = await asyncio.wait_for(submitting, 5)
@@ -716,7 +716,7 @@ async def test_a_paced_batch_for_many_agents_is_appended_a_part_a_turn(
             if pacer.turns > decided:
                 break
         assert pacer.turns == decided + 1
-        assert engine._agents[last].open is not None  # (its part is not appended yet)
+        assert engine.agents[last].open is not None  # (its part is not appended yet)
         stop = await asyncio.wait_for(engine.submit(control(last, "emergency_stop")), 5)
         acks = await asyncio.wait_for(submitting, 5)
         assert pacer.turns == decided + -(-len(agents) // PACED_STEP)

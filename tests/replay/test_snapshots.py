@@ -139,7 +139,7 @@ async def test_a_restart_with_a_snapshot_equals_one_without(
     two_starts: tuple[Engine, Engine],
 ) -> None:
     with_snapshot, without = two_starts
-    assert with_snapshot.snapshot_loaded is not None and without.snapshot_loaded is None
+    assert with_snapshot.snapshots.loaded_at is not None and without.snapshots.loaded_at is None
     assert with_snapshot.agent_ids == without.agent_ids
     for agent_id in with_snapshot.agent_ids:
         assert with_snapshot.state(agent_id) == without.state(agent_id)
@@ -183,7 +183,7 @@ async def test_a_crash_restart_from_a_periodic_snapshot_equals_one_from_the_log(
     await bare.close()
     a, b = await start(db, clock), await start(copy, clock)
     try:
-        assert a.snapshot_loaded == newest.position
+        assert a.snapshots.loaded_at == newest.position
         for agent_id in a.agent_ids:
             assert a.state(agent_id) == b.state(agent_id)
         assert a.state("btc").counters.aborts == 1  # the run cut off, recorded at the start
@@ -217,7 +217,7 @@ async def test_a_snapshot_folded_by_a_worker_process_equals_the_fold_of_the_log(
     await bare.close()
     a, b = await start(db, clock), await start(copy, clock)
     try:
-        assert a.snapshot_loaded == infos[0].position
+        assert a.snapshots.loaded_at == infos[0].position
         for agent_id in a.agent_ids:
             assert a.state(agent_id) == b.state(agent_id)
     finally:
@@ -266,7 +266,7 @@ async def test_a_bad_snapshot_is_ignored_and_rebuilt(
     await replace_snapshot(db, change)
     engine = await start(db, clock)
     try:
-        assert engine.snapshot_loaded is None
+        assert engine.snapshots.loaded_at is None
         assert "ignored" in caplog.text
         log = await log_of(engine.store)
         for agent_id in engine.agent_ids:
@@ -323,7 +323,7 @@ async def test_a_bad_snapshot_beside_a_good_one_is_deleted_even_with_nothing_to_
     await store.close()
     engine = await start(db, clock)
     try:
-        assert engine.snapshot_loaded == good.position
+        assert engine.snapshots.loaded_at == good.position
     finally:
         await engine.stop(graceful=False)
     store = SqliteEventStore(db)
