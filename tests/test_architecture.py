@@ -286,6 +286,32 @@ def test_the_loop_time_check_can_fail() -> None:
                                        "call_later (line 5)", "time (line 6)"]
 
 
+def private_reaches(source: str) -> list[str]:
+    """Where a module reads a private field of an engine it holds (``engine._x``,
+    ``self._engine._x``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else \
+                owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name in ("engine", "_engine"):
+                found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return found
+
+
+def test_the_engines_rooms_use_its_public_face() -> None:
+    """No module of the gateway reaches into the engine's private fields: its rooms (the
+    intake, holding, recovery...) use what it says it offers."""
+    offenders = {str(path.relative_to(ROOT)): found for path in python_files("gateway")
+                 if (found := private_reaches(path.read_text()))}
+    assert offenders == {}
+    assert private_reaches("def f(engine, me):\n    engine._agents\n    me._engine._feed(1)\n"
+                           "    engine.agents\n    engine.__class__\n") == [
+        "engine._agents (line 2)", "me._engine._feed (line 3)"]
+
+
 def test_a_fast_test_may_not_serve_on_a_socket() -> None:
     """The fast layer's guard (`tests/conftest.py`): this test is in the layer, so serving on
     TCP fails it."""
