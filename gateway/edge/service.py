@@ -200,6 +200,14 @@ class Service:
         each (`gateway.runtime.intake.in_steps`)."""
         return await in_steps(self.way_in, requests, principal, pacer)
 
+    def decided_here(self, agent_id: str) -> None:
+        """Before an operator's command or config change is made in this process's engine:
+        if another process decides for ``agent_id``, `NotOwner` (the route passes the call
+        on to that process), so the engine is asked only for its own agents. (One that
+        leaves meanwhile is refused by the engine with `NotOwner` all the same.)"""
+        if self.router is not None and not self.engine.holds(agent_id):
+            raise self.router.missing(agent_id)
+
     async def submit(self, request: AgentRequest, principal: str | None) -> Ack:
         """One request from outside, awaited to its ack."""
         return await self.way_in.take([request], principal)[0]

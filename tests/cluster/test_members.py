@@ -24,7 +24,7 @@ from gateway.errors import NotOwner
 from gateway.wiring import build_service
 from lanes import parse_request
 from lanes.codec import decode
-from lanes.events import AbortReason, RequestReceived, RunAborted
+from lanes.events import AbortReason, Decision, RequestReceived, RunAborted
 from lanes.gate import decode_gate_event
 from lanes.gate.events import SlotRequested
 from store import PostgresEventStore
@@ -146,9 +146,17 @@ async def test_an_operator_call_for_an_agent_owned_elsewhere_is_made_at_its_owne
             assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
             metrics = (await http.get("/metrics")).text
             assert f"gateway_cluster_owned_streams {len(owned(one))}" in metrics
+            asked: list[str] = []  # what this member's own engine is asked to operate
+            engine, operate = one.service.engine, one.service.engine.operate
+
+            async def recorded(agent_id: str, *args: Any) -> list[Decision]:
+                asked.append(agent_id)
+                return await operate(agent_id, *args)
+            engine.operate = recorded  # type: ignore[method-assign,assignment]
             cleared = await http.post(f"/api/agents/{theirs}/queue/clear")
             assert cleared.status_code == 200, cleared.text
             assert cleared.json()["applied"] is True
+            assert asked == []  # split by owner before this member's engine was asked
             # Both members read the agent as HALTED (the owner live, the other its replica).
             for running in (one, two):
                 async def halted(running: Running = running) -> bool:

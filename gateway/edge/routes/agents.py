@@ -119,6 +119,7 @@ class AgentRoutes(Routes):
         agent_id = self._agent_id(request)
         principal = self._principal(request)
         principal.check_operate(agent_id)
+        self.service.decided_here(agent_id)
         decisions = await self.engine.operate(agent_id, action, principal.name, run_id)
         first = decisions[0]
         if type(first).__name__ == "OperatorRejected":
@@ -152,6 +153,7 @@ class AgentRoutes(Routes):
             gate.limits.lease_ms, config.run_timeout_ms, agent_id, gate.provider)
         if short is not None:
             raise BadFrame("invalid", f"runTimeoutMs: {short}", field="runTimeoutMs")
+        self.service.decided_here(agent_id)
         changed = await self.engine.configure(agent_id, config, principal.name)
         return _json({"changed": changed, "config": config.model_dump(mode="json")})
 
