@@ -1,7 +1,8 @@
 """Durable requests per second through the engine (submit -> decision after commit), as a
 ratio to raw ``sqlite3.executemany`` in batches of 1000 writing the very same rows into the
 same schema (the best of three runs), measured in the same run. The engine runs on the event
-loop ``--loop`` names (by default the one `gateway serve` picks: uvloop on Linux).
+loop ``--loop`` names (by default the one `gateway serve` picks: uvloop on Linux), built as
+`gateway serve` builds it (its periodic snapshots folded by a worker process, not on the loop).
 
     uv run python -m bench.throughput [--requests N] [--agents N] [--loop auto|asyncio|uvloop]
 """
@@ -44,7 +45,7 @@ async def engine_run(
     names = [f"agent{n}" for n in range(agents)]
     config = AgentConfig(mode=Mode.FOLLOWUP, cap=count)
     engine = Engine(SqliteEventStore(db), dict.fromkeys(names, config),
-                    reasoners=lambda _: Hang())
+                    reasoners=lambda _: Hang(), snapshot_worker=True)  # as `gateway serve` does
     await engine.start()
     batch = requests(names, count)
     tune_runtime()
