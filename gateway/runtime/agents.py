@@ -3,9 +3,8 @@ controls.
 
 An agent's life in this process is its stream's `Phase` (`gateway.runtime.phases`): LIVE when
 this process takes it, REBUILDING while an append failed, GONE once it left (unloaded or
-dropped). Only a LIVE agent decides and acts. A GONE agent is no longer
-the engine's: a task still holding it (its run, its rebuild) finds it gone and does nothing
-more.
+dropped). Only a LIVE agent decides and acts. A GONE agent is no longer the engine's: a task
+still holding it (its run, its rebuild) finds it gone and does nothing more.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class Holding:
         now = engine.clock.now_ms()
         for agent_id, config in engine.configs.items():
             engine.feed(engine.agents[agent_id],
-                         ConfigChanged(at=now, config=config, principal=principal))
+                        ConfigChanged(at=now, config=config, principal=principal))
         for agent in engine.agents.values():
             engine.feed(agent, Restarted(at=now))  # decides nothing unless something was cut off
             engine.feed(agent, PolicyOffered(at=now, version=POLICY))  # (the same if known)

@@ -45,13 +45,13 @@ class Recovery:
             # Held stops first: a run cut off by the failure must not start again before them.
             for received in held:
                 engine.feed(agent, RequestReceived(at=engine.clock.now_ms(),
-                                                  request=received.request,
-                                                  principal=received.principal))
+                                                 request=received.request,
+                                                 principal=received.principal))
             config = engine.configs.get(agent.agent_id)
             if config is not None and agent.state.config != config:
                 # The start's config change was not stored (the log refused it): again.
                 engine.feed(agent, ConfigChanged(at=engine.clock.now_ms(), config=config,
-                                                principal="config"))
+                                               principal="config"))
             if agent.state.active is not None:
                 engine.feed(agent, Restarted(at=engine.clock.now_ms()))
         engine.reschedule(agent)
