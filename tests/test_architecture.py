@@ -6,6 +6,7 @@ import ast
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -216,21 +217,26 @@ def own_waits_and_tasks(source: str) -> list[str]:
     return [f"{name} (line {line})" for line, name in sorted(found)]
 
 
+def waits_found(check: Callable[[str], list[str]]) -> dict[str, list[str]]:
+    """What ``check`` finds in each module of the gateway that makes its own waits (not
+    `WAIT_HOMES`; not `gateway.client`, which stands alone), by module."""
+    found = {}
+    for path in python_files("gateway"):
+        name = str(path.relative_to(ROOT))
+        if name in WAIT_HOMES or name.startswith("gateway/client/"):
+            continue
+        if waits := check(path.read_text()):
+            found[name] = waits
+    return found
+
+
 def test_every_wait_goes_through_the_clock_and_every_task_through_base() -> None:
     """A sleep of the gateway is of its `Clock` (a test's fake clock drives it), a task is
     made by `spawn` or `start`; `gateway.client`, which stands alone, has its own. (A
     timeout of the gateway's own rules, the feed's hold, a run's wait for its worker, a
     worker's heartbeats, an MCP caller's wait, is the `Clock`'s `timeout`; one on I/O, a
     peer's or a socket's, stays on the event loop's time: `LOOP_TIME_WAITS`.)"""
-    offenders = {}
-    for path in python_files("gateway"):
-        name = str(path.relative_to(ROOT))
-        if name in WAIT_HOMES or name.startswith("gateway/client/"):
-            continue
-        found = own_waits_and_tasks(path.read_text())
-        if found:
-            offenders[name] = found
-    assert offenders == {}
+    assert waits_found(own_waits_and_tasks) == {}
 
 
 LOOP_TIME_WAITS: Final = {
@@ -266,14 +272,7 @@ def loop_time_waits(source: str) -> list[str]:
 def test_only_waits_on_io_count_the_event_loops_time() -> None:
     """Every wait on the loop's time is one of `LOOP_TIME_WAITS` (a new one is either the
     `Clock`'s or written there with the I/O it waits on); `gateway.client` stands alone."""
-    found = {}
-    for path in python_files("gateway"):
-        name = str(path.relative_to(ROOT))
-        if name in WAIT_HOMES or name.startswith("gateway/client/"):
-            continue
-        waits = loop_time_waits(path.read_text())
-        if waits:
-            found[name] = waits
+    found = waits_found(loop_time_waits)
     assert {name: len(waits) for name, waits in found.items()} == LOOP_TIME_WAITS, found
 
 

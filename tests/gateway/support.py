@@ -108,3 +108,10 @@ async def until(probe: Callable[[], Awaitable[T | None]], what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)  # polling a condition, with a deadline
+
+
+async def turns(count: int = 5) -> None:
+    """Let what is ready run for ``count`` turns of the loop: to see that something did not
+    happen (real time passes meanwhile, a fake clock's does not)."""
+    for _ in range(count):
+        await asyncio.sleep(0)

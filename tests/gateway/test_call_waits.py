@@ -16,7 +16,7 @@ from gateway.edge.call_waits import CallWait, CallWaits
 from gateway.runtime.engine import Engine
 from lanes import AgentConfig, AgentRequest, Mode
 from store import MemoryEventStore, RecordedEvent, StoreError
-from tests.gateway.support import TIMEOUT, ManualReasoner, control, request, until
+from tests.gateway.support import TIMEOUT, ManualReasoner, control, request, turns, until
 
 AGENTS = {"a": AgentConfig(mode=Mode.FOLLOWUP), "b": AgentConfig(mode=Mode.FOLLOWUP)}
 
@@ -116,11 +116,9 @@ async def test_a_call_refused_at_its_agent_ends_refused_and_one_not_ended_times_
                                                              requestId="slow"))
         run = await reasoner.started()
         answer = asyncio.ensure_future(slow.answer(600))
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         clock.advance(599_999)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         assert not answer.done()  # (real time passes, the clock's does not)
         clock.advance(1)
         assert await asyncio.wait_for(answer, TIMEOUT) is None and slow.run_id == run.run_id
@@ -154,11 +152,9 @@ async def test_the_idle_follower_lingers_for_the_clocks_time() -> None:
     async with desk(linger_s=600.0, clock=clock) as (engine, _reasoner, calls, log):
         async with AsyncExitStack() as stack:
             await submitted(stack, engine, calls, request("a", "agent_call"))
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         clock.advance(599_999)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         assert log.open == 1  # (real time passes, the clock's does not)
         clock.advance(1)
 

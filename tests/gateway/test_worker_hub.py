@@ -23,7 +23,7 @@ from gateway.runtime.workers import (
 )
 from lanes.events import Outcome
 from lanes.requests import AgentRequest
-from tests.gateway.support import TIMEOUT, request
+from tests.gateway.support import TIMEOUT, request, turns
 
 
 class Link:
@@ -86,11 +86,9 @@ async def test_the_wait_for_a_worker_counts_the_clocks_time() -> None:
     clock = FakeClock()
     reasoner = WorkerReasoner(WorkerHub(wait_ms=600_000, clock=clock), "desk")
     run = asyncio.ensure_future(reasoner.run(context()))
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await turns()
     clock.advance(599_999)
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await turns()
     assert not run.done()  # (real time passes, the clock's does not)
     clock.advance(1)
     with pytest.raises(NoWorker):
@@ -128,12 +126,10 @@ async def test_a_silent_worker_is_lost_after_its_missed_heartbeats_of_the_clocks
     hub.attach(worker)
     run = asyncio.ensure_future(reasoner.run(context()))
     for _ in range(3):
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         assert not run.done() and not worker.dropped  # (real time passes, the clock's not)
         clock.advance(HEARTBEAT_MS - 1)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         assert not run.done() and not worker.dropped
         clock.advance(1)  # a heartbeat's time: silent for 1, 2, then 3 of them
     with pytest.raises(WorkerLostError, match="missed its heartbeats"):
@@ -149,12 +145,10 @@ async def test_a_worker_heard_from_within_its_heartbeats_is_kept() -> None:
     hub.attach(worker)
     run = asyncio.ensure_future(reasoner.run(context()))
     for _ in range(10):  # ten heartbeats' time, a frame heard at each
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await turns()
         clock.advance(HEARTBEAT_MS)
         worker.last_seen = clock.monotonic_ms()
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await turns()
     assert not run.done() and not worker.dropped
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
