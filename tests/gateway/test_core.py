@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 import pytest
 
@@ -87,9 +87,16 @@ class Heard:
         self.said.append(f"fenced: now {error.holder}")
 
 
-def phase(core: StreamCore[Any, Any, Any]) -> Phase:
-    """The core's phase (read through a call: mypy would keep an asserted one narrowed)."""
-    return core.phase
+class Phased(Protocol):
+    """A stream core, or what holds one (a provider gate)."""
+
+    @property
+    def phase(self) -> Phase: ...
+
+
+def phase(stream: Phased) -> Phase:
+    """Its phase now (read through a call: mypy would keep an asserted one narrowed)."""
+    return stream.phase
 
 
 def fold_a(records: Sequence[RecordedEvent]) -> AgentState:

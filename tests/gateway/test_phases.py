@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
 
 import pytest
 
 from gateway.base.clock import FakeClock
-from gateway.runtime.core import StreamCore
 from gateway.runtime.gate import GateMoved, ProviderGate
 from gateway.runtime.phases import DECIDING, TRANSITIONS, IllegalPhase, Phase, moved
 from lanes.gate import GateState
 from lanes.gate.events import CallOutcome, GateLimits
 from store import Fence, MemoryEventStore
-from tests.gateway.test_core import Flaky, Heard, core_of, received, turns
-
-
-def phase(stream: ProviderGate | StreamCore[Any, Any, Any]) -> Phase:
-    """Its phase now (read through a call: mypy would keep an asserted one narrowed)."""
-    return stream.phase
+from tests.gateway.test_core import Flaky, Heard, core_of, phase, received, turns
 
 
 @pytest.mark.parametrize(("now", "to"), list(itertools.product(Phase, Phase)))
