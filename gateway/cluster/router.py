@@ -86,9 +86,9 @@ class Router:
     # ------------------------------------------------------------------- the way in
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None,
-             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+             batch: Batch | None = None, parsed: bool = False) -> list[asyncio.Future[Ack]]:
         """Every request decided where its agent is: one future each (as `Engine.take`;
-        this process's own into ``batch``, if given)."""
+        this process's own into ``batch``, if given; ``parsed``, as there)."""
         engine = self._engine
         if engine is None:
             raise RuntimeError("the router is not attached to a member yet")
@@ -99,7 +99,7 @@ class Router:
         for index, request in enumerate(requests):
             (here if engine.holds(request.agent_id) else away).append(index)
         if here:
-            taken = engine.take([requests[i] for i in here], principal, batch)
+            taken = engine.take([requests[i] for i in here], principal, batch, parsed)
             for index, future in zip(here, taken, strict=True):
                 future.add_done_callback(partial(self._taken, requests[index], principal,
                                                  answers[index]))

@@ -49,7 +49,7 @@ class DecidedNow:
         pacer.hold()  # the feed's bulk work waits until this ack is out
         try:
             self.service.admit(principal, request)  # (a control: never refused for capacity)
-            pending = self.service.way_in.take([request], principal.name)[0]
+            pending = self.service.way_in.take([request], principal.name, parsed=True)[0]
         except Exception as error:
             pacer.release()
             return self.send(error_frame(error, id=frame.id, request_id=request.request_id))
@@ -83,7 +83,8 @@ class DecidedNow:
         intake = self.service.intake
         intake.took(self, HELD_EVENTS)
         try:
-            pending = self.service.way_in.take([frame.request], principal.name)[0]
+            pending = self.service.way_in.take([frame.request], principal.name,
+                                               parsed=True)[0]
         except BaseException:
             intake.settled(self, HELD_EVENTS)
             raise

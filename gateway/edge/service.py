@@ -195,10 +195,12 @@ class Service:
         return self.engine if self.router is None else self.router
 
     async def take(self, requests: Sequence[AgentRequest], principal: str | None,
-                   pacer: Pacer | None = None) -> list[asyncio.Future[Ack]]:
+                   pacer: Pacer | None = None, parsed: bool = False
+                   ) -> list[asyncio.Future[Ack]]:
         """Requests from outside, decided where their agents are, in steps: one answer
-        each (`gateway.runtime.intake.in_steps`)."""
-        return await in_steps(self.way_in, requests, principal, pacer)
+        each (`gateway.runtime.intake.in_steps`; ``parsed``: each was just parsed from a
+        frame or body, as `gateway.runtime.intake.Intake.take` says)."""
+        return await in_steps(self.way_in, requests, principal, pacer, parsed)
 
     def decided_here(self, agent_id: str) -> None:
         """Before an operator's command or config change is made in this process's engine:
@@ -208,9 +210,10 @@ class Service:
         if self.router is not None and not self.engine.holds(agent_id):
             raise self.router.missing(agent_id)
 
-    async def submit(self, request: AgentRequest, principal: str | None) -> Ack:
-        """One request from outside, awaited to its ack."""
-        return await self.way_in.take([request], principal)[0]
+    async def submit(self, request: AgentRequest, principal: str | None,
+                     parsed: bool = False) -> Ack:
+        """One request from outside, awaited to its ack (``parsed``: as `take`)."""
+        return await self.way_in.take([request], principal, parsed=parsed)[0]
 
     def said_behind(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body``, a read of an agent, with ``behind`` (``{"since": ms, "reason": ...}``)

@@ -363,7 +363,7 @@ class Session(DecidedNow):
             # (a feed's frames are admitted by the intake)
             self.service.admit(principal, frame.request, by_feed=self.endpoint == "feed")
             with self._holding(1):
-                ack = await self.service.submit(frame.request, principal.name)
+                ack = await self.service.submit(frame.request, principal.name, parsed=True)
             await self.send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
             results = await self._submit_all(frame.requests)
@@ -427,7 +427,7 @@ class Session(DecidedNow):
         with self._holding(len(allowed)):
             answers = iter(await settled(await self.service.take(
                 allowed, principal.name,
-                pacer=self.service.pacer if self.endpoint == "feed" else None)))
+                pacer=self.service.pacer if self.endpoint == "feed" else None, parsed=True)))
         results: list[Ack | ErrorFrame] = []
         for index, request in enumerate(requests):
             if index in refused:

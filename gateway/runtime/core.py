@@ -168,10 +168,11 @@ class StreamCore(Generic[S, I, D]):
 
     # ----------------------------------------------------------------------- inputs
 
-    def encode(self, event: I) -> tuple[str, str]:
+    def encode(self, event: I, known: bool = False) -> tuple[str, str]:
         """The type and JSON text of an input, refused (`lanes.codec.Unrepeatable`) if they
-        would not read back as the same input: checked before anything changes."""
-        return self._codec.encode_checked(event)
+        would not read back as the same input: checked before anything changes (``known``:
+        its maker knows it reads back, by construction: only encoded)."""
+        return self._codec.encode(event) if known else self._codec.encode_checked(event)
 
     def decide(self, event: I, encoded: tuple[str, str]) -> tuple[list[D], list[NewEvent]]:
         """Decide an input already `encode`d: its decisions and the events to append (none

@@ -342,11 +342,12 @@ class Engine:
     # ----------------------------------------------------------------------- inputs
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None = None,
-             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+             batch: Batch | None = None, parsed: bool = False) -> list[asyncio.Future[Ack]]:
         """The one way in for requests: each is decided now, in order (a stop's run is
         cancelled there and then), and gets one answer: its ack once its decision is
-        committed, or the `GatewayError` it is refused with (`Intake.take`)."""
-        return self.intake.take(requests, principal, batch)
+        committed, or the `GatewayError` it is refused with (`Intake.take`, which says what
+        ``parsed`` promises)."""
+        return self.intake.take(requests, principal, batch, parsed)
 
     def finish(self, batch: Batch) -> None:
         """Append what a `batch` of `take` decided."""

@@ -34,6 +34,7 @@ from lanes.events import (
     RunSteered,
     TasksFinished,
 )
+from lanes.repeatable import wrapper_reads_back
 from lanes.requests import AgentRequest, Kind
 from store.port import NewEvent, RecordedEvent
 
@@ -100,8 +101,9 @@ class WayIn(Protocol):
     """Where requests are taken: this process's engine, or a cluster's router."""
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None,
-             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
-        """Decide ``requests`` now (where their agents are): one answer each."""
+             batch: Batch | None = None, parsed: bool = False) -> list[asyncio.Future[Ack]]:
+        """Decide ``requests`` now (where their agents are): one answer each (``parsed``:
+        as `Intake.take`)."""
         ...
 
     def finish(self, batch: Batch) -> None:
@@ -110,13 +112,14 @@ class WayIn(Protocol):
 
 
 async def in_steps(way_in: WayIn, requests: Sequence[AgentRequest], principal: str | None,
-                   pacer: Pacer | None = None) -> list[asyncio.Future[Ack]]:
+                   pacer: Pacer | None = None, parsed: bool = False
+                   ) -> list[asyncio.Future[Ack]]:
     """`WayIn.take` of a list of any size, `DECIDE_STEP` requests at a time, letting other
     work (a stop) run in between (with a ``pacer``, the feed's, each `PACED_STEP` takes its
-    turn);
-    the requests of one agent are still appended once."""
+    turn); the requests of one agent are still appended once. ``parsed``: as
+    `Intake.take`."""
     if len(requests) <= DECIDE_STEP and pacer is None:
-        return way_in.take(requests, principal)
+        return way_in.take(requests, principal, parsed=parsed)
     batch = Batch()
     answers: list[asyncio.Future[Ack]] = []
     step = DECIDE_STEP if pacer is None else PACED_STEP
@@ -125,11 +128,11 @@ async def in_steps(way_in: WayIn, requests: Sequence[AgentRequest], principal: s
             chunk = requests[start:start + step]
             if pacer is not None:
                 async with pacer.turn():
-                    answers += way_in.take(chunk, principal, batch)
+                    answers += way_in.take(chunk, principal, batch, parsed)
                 continue
             if start:
                 await asyncio.sleep(0)
-            answers += way_in.take(chunk, principal, batch)
+            answers += way_in.take(chunk, principal, batch, parsed)
     finally:  # every decision appended, whatever happens to the call
         if pacer is None or len(batch.groups) <= PACED_STEP:
             way_in.finish(batch)
@@ -175,22 +178,26 @@ class Intake:
         """What the takes of this turn of the loop decided (appended at its end)."""
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None,
-             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+             batch: Batch | None = None, parsed: bool = False) -> list[asyncio.Future[Ack]]:
         """Decide ``requests`` now, in order: one future each (see the module's docstring).
         Into ``batch`` (`in_steps`), the appends wait for `finish`. Without one, they wait
         for the end of this turn of the loop, so that the requests of one agent taken one
         by one in a turn (a feed's frames of one request each) share one append; a control
-        is appended at once, right after what was decided for its agent before it."""
+        is appended at once, right after what was decided for its agent before it.
+
+        ``parsed``: every request was just parsed from JSON text by the wire model and is
+        held by the caller alone (the edge's frames and bodies), so it is known to read back
+        from the log (`lanes.repeatable`): the doorway's look at it is spared."""
         loop = asyncio.get_running_loop()
         at = self._engine.clock.now_ms()
         answers: list[asyncio.Future[Ack]] = []
         if batch is not None:
-            self._place(requests, at, principal, batch, answers, loop)
+            self._place(requests, at, principal, batch, answers, loop, parsed)
             return answers
         if any(request.kind is _CONTROL for request in requests):
             batch = Batch()
             try:
-                self._place(requests, at, principal, batch, answers, loop)
+                self._place(requests, at, principal, batch, answers, loop, parsed)
             finally:
                 self.finish(batch)
             return answers
@@ -198,7 +205,7 @@ class Intake:
         if turn is None:
             turn = self._turn = Batch()
             loop.call_soon(self.end_turn)
-        self._place(requests, at, principal, turn, answers, loop)
+        self._place(requests, at, principal, turn, answers, loop, parsed)
         return answers
 
     def end_turn(self) -> None:
@@ -242,7 +249,7 @@ class Intake:
 
     def _place(self, requests: Sequence[AgentRequest], at: int, principal: str | None,
                batch: Batch, answers: list[asyncio.Future[Ack]],
-               loop: asyncio.AbstractEventLoop) -> None:
+               loop: asyncio.AbstractEventLoop, parsed: bool) -> None:
         """Decide requests in order into ``groups`` (one per agent, left open for the next
         step of the same call)."""
         engine = self._engine
@@ -267,7 +274,7 @@ class Intake:
                                                                       agent.state.version)
                 self.open += 1
             try:
-                decisions, events = self.decide(agent, received, group)
+                decisions, events = self.decide(agent, received, group, parsed)
             except Unstorable as error:  # refused before anything changed: the rest go on
                 future.set_exception(error)
                 continue
@@ -326,13 +333,14 @@ class Intake:
             agent.open = None
         group.outcome = self._engine.append(agent, group.base, group.events, group.decisions)
 
-    def decide(self, agent: Agent, event: Input, into: Group | None = None
-               ) -> tuple[list[Decision], list[NewEvent]]:
+    def decide(self, agent: Agent, event: Input, into: Group | None = None,
+               parsed: bool = False) -> tuple[list[Decision], list[NewEvent]]:
         """Decide an input: the decisions and the events to append (none if none). What
         is open for the agent, unless it is ``into``, is appended first. Its effects that
         cannot wait for the commit happen now: an abort cancels its run at once, a steer
         reaches its run at once (a failed commit cancels the run, so nothing uncommitted
-        outlives the failure)."""
+        outlives the failure). ``parsed``: a `RequestReceived` whose request is known to
+        read back (`take`)."""
         if agent.open is not None and agent.open is not into:
             self.close(agent.open)
         engine = self._engine
@@ -340,8 +348,9 @@ class Intake:
         received = type(event) is RequestReceived
         if received:
             engine.requests_received += 1
+        known = parsed and isinstance(event, RequestReceived) and wrapper_reads_back(event)
         try:  # before anything changes: an input that would not read back is never taken
-            encoded = agent.core.encode(event)
+            encoded = agent.core.encode(event, known)
         except Unrepeatable as error:
             what = f"request {event.request.request_id!r}" \
                 if isinstance(event, RequestReceived) else type(event).__name__
@@ -392,7 +401,7 @@ def said_control(received: RequestReceived, ack: Ack) -> None:
 
 
 async def take_all(way_in: WayIn, requests: Sequence[AgentRequest],
-                   principal: str | None = None, pacer: Pacer | None = None
-                   ) -> list[Ack | GatewayError]:
+                   principal: str | None = None, pacer: Pacer | None = None,
+                   parsed: bool = False) -> list[Ack | GatewayError]:
     """`in_steps`, each answer `settled`: an ack or an error for each request, in place."""
-    return await settled(await in_steps(way_in, requests, principal, pacer))
+    return await settled(await in_steps(way_in, requests, principal, pacer, parsed))

@@ -28,7 +28,7 @@ class Recording:
         self.taken = asyncio.Event()
 
     def take(self, requests: Sequence[AgentRequest], principal: str | None,
-             batch: Batch | None = None) -> list[asyncio.Future[Ack]]:
+             batch: Batch | None = None, parsed: bool = False) -> list[asyncio.Future[Ack]]:
         self.takes.append(list(requests))
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in requests]

@@ -68,15 +68,18 @@ class AgentRoutes(Routes):
             raise BadFrame("invalid", f"agentId {body.agent_id!r} does not match the path",
                            field="agentId")
         try:
-            return _json(ack_frame(await self.submit_as(principal, body)))
+            return _json(ack_frame(await self.submit_as(principal, body, parsed=True)))
         except GatewayError as error:
             return error_response(error, body.request_id)
 
-    async def submit_as(self, principal: Principal, body: AgentRequest) -> Ack:
+    async def submit_as(self, principal: Principal, body: AgentRequest,
+                        parsed: bool = False) -> Ack:
         """One request from ``principal`` (its role and scope checked; reasoning work refused
-        while the log is far behind), awaited to its ack (HTTP and MCP)."""
+        while the log is far behind), awaited to its ack (HTTP and MCP; ``parsed``: the
+        body was just parsed from JSON text by `gateway.edge.protocol.load_json`, as
+        `gateway.runtime.intake.Intake.take` says)."""
         self.service.admit(principal, body)  # (the control lane is never refused)
-        return await self.service.submit(body, principal.name)
+        return await self.service.submit(body, principal.name, parsed)
 
     async def control(self, request: Request) -> Response:
         """A control-lane action (emergency_stop, pause, resume, cancel_order, cancel_all,
