@@ -88,7 +88,8 @@ class _Internal:
             raise InvalidRequest.from_validation_error(error) from None
         principal = body.get("principal")
         answers = await settled(await in_steps(  # this process's engine: never sent on again
-            self.service.engine, requests, principal if isinstance(principal, str) else None))
+            self.service.engine, requests, principal if isinstance(principal, str) else None,
+            parsed=True))  # (from the body's JSON text, by `guard`)
         results = [
             (ack_frame(answer) if not isinstance(answer, GatewayError)
              else error_frame(answer, request_id=r.request_id)).model_dump(

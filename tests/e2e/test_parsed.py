@@ -1,7 +1,8 @@
-"""A request the edge parsed from JSON text (a WebSocket frame, an HTTP body) is known to read
-back from the log by construction (the property test
-``tests/lanes/test_repeatable.py::test_every_request_parsed_from_a_frame_is_known_to_read_back_and_does``):
-the log's doorway does not look at it again. One built in Python is looked at, as before."""
+"""A request the edge parsed from JSON text (a WebSocket frame, an HTTP body, a request
+another process of a cluster passed on) is known to read back from the log by construction
+(the property test ``test_every_request_parsed_from_a_frame_is_known_to_read_back_and_does``
+of ``tests/lanes/test_repeatable.py``): the log's doorway does not look at it again. One
+built in Python is looked at, as before."""
 
 from __future__ import annotations
 
@@ -11,17 +12,21 @@ from collections.abc import AsyncIterator
 import pytest
 
 import lanes.repeatable as repeatable
+from gateway.cluster.peers import SECRET_HEADER
 from lanes import AgentRequest, parse_request
 from store import MemoryEventStore
 from tests.e2e.live import Live, receive, receive_until, running
 from tests.e2e.test_service import AGENTS, control, trigger
 from tests.gateway.support import ManualReasoner
 
+SECRET = "cluster-secret-1234"
+
 
 @pytest.fixture
 async def live() -> AsyncIterator[Live]:
     reasoner = ManualReasoner()
-    async with running(MemoryEventStore(), AGENTS, lambda _: reasoner) as gateway:
+    async with running(MemoryEventStore(), AGENTS, lambda _: reasoner,
+                       cluster_secret=SECRET) as gateway:
         yield gateway
 
 
@@ -57,10 +62,15 @@ async def test_what_the_edge_parsed_is_not_looked_at_again(live: Live, looked: l
         acked = (await receive_until(ops, lambda f: f.get("id") == "stop"))[-1]
         assert acked["decision"] == "accepted"
     body = trigger("btc")
+    forwarded = trigger("eth")  # (as another process of a cluster passes a request on)
     async with live.client() as http:
         posted = await http.post("/api/agents/btc/requests", json=body)
         assert posted.status_code == 200, posted.text
         assert posted.json()["decision"] == "accepted"
+        passed_on = await http.post("/internal/submit", headers={SECRET_HEADER: SECRET},
+                                    json={"principal": "feed", "requests": [forwarded]})
+        assert passed_on.status_code == 200, passed_on.text
+        assert passed_on.json()["results"][0]["decision"] == "accepted"
 
     assert looked == []
 
