@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from enum import Enum
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.base.clock import Clock, SystemClock
 from gateway.base.metrics import LATENCY_BUCKETS, Histogram
@@ -89,6 +89,11 @@ from gateway.runtime.gate import GateMap
 log = logging.getLogger("gateway.runtime.engine")
 
 __all__ = ["SNAPSHOT_EVERY", "Ack", "Elsewhere", "Engine", "StorageFault"]
+
+_STARTS_AFTER_COMMIT: Final = frozenset({RunStarted, AgentCallDispatched, CallAnswered,
+                                         CallEnded, OrderAccepted, OrderCancelRequested})
+"""The decisions `Engine.after_commit` starts something for (exact types: none is
+subclassed)."""
 
 
 
@@ -454,15 +459,19 @@ class Engine:
             return
         agent_id = agent.agent_id
         for decision in decisions:
+            if type(decision) not in _STARTS_AFTER_COMMIT:  # (most: a request queued, say)
+                continue
             if isinstance(decision, RunStarted):
                 self.runs.start(agent, decision)
             elif isinstance(decision, AgentCallDispatched):
                 self.calls.call(agent_id, decision)
             elif isinstance(decision, CallAnswered):
                 self.calls.answer(agent_id, decision)
-            elif isinstance(decision, CallEnded) and decision.withdraw:
-                self.calls.withdraw(agent_id, decision)
-            elif isinstance(decision, OrderAccepted | OrderCancelRequested):
+            elif isinstance(decision, CallEnded):
+                if decision.withdraw:
+                    self.calls.withdraw(agent_id, decision)
+            else:
+                assert isinstance(decision, OrderAccepted | OrderCancelRequested)
                 self.orders.send(agent_id, decision)
 
     async def _undeliverable(self, parent: str, event: CallUndeliverable) -> None:
