@@ -141,7 +141,9 @@ class Codec(Generic[E]):
     def encode_checked(self, event: E) -> tuple[str, str]:
         """`encode`, refusing (`Unrepeatable`) an event that would not `decode` back equal:
         the one rule that keeps every stored event readable, applied before it is stored.
-        An event the codec's ``reads_back`` knows to read back equal is only encoded."""
+        An event the codec's ``reads_back`` knows to read back equal is only encoded (and
+        one known to by how it was made, a request the edge just parsed, is not even given
+        here: `lanes.repeatable`)."""
         if self._reads_back is not None and self._reads_back(event):
             return self.encode(event)
         try:

@@ -366,7 +366,7 @@ class Session(DecidedNow):
                 ack = await self.service.submit(frame.request, principal.name, parsed=True)
             await self.send(ack_frame(ack, frame.id))
         elif isinstance(frame, SubmitMany):
-            results = await self._submit_all(frame.requests)
+            results = await self._submit_all(frame.requests, parsed=True)
             await self._send_paced(functools.partial(acks_text, results, frame.id))
         elif isinstance(frame, Market):
             principal.check_feed()
@@ -378,7 +378,7 @@ class Session(DecidedNow):
             if self.endpoint != "feed":
                 self.service.check_capacity()
             requests = await self.service.triggered(frame.events, self._turn)
-            triggered = await self._submit_all(requests) if requests else []
+            triggered = await self._submit_all(requests, parsed=False) if requests else []
             await self._send_paced(functools.partial(market_ack_text, len(frame.events),
                                                      triggered, frame.id))
         elif isinstance(frame, Subscribe):
@@ -412,7 +412,10 @@ class Session(DecidedNow):
         finally:
             self.service.intake.settled(self, events)
 
-    async def _submit_all(self, requests: list[AgentRequest]) -> list[Ack | ErrorFrame]:
+    async def _submit_all(self, requests: list[AgentRequest], parsed: bool
+                          ) -> list[Ack | ErrorFrame]:
+        """Each request admitted and taken (``parsed``: a frame's own requests, not the ones
+        hook rules made of its market events), its answer in its place."""
         principal = self.principal
         assert principal is not None
         allowed: list[AgentRequest] = []
@@ -427,7 +430,8 @@ class Session(DecidedNow):
         with self._holding(len(allowed)):
             answers = iter(await settled(await self.service.take(
                 allowed, principal.name,
-                pacer=self.service.pacer if self.endpoint == "feed" else None, parsed=True)))
+                pacer=self.service.pacer if self.endpoint == "feed" else None,
+                parsed=parsed)))
         results: list[Ack | ErrorFrame] = []
         for index, request in enumerate(requests):
             if index in refused:

@@ -26,7 +26,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from gateway.base.clock import Clock, Timer
 from gateway.base.tasks import spawn
 from gateway.runtime.phases import Phase, moved
-from lanes.codec import Codec
+from lanes.codec import Codec, Unrepeatable
 from store.port import Append, EventStore, Fence, FencedError, NewEvent, RecordedEvent, StoreError
 
 log = logging.getLogger("gateway.runtime.core")
@@ -171,8 +171,14 @@ class StreamCore(Generic[S, I, D]):
     def encode(self, event: I, known: bool = False) -> tuple[str, str]:
         """The type and JSON text of an input, refused (`lanes.codec.Unrepeatable`) if they
         would not read back as the same input: checked before anything changes (``known``:
-        its maker knows it reads back, by construction: only encoded)."""
-        return self._codec.encode(event) if known else self._codec.encode_checked(event)
+        its maker knows it reads back, by construction: only encoded, and refused all the
+        same if it cannot be written at all)."""
+        if not known:
+            return self._codec.encode_checked(event)
+        try:
+            return self._codec.encode(event)
+        except ValueError as error:  # (a promise broken: refused, as the check would)
+            raise Unrepeatable(f"it cannot be written as JSON: {error}") from None
 
     def decide(self, event: I, encoded: tuple[str, str]) -> tuple[list[D], list[NewEvent]]:
         """Decide an input already `encode`d: its decisions and the events to append (none

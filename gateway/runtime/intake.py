@@ -401,7 +401,7 @@ def said_control(received: RequestReceived, ack: Ack) -> None:
 
 
 async def take_all(way_in: WayIn, requests: Sequence[AgentRequest],
-                   principal: str | None = None, pacer: Pacer | None = None,
-                   parsed: bool = False) -> list[Ack | GatewayError]:
+                   principal: str | None = None, pacer: Pacer | None = None
+                   ) -> list[Ack | GatewayError]:
     """`in_steps`, each answer `settled`: an ack or an error for each request, in place."""
-    return await settled(await in_steps(way_in, requests, principal, pacer, parsed))
+    return await settled(await in_steps(way_in, requests, principal, pacer))

@@ -2,17 +2,19 @@
 another process of a cluster passed on) is known to read back from the log by construction
 (the property test ``test_every_request_parsed_from_a_frame_is_known_to_read_back_and_does``
 of ``tests/lanes/test_repeatable.py``): the log's doorway does not look at it again. One
-built in Python is looked at, as before."""
+built in Python (by a caller, by a hook rule) is looked at, as before."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
 
 import lanes.repeatable as repeatable
 from gateway.cluster.peers import SECRET_HEADER
+from gateway.market.hooks import HookEngine, PriceCrossRule
 from lanes import AgentRequest, parse_request
 from store import MemoryEventStore
 from tests.e2e.live import Live, receive, receive_until, running
@@ -25,8 +27,10 @@ SECRET = "cluster-secret-1234"
 @pytest.fixture
 async def live() -> AsyncIterator[Live]:
     reasoner = ManualReasoner()
+    rules = HookEngine([PriceCrossRule(name="btc_65k", symbol="BTCUSD", level=65_000,
+                                       agents=("btc",))])
     async with running(MemoryEventStore(), AGENTS, lambda _: reasoner,
-                       cluster_secret=SECRET) as gateway:
+                       cluster_secret=SECRET, hooks=rules) as gateway:
         yield gateway
 
 
@@ -83,3 +87,18 @@ async def test_a_request_built_in_python_is_still_looked_at(live: Live, looked: 
 
     assert ack.decision == "accepted"
     assert looked == [request.request_id]
+
+
+async def test_what_a_hook_rule_made_of_a_market_frame_is_still_looked_at(
+        live: Live, looked: list[str]) -> None:
+    now = datetime.now(UTC).isoformat()
+    ticks = [{"type": "tick", "symbol": "BTCUSD", "price": price, "at": now}
+             for price in (64_000.0, 66_000.0)]
+    async with live.socket("feed", "feed-secret") as feed:
+        await feed.send(json.dumps({"type": "market", "id": "m1", "events": ticks}))
+        answer = await receive(feed)
+
+    assert answer["type"] == "market_ack", answer
+    [triggered] = answer["triggered"]
+    assert triggered["decision"] == "accepted"
+    assert looked == [triggered["requestId"]]  # (built in Python by the rule: not parsed)
