@@ -15,10 +15,12 @@ trip as before. The property tests in
 gives back an equal event.
 
 A request just parsed from JSON text by the wire model (`lanes.parse_request`, as the edge
-parses each frame and body) is known to read back without even that look (the property test
-``test_every_request_parsed_from_a_frame_is_known_to_read_back_and_does``): whoever parsed
-it, and holds it alone, may say so (``parsed`` of `gateway.runtime.intake.Intake.take`), and
-then only the parts its event adds are looked at (`wrapper_reads_back`).
+parses each frame and body) is known to read back without even that look (the property tests
+``test_every_request_parsed_from_a_frame_is_known_to_read_back_and_does``, and
+``tests/gateway/test_edge_reads_back.py`` through the edge's own parser and frame models):
+whoever parsed it, and holds it alone, may say so (``parsed`` of
+`gateway.runtime.intake.Intake.take`), and then only the parts its event adds are looked at
+(`wrapper_reads_back`).
 """
 
 from __future__ import annotations
