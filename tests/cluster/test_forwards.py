@@ -187,3 +187,28 @@ async def test_an_agent_its_member_is_still_adopting_is_unavailable_there_not_mo
     assert error.code == "unavailable" and "retry" in str(error)
     assert isinstance(router.missing("b"), NotOwner)  # (one it is not adopting)
     await router.peers.close()
+
+
+async def test_what_the_edge_parsed_reaches_this_processs_engine_as_parsed() -> None:
+    taken: list[tuple[list[str], bool]] = []
+
+    class Holding:
+        def holds(self, _agent_id: str) -> bool:
+            return True
+
+        def take(self, requests: list[Any], principal: str | None, batch: Any = None,
+                 parsed: bool = False) -> list[asyncio.Future[Any]]:
+            taken.append(([r.request_id for r in requests], parsed))
+            loop = asyncio.get_running_loop()
+            return [loop.create_future() for _ in requests]
+
+    router = Router(Peers("secret"))
+    router.attach(cast(Any, Holding()), cast(Any, _Replicas()), cast(Any, _Member(None)))
+    first, second = request("a"), request("b")
+
+    router.take([first], "feed", parsed=True)
+    router.take([second], "feed")
+
+    assert taken == [([first.request_id], True), ([second.request_id], False)]
+    await router.close()
+    await router.peers.close()
