@@ -18,10 +18,11 @@ from gateway.edge.frames import BATCHES, validate_now
 from gateway.edge.protocol import load_json
 from gateway.errors import BadFrame
 from lanes import InvalidRequest
-from lanes.codec import AGENT_CODEC, first_difference
+from lanes.codec import first_difference
 from lanes.events import RequestReceived
 from lanes.repeatable import reads_back
 from lanes.requests import ControlAction, Kind
+from tests.lanes.test_repeatable import round_trip
 
 NUMBER = "__number__"
 """A payload value replaced by a raw number literal in the frame's text."""
@@ -105,11 +106,6 @@ def taken(text: str, as_bytes: bool) -> list[Any]:
         return [frame.request]
     _, adapter = BATCHES["submit_many"]  # (a big frame's items, one at a time)
     return [*frame.requests, *(adapter.validate_python(item) for item in data["requests"])]
-
-
-def round_trip(event: RequestReceived) -> Any:
-    name, text = AGENT_CODEC.encode(event)
-    return AGENT_CODEC.decode(name, text)
 
 
 @settings(max_examples=300)

@@ -5,6 +5,8 @@ other requests of the call go on."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 from gateway.errors import Unstorable
@@ -16,41 +18,44 @@ from store import MemoryEventStore
 from tests.gateway.support import ManualReasoner, log_of, request
 
 
-async def test_a_broken_promise_that_cannot_be_written_is_refused_and_the_rest_go_on() -> None:
-    store = MemoryEventStore()
-    reasoner = ManualReasoner()
-    engine = Engine(store, {"a1": AgentConfig(mode=Mode.FOLLOWUP)}, reasoners=lambda _: reasoner)
-    await engine.start()
-    try:
-        good = request("a1")
-        # Built without validation, with a lone surrogate: no JSON text can carry it.
-        bad = AgentRequest.model_construct(**{**request("a1").__dict__,
-                                              "request_id": "bad-\ud800"})
-        answers = await settled(engine.take([bad, good], "feed", parsed=True))
+@pytest.fixture
+async def store() -> MemoryEventStore:
+    return MemoryEventStore()
 
-        refused, accepted = answers
-        assert isinstance(refused, Unstorable)
-        assert "cannot be written as JSON" in str(refused)
-        assert not isinstance(accepted, Exception) and accepted.decision == "accepted"
-        received = [e.event.request.request_id for e in await log_of(store)
-                    if isinstance(e.event, RequestReceived)]
-        assert received == [good.request_id]
-        assert engine.state("a1").version == len(await log_of(store))
+
+@pytest.fixture
+async def engine(store: MemoryEventStore) -> AsyncIterator[Engine]:
+    reasoner = ManualReasoner()
+    running = Engine(store, {"a1": AgentConfig(mode=Mode.FOLLOWUP)}, reasoners=lambda _: reasoner)
+    await running.start()
+    try:
+        yield running
     finally:
-        await engine.stop()
+        await running.stop()
+
+
+async def test_a_broken_promise_that_cannot_be_written_is_refused_and_the_rest_go_on(
+        store: MemoryEventStore, engine: Engine) -> None:
+    good = request("a1")
+    # Built without validation, with a lone surrogate: no JSON text can carry it.
+    bad = AgentRequest.model_construct(**{**request("a1").__dict__, "request_id": "bad-\ud800"})
+    answers = await settled(engine.take([bad, good], "feed", parsed=True))
+
+    refused, accepted = answers
+    assert isinstance(refused, Unstorable)
+    assert "cannot be written as JSON" in str(refused)
+    assert not isinstance(accepted, Exception) and accepted.decision == "accepted"
+    received = [e.event.request.request_id for e in await log_of(store)
+                if isinstance(e.event, RequestReceived)]
+    assert received == [good.request_id]
+    assert engine.state("a1").version == len(await log_of(store))
 
 
 @pytest.mark.parametrize("parsed", [False, True])
-async def test_a_parsed_request_is_stored_as_a_checked_one_is(parsed: bool) -> None:
-    store = MemoryEventStore()
-    engine = Engine(store, {"a1": AgentConfig(mode=Mode.FOLLOWUP)},
-                    reasoners=lambda _: ManualReasoner())
-    await engine.start()
-    try:
-        given = request("a1", payload={"n": [1, 2.5, None, True], "s": "é"})
-        [ack] = await settled(engine.take([given], "feed", parsed=parsed))
-        assert not isinstance(ack, Exception) and ack.decision == "accepted"
-        [stored] = [e.event for e in await log_of(store) if isinstance(e.event, RequestReceived)]
-        assert stored.request == given
-    finally:
-        await engine.stop()
+async def test_a_parsed_request_is_stored_as_a_checked_one_is(
+        store: MemoryEventStore, engine: Engine, parsed: bool) -> None:
+    given = request("a1", payload={"n": [1, 2.5, None, True], "s": "é"})
+    [ack] = await settled(engine.take([given], "feed", parsed=parsed))
+    assert not isinstance(ack, Exception) and ack.decision == "accepted"
+    [stored] = [e.event for e in await log_of(store) if isinstance(e.event, RequestReceived)]
+    assert stored.request == given
