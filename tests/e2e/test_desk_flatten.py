@@ -52,9 +52,12 @@ def positions(live: Live) -> dict[str, dict[str, float]]:
 
 
 async def settled(live: Live, what: str, check: Any) -> None:
+    """Until the engine's state holds ``check``, and what it decided so far is committed
+    (the HTTP reads read the log, which trails the state until then)."""
     async def done() -> bool:
         return bool(check())
     await until(done, what)
+    await live.engine.flush()
 
 
 async def with_positions(live: Live) -> None:

@@ -21,7 +21,7 @@ from gateway.edge.auth import Principal
 from store import SqliteEventStore
 from tests.e2e.live import Live, running
 from tests.e2e.test_mcp import AGENTS, ALL_TOOLS, READ_TOOLS, Script, body, error, mcp
-from tests.gateway.support import next_event
+from tests.gateway.support import next_event, until
 
 WORKER = {"worker-secret": Principal("w1", Role.WORKER, frozenset({"btc"}))}
 CALLS: list[tuple[str, dict[str, Any]]] = [  # every tool, in an order each can be run in
@@ -55,12 +55,24 @@ async def bridged(live: Live, token: str) -> AsyncIterator[ClientSession]:
         yield session
 
 
+async def quiet(live: Live) -> None:
+    """Until btc's earlier requests are run and every event decided so far is committed: an
+    accepted call's run goes on after its answer, and appends as it goes."""
+    async def idle() -> bool:
+        state = live.engine.state("btc")
+        return state.active is None and not state.pending
+    await until(idle, "btc idle")
+    await live.engine.flush()
+
+
 async def refused_unrecorded(live: Live, session: ClientSession, tool: str,
                              arguments: dict[str, Any]) -> None:
     """The call is a ``forbidden`` tool error and the log did not grow."""
+    await quiet(live)
     before = await live.engine.store.last_position()
     frame = error(await session.call_tool(tool, arguments))
     assert frame["code"] == "forbidden", (tool, frame)
+    await live.engine.flush()  # (had it recorded anything, that is committed now)
     assert await live.engine.store.last_position() == before, tool
 
 

@@ -226,6 +226,7 @@ async def test_the_blotter_is_the_same_after_a_restart(tmp_path: Path) -> None:
         await live.engine.submit(trigger("btc", {"symbol": "BTCUSD", "side": "sell",
                                                  "qty": 1}))
         await orders_open(live, "btc", 1)
+        await live.engine.flush()  # (the blotter reads what is committed)
         later = await blotter(live, "/api/orders")  # what was appended since is read too
     skip = {"at", "openOrders"}
     assert {k: v for k, v in after.items() if k not in skip} == \
