@@ -38,6 +38,24 @@ if os.environ.get("GATEWAY_TEST_LOOP") == "uvloop":
         assert factory is not None
         return {"uvloop": factory}
 
+SLOW_COMMITS_MS = float(os.environ.get("GATEWAY_TEST_SLOW_COMMITS_MS") or 0)
+"""With ``GATEWAY_TEST_SLOW_COMMITS_MS=50`` every SQLite commit waits 50 ms first: a test that
+reads the log (HTTP reads, the blotter, positions) right after it sees the engine's state,
+which runs ahead of the write-behind commits, then fails every time instead of once in many
+runs (``GATEWAY_TEST_SLOW_COMMITS_MS=50 uv run pytest tests/e2e``). The whole suite passes
+so."""
+
+if SLOW_COMMITS_MS > 0:
+    from store.sqlite import _SqliteTransaction
+
+    _commit = _SqliteTransaction.commit
+
+    async def _slow_commit(self: _SqliteTransaction) -> None:
+        await asyncio.sleep(SLOW_COMMITS_MS / 1000)
+        await _commit(self)
+
+    _SqliteTransaction.commit = _slow_commit  # type: ignore[method-assign]
+
 
 TEMPLATE = "gateway_template"
 """A database migrated to head once per session; each test's databases are copies of it."""
