@@ -24,6 +24,10 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+# Imported before any test: croniter's import (by the schedules) runs ``file -b`` on the
+# interpreter (`platform.architecture`), which a fast test may not do; a test file run alone
+# whose test first imported the schedules (the command line's ``debug`` does) failed so.
+import gateway.runtime.schedules  # noqa: F401
 from gateway.base.process import loop_factory
 from store import migrate, pg_server, sqlite_writer
 
